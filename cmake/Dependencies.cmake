@@ -1,0 +1,24 @@
+# Every dependency comes from a Debian package; scripts/install-deps.sh installs them.
+find_package(OpenMP REQUIRED)
+
+# OpenBLAS, OpenMP flavour: its GEMM runs single-threaded when called from inside
+# our own OpenMP regions (it checks omp_in_parallel), so the operator owns the
+# parallel decomposition and results do not depend on the thread count.
+find_path(OPENBLAS_INCLUDE_DIR cblas.h
+  HINTS /usr/include/x86_64-linux-gnu/openblas-openmp /usr/include/aarch64-linux-gnu/openblas-openmp
+  NO_DEFAULT_PATH)
+find_library(OPENBLAS_LIBRARY openblas
+  HINTS /usr/lib/x86_64-linux-gnu/openblas-openmp /usr/lib/aarch64-linux-gnu/openblas-openmp
+  NO_DEFAULT_PATH)
+if(NOT OPENBLAS_INCLUDE_DIR OR NOT OPENBLAS_LIBRARY)
+  message(FATAL_ERROR "OpenBLAS (OpenMP flavour) not found: apt-get install libopenblas-openmp-dev")
+endif()
+add_library(mhla_openblas INTERFACE)
+target_include_directories(mhla_openblas INTERFACE ${OPENBLAS_INCLUDE_DIR})
+target_link_libraries(mhla_openblas INTERFACE ${OPENBLAS_LIBRARY} OpenMP::OpenMP_CXX)
+
+find_package(CLI11 CONFIG REQUIRED)
+find_package(nlohmann_json CONFIG REQUIRED)
+if(MHLA_BUILD_TESTS)
+  find_package(GTest REQUIRED)
+endif()

@@ -1,0 +1,41 @@
+#pragma once
+// The MHLA operator: fast CPU forward and backward.
+//
+// Shapes (row-major):
+//   q, k      [B, N, H, Dk]
+//   v, o      [B, N, H, Dv]
+//   w         [M, M] shared by all heads, or [H, M, M] per head; M = layout.num_blocks()
+// w[i, b] is how much query block i reads from key block b. In causal mode only
+// b <= i is read and the upper triangle receives zero gradient.
+//
+// Both functions validate every argument and throw mhla::Error naming the
+// argument, the expected and the given value. Supported T: float, double.
+#include "mhla/options.hpp"
+#include "mhla/tensor.hpp"
+
+namespace mhla {
+
+template <typename T>
+void forward(const Options& options, TensorView<const T> q, TensorView<const T> k,
+             TensorView<const T> v, TensorView<const T> w, TensorView<T> o);
+
+// Gradients of sum(grad_o * o) with respect to q, k, v and w. `o` must be the
+// output of forward() on the same inputs (the normalized mode needs it).
+// grad_w is summed over the batch, and over heads when w is shared; it has w's shape.
+template <typename T>
+void backward(const Options& options, TensorView<const T> q, TensorView<const T> k,
+              TensorView<const T> v, TensorView<const T> w, TensorView<const T> o,
+              TensorView<const T> grad_o, TensorView<T> grad_q, TensorView<T> grad_k,
+              TensorView<T> grad_v, TensorView<T> grad_w);
+
+// Floating-point operations the algorithm needs (multiply-add = 2), used by the
+// benchmarks to report rates. Backward excludes the recomputation of the block
+// summaries (the usual convention for attention kernels).
+struct FlopCount {
+  double forward = 0;
+  double backward = 0;
+};
+FlopCount mhla_flops(int64_t batch, int64_t tokens, int64_t heads, int64_t dk, int64_t dv,
+                     int64_t blocks, Masking masking, int64_t block_size);
+
+}  // namespace mhla

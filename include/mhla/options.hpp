@@ -1,0 +1,38 @@
+#pragma once
+// Options shared by MHLA and the linear-attention baseline.
+#include <optional>
+
+#include "mhla/layout.hpp"
+
+namespace mhla {
+
+// phi, applied to queries and keys; gradients flow through it.
+enum class FeatureMap {
+  identity,  // phi(x) = x
+  relu,      // phi(x) = max(x, 0)
+  elu1,      // phi(x) = elu(x) + 1, strictly positive
+};
+
+enum class Masking {
+  none,    // every query block reads every key block, weighted by W
+  causal,  // 1D only: token t reads tokens s <= t
+};
+
+struct LinearAttentionOptions {
+  Masking masking = Masking::none;
+  FeatureMap feature_map = FeatureMap::identity;
+  // normalized:   o_t = phi(q_t)^T S / (phi(q_t)^T z + eps)
+  // unnormalized: o_t = scale * phi(q_t)^T S
+  bool normalize = true;
+  double eps = 1e-6;
+  std::optional<double> scale;  // unnormalized mode only; default Dk^-1/2
+};
+
+struct Options : LinearAttentionOptions {
+  TokenLayout layout;  // token grid and block tile; its token count must equal N
+};
+
+const char* to_string(FeatureMap phi);
+const char* to_string(Masking masking);
+
+}  // namespace mhla

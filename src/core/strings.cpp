@@ -1,0 +1,33 @@
+#include <sstream>
+
+#include "mhla/options.hpp"
+#include "mhla/tensor.hpp"
+
+namespace mhla {
+
+std::string shape_to_string(const std::vector<int64_t>& shape) {
+  std::ostringstream out;
+  out << '[';
+  for (size_t i = 0; i < shape.size(); ++i) out << (i ? ", " : "") << shape[i];
+  out << ']';
+  return out.str();
+}
+
+const char* to_string(FeatureMap phi) {
+  switch (phi) {
+    case FeatureMap::identity: return "identity";
+    case FeatureMap::relu: return "relu";
+    case FeatureMap::elu1: return "elu1";
+  }
+  return "?";
+}
+
+const char* to_string(Masking masking) {
+  switch (masking) {
+    case Masking::none: return "none";
+    case Masking::causal: return "causal";
+  }
+  return "?";
+}
+
+}  // namespace mhla

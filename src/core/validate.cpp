@@ -1,0 +1,101 @@
+#include "core/validate.hpp"
+
+#include "mhla/layout.hpp"
+
+namespace mhla::detail {
+
+void fail(const char* fn, const std::string& message) {
+  throw Error(std::string(fn) + ": " + message);
+}
+
+void check_tensor(const char* fn, const char* name, const void* data,
+                  const std::vector<int64_t>& shape, size_t rank, const char* layout_hint) {
+  if (shape.size() != rank)
+    fail(fn, std::string(name) + " must have rank " + std::to_string(rank) + " " + layout_hint +
+                 ", got shape " + shape_to_string(shape));
+  for (int64_t extent : shape)
+    if (extent <= 0)
+      fail(fn, std::string(name) + " has shape " + shape_to_string(shape) +
+                   "; every extent must be positive " + layout_hint);
+  int64_t product = 1;
+  for (int64_t extent : shape)
+    if (__builtin_mul_overflow(product, extent, &product) || product > INT64_MAX / 8)
+      fail(fn, std::string(name) + " has shape " + shape_to_string(shape) +
+                   " whose element count overflows 64-bit byte counts");
+  if (data == nullptr) fail(fn, std::string(name) + " is a null pointer");
+}
+
+void check_shape_equals(const char* fn, const char* name, const std::vector<int64_t>& shape,
+                        const std::vector<int64_t>& expected, const char* layout_hint) {
+  if (shape != expected)
+    fail(fn, std::string(name) + " has shape " + shape_to_string(shape) + ", expected " +
+                 shape_to_string(expected) +
+                 (*layout_hint ? std::string(" ") + layout_hint : std::string()));
+}
+
+AttentionDims check_qkv(const char* fn, const void* q, const std::vector<int64_t>& q_shape,
+                        const void* k, const std::vector<int64_t>& k_shape, const void* v,
+                        const std::vector<int64_t>& v_shape) {
+  check_tensor(fn, "q", q, q_shape, 4, "[B, N, H, Dk]");
+  check_tensor(fn, "k", k, k_shape, 4, "[B, N, H, Dk]");
+  check_tensor(fn, "v", v, v_shape, 4, "[B, N, H, Dv]");
+  check_shape_equals(fn, "k", k_shape, q_shape, "(k must match q: [B, N, H, Dk])");
+  const std::vector<int64_t> v_expected = {q_shape[0], q_shape[1], q_shape[2], v_shape[3]};
+  check_shape_equals(fn, "v", v_shape, v_expected, "(v must share B, N, H with q: [B, N, H, Dv])");
+  return {q_shape[0], q_shape[1], q_shape[2], q_shape[3], v_shape[3]};
+}
+
+Problem check_linear_options(const char* fn, const LinearAttentionOptions& options,
+                             const AttentionDims& dims) {
+  Problem problem;
+  problem.dims = dims;
+  problem.causal = options.masking == Masking::causal;
+  problem.phi = options.feature_map;
+  problem.normalize = options.normalize;
+  if (!(options.eps >= 0.0) || !std::isfinite(options.eps))
+    fail(fn, "options.eps must be finite and >= 0, got " + std::to_string(options.eps));
+  problem.eps = options.eps;
+  problem.scale = options.scale.value_or(1.0 / std::sqrt(double(dims.dk)));
+  if (!std::isfinite(problem.scale))
+    fail(fn, "options.scale must be finite, got " + std::to_string(problem.scale));
+  if (options.scale && options.normalize)
+    fail(fn, "options.scale applies to the unnormalized mode only; set normalize = false or "
+             "leave scale unset");
+  return problem;
+}
+
+void check_layout_and_mixing_shape(const char* fn, const Options& options,
+                                   const std::vector<int64_t>& w_shape, const void* w,
+                                   Problem& problem) {
+  const TokenLayout& layout = options.layout;
+  if (layout.empty())
+    fail(fn, "options.layout is not set; use TokenLayout::sequence, grid2d or grid3d");
+  if (layout.num_tokens() != problem.dims.tokens)
+    fail(fn, "options.layout (" + layout.describe() + ") has " +
+                 std::to_string(layout.num_tokens()) + " tokens but q has N = " +
+                 std::to_string(problem.dims.tokens));
+  if (problem.causal && layout.rank() != 1)
+    fail(fn, "causal masking needs a 1D layout, got " + layout.describe());
+  problem.layout = &layout;
+  problem.blocks = layout.num_blocks();
+  const int64_t m = problem.blocks;
+  if (w_shape.size() == 2) {
+    check_tensor(fn, "w", w, w_shape, 2, "[M, M]");
+    check_shape_equals(fn, "w", w_shape, {m, m},
+                       ("(M = " + std::to_string(m) + " blocks of " + layout.describe() + ")")
+                           .c_str());
+    problem.per_head_mixing = false;
+  } else if (w_shape.size() == 3) {
+    check_tensor(fn, "w", w, w_shape, 3, "[H, M, M]");
+    check_shape_equals(fn, "w", w_shape, {problem.dims.heads, m, m},
+                       ("(per-head [H, M, M] with H = " + std::to_string(problem.dims.heads) +
+                        " and M = " + std::to_string(m) + " blocks of " + layout.describe() + ")")
+                           .c_str());
+    problem.per_head_mixing = true;
+  } else {
+    fail(fn, "w must have shape [M, M] or [H, M, M] with M = " + std::to_string(m) +
+                 ", got " + shape_to_string(w_shape));
+  }
+}
+
+}  // namespace mhla::detail

@@ -1,0 +1,109 @@
+#pragma once
+// Argument checks at the API boundary. Each public entry point validates once,
+// here, and the kernels behind it assume valid input (debug asserts only).
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "core/checked_math.hpp"
+#include "mhla/error.hpp"
+#include "mhla/options.hpp"
+#include "mhla/tensor.hpp"
+
+namespace mhla::detail {
+
+// Sizes of one attention call; q, k [B, N, H, Dk], v [B, N, H, Dv].
+struct AttentionDims {
+  int64_t batch = 0, tokens = 0, heads = 0, dk = 0, dv = 0;
+};
+
+// Everything a kernel needs to know about a validated MHLA (or linear) call.
+struct Problem {
+  AttentionDims dims;
+  const TokenLayout* layout = nullptr;  // nullptr for the linear-attention baseline
+  int64_t blocks = 1;
+  bool per_head_mixing = false;
+  bool causal = false;
+  FeatureMap phi = FeatureMap::identity;
+  bool normalize = true;
+  double eps = 1e-6;
+  double scale = 1.0;  // unnormalized mode
+};
+
+[[noreturn]] void fail(const char* fn, const std::string& message);
+
+// Checks rank, positive sizes, element-count overflow and a non-null pointer.
+void check_tensor(const char* fn, const char* name, const void* data,
+                  const std::vector<int64_t>& shape, size_t rank, const char* layout_hint);
+
+void check_shape_equals(const char* fn, const char* name, const std::vector<int64_t>& shape,
+                        const std::vector<int64_t>& expected, const char* layout_hint);
+
+AttentionDims check_qkv(const char* fn, const void* q, const std::vector<int64_t>& q_shape,
+                        const void* k, const std::vector<int64_t>& k_shape, const void* v,
+                        const std::vector<int64_t>& v_shape);
+
+// eps, scale and the feature map of linear or MHLA options; returns the problem
+// without layout or mixing information.
+Problem check_linear_options(const char* fn, const LinearAttentionOptions& options,
+                             const AttentionDims& dims);
+
+// Adds the layout and the mixing matrix's shape to the problem.
+void check_layout_and_mixing_shape(const char* fn, const Options& options,
+                                   const std::vector<int64_t>& w_shape, const void* w,
+                                   Problem& problem);
+
+// Normalized mode divides by mixed key sums; a negative weight could make them
+// vanish, so it is refused. Only the entries the mode reads are checked.
+template <typename T>
+void check_mixing_values(const char* fn, const Problem& problem, const T* w) {
+  const int64_t m = problem.blocks;
+  const int64_t count = problem.per_head_mixing ? problem.dims.heads : 1;
+  for (int64_t h = 0; h < count; ++h)
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t b = 0; b < (problem.causal ? i + 1 : m); ++b) {
+        const T value = w[(h * m + i) * m + b];
+        const std::string where = problem.per_head_mixing
+                                      ? "w[" + std::to_string(h) + ", " + std::to_string(i) +
+                                            ", " + std::to_string(b) + "]"
+                                      : "w[" + std::to_string(i) + ", " + std::to_string(b) + "]";
+        if (!std::isfinite(value)) fail(fn, where + " is not finite (" + std::to_string(value) + ")");
+        if (problem.normalize && value < T(0))
+          fail(fn, where + " = " + std::to_string(value) +
+                       " is negative; the normalized mode needs non-negative mixing weights "
+                       "(use normalize = false, or keep w non-negative)");
+      }
+}
+
+}  // namespace mhla::detail
+
+namespace mhla::detail {
+
+// Full validation of an MHLA call's inputs; returns the problem the kernels run.
+template <typename T>
+Problem validate_mhla(const char* fn, const Options& options, const TensorView<const T>& q,
+                      const TensorView<const T>& k, const TensorView<const T>& v,
+                      const TensorView<const T>& w) {
+  const AttentionDims dims = check_qkv(fn, q.data, q.shape, k.data, k.shape, v.data, v.shape);
+  Problem problem = check_linear_options(fn, options, dims);
+  check_layout_and_mixing_shape(fn, options, w.shape, w.data, problem);
+  check_mixing_values(fn, problem, w.data);
+  return problem;
+}
+
+// An output or gradient buffer: non-null, exactly the expected shape.
+template <typename T>
+void check_output(const char* fn, const char* name, const TensorView<T>& t,
+                  const std::vector<int64_t>& expected) {
+  check_tensor(fn, name, t.data, t.shape, expected.size(), shape_to_string(expected).c_str());
+  check_shape_equals(fn, name, t.shape, expected, "");
+}
+
+inline std::vector<int64_t> q_shape(const AttentionDims& d) {
+  return {d.batch, d.tokens, d.heads, d.dk};
+}
+inline std::vector<int64_t> v_shape(const AttentionDims& d) {
+  return {d.batch, d.tokens, d.heads, d.dv};
+}
+
+}  // namespace mhla::detail

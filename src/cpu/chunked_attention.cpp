@@ -1,0 +1,284 @@
+#include "cpu/chunked_attention.hpp"
+
+#include <vector>
+
+#include "cpu/blas.hpp"
+#include "cpu/block_rows.hpp"
+
+namespace mhla::cpu {
+namespace {
+
+using mhla::detail::feature_derivative;
+
+// [V_b | 1]: the block's values with a column of ones appended, so one GEMM
+// yields both S_b and z_b (and both num_t and den_t).
+template <typename T>
+void gather_values_with_ones(const TokenLayout& layout, int64_t block, const T* v, HeadSlice s,
+                             int64_t dv, int64_t rows, T* dst) {
+  gather_rows(layout, block, FeatureMap::identity, v, s, dv, dst, dv + 1);
+  for (int64_t r = 0; r < rows; ++r) dst[r * (dv + 1) + dv] = T(1);
+}
+
+// Causal in-block mask: query row r sees key columns c <= r only.
+template <typename T>
+void mask_future(T* a, int64_t rows) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = r + 1; c < rows; ++c) a[r * rows + c] = T(0);
+}
+
+}  // namespace
+
+template <typename T>
+ChunkedAttention<T>::ChunkedAttention(const mhla::detail::Problem& problem, const Mixer<T>& mixer)
+    : p_(problem),
+      mixer_(mixer),
+      x1_(problem.dims.dv + 1),
+      x_(problem.dims.dk * (problem.dims.dv + 1)),
+      max_rows_(problem.layout->max_block_size()) {}
+
+template <typename T>
+void ChunkedAttention<T>::forward(const T* q, const T* k, const T* v, T* o) const {
+  const int64_t total = p_.dims.batch * p_.dims.heads * p_.blocks * x_;
+  std::vector<T> summaries(total), mixed(total);
+  compute_summaries(k, v, summaries.data());
+  mixer_.mix(summaries.data(), mixed.data());
+  compute_outputs(q, k, v, mixed.data(), o);
+}
+
+template <typename T>
+void ChunkedAttention<T>::backward(const T* q, const T* k, const T* v, const T* o,
+                                   const T* grad_o, T* grad_q, T* grad_k, T* grad_v,
+                                   T* grad_w) const {
+  const int64_t slices = p_.dims.batch * p_.dims.heads;
+  const int64_t total = slices * p_.blocks * x_;
+  std::vector<T> summaries(total), mixed(total), summaries_grad(total);
+  std::vector<T> diagonal_grad(p_.causal ? slices * p_.blocks : 0);
+  compute_summaries(k, v, summaries.data());
+  mixer_.mix(summaries.data(), mixed.data());
+  // Overwrites `mixed` with its gradient, block by block, once it has been read.
+  output_gradients(q, k, v, o, grad_o, mixed.data(), diagonal_grad.data(), grad_q, grad_k, grad_v);
+  mixer_.mix_backward(mixed.data(), summaries.data(), p_.causal ? diagonal_grad.data() : nullptr,
+                      summaries_grad.data(), grad_w);
+  key_value_gradients(k, v, summaries_grad.data(), grad_k, grad_v);
+}
+
+template <typename T>
+void ChunkedAttention<T>::compute_summaries(const T* k, const T* v, T* summaries) const {
+  const auto& d = p_.dims;
+  const TokenLayout& layout = *p_.layout;
+  const int64_t m = p_.blocks, tasks = d.batch * d.heads * m;
+#pragma omp parallel
+  {
+    std::vector<T> kap(max_rows_ * d.dk), vals(max_rows_ * x1_);
+#pragma omp for schedule(static)
+    for (int64_t task = 0; task < tasks; ++task) {
+      const int64_t bh = task / m, blk = task % m, b = bh / d.heads, h = bh % d.heads;
+      const int64_t rows = layout.block_size(blk);
+      gather_rows(layout, blk, p_.phi, k, head_slice(b, h, d.tokens, d.heads, d.dk), d.dk,
+                  kap.data(), d.dk);
+      gather_values_with_ones(layout, blk, v, head_slice(b, h, d.tokens, d.heads, d.dv), d.dv,
+                              rows, vals.data());
+      // [S_b | z_b] = phi(K_b)^T [V_b | 1]
+      gemm(true, false, d.dk, x1_, rows, T(1), kap.data(), d.dk, vals.data(), x1_, T(0),
+           summaries + task * x_, x1_);
+    }
+  }
+}
+
+template <typename T>
+void ChunkedAttention<T>::compute_outputs(const T* q, const T* k, const T* v, const T* mixed,
+                                          T* o) const {
+  const auto& d = p_.dims;
+  const TokenLayout& layout = *p_.layout;
+  const int64_t m = p_.blocks, tasks = d.batch * d.heads * m;
+  const T eps = T(p_.eps), scale = T(p_.scale);
+#pragma omp parallel
+  {
+    std::vector<T> u(max_rows_ * d.dk), y(max_rows_ * x1_);
+    std::vector<T> kap, vals, a;
+    if (p_.causal) {
+      kap.resize(max_rows_ * d.dk);
+      vals.resize(max_rows_ * x1_);
+      a.resize(max_rows_ * max_rows_);
+    }
+#pragma omp for schedule(static)
+    for (int64_t task = 0; task < tasks; ++task) {
+      const int64_t bh = task / m, blk = task % m, b = bh / d.heads, h = bh % d.heads;
+      const int64_t rows = layout.block_size(blk);
+      const HeadSlice qs = head_slice(b, h, d.tokens, d.heads, d.dk);
+      const HeadSlice vs = head_slice(b, h, d.tokens, d.heads, d.dv);
+      gather_rows(layout, blk, p_.phi, q, qs, d.dk, u.data(), d.dk);
+      // y = phi(Q_i) [S~_i | z~_i]
+      gemm(false, false, rows, x1_, d.dk, T(1), u.data(), d.dk, mixed + task * x_, x1_, T(0),
+           y.data(), x1_);
+      if (p_.causal) {
+        // y += W[i,i] mask(phi(Q_i) phi(K_i)^T) [V_i | 1]
+        gather_rows(layout, blk, p_.phi, k, qs, d.dk, kap.data(), d.dk);
+        gather_values_with_ones(layout, blk, v, vs, d.dv, rows, vals.data());
+        gemm(false, true, rows, rows, d.dk, T(1), u.data(), d.dk, kap.data(), d.dk, T(0),
+             a.data(), rows);
+        mask_future(a.data(), rows);
+        gemm(false, false, rows, x1_, rows, mixer_.diagonal(bh, blk), a.data(), rows,
+             vals.data(), x1_, T(1), y.data(), x1_);
+      }
+      for_each_row(layout, blk, vs, [&](int64_t row, int64_t offset) {
+        const T* yr = y.data() + row * x1_;
+        T* out = o + offset;
+        if (p_.normalize) {
+          const T inv = T(1) / (yr[d.dv] + eps);
+          for (int64_t e = 0; e < d.dv; ++e) out[e] = yr[e] * inv;
+        } else {
+          for (int64_t e = 0; e < d.dv; ++e) out[e] = scale * yr[e];
+        }
+      });
+    }
+  }
+}
+
+template <typename T>
+void ChunkedAttention<T>::output_gradients(const T* q, const T* k, const T* v, const T* o,
+                                           const T* grad_o, T* mixed, T* diagonal_grad, T* grad_q,
+                                           T* grad_k, T* grad_v) const {
+  const auto& d = p_.dims;
+  const TokenLayout& layout = *p_.layout;
+  const int64_t m = p_.blocks, tasks = d.batch * d.heads * m;
+  const T eps = T(p_.eps), scale = T(p_.scale);
+#pragma omp parallel
+  {
+    std::vector<T> u(max_rows_ * d.dk), g(max_rows_ * d.dv), out(max_rows_ * d.dv);
+    std::vector<T> den(max_rows_), dy(max_rows_ * x1_), du(max_rows_ * d.dk);
+    std::vector<T> kap, vals, a, da, dkap, dvals;
+    if (p_.causal) {
+      kap.resize(max_rows_ * d.dk);
+      vals.resize(max_rows_ * x1_);
+      a.resize(max_rows_ * max_rows_);
+      da.resize(max_rows_ * max_rows_);
+      dkap.resize(max_rows_ * d.dk);
+      dvals.resize(max_rows_ * x1_);
+    }
+#pragma omp for schedule(static)
+    for (int64_t task = 0; task < tasks; ++task) {
+      const int64_t bh = task / m, blk = task % m, b = bh / d.heads, h = bh % d.heads;
+      const int64_t rows = layout.block_size(blk);
+      const HeadSlice qs = head_slice(b, h, d.tokens, d.heads, d.dk);
+      const HeadSlice vs = head_slice(b, h, d.tokens, d.heads, d.dv);
+      T* mixed_i = mixed + task * x_;
+      gather_rows(layout, blk, p_.phi, q, qs, d.dk, u.data(), d.dk);
+      gather_rows(layout, blk, FeatureMap::identity, grad_o, vs, d.dv, g.data(), d.dv);
+      gather_rows(layout, blk, FeatureMap::identity, o, vs, d.dv, out.data(), d.dv);
+
+      // den_t = phi(q_t) . z~_i + eps (+ causal in-block key sums)
+      gemv(rows, d.dk, u.data(), d.dk, mixed_i + d.dv, x1_, den.data());
+      const T wii = p_.causal ? mixer_.diagonal(bh, blk) : T(0);
+      if (p_.causal) {
+        gather_rows(layout, blk, p_.phi, k, qs, d.dk, kap.data(), d.dk);
+        gather_values_with_ones(layout, blk, v, vs, d.dv, rows, vals.data());
+        gemm(false, true, rows, rows, d.dk, T(1), u.data(), d.dk, kap.data(), d.dk, T(0),
+             a.data(), rows);
+        mask_future(a.data(), rows);
+        for (int64_t r = 0; r < rows; ++r) {
+          T row_sum = 0;
+          for (int64_t c = 0; c <= r; ++c) row_sum += a[r * rows + c];
+          den[r] += wii * row_sum;
+        }
+      }
+      // o = y[:Dv] / den:  dy[:Dv] = g / den,  dy[Dv] = -(g . o) / den.
+      // o = scale y[:Dv]:  dy[:Dv] = scale g,  dy[Dv] = 0.
+      for (int64_t r = 0; r < rows; ++r) {
+        const T* gr = g.data() + r * d.dv;
+        T* dyr = dy.data() + r * x1_;
+        if (p_.normalize) {
+          const T inv = T(1) / (den[r] + eps);
+          T g_dot_o = 0;
+          for (int64_t e = 0; e < d.dv; ++e) {
+            dyr[e] = gr[e] * inv;
+            g_dot_o += gr[e] * out[r * d.dv + e];
+          }
+          dyr[d.dv] = -g_dot_o * inv;
+        } else {
+          for (int64_t e = 0; e < d.dv; ++e) dyr[e] = scale * gr[e];
+          dyr[d.dv] = 0;
+        }
+      }
+      // y = phi(Q) mixed_i:  dphi(Q) = dy mixed_i^T
+      gemm(false, true, rows, d.dk, x1_, T(1), dy.data(), x1_, mixed_i, x1_, T(0), du.data(),
+           d.dk);
+      if (p_.causal) {
+        // y += W[i,i] A [V|1], A = mask(phi(Q) phi(K)^T):
+        //   dA = W[i,i] mask(dy [V|1]^T),  dW[i,i] = <mask(dy [V|1]^T), A>,
+        //   dphi(Q) += dA phi(K),  dphi(K) = dA^T phi(Q),  d[V|1] = W[i,i] A^T dy.
+        gemm(false, true, rows, rows, x1_, T(1), dy.data(), x1_, vals.data(), x1_, T(0),
+             da.data(), rows);
+        mask_future(da.data(), rows);
+        T dw = 0;
+        for (int64_t e = 0; e < rows * rows; ++e) {
+          dw += da[e] * a[e];
+          da[e] *= wii;
+        }
+        diagonal_grad[task] = dw;
+        gemm(false, false, rows, d.dk, rows, T(1), da.data(), rows, kap.data(), d.dk, T(1),
+             du.data(), d.dk);
+        gemm(true, false, rows, d.dk, rows, T(1), da.data(), rows, u.data(), d.dk, T(0),
+             dkap.data(), d.dk);
+        gemm(true, false, rows, x1_, rows, wii, a.data(), rows, dy.data(), x1_, T(0),
+             dvals.data(), x1_);
+        // Park the in-block key/value gradients in the outputs; key_value_gradients
+        // adds the inter-block part and applies phi'.
+        for_each_row(layout, blk, qs, [&](int64_t row, int64_t offset) {
+          for (int64_t r = 0; r < d.dk; ++r) grad_k[offset + r] = dkap[row * d.dk + r];
+        });
+        for_each_row(layout, blk, vs, [&](int64_t row, int64_t offset) {
+          for (int64_t e = 0; e < d.dv; ++e) grad_v[offset + e] = dvals[row * x1_ + e];
+        });
+      }
+      for_each_row(layout, blk, qs, [&](int64_t row, int64_t offset) {
+        for (int64_t r = 0; r < d.dk; ++r)
+          grad_q[offset + r] = feature_derivative(p_.phi, q[offset + r]) * du[row * d.dk + r];
+      });
+      // y = phi(Q) mixed_i:  dmixed_i = phi(Q)^T dy, stored over mixed_i (no longer read).
+      gemm(true, false, d.dk, x1_, rows, T(1), u.data(), d.dk, dy.data(), x1_, T(0), mixed_i, x1_);
+    }
+  }
+}
+
+template <typename T>
+void ChunkedAttention<T>::key_value_gradients(const T* k, const T* v, const T* summaries_grad,
+                                              T* grad_k, T* grad_v) const {
+  const auto& d = p_.dims;
+  const TokenLayout& layout = *p_.layout;
+  const int64_t m = p_.blocks, tasks = d.batch * d.heads * m;
+#pragma omp parallel
+  {
+    std::vector<T> kap(max_rows_ * d.dk), vals(max_rows_ * x1_);
+    std::vector<T> dkap(max_rows_ * d.dk), dvals(max_rows_ * x1_);
+#pragma omp for schedule(static)
+    for (int64_t task = 0; task < tasks; ++task) {
+      const int64_t bh = task / m, blk = task % m, b = bh / d.heads, h = bh % d.heads;
+      const int64_t rows = layout.block_size(blk);
+      const HeadSlice ks = head_slice(b, h, d.tokens, d.heads, d.dk);
+      const HeadSlice vs = head_slice(b, h, d.tokens, d.heads, d.dv);
+      const T* ds = summaries_grad + task * x_;
+      gather_rows(layout, blk, p_.phi, k, ks, d.dk, kap.data(), d.dk);
+      gather_values_with_ones(layout, blk, v, vs, d.dv, rows, vals.data());
+      // [S_b | z_b] = phi(K)^T [V | 1]:  dphi(K) = [V | 1] dS^T,  d[V | 1] = phi(K) dS
+      gemm(false, true, rows, d.dk, x1_, T(1), vals.data(), x1_, ds, x1_, T(0), dkap.data(), d.dk);
+      gemm(false, false, rows, x1_, d.dk, T(1), kap.data(), d.dk, ds, x1_, T(0), dvals.data(), x1_);
+      const bool add_parked = p_.causal;
+      for_each_row(layout, blk, ks, [&](int64_t row, int64_t offset) {
+        for (int64_t r = 0; r < d.dk; ++r) {
+          const T total = dkap[row * d.dk + r] + (add_parked ? grad_k[offset + r] : T(0));
+          grad_k[offset + r] = feature_derivative(p_.phi, k[offset + r]) * total;
+        }
+      });
+      for_each_row(layout, blk, vs, [&](int64_t row, int64_t offset) {
+        for (int64_t e = 0; e < d.dv; ++e)
+          grad_v[offset + e] = dvals[row * x1_ + e] + (add_parked ? grad_v[offset + e] : T(0));
+      });
+    }
+  }
+}
+
+template class ChunkedAttention<float>;
+template class ChunkedAttention<double>;
+
+}  // namespace mhla::cpu

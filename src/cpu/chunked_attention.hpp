@@ -1,0 +1,43 @@
+#pragma once
+// The blocked (chunkwise) linear-attention kernel behind MHLA and the
+// linear-attention baseline. Per (batch, head) slice:
+//   1. summaries: [S_b | z_b] = phi(K_b)^T [V_b | 1]        one GEMM per block
+//   2. mix:       [S~_i | z~_i] from the summaries          Mixer (one GEMM per slice)
+//   3. outputs:   y_t = phi(q_t)^T [S~_i | z~_i]            one GEMM per block
+//                 (+ causal in-block term W[i,i] (phi(Q) phi(K)^T masked) [V | 1])
+//                 o_t = y_t[:Dv] / (y_t[Dv] + eps)  or  scale * y_t[:Dv]
+// Appending a column of ones to V makes the normaliser z ride along in the same
+// GEMMs as S. The backward pass recomputes phases 1-2, then runs the same
+// GEMMs transposed. Nothing of size N x N is ever formed: the largest buffers
+// are three [B*H, M, Dk*(Dv+1)] summary arrays and per-thread block tiles.
+#include "core/validate.hpp"
+#include "cpu/mixer.hpp"
+
+namespace mhla::cpu {
+
+template <typename T>
+class ChunkedAttention {
+ public:
+  // problem.layout and problem.blocks describe the blocks; mixer supplies W.
+  ChunkedAttention(const mhla::detail::Problem& problem, const Mixer<T>& mixer);
+
+  void forward(const T* q, const T* k, const T* v, T* o) const;
+  void backward(const T* q, const T* k, const T* v, const T* o, const T* grad_o, T* grad_q,
+                T* grad_k, T* grad_v, T* grad_w) const;
+
+ private:
+  void compute_summaries(const T* k, const T* v, T* summaries) const;
+  void compute_outputs(const T* q, const T* k, const T* v, const T* mixed, T* o) const;
+  void output_gradients(const T* q, const T* k, const T* v, const T* o, const T* grad_o,
+                        T* mixed, T* diagonal_grad, T* grad_q, T* grad_k, T* grad_v) const;
+  void key_value_gradients(const T* k, const T* v, const T* summaries_grad, T* grad_k,
+                           T* grad_v) const;
+
+  mhla::detail::Problem p_;
+  const Mixer<T>& mixer_;
+  int64_t x1_;         // Dv + 1 columns of [V | 1]
+  int64_t x_;          // Dk * (Dv + 1): one summary
+  int64_t max_rows_;   // largest block
+};
+
+}  // namespace mhla::cpu

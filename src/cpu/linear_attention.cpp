@@ -1,0 +1,79 @@
+// Vanilla linear attention: the chunked kernel with a parameter-free all-ones
+// mix (a sum, or a prefix sum when causal). The chunks only organise the work;
+// the result does not depend on their size.
+#include "cpu/chunked_attention.hpp"
+#include "mhla/baselines.hpp"
+
+namespace mhla {
+namespace {
+
+// Causal chunks pay O(C^2) in-block work per chunk, so they stay small; a
+// non-causal chunk only bounds the per-thread tiles.
+int64_t chunk_size(bool causal) { return causal ? 64 : 256; }
+
+detail::Problem validate(const char* fn, const LinearAttentionOptions& options,
+                         const void* q, const std::vector<int64_t>& qs, const void* k,
+                         const std::vector<int64_t>& ks, const void* v,
+                         const std::vector<int64_t>& vs) {
+  const detail::AttentionDims dims = detail::check_qkv(fn, q, qs, k, ks, v, vs);
+  return detail::check_linear_options(fn, options, dims);
+}
+
+}  // namespace
+
+template <typename T>
+void linear_attention_forward(const LinearAttentionOptions& options, TensorView<const T> q,
+                              TensorView<const T> k, TensorView<const T> v, TensorView<T> o) {
+  const char* fn = "mhla::linear_attention_forward";
+  detail::Problem p = validate(fn, options, q.data, q.shape, k.data, k.shape, v.data, v.shape);
+  detail::check_output(fn, "o", o, detail::v_shape(p.dims));
+  const TokenLayout chunks = TokenLayout::sequence(p.dims.tokens, chunk_size(p.causal));
+  p.layout = &chunks;
+  p.blocks = chunks.num_blocks();
+  const cpu::UniformMixer<T> mixer(p);
+  cpu::ChunkedAttention<T>(p, mixer).forward(q.data, k.data, v.data, o.data);
+}
+
+template <typename T>
+void linear_attention_backward(const LinearAttentionOptions& options, TensorView<const T> q,
+                               TensorView<const T> k, TensorView<const T> v,
+                               TensorView<const T> o, TensorView<const T> grad_o,
+                               TensorView<T> grad_q, TensorView<T> grad_k, TensorView<T> grad_v) {
+  const char* fn = "mhla::linear_attention_backward";
+  detail::Problem p = validate(fn, options, q.data, q.shape, k.data, k.shape, v.data, v.shape);
+  detail::check_output(fn, "o", o, detail::v_shape(p.dims));
+  detail::check_output(fn, "grad_o", grad_o, detail::v_shape(p.dims));
+  detail::check_output(fn, "grad_q", grad_q, detail::q_shape(p.dims));
+  detail::check_output(fn, "grad_k", grad_k, detail::q_shape(p.dims));
+  detail::check_output(fn, "grad_v", grad_v, detail::v_shape(p.dims));
+  const TokenLayout chunks = TokenLayout::sequence(p.dims.tokens, chunk_size(p.causal));
+  p.layout = &chunks;
+  p.blocks = chunks.num_blocks();
+  const cpu::UniformMixer<T> mixer(p);
+  cpu::ChunkedAttention<T>(p, mixer).backward(q.data, k.data, v.data, o.data, grad_o.data,
+                                              grad_q.data, grad_k.data, grad_v.data, nullptr);
+}
+
+double linear_attention_flops_forward(int64_t batch, int64_t tokens, int64_t heads, int64_t dk,
+                                      int64_t dv) {
+  return 4.0 * double(batch) * double(heads) * double(tokens) * double(dk) * double(dv);
+}
+
+template void linear_attention_forward<float>(const LinearAttentionOptions&,
+                                              TensorView<const float>, TensorView<const float>,
+                                              TensorView<const float>, TensorView<float>);
+template void linear_attention_forward<double>(const LinearAttentionOptions&,
+                                               TensorView<const double>, TensorView<const double>,
+                                               TensorView<const double>, TensorView<double>);
+template void linear_attention_backward<float>(const LinearAttentionOptions&,
+                                               TensorView<const float>, TensorView<const float>,
+                                               TensorView<const float>, TensorView<const float>,
+                                               TensorView<const float>, TensorView<float>,
+                                               TensorView<float>, TensorView<float>);
+template void linear_attention_backward<double>(const LinearAttentionOptions&,
+                                                TensorView<const double>, TensorView<const double>,
+                                                TensorView<const double>, TensorView<const double>,
+                                                TensorView<const double>, TensorView<double>,
+                                                TensorView<double>, TensorView<double>);
+
+}  // namespace mhla

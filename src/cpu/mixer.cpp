@@ -1,0 +1,178 @@
+#include "cpu/mixer.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "cpu/blas.hpp"
+
+namespace mhla::cpu {
+namespace {
+
+// Column panel width of the [M, X] summary matrices: wide enough for an
+// efficient GEMM (M x 1024 x M), narrow enough to give two threads work at B*H = 1.
+constexpr int64_t kPanel = 1024;
+// Row panel of dW: each panel reduces over the full X, keeping dW exact and
+// independent of the thread count.
+constexpr int64_t kRowPanel = 64;
+
+int64_t count_panels(int64_t extent, int64_t width) { return (extent + width - 1) / width; }
+
+}  // namespace
+
+template <typename T>
+DenseMixer<T>::DenseMixer(const mhla::detail::Problem& problem, const T* w)
+    : p_(problem), w_(w), x_(problem.dims.dk * (problem.dims.dv + 1)) {
+  if (!p_.causal) return;
+  const int64_t m = p_.blocks, copies = p_.per_head_mixing ? p_.dims.heads : 1;
+  strict_lower_.assign(copies * m * m, T(0));
+  for (int64_t c = 0; c < copies; ++c)
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t b = 0; b < i; ++b) strict_lower_[(c * m + i) * m + b] = w_[(c * m + i) * m + b];
+}
+
+template <typename T>
+const T* DenseMixer<T>::head_w(int64_t bh) const {
+  const int64_t m = p_.blocks;
+  return p_.per_head_mixing ? w_ + (bh % p_.dims.heads) * m * m : w_;
+}
+
+template <typename T>
+const T* DenseMixer<T>::head_strict_lower(int64_t bh) const {
+  const int64_t m = p_.blocks;
+  return strict_lower_.data() + (p_.per_head_mixing ? (bh % p_.dims.heads) * m * m : 0);
+}
+
+template <typename T>
+T DenseMixer<T>::diagonal(int64_t bh, int64_t i) const {
+  return head_w(bh)[i * p_.blocks + i];
+}
+
+template <typename T>
+void DenseMixer<T>::mix(const T* summaries, T* mixed) const {
+  const int64_t m = p_.blocks, slices = p_.dims.batch * p_.dims.heads;
+  const int64_t panels = count_panels(x_, kPanel);
+#pragma omp parallel for schedule(static)
+  for (int64_t task = 0; task < slices * panels; ++task) {
+    const int64_t bh = task / panels, c0 = (task % panels) * kPanel;
+    const int64_t cols = std::min(kPanel, x_ - c0);
+    const T* s = summaries + bh * m * x_ + c0;
+    T* out = mixed + bh * m * x_ + c0;
+    if (!p_.causal) {
+      gemm(false, false, m, cols, m, T(1), head_w(bh), m, s, x_, T(0), out, x_);
+    } else {
+      // Strictly lower W: half the flops of a full GEMM, through TRMM in place.
+      for (int64_t i = 0; i < m; ++i) std::memcpy(out + i * x_, s + i * x_, cols * sizeof(T));
+      trmm_lower(false, m, cols, head_strict_lower(bh), m, out, x_);
+    }
+  }
+}
+
+template <typename T>
+void DenseMixer<T>::mix_backward(const T* mixed_grad, const T* summaries, const T* diagonal_grad,
+                                 T* summaries_grad, T* grad_w) const {
+  const int64_t m = p_.blocks, heads = p_.dims.heads, slices = p_.dims.batch * heads;
+  const int64_t panels = count_panels(x_, kPanel);
+  // dS = W^T dmixed (causal: strictly lower W).
+#pragma omp parallel for schedule(static)
+  for (int64_t task = 0; task < slices * panels; ++task) {
+    const int64_t bh = task / panels, c0 = (task % panels) * kPanel;
+    const int64_t cols = std::min(kPanel, x_ - c0);
+    const T* g = mixed_grad + bh * m * x_ + c0;
+    T* out = summaries_grad + bh * m * x_ + c0;
+    if (!p_.causal) {
+      gemm(true, false, m, cols, m, T(1), head_w(bh), m, g, x_, T(0), out, x_);
+    } else {
+      for (int64_t i = 0; i < m; ++i) std::memcpy(out + i * x_, g + i * x_, cols * sizeof(T));
+      trmm_lower(true, m, cols, head_strict_lower(bh), m, out, x_);
+    }
+  }
+
+  // dW per slice: dW_bh[i, b] = <dmixed_i, S_b>, one row panel per task.
+  std::vector<T> per_slice(slices * m * m, T(0));
+  const int64_t row_panels = count_panels(m, kRowPanel);
+#pragma omp parallel for schedule(static)
+  for (int64_t task = 0; task < slices * row_panels; ++task) {
+    const int64_t bh = task / row_panels, i0 = (task % row_panels) * kRowPanel;
+    const int64_t rows = std::min(kRowPanel, m - i0);
+    // Causal rows i only read b < i: skip the columns no row of the panel uses.
+    const int64_t cols = p_.causal ? std::min(m, i0 + rows) : m;
+    T* out = per_slice.data() + bh * m * m + i0 * m;
+    gemm(false, true, rows, cols, x_, T(1), mixed_grad + (bh * m + i0) * x_, x_,
+         summaries + bh * m * x_, x_, T(0), out, m);
+    if (p_.causal)
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t i = i0 + r;
+        std::fill(out + r * m + i, out + (r + 1) * m, T(0));
+        out[r * m + i] = diagonal_grad[bh * m + i];
+      }
+  }
+
+  // Sum over the batch (and the heads when W is shared) in a fixed order.
+  const int64_t copies = p_.per_head_mixing ? heads : 1;
+#pragma omp parallel for schedule(static)
+  for (int64_t e = 0; e < copies * m * m; ++e) {
+    const int64_t c = e / (m * m), ib = e % (m * m);
+    T acc = 0;
+    for (int64_t bh = 0; bh < slices; ++bh)
+      if (!p_.per_head_mixing || bh % heads == c) acc += per_slice[bh * m * m + ib];
+    grad_w[e] = acc;
+  }
+}
+
+template <typename T>
+UniformMixer<T>::UniformMixer(const mhla::detail::Problem& problem)
+    : p_(problem), x_(problem.dims.dk * (problem.dims.dv + 1)) {}
+
+template <typename T>
+void UniformMixer<T>::mix(const T* summaries, T* mixed) const {
+  const int64_t m = p_.blocks, slices = p_.dims.batch * p_.dims.heads;
+  const int64_t panels = count_panels(x_, kPanel);
+#pragma omp parallel for schedule(static)
+  for (int64_t task = 0; task < slices * panels; ++task) {
+    const int64_t bh = task / panels, c0 = (task % panels) * kPanel;
+    const int64_t cols = std::min(kPanel, x_ - c0);
+    const T* s = summaries + bh * m * x_ + c0;
+    T* out = mixed + bh * m * x_ + c0;
+    if (p_.causal) {  // mixed_i = sum_{b<i} S_b
+      std::fill(out, out + cols, T(0));
+      for (int64_t i = 1; i < m; ++i)
+        for (int64_t c = 0; c < cols; ++c) out[i * x_ + c] = out[(i - 1) * x_ + c] + s[(i - 1) * x_ + c];
+    } else {  // mixed_i = sum_b S_b for every i
+      std::copy(s, s + cols, out);
+      for (int64_t b = 1; b < m; ++b)
+        for (int64_t c = 0; c < cols; ++c) out[c] += s[b * x_ + c];
+      for (int64_t i = 1; i < m; ++i) std::copy(out, out + cols, out + i * x_);
+    }
+  }
+}
+
+template <typename T>
+void UniformMixer<T>::mix_backward(const T* mixed_grad, const T*, const T*, T* summaries_grad,
+                                   T*) const {
+  const int64_t m = p_.blocks, slices = p_.dims.batch * p_.dims.heads;
+  const int64_t panels = count_panels(x_, kPanel);
+#pragma omp parallel for schedule(static)
+  for (int64_t task = 0; task < slices * panels; ++task) {
+    const int64_t bh = task / panels, c0 = (task % panels) * kPanel;
+    const int64_t cols = std::min(kPanel, x_ - c0);
+    const T* g = mixed_grad + bh * m * x_ + c0;
+    T* out = summaries_grad + bh * m * x_ + c0;
+    if (p_.causal) {  // dS_b = sum_{i>b} dmixed_i
+      std::fill(out + (m - 1) * x_, out + (m - 1) * x_ + cols, T(0));
+      for (int64_t b = m - 2; b >= 0; --b)
+        for (int64_t c = 0; c < cols; ++c) out[b * x_ + c] = out[(b + 1) * x_ + c] + g[(b + 1) * x_ + c];
+    } else {  // dS_b = sum_i dmixed_i for every b
+      std::copy(g, g + cols, out);
+      for (int64_t i = 1; i < m; ++i)
+        for (int64_t c = 0; c < cols; ++c) out[c] += g[i * x_ + c];
+      for (int64_t b = 1; b < m; ++b) std::copy(out, out + cols, out + b * x_);
+    }
+  }
+}
+
+template class DenseMixer<float>;
+template class DenseMixer<double>;
+template class UniformMixer<float>;
+template class UniformMixer<double>;
+
+}  // namespace mhla::cpu

@@ -1,0 +1,69 @@
+#pragma once
+// The mixing step between block summaries and block outputs. Summaries are
+// stored as [B*H, M, X] with X = Dk * (Dv + 1): each block's Dk x (Dv + 1)
+// matrix [S_b | z_b] (the key sums ride along as an extra value column).
+//
+// Forward:  mixed_i = sum_b W[i,b] S_b   (causal: b < i; W[i,i] is applied
+//           inside the block, token by token, by the kernel).
+// Backward: dS_b = sum_i W[i,b] dmixed_i and dW[i,b] = <dmixed_i, S_b>.
+//
+// All loops split the work into a fixed set of panels whatever the thread
+// count, so results are bit-identical across thread counts.
+#include <cstdint>
+#include <vector>
+
+#include "core/validate.hpp"
+
+namespace mhla::cpu {
+
+template <typename T>
+class Mixer {
+ public:
+  virtual ~Mixer() = default;
+  virtual void mix(const T* summaries, T* mixed) const = 0;
+  // W[i,i] of the head behind slice bh (the causal in-block weight).
+  virtual T diagonal(int64_t bh, int64_t i) const = 0;
+  // mixed_grad: [B*H, M, X]; diagonal_grad: [B*H, M] causal in-block dW[i,i]
+  // terms (nullptr when not causal); grad_w: w's shape, or nullptr when the
+  // mixer has no parameters.
+  virtual void mix_backward(const T* mixed_grad, const T* summaries, const T* diagonal_grad,
+                            T* summaries_grad, T* grad_w) const = 0;
+};
+
+// A learnt dense W, shared [M, M] or per head [H, M, M].
+template <typename T>
+class DenseMixer final : public Mixer<T> {
+ public:
+  DenseMixer(const mhla::detail::Problem& problem, const T* w);
+  void mix(const T* summaries, T* mixed) const override;
+  T diagonal(int64_t bh, int64_t i) const override;
+  void mix_backward(const T* mixed_grad, const T* summaries, const T* diagonal_grad,
+                    T* summaries_grad, T* grad_w) const override;
+
+ private:
+  const T* head_w(int64_t bh) const;
+  const T* head_strict_lower(int64_t bh) const;
+
+  mhla::detail::Problem p_;
+  const T* w_;
+  int64_t x_;                     // Dk * (Dv + 1)
+  std::vector<T> strict_lower_;   // causal: W with diagonal and upper triangle zeroed
+};
+
+// W = all ones with no parameters: vanilla linear attention, whose mix is a
+// plain sum (non-causal) or an exclusive prefix sum (causal) in O(M X).
+template <typename T>
+class UniformMixer final : public Mixer<T> {
+ public:
+  explicit UniformMixer(const mhla::detail::Problem& problem);
+  void mix(const T* summaries, T* mixed) const override;
+  T diagonal(int64_t, int64_t) const override { return T(1); }
+  void mix_backward(const T* mixed_grad, const T* summaries, const T* diagonal_grad,
+                    T* summaries_grad, T* grad_w) const override;
+
+ private:
+  mhla::detail::Problem p_;
+  int64_t x_;
+};
+
+}  // namespace mhla::cpu

@@ -1,0 +1,168 @@
+#pragma once
+// Shared helpers for the tests: random inputs, a catalogue of awkward cases,
+// and tolerance checks that scale with the magnitude of the reference.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "mhla/mhla.hpp"
+
+namespace mhla::test {
+
+// One operator configuration with its shapes.
+struct Case {
+  std::string name;
+  int64_t batch, heads, dk, dv;
+  TokenLayout layout;
+  Masking masking = Masking::none;
+  FeatureMap phi = FeatureMap::elu1;
+  bool normalize = true;
+  bool per_head = false;
+
+  int64_t tokens() const { return layout.num_tokens(); }
+  int64_t blocks() const { return layout.num_blocks(); }
+  Options options() const {
+    Options o;
+    o.layout = layout;
+    o.masking = masking;
+    o.feature_map = phi;
+    o.normalize = normalize;
+    return o;
+  }
+  std::vector<int64_t> q_shape() const { return {batch, tokens(), heads, dk}; }
+  std::vector<int64_t> v_shape() const { return {batch, tokens(), heads, dv}; }
+  std::vector<int64_t> w_shape() const {
+    return per_head ? std::vector<int64_t>{heads, blocks(), blocks()}
+                    : std::vector<int64_t>{blocks(), blocks()};
+  }
+  std::string label() const {
+    return name + "/" + to_string(masking) + "/" + to_string(phi) +
+           (normalize ? "/normalized" : "/unnormalized") + (per_head ? "/per-head" : "/shared");
+  }
+};
+
+inline int64_t numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t e : shape) n *= e;
+  return n;
+}
+
+inline std::vector<double> uniform(int64_t n, double lo, double hi, std::mt19937_64& rng) {
+  std::uniform_real_distribution<double> dist(lo, hi);
+  std::vector<double> x(n);
+  for (double& e : x) e = dist(rng);
+  return x;
+}
+
+// Inputs of a case, in double. Identity features with normalisation need
+// positive q and k (otherwise denominators cross zero); the mixing matrix is
+// non-negative in normalized mode and signed otherwise.
+struct Inputs {
+  std::vector<double> q, k, v, w, grad_o;
+};
+
+inline Inputs make_inputs(const Case& c, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const bool positive = c.phi == FeatureMap::identity && c.normalize;
+  Inputs in;
+  in.q = uniform(numel(c.q_shape()), positive ? 0.05 : -1.0, 1.0, rng);
+  in.k = uniform(numel(c.q_shape()), positive ? 0.05 : -1.0, 1.0, rng);
+  in.v = uniform(numel(c.v_shape()), -1.0, 1.0, rng);
+  in.w = uniform(numel(c.w_shape()), c.normalize ? 0.05 : -1.0, 1.0, rng);
+  in.grad_o = uniform(numel(c.v_shape()), -1.0, 1.0, rng);
+  return in;
+}
+
+template <typename T>
+std::vector<T> cast(const std::vector<double>& x) {
+  return std::vector<T>(x.begin(), x.end());
+}
+
+template <typename T>
+TensorView<const T> view(const std::vector<T>& x, std::vector<int64_t> shape) {
+  return {x.data(), std::move(shape)};
+}
+template <typename T>
+TensorView<T> view(std::vector<T>& x, std::vector<int64_t> shape) {
+  return {x.data(), std::move(shape)};
+}
+
+// Max |got - want| relative to max(largest |want|, 1): a tolerance means "this
+// many units of the tensor's scale", and gradients that are small only through
+// cancellation of O(1) terms are judged against the scale of those terms (the
+// inputs of every test are O(1)).
+template <typename T>
+double relative_error(const std::vector<T>& got, const std::vector<double>& want,
+                      double floor = 1.0) {
+  double scale = floor, err = 0;
+  for (double w : want) scale = std::max(scale, std::abs(w));
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double d = std::abs(double(got[i]) - want[i]);
+    if (!(d <= err)) err = d;  // also catches NaN
+  }
+  return err / scale;
+}
+
+#define EXPECT_CLOSE(got, want, tol, what)                                              \
+  do {                                                                                  \
+    ASSERT_EQ((got).size(), (want).size()) << what;                                     \
+    const double mhla_err = ::mhla::test::relative_error((got), (want));                \
+    EXPECT_LE(mhla_err, (tol)) << what << ": relative error " << mhla_err;              \
+  } while (0)
+
+// The catalogue of awkward shapes the fast paths must match the references on.
+inline std::vector<Case> shape_cases() {
+  std::vector<Case> cases = {
+      {"1d-ragged", 2, 3, 5, 7, TokenLayout::sequence(37, 8)},
+      {"1d-one-token", 1, 1, 4, 3, TokenLayout::sequence(1, 1)},
+      {"1d-single-block", 1, 2, 6, 6, TokenLayout::sequence(20, 32)},
+      {"1d-blocks-equal-tokens", 1, 2, 4, 5, TokenLayout::sequence(9, 1)},
+      {"1d-dk1-dv3", 2, 1, 1, 3, TokenLayout::sequence(17, 4)},
+      {"1d-dk59-dv3", 1, 2, 59, 3, TokenLayout::sequence(23, 6)},
+      {"1d-dk3-dv59", 1, 1, 3, 59, TokenLayout::sequence(19, 5)},
+      {"2d-ragged", 2, 2, 6, 5, TokenLayout::grid2d(7, 5, 3, 2)},
+      {"2d-non-square", 1, 3, 4, 4, TokenLayout::grid2d(4, 9, 2, 4)},
+      {"3d-ragged", 1, 2, 5, 6, TokenLayout::grid3d(3, 5, 4, 2, 2, 3)},
+  };
+  return cases;
+}
+
+// Shape cases crossed with every mode the layout allows: masking, feature map,
+// normalisation, shared or per-head mixing.
+inline std::vector<Case> all_mode_cases() {
+  std::vector<Case> out;
+  for (const Case& base : shape_cases())
+    for (Masking masking : {Masking::none, Masking::causal}) {
+      if (masking == Masking::causal && base.layout.rank() != 1) continue;
+      for (FeatureMap phi : {FeatureMap::identity, FeatureMap::relu, FeatureMap::elu1})
+        for (bool normalize : {true, false})
+          for (bool per_head : {false, true}) {
+            Case c = base;
+            c.masking = masking;
+            c.phi = phi;
+            c.normalize = normalize;
+            c.per_head = per_head;
+            out.push_back(c);
+          }
+    }
+  return out;
+}
+
+inline void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.label() << " [B=" << c.batch << " H=" << c.heads << " Dk=" << c.dk << " Dv=" << c.dv
+      << " " << c.layout.describe() << "]";
+}
+
+inline std::string case_name(const testing::TestParamInfo<Case>& info) {
+  std::string s = info.param.label();
+  for (char& ch : s)
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  return s;
+}
+
+}  // namespace mhla::test

@@ -1,0 +1,162 @@
+// Bad input must raise mhla::Error with a message naming the argument, what was
+// expected and what was given; never a crash or silent garbage.
+#include "test_support.hpp"
+
+namespace mhla::test {
+namespace {
+
+using testing::HasSubstr;
+
+struct Call {
+  Options options;
+  std::vector<float> q, k, v, w, o;
+  std::vector<int64_t> qs, ks, vs, ws, os;
+
+  Call() {
+    options.layout = TokenLayout::sequence(8, 4);
+    qs = ks = {1, 8, 2, 4};
+    vs = os = {1, 8, 2, 3};
+    ws = {2, 2};
+    q.assign(64, 0.5f);
+    k.assign(64, 0.5f);
+    v.assign(48, 0.5f);
+    o.assign(48, 0.0f);
+    w.assign(4, 0.5f);
+  }
+  void run() {
+    forward<float>(options, {q.data(), qs}, {k.data(), ks}, {v.data(), vs}, {w.data(), ws},
+                   {o.data(), os});
+  }
+};
+
+std::string error_of(Call& call) {
+  try {
+    call.run();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST(Validation, ValidCallSucceeds) {
+  Call call;
+  EXPECT_EQ(error_of(call), "no error");
+}
+
+TEST(Validation, MismatchedShapesNameTheArgument) {
+  Call c1;
+  c1.ks = {1, 8, 2, 5};
+  EXPECT_THAT(error_of(c1), HasSubstr("mhla::forward: k has shape [1, 8, 2, 5], expected [1, 8, 2, 4]"));
+  Call c2;
+  c2.vs = {1, 7, 2, 3};
+  EXPECT_THAT(error_of(c2), HasSubstr("v has shape [1, 7, 2, 3], expected [1, 8, 2, 3]"));
+  Call c3;
+  c3.os = {1, 8, 2, 4};
+  EXPECT_THAT(error_of(c3), HasSubstr("o has shape [1, 8, 2, 4], expected [1, 8, 2, 3]"));
+  Call c4;
+  c4.qs = {8, 2, 4};
+  EXPECT_THAT(error_of(c4), HasSubstr("q must have rank 4 [B, N, H, Dk], got shape [8, 2, 4]"));
+}
+
+TEST(Validation, ZeroNegativeAndOverflowingSizes) {
+  Call c1;
+  c1.qs = c1.ks = {1, 8, 0, 4};
+  EXPECT_THAT(error_of(c1), HasSubstr("every extent must be positive"));
+  Call c2;
+  c2.qs = c2.ks = {1, 8, -2, 4};
+  EXPECT_THAT(error_of(c2), HasSubstr("q has shape [1, 8, -2, 4]"));
+  Call c3;
+  c3.qs = c3.ks = {1 << 20, 1 << 20, 1 << 20, 4};
+  EXPECT_THAT(error_of(c3), HasSubstr("overflows"));
+}
+
+TEST(Validation, LayoutMustMatchTokens) {
+  Call c1;
+  c1.options.layout = TokenLayout::grid2d(3, 3, 2, 2);
+  EXPECT_THAT(error_of(c1), HasSubstr("has 9 tokens but q has N = 8"));
+  Call c2;
+  c2.options.layout = TokenLayout();
+  EXPECT_THAT(error_of(c2), HasSubstr("options.layout is not set"));
+}
+
+TEST(Validation, MixingMatrixMustMatchBlockGrid) {
+  Call c1;
+  c1.ws = {3, 3};
+  c1.w.assign(9, 0.5f);
+  EXPECT_THAT(error_of(c1), HasSubstr("w has shape [3, 3], expected [2, 2] (M = 2 blocks of 1D"));
+  Call c2;
+  c2.ws = {3, 2, 2};
+  c2.w.assign(12, 0.5f);
+  EXPECT_THAT(error_of(c2), HasSubstr("w has shape [3, 2, 2], expected [2, 2, 2]"));
+  Call c3;
+  c3.ws = {4};
+  EXPECT_THAT(error_of(c3), HasSubstr("w must have shape [M, M] or [H, M, M] with M = 2"));
+}
+
+TEST(Validation, CausalNeedsA1DLayout) {
+  Call call;
+  call.options.layout = TokenLayout::grid2d(2, 4, 2, 2);
+  call.options.masking = Masking::causal;
+  EXPECT_THAT(error_of(call), HasSubstr("causal masking needs a 1D layout, got 2D: 2x4 grid"));
+}
+
+TEST(Validation, NegativeOrNonFiniteMixingWeights) {
+  Call c1;
+  c1.w[1] = -0.25f;
+  EXPECT_THAT(error_of(c1), HasSubstr("w[0, 1] = -0.250000 is negative"));
+  Call c2;
+  c2.w[1] = -0.25f;
+  c2.options.normalize = false;  // allowed without normalisation
+  EXPECT_EQ(error_of(c2), "no error");
+  Call c3;
+  c3.w[1] = -0.25f;
+  c3.options.masking = Masking::causal;  // upper triangle unused in causal mode
+  EXPECT_EQ(error_of(c3), "no error");
+  Call c4;
+  c4.w[2] = std::nanf("");
+  EXPECT_THAT(error_of(c4), HasSubstr("w[1, 0] is not finite"));
+}
+
+TEST(Validation, NullPointersAndOptions) {
+  Call c1;
+  c1.q.clear();
+  c1.q.shrink_to_fit();
+  EXPECT_THAT(error_of(c1), HasSubstr("q is a null pointer"));
+  Call c2;
+  c2.options.eps = -1;
+  EXPECT_THAT(error_of(c2), HasSubstr("options.eps must be finite and >= 0"));
+  Call c3;
+  c3.options.scale = 0.5;
+  EXPECT_THAT(error_of(c3), HasSubstr("options.scale applies to the unnormalized mode only"));
+}
+
+TEST(Validation, BackwardChecksGradientShapes) {
+  Call c;
+  std::vector<float> g(48), gq(64), gk(64), gv(48), gw(9);
+  try {
+    backward<float>(c.options, {c.q.data(), c.qs}, {c.k.data(), c.ks}, {c.v.data(), c.vs},
+                    {c.w.data(), c.ws}, {c.o.data(), c.os}, {g.data(), c.os}, {gq.data(), c.qs},
+                    {gk.data(), c.ks}, {gv.data(), c.vs}, {gw.data(), {3, 3}});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_THAT(std::string(e.what()), HasSubstr("grad_w has shape [3, 3], expected [2, 2]"));
+  }
+}
+
+TEST(Validation, BaselinesValidateToo) {
+  std::vector<float> q(64), o(48), lse(2 * 8);
+  EXPECT_THROW(linear_attention_forward<float>({}, {q.data(), {1, 8, 2, 4}}, {q.data(), {1, 8, 2, 4}},
+                                               {q.data(), {1, 9, 2, 3}}, {o.data(), {1, 8, 2, 3}}),
+               Error);
+  try {
+    softmax_attention_forward<float>({}, {q.data(), {1, 8, 2, 4}}, {q.data(), {1, 8, 2, 4}},
+                                     {q.data(), {1, 8, 2, 3}}, {o.data(), {1, 8, 2, 3}},
+                                     {lse.data(), {1, 8, 2}});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_THAT(std::string(e.what()), HasSubstr("lse has shape [1, 8, 2], expected [1, 2, 8]"));
+  }
+}
+
+}  // namespace
+}  // namespace mhla::test
