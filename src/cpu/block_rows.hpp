@@ -2,7 +2,9 @@
 // Moving one block's rows between the strided [B, N, H, D] tensors and small
 // contiguous row-major tiles that the GEMMs read. Gathering costs O(C D) per
 // block against the O(C D^2) GEMM work it feeds, and lets 2D/3D tiles (whose
-// tokens are not contiguous) use the same GEMMs as 1D blocks.
+// tokens are not contiguous) use the same GEMMs as 1D blocks. Each row loop is
+// instantiated per feature map so it vectorises.
+#include <algorithm>
 #include <cstdint>
 
 #include "core/feature_map.hpp"
@@ -20,42 +22,81 @@ inline HeadSlice head_slice(int64_t b, int64_t h, int64_t tokens, int64_t heads,
   return {(b * tokens * heads + h) * width, heads * width};
 }
 
-namespace detail_rows {
-template <FeatureMap Phi, typename T>
-void gather_runs(const TokenLayout& layout, int64_t block, const T* src, HeadSlice s,
-                 int64_t width, T* dst, int64_t ld) {
-  int64_t row = 0;
-  layout.for_each_run(block, [&](int64_t first, int64_t len) {
-    for (int64_t t = first; t < first + len; ++t, ++row) {
-      const T* in = src + s.offset + t * s.stride;
-      T* out = dst + row * ld;
-      for (int64_t d = 0; d < width; ++d) out[d] = mhla::detail::feature(Phi, in[d]);
-    }
-  });
-}
-}  // namespace detail_rows
-
-// dst[row, 0:width] = phi(src[token of row, 0:width]); rows in block order.
+// Rows of one head are H * D elements apart, a stride the hardware prefetcher
+// follows poorly; fetching the row 8 tokens ahead made the forward pass about
+// 1.3x faster at N = 16384, H = 8. Prefetches never fault, so running past the
+// block or the tensor is harmless (the address is formed as an integer).
 template <typename T>
-void gather_rows(const TokenLayout& layout, int64_t block, FeatureMap phi, const T* src,
-                 HeadSlice s, int64_t width, T* dst, int64_t ld) {
-  // The switch sits outside the loops so each loop body is a single inlined map.
-  switch (phi) {
-    case FeatureMap::identity:
-      return detail_rows::gather_runs<FeatureMap::identity>(layout, block, src, s, width, dst, ld);
-    case FeatureMap::relu:
-      return detail_rows::gather_runs<FeatureMap::relu>(layout, block, src, s, width, dst, ld);
-    case FeatureMap::elu1:
-      return detail_rows::gather_runs<FeatureMap::elu1>(layout, block, src, s, width, dst, ld);
-  }
+inline void prefetch_ahead(const T* row, int64_t stride, int64_t width) {
+  constexpr int64_t kTokensAhead = 8, kLine = 64;
+  const uintptr_t ahead = reinterpret_cast<uintptr_t>(row) + kTokensAhead * stride * sizeof(T);
+  for (int64_t byte = 0; byte < width * int64_t(sizeof(T)); byte += kLine)
+    __builtin_prefetch(reinterpret_cast<const void*>(ahead + uintptr_t(byte)));
 }
 
-// Calls fn(row, token_pointer_offset) for each row of the block, in block order.
+// Calls fn(row, element_offset) for each row of the block, in block order.
 template <typename Fn>
 void for_each_row(const TokenLayout& layout, int64_t block, HeadSlice s, Fn&& fn) {
   int64_t row = 0;
   layout.for_each_run(block, [&](int64_t first, int64_t len) {
     for (int64_t t = first; t < first + len; ++t, ++row) fn(row, s.offset + t * s.stride);
+  });
+}
+
+// tile[row, 0:width] = phi(src[token of row, 0:width]).
+template <typename T>
+void gather_rows(const TokenLayout& layout, int64_t block, FeatureMap phi, const T* src,
+                 HeadSlice s, int64_t width, T* tile, int64_t ld) {
+  // Two passes: a plain strided copy (memory-bound; nothing else in the loop,
+  // so many loads stay in flight), then phi on the tile while it sits in L1/L2.
+  // Fusing the exp of elu+1 into the copy loop made the MHLA forward 1.35x
+  // slower at N = 16384.
+  int64_t rows = 0;
+  for_each_row(layout, block, s, [&](int64_t row, int64_t offset) {
+    prefetch_ahead(src + offset, s.stride, width);
+    std::copy(src + offset, src + offset + width, tile + row * ld);
+    rows = row + 1;
+  });
+  if (phi == FeatureMap::identity) return;
+  mhla::detail::dispatch_feature(phi, [&]<FeatureMap Phi>() {
+    for (int64_t row = 0; row < rows; ++row) {
+      T* x = tile + row * ld;
+#pragma omp simd
+      for (int64_t d = 0; d < width; ++d) x[d] = mhla::detail::apply_feature<Phi>(x[d]);
+    }
+  });
+}
+
+// Gradient of phi(x) back to x, given features = phi(x) as a tile:
+//   dst[token, d] = phi'(x) * (grad[row, d] + (accumulate ? dst[token, d] : 0)).
+template <typename T>
+void scatter_through_feature(const TokenLayout& layout, int64_t block, FeatureMap phi,
+                             const T* features, const T* grad, int64_t ld, HeadSlice s,
+                             int64_t width, bool accumulate, T* dst) {
+  mhla::detail::dispatch_feature(phi, [&]<FeatureMap Phi>() {
+    for_each_row(layout, block, s, [&](int64_t row, int64_t offset) {
+      const T* y = features + row * width;
+      const T* g = grad + row * ld;
+      T* out = dst + offset;
+      prefetch_ahead(out, s.stride, width);
+#pragma omp simd
+      for (int64_t d = 0; d < width; ++d)
+        out[d] = mhla::detail::derivative_from_feature<Phi>(y[d]) *
+                 (g[d] + (accumulate ? out[d] : T(0)));
+    });
+  });
+}
+
+// dst[token, 0:width] = tile[row, 0:width] (+ dst when accumulating).
+template <typename T>
+void scatter_rows(const TokenLayout& layout, int64_t block, const T* tile, int64_t ld, HeadSlice s,
+                  int64_t width, bool accumulate, T* dst) {
+  for_each_row(layout, block, s, [&](int64_t row, int64_t offset) {
+    const T* g = tile + row * ld;
+    T* out = dst + offset;
+    prefetch_ahead(out, s.stride, width);
+#pragma omp simd
+    for (int64_t d = 0; d < width; ++d) out[d] = g[d] + (accumulate ? out[d] : T(0));
   });
 }
 

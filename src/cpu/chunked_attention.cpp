@@ -4,11 +4,10 @@
 
 #include "cpu/blas.hpp"
 #include "cpu/block_rows.hpp"
+#include "cpu/workspace.hpp"
 
 namespace mhla::cpu {
 namespace {
-
-using mhla::detail::feature_derivative;
 
 // [V_b | 1]: the block's values with a column of ones appended, so one GEMM
 // yields both S_b and z_b (and both num_t and den_t).
@@ -38,11 +37,12 @@ ChunkedAttention<T>::ChunkedAttention(const mhla::detail::Problem& problem, cons
 
 template <typename T>
 void ChunkedAttention<T>::forward(const T* q, const T* k, const T* v, T* o) const {
-  const int64_t total = p_.dims.batch * p_.dims.heads * p_.blocks * x_;
-  std::vector<T> summaries(total), mixed(total);
-  compute_summaries(k, v, summaries.data());
-  mixer_.mix(summaries.data(), mixed.data());
-  compute_outputs(q, k, v, mixed.data(), o);
+  const size_t total = size_t(p_.dims.batch * p_.dims.heads * p_.blocks * x_);
+  T* summaries = scratch<T>(Scratch::summaries, total);
+  T* mixed = scratch<T>(Scratch::mixed, total);
+  compute_summaries(k, v, summaries);
+  mixer_.mix(summaries, mixed);
+  compute_outputs(q, k, v, mixed, o);
 }
 
 template <typename T>
@@ -50,16 +50,18 @@ void ChunkedAttention<T>::backward(const T* q, const T* k, const T* v, const T* 
                                    const T* grad_o, T* grad_q, T* grad_k, T* grad_v,
                                    T* grad_w) const {
   const int64_t slices = p_.dims.batch * p_.dims.heads;
-  const int64_t total = slices * p_.blocks * x_;
-  std::vector<T> summaries(total), mixed(total), summaries_grad(total);
-  std::vector<T> diagonal_grad(p_.causal ? slices * p_.blocks : 0);
-  compute_summaries(k, v, summaries.data());
-  mixer_.mix(summaries.data(), mixed.data());
+  const size_t total = size_t(slices * p_.blocks * x_);
+  T* summaries = scratch<T>(Scratch::summaries, total);
+  T* mixed = scratch<T>(Scratch::mixed, total);
+  T* summaries_grad = scratch<T>(Scratch::summaries_grad, total);
+  T* diagonal_grad = scratch<T>(Scratch::diagonal_grad, size_t(slices * p_.blocks));
+  compute_summaries(k, v, summaries);
+  mixer_.mix(summaries, mixed);
   // Overwrites `mixed` with its gradient, block by block, once it has been read.
-  output_gradients(q, k, v, o, grad_o, mixed.data(), diagonal_grad.data(), grad_q, grad_k, grad_v);
-  mixer_.mix_backward(mixed.data(), summaries.data(), p_.causal ? diagonal_grad.data() : nullptr,
-                      summaries_grad.data(), grad_w);
-  key_value_gradients(k, v, summaries_grad.data(), grad_k, grad_v);
+  output_gradients(q, k, v, o, grad_o, mixed, diagonal_grad, grad_q, grad_k, grad_v);
+  mixer_.mix_backward(mixed, summaries, p_.causal ? diagonal_grad : nullptr, summaries_grad,
+                      grad_w);
+  key_value_gradients(k, v, summaries_grad, grad_k, grad_v);
 }
 
 template <typename T>
@@ -72,7 +74,7 @@ void ChunkedAttention<T>::compute_summaries(const T* k, const T* v, T* summaries
     std::vector<T> kap(max_rows_ * d.dk), vals(max_rows_ * x1_);
 #pragma omp for schedule(static)
     for (int64_t task = 0; task < tasks; ++task) {
-      const int64_t bh = task / m, blk = task % m, b = bh / d.heads, h = bh % d.heads;
+      const auto [bh, blk, b, h] = task_indices(task);
       const int64_t rows = layout.block_size(blk);
       gather_rows(layout, blk, p_.phi, k, head_slice(b, h, d.tokens, d.heads, d.dk), d.dk,
                   kap.data(), d.dk);
@@ -80,7 +82,7 @@ void ChunkedAttention<T>::compute_summaries(const T* k, const T* v, T* summaries
                               rows, vals.data());
       // [S_b | z_b] = phi(K_b)^T [V_b | 1]
       gemm(true, false, d.dk, x1_, rows, T(1), kap.data(), d.dk, vals.data(), x1_, T(0),
-           summaries + task * x_, x1_);
+           summaries + (bh * m + blk) * x_, x1_);
     }
   }
 }
@@ -103,13 +105,13 @@ void ChunkedAttention<T>::compute_outputs(const T* q, const T* k, const T* v, co
     }
 #pragma omp for schedule(static)
     for (int64_t task = 0; task < tasks; ++task) {
-      const int64_t bh = task / m, blk = task % m, b = bh / d.heads, h = bh % d.heads;
+      const auto [bh, blk, b, h] = task_indices(task);
       const int64_t rows = layout.block_size(blk);
       const HeadSlice qs = head_slice(b, h, d.tokens, d.heads, d.dk);
       const HeadSlice vs = head_slice(b, h, d.tokens, d.heads, d.dv);
       gather_rows(layout, blk, p_.phi, q, qs, d.dk, u.data(), d.dk);
       // y = phi(Q_i) [S~_i | z~_i]
-      gemm(false, false, rows, x1_, d.dk, T(1), u.data(), d.dk, mixed + task * x_, x1_, T(0),
+      gemm(false, false, rows, x1_, d.dk, T(1), u.data(), d.dk, mixed + (bh * m + blk) * x_, x1_, T(0),
            y.data(), x1_);
       if (p_.causal) {
         // y += W[i,i] mask(phi(Q_i) phi(K_i)^T) [V_i | 1]
@@ -124,6 +126,7 @@ void ChunkedAttention<T>::compute_outputs(const T* q, const T* k, const T* v, co
       for_each_row(layout, blk, vs, [&](int64_t row, int64_t offset) {
         const T* yr = y.data() + row * x1_;
         T* out = o + offset;
+        prefetch_ahead(out, vs.stride, d.dv);
         if (p_.normalize) {
           const T inv = T(1) / (yr[d.dv] + eps);
           for (int64_t e = 0; e < d.dv; ++e) out[e] = yr[e] * inv;
@@ -158,11 +161,11 @@ void ChunkedAttention<T>::output_gradients(const T* q, const T* k, const T* v, c
     }
 #pragma omp for schedule(static)
     for (int64_t task = 0; task < tasks; ++task) {
-      const int64_t bh = task / m, blk = task % m, b = bh / d.heads, h = bh % d.heads;
+      const auto [bh, blk, b, h] = task_indices(task);
       const int64_t rows = layout.block_size(blk);
       const HeadSlice qs = head_slice(b, h, d.tokens, d.heads, d.dk);
       const HeadSlice vs = head_slice(b, h, d.tokens, d.heads, d.dv);
-      T* mixed_i = mixed + task * x_;
+      T* mixed_i = mixed + (bh * m + blk) * x_;
       gather_rows(layout, blk, p_.phi, q, qs, d.dk, u.data(), d.dk);
       gather_rows(layout, blk, FeatureMap::identity, grad_o, vs, d.dv, g.data(), d.dv);
       gather_rows(layout, blk, FeatureMap::identity, o, vs, d.dv, out.data(), d.dv);
@@ -215,7 +218,7 @@ void ChunkedAttention<T>::output_gradients(const T* q, const T* k, const T* v, c
           dw += da[e] * a[e];
           da[e] *= wii;
         }
-        diagonal_grad[task] = dw;
+        diagonal_grad[bh * m + blk] = dw;
         gemm(false, false, rows, d.dk, rows, T(1), da.data(), rows, kap.data(), d.dk, T(1),
              du.data(), d.dk);
         gemm(true, false, rows, d.dk, rows, T(1), da.data(), rows, u.data(), d.dk, T(0),
@@ -224,17 +227,11 @@ void ChunkedAttention<T>::output_gradients(const T* q, const T* k, const T* v, c
              dvals.data(), x1_);
         // Park the in-block key/value gradients in the outputs; key_value_gradients
         // adds the inter-block part and applies phi'.
-        for_each_row(layout, blk, qs, [&](int64_t row, int64_t offset) {
-          for (int64_t r = 0; r < d.dk; ++r) grad_k[offset + r] = dkap[row * d.dk + r];
-        });
-        for_each_row(layout, blk, vs, [&](int64_t row, int64_t offset) {
-          for (int64_t e = 0; e < d.dv; ++e) grad_v[offset + e] = dvals[row * x1_ + e];
-        });
+        scatter_rows(layout, blk, dkap.data(), d.dk, qs, d.dk, false, grad_k);
+        scatter_rows(layout, blk, dvals.data(), x1_, vs, d.dv, false, grad_v);
       }
-      for_each_row(layout, blk, qs, [&](int64_t row, int64_t offset) {
-        for (int64_t r = 0; r < d.dk; ++r)
-          grad_q[offset + r] = feature_derivative(p_.phi, q[offset + r]) * du[row * d.dk + r];
-      });
+      scatter_through_feature(layout, blk, p_.phi, u.data(), du.data(), d.dk, qs, d.dk, false,
+                              grad_q);
       // y = phi(Q) mixed_i:  dmixed_i = phi(Q)^T dy, stored over mixed_i (no longer read).
       gemm(true, false, d.dk, x1_, rows, T(1), u.data(), d.dk, dy.data(), x1_, T(0), mixed_i, x1_);
     }
@@ -253,27 +250,20 @@ void ChunkedAttention<T>::key_value_gradients(const T* k, const T* v, const T* s
     std::vector<T> dkap(max_rows_ * d.dk), dvals(max_rows_ * x1_);
 #pragma omp for schedule(static)
     for (int64_t task = 0; task < tasks; ++task) {
-      const int64_t bh = task / m, blk = task % m, b = bh / d.heads, h = bh % d.heads;
+      const auto [bh, blk, b, h] = task_indices(task);
       const int64_t rows = layout.block_size(blk);
       const HeadSlice ks = head_slice(b, h, d.tokens, d.heads, d.dk);
       const HeadSlice vs = head_slice(b, h, d.tokens, d.heads, d.dv);
-      const T* ds = summaries_grad + task * x_;
+      const T* ds = summaries_grad + (bh * m + blk) * x_;
       gather_rows(layout, blk, p_.phi, k, ks, d.dk, kap.data(), d.dk);
       gather_values_with_ones(layout, blk, v, vs, d.dv, rows, vals.data());
       // [S_b | z_b] = phi(K)^T [V | 1]:  dphi(K) = [V | 1] dS^T,  d[V | 1] = phi(K) dS
       gemm(false, true, rows, d.dk, x1_, T(1), vals.data(), x1_, ds, x1_, T(0), dkap.data(), d.dk);
       gemm(false, false, rows, x1_, d.dk, T(1), kap.data(), d.dk, ds, x1_, T(0), dvals.data(), x1_);
-      const bool add_parked = p_.causal;
-      for_each_row(layout, blk, ks, [&](int64_t row, int64_t offset) {
-        for (int64_t r = 0; r < d.dk; ++r) {
-          const T total = dkap[row * d.dk + r] + (add_parked ? grad_k[offset + r] : T(0));
-          grad_k[offset + r] = feature_derivative(p_.phi, k[offset + r]) * total;
-        }
-      });
-      for_each_row(layout, blk, vs, [&](int64_t row, int64_t offset) {
-        for (int64_t e = 0; e < d.dv; ++e)
-          grad_v[offset + e] = dvals[row * x1_ + e] + (add_parked ? grad_v[offset + e] : T(0));
-      });
+      // Causal blocks parked their in-block part in grad_k / grad_v.
+      scatter_through_feature(layout, blk, p_.phi, kap.data(), dkap.data(), d.dk, ks, d.dk,
+                              p_.causal, grad_k);
+      scatter_rows(layout, blk, dvals.data(), x1_, vs, d.dv, p_.causal, grad_v);
     }
   }
 }

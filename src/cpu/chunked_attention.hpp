@@ -33,6 +33,18 @@ class ChunkedAttention {
   void key_value_gradients(const T* k, const T* v, const T* summaries_grad, T* grad_k,
                            T* grad_v) const;
 
+  // Per-block tasks run heads innermost: a thread then reads the H * D
+  // consecutive values of each token in turn (whole rows of the [B, N, H, D]
+  // tensors) instead of one head's D values at a stride of H * D.
+  struct TaskIndices {
+    int64_t bh, block, batch, head;
+  };
+  TaskIndices task_indices(int64_t task) const {
+    const int64_t h = task % p_.dims.heads, rest = task / p_.dims.heads;
+    const int64_t blk = rest % p_.blocks, b = rest / p_.blocks;
+    return {b * p_.dims.heads + h, blk, b, h};
+  }
+
   mhla::detail::Problem p_;
   const Mixer<T>& mixer_;
   int64_t x1_;         // Dv + 1 columns of [V | 1]

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/validate.hpp"
+#include "core/vector_math.hpp"
 #include "cpu/blas.hpp"
 #include "mhla/baselines.hpp"
 
@@ -52,12 +53,12 @@ void scores(const Dims& x, const T* q, const T* k, int64_t base_q, int64_t base_
         s[r * cols + c] = -std::numeric_limits<T>::infinity();
 }
 
-// p[c] = exp(s[c] - shift). Kept in its own loop so the compiler maps it to
-// vector exponentials (libmvec): the softmax cost is N^2 exponentials.
+// p[c] = exp(s[c] - shift). Kept in its own loop so it runs on vector
+// exponentials (core/vector_math.hpp): the softmax costs N^2 of them.
 template <typename T>
 void exponentiate(const T* s, T shift, int64_t n, T* p) {
 #pragma omp simd
-  for (int64_t c = 0; c < n; ++c) p[c] = std::exp(s[c] - shift);
+  for (int64_t c = 0; c < n; ++c) p[c] = detail::vector_exp(s[c] - shift);
 }
 
 }  // namespace

@@ -1,0 +1,214 @@
+// The operator benchmark: one run prints the machine's SGEMM rate, MHLA's
+// forward and forward+backward rates against it, time ratios against the
+// linear-attention and softmax baselines, linear scaling to 1M tokens, peak
+// memory, and the sequence length where MHLA overtakes softmax.
+//
+//   mhla_bench [--json results.json] [--quick] [--softmax-max-n N]
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <omp.h>
+
+#include "common/sgemm_rate.hpp"
+#include "common/timing.hpp"
+#include "common/workload.hpp"
+
+using mhla::tools::blocks_for;
+using mhla::tools::median_seconds;
+using mhla::tools::TimingPolicy;
+using mhla::tools::Workload;
+using nlohmann::json;
+
+namespace {
+
+constexpr int64_t kHeads = 8, kDim = 64;
+
+double peak_rss_bytes() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return double(usage.ru_maxrss) * 1024.0;
+}
+
+// Child-process mode: one forward+backward at N tokens (B = H = 1, D = 64,
+// M = sqrt(N)) in a fresh process, so its peak RSS is this call's alone.
+int memory_probe(int64_t tokens) {
+  const double before = peak_rss_bytes();
+  Workload wl(1, tokens, 1, kDim, blocks_for(tokens));
+  wl.mhla_forward();
+  wl.mhla_backward();
+  json out = {{"tokens", tokens},
+              {"peak_rss_bytes", peak_rss_bytes()},
+              {"rss_before_tensors_bytes", before},
+              {"tensor_bytes", wl.tensor_bytes()}};
+  std::cout << out.dump() << std::endl;
+  return 0;
+}
+
+json run_memory_probe(int64_t tokens) {
+  char self[4096] = {};
+  const ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (len <= 0) throw std::runtime_error("cannot locate own executable for the memory probe");
+  const std::string command = "'" + std::string(self) + "' --memory-probe " + std::to_string(tokens);
+  FILE* pipe = popen(command.c_str(), "r");
+  if (!pipe) throw std::runtime_error("cannot start the memory probe: " + command);
+  std::string text;
+  char buffer[512];
+  while (fgets(buffer, sizeof(buffer), pipe)) text += buffer;
+  if (pclose(pipe) != 0) throw std::runtime_error("memory probe failed: " + text);
+  return json::parse(text);
+}
+
+struct Row {
+  int64_t tokens, blocks;
+  double mhla_fwd, mhla_fwdbwd, linear_fwd, linear_fwdbwd, softmax_fwd;
+  double flops_fwd, flops_fwdbwd;
+};
+
+Row measure(int64_t tokens, bool with_softmax, const TimingPolicy& policy) {
+  const int64_t m = blocks_for(tokens);
+  Workload wl(1, tokens, kHeads, kDim, m);
+  Row r{tokens, m, 0, 0, 0, 0, -1, 0, 0};
+  const auto flops = mhla::mhla_flops(1, tokens, kHeads, kDim, kDim, m, mhla::Masking::none, 0);
+  r.flops_fwd = flops.forward;
+  r.flops_fwdbwd = flops.forward + flops.backward;
+  r.mhla_fwd = median_seconds([&] { wl.mhla_forward(); }, policy);
+  r.mhla_fwdbwd = median_seconds([&] { wl.mhla_forward(); wl.mhla_backward(); }, policy);
+  r.linear_fwd = median_seconds([&] { wl.linear_forward(); }, policy);
+  r.linear_fwdbwd = median_seconds([&] { wl.linear_forward(); wl.linear_backward(); }, policy);
+  if (with_softmax) {
+    // Quadratic: one timed call without warm-up at the largest sizes.
+    const TimingPolicy once{1, 0.0, 1, false};
+    r.softmax_fwd = median_seconds([&] { wl.softmax_forward(); },
+                                   tokens >= 16384 ? once : policy);
+  }
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"MHLA operator benchmark (CPU, fp32)"};
+  std::string json_path;
+  bool quick = false;
+  int64_t softmax_max_n = 65536;
+  int64_t probe_tokens = 0;
+  app.add_option("--json", json_path, "also write the results as JSON to this file");
+  app.add_flag("--quick", quick, "smaller sizes and fewer repeats (a smoke test, not a measurement)");
+  app.add_option("--softmax-max-n", softmax_max_n,
+                 "largest N at which softmax is timed (it is quadratic)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--memory-probe", probe_tokens, "internal: run one fwd+bwd and print peak RSS")
+      ->group("");
+  CLI11_PARSE(app, argc, argv);
+  if (probe_tokens > 0) return memory_probe(probe_tokens);
+
+  const TimingPolicy policy = quick ? TimingPolicy{1, 0.0, 1, true} : TimingPolicy{};
+  json results;
+  results["threads"] = omp_get_max_threads();
+  std::printf("threads: %d (OMP_NUM_THREADS)\n", omp_get_max_threads());
+
+  const double sgemm = mhla::tools::sgemm_gflops(quick ? 512 : 2048);
+  results["sgemm_gflops"] = sgemm;
+  std::printf("SGEMM rate (square %d, all threads): %.1f GFLOP/s\n\n", quick ? 512 : 2048, sgemm);
+
+  // 1. Rates at B=1, H=8, D=64, M = sqrt(N).
+  std::printf("B=1 H=8 D=64, non-causal, elu1, normalized, M = sqrt(N)\n");
+  std::printf("%8s %5s | %9s %8s %6s | %9s %8s %6s | %10s %10s | %10s %10s\n", "N", "M", "fwd ms",
+              "GFLOP/s", "%SGEMM", "f+b ms", "GFLOP/s", "%SGEMM", "fwd/linear", "f+b/linear",
+              "softmax ms", "fwd/softmax");
+  const std::vector<int64_t> sizes = quick ? std::vector<int64_t>{1024, 4096}
+                                           : std::vector<int64_t>{4096, 16384, 65536};
+  for (int64_t n : sizes) {
+    const Row r = measure(n, n <= softmax_max_n, policy);
+    const double gf = r.flops_fwd / r.mhla_fwd / 1e9, gfb = r.flops_fwdbwd / r.mhla_fwdbwd / 1e9;
+    std::printf("%8lld %5lld | %9.2f %8.1f %5.0f%% | %9.2f %8.1f %5.0f%% | %10.2f %10.2f | ",
+                (long long)n, (long long)r.blocks, r.mhla_fwd * 1e3, gf, 100 * gf / sgemm,
+                r.mhla_fwdbwd * 1e3, gfb, 100 * gfb / sgemm, r.mhla_fwd / r.linear_fwd,
+                r.mhla_fwdbwd / r.linear_fwdbwd);
+    if (r.softmax_fwd > 0)
+      std::printf("%10.1f %10.4f\n", r.softmax_fwd * 1e3, r.mhla_fwd / r.softmax_fwd);
+    else
+      std::printf("%10s %10s\n", "-", "-");
+    std::fflush(stdout);
+    results["rates"].push_back({{"tokens", n},
+                                {"blocks", r.blocks},
+                                {"mhla_forward_s", r.mhla_fwd},
+                                {"mhla_forward_backward_s", r.mhla_fwdbwd},
+                                {"mhla_forward_gflops", gf},
+                                {"mhla_forward_backward_gflops", gfb},
+                                {"mhla_forward_fraction_of_sgemm", gf / sgemm},
+                                {"mhla_forward_backward_fraction_of_sgemm", gfb / sgemm},
+                                {"linear_forward_s", r.linear_fwd},
+                                {"linear_forward_backward_s", r.linear_fwdbwd},
+                                {"softmax_forward_s", r.softmax_fwd > 0 ? json(r.softmax_fwd) : json()},
+                                {"mhla_over_linear_forward", r.mhla_fwd / r.linear_fwd},
+                                {"mhla_over_linear_forward_backward", r.mhla_fwdbwd / r.linear_fwdbwd}});
+  }
+
+  // 2. Linear scaling: time per token at N = 16384 and N = 1,048,576 with the
+  // same M^2 / N = 1 (B = H = 1, D = 64).
+  const int64_t small = quick ? 4096 : 16384, large = quick ? 65536 : 1048576;
+  std::printf("\nlinear scaling, B=1 H=1 D=64, M = sqrt(N)\n");
+  double per_token[2][2];
+  int idx = 0;
+  for (int64_t n : {small, large}) {
+    Workload wl(1, n, 1, kDim, blocks_for(n));
+    per_token[idx][0] = median_seconds([&] { wl.mhla_forward(); }, policy) / double(n);
+    per_token[idx][1] =
+        median_seconds([&] { wl.mhla_forward(); wl.mhla_backward(); }, policy) / double(n);
+    std::printf("  N=%8lld M=%5lld: fwd %.1f ns/token, fwd+bwd %.1f ns/token\n", (long long)n,
+                (long long)blocks_for(n), per_token[idx][0] * 1e9, per_token[idx][1] * 1e9);
+    ++idx;
+  }
+  std::printf("  per-token time ratio N=%lld / N=%lld: fwd %.2f, fwd+bwd %.2f\n", (long long)large,
+              (long long)small, per_token[1][0] / per_token[0][0], per_token[1][1] / per_token[0][1]);
+  results["scaling"] = {{"small_tokens", small},
+                        {"large_tokens", large},
+                        {"forward_ns_per_token", {per_token[0][0] * 1e9, per_token[1][0] * 1e9}},
+                        {"forward_backward_ns_per_token", {per_token[0][1] * 1e9, per_token[1][1] * 1e9}},
+                        {"forward_ratio", per_token[1][0] / per_token[0][0]},
+                        {"forward_backward_ratio", per_token[1][1] / per_token[0][1]}};
+
+  // 3. Peak memory of one forward+backward at the large N, in a fresh process.
+  const json mem = run_memory_probe(large);
+  const double peak = mem["peak_rss_bytes"], tensors = mem["tensor_bytes"],
+               before = mem["rss_before_tensors_bytes"];
+  std::printf("\npeak memory, fwd+bwd at N=%lld (B=1 H=1 D=64): peak RSS %.0f MiB, tensors "
+              "(q,k,v,o,grad_o,grad_q,grad_k,grad_v,w,grad_w) %.0f MiB, ratio %.3f "
+              "(process before tensors: %.0f MiB)\n",
+              (long long)large, peak / 1048576, tensors / 1048576, peak / tensors, before / 1048576);
+  results["memory"] = mem;
+  results["memory"]["peak_over_tensor_bytes"] = peak / tensors;
+
+  // 4. Crossover: smallest N (doubling) at which MHLA's forward beats softmax's.
+  std::printf("\ncrossover, B=1 H=8 D=64, forward:\n");
+  int64_t crossover = -1;
+  for (int64_t n = 128; n <= (quick ? 2048 : 16384); n *= 2) {
+    Workload wl(1, n, kHeads, kDim, blocks_for(n));
+    const double tm = median_seconds([&] { wl.mhla_forward(); }, policy);
+    const double ts = median_seconds([&] { wl.softmax_forward(); }, policy);
+    std::printf("  N=%6lld: MHLA %8.3f ms, softmax %8.3f ms%s\n", (long long)n, tm * 1e3, ts * 1e3,
+                tm < ts ? "  <- MHLA faster" : "");
+    results["crossover_sweep"].push_back({{"tokens", n}, {"mhla_forward_s", tm}, {"softmax_forward_s", ts}});
+    if (tm < ts && crossover < 0) crossover = n;
+    if (crossover > 0 && n >= 4 * crossover) break;
+  }
+  results["crossover_tokens"] = crossover;
+  std::printf("MHLA forward is faster than softmax from N = %lld\n", (long long)crossover);
+
+  if (!json_path.empty()) {
+    std::ofstream out(json_path);
+    if (!out) {
+      std::fprintf(stderr, "error: cannot write %s\n", json_path.c_str());
+      return 1;
+    }
+    out << results.dump(2) << "\n";
+    std::printf("results written to %s\n", json_path.c_str());
+  }
+  return 0;
+}

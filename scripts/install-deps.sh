@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs the Debian packages the project builds against (see README,
+# "Dependencies"). Only missing packages are installed; needs root or sudo.
+set -euo pipefail
+
+packages=(
+  cmake g++ make
+  libopenblas-openmp-dev   # BLAS for every GEMM-shaped step, OpenMP flavour
+  libcli11-dev             # command-line parsing
+  nlohmann-json3-dev       # JSON results of the benchmark
+  libgtest-dev libgmock-dev  # unit tests
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]} == 0)); then
+  exit 0
+fi
+echo "installing missing Debian packages: ${missing[*]}"
+sudo_cmd=()
+if [[ $(id -u) -ne 0 ]]; then sudo_cmd=(sudo); fi
+export DEBIAN_FRONTEND=noninteractive
+"${sudo_cmd[@]}" apt-get update -qq
+"${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"

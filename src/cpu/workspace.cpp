@@ -1,0 +1,42 @@
+#include "cpu/workspace.hpp"
+
+#include <array>
+
+#include "mhla/operator.hpp"
+
+namespace mhla::cpu {
+namespace {
+
+struct Buffer {
+  std::unique_ptr<std::byte[]> data;
+  size_t bytes = 0;
+};
+
+thread_local std::array<Buffer, size_t(Scratch::count)> buffers;
+
+}  // namespace
+
+template <typename T>
+T* scratch(Scratch slot, size_t elements) {
+  Buffer& b = buffers[size_t(slot)];
+  const size_t bytes = elements * sizeof(T);
+  if (b.bytes < bytes) {
+    b.data.reset();  // release first: peak memory is the new size, not old + new
+    b.data.reset(new std::byte[bytes]);
+    b.bytes = bytes;
+  }
+  return reinterpret_cast<T*>(b.data.get());
+}
+
+void release_scratch_buffers() {
+  for (Buffer& b : buffers) b = Buffer{};
+}
+
+template float* scratch<float>(Scratch, size_t);
+template double* scratch<double>(Scratch, size_t);
+
+}  // namespace mhla::cpu
+
+namespace mhla {
+void release_scratch() { cpu::release_scratch_buffers(); }
+}  // namespace mhla

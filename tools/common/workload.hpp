@@ -1,0 +1,39 @@
+#pragma once
+// A synthetic attention workload (random q, k, v, upstream gradient and a
+// locality-initialised mixing matrix) shared by the demo and the benchmarks,
+// with one call per method so every comparison runs the same data.
+#include <cstdint>
+#include <vector>
+
+#include "mhla/mhla.hpp"
+
+namespace mhla::tools {
+
+struct Workload {
+  int64_t batch, tokens, heads, dim;
+  Options options;  // 1D, elu1 features, normalized
+  std::vector<float> q, k, v, w, grad_o;
+  // Outputs and gradients, allocated once.
+  std::vector<float> o, lse, grad_q, grad_k, grad_v, grad_w;
+
+  // blocks: number of MHLA blocks M (block size ceil(N / M)).
+  Workload(int64_t batch, int64_t tokens, int64_t heads, int64_t dim, int64_t blocks,
+           Masking masking = Masking::none, uint64_t seed = 1);
+
+  std::vector<int64_t> shape() const { return {batch, tokens, heads, dim}; }
+  std::vector<int64_t> w_shape() const;
+  // Bytes of inputs, outputs and gradients of one forward+backward call.
+  double tensor_bytes() const;
+
+  void mhla_forward();
+  void mhla_backward();
+  void linear_forward();
+  void linear_backward();
+  void softmax_forward();
+  void softmax_backward();
+};
+
+// M = round(sqrt(N)): the paper's recommended M^2 <= N at its upper end.
+int64_t blocks_for(int64_t tokens);
+
+}  // namespace mhla::tools
