@@ -65,26 +65,30 @@ json run_memory_probe(int64_t tokens) {
 
 struct Row {
   int64_t tokens, blocks;
-  double mhla_fwd, mhla_fwdbwd, linear_fwd, linear_fwdbwd, softmax_fwd;
-  double flops_fwd, flops_fwdbwd;
+  double sgemm, mhla_fwd, mhla_fwdbwd, linear_fwd, linear_fwdbwd, softmax_fwd;
+  double flops_fwd, flops_fwdbwd, sgemm_flops;
 };
 
-Row measure(int64_t tokens, bool with_softmax, const TimingPolicy& policy) {
+// The SGEMM yardstick, MHLA and linear attention are timed interleaved, repeat
+// after repeat, so every ratio compares runs made under the same load.
+Row measure(int64_t tokens, bool with_softmax, int repeats, int sgemm_size) {
   const int64_t m = blocks_for(tokens);
   Workload wl(1, tokens, kHeads, kDim, m);
-  Row r{tokens, m, 0, 0, 0, 0, -1, 0, 0};
+  mhla::tools::SgemmProbe sgemm(sgemm_size);
   const auto flops = mhla::mhla_flops(1, tokens, kHeads, kDim, kDim, m, mhla::Masking::none, 0);
-  r.flops_fwd = flops.forward;
-  r.flops_fwdbwd = flops.forward + flops.backward;
-  r.mhla_fwd = median_seconds([&] { wl.mhla_forward(); }, policy);
-  r.mhla_fwdbwd = median_seconds([&] { wl.mhla_forward(); wl.mhla_backward(); }, policy);
-  r.linear_fwd = median_seconds([&] { wl.linear_forward(); }, policy);
-  r.linear_fwdbwd = median_seconds([&] { wl.linear_forward(); wl.linear_backward(); }, policy);
+  const std::vector<double> t = mhla::tools::interleaved_medians(
+      {[&] { sgemm.run(); }, [&] { wl.mhla_forward(); },
+       [&] { wl.mhla_forward(); wl.mhla_backward(); }, [&] { wl.linear_forward(); },
+       [&] { wl.linear_forward(); wl.linear_backward(); }},
+      repeats);
+  Row r{tokens, m, t[0], t[1], t[2], t[3], t[4], -1,
+        flops.forward, flops.forward + flops.backward, sgemm.flops()};
   if (with_softmax) {
-    // Quadratic: one timed call without warm-up at the largest sizes.
+    // Quadratic and ~100x slower than MHLA at these sizes, so load drift does
+    // not matter for its ratio: one timed call at the largest sizes.
     const TimingPolicy once{1, 0.0, 1, false};
     r.softmax_fwd = median_seconds([&] { wl.softmax_forward(); },
-                                   tokens >= 16384 ? once : policy);
+                                   tokens >= 16384 ? once : TimingPolicy{});
   }
   return r;
 }
@@ -107,42 +111,43 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   if (probe_tokens > 0) return memory_probe(probe_tokens);
 
-  const TimingPolicy policy = quick ? TimingPolicy{1, 0.0, 1, true} : TimingPolicy{};
+  const int repeats = quick ? 1 : 7;
+  const int sgemm_size = quick ? 512 : 2048;
   json results;
   results["threads"] = omp_get_max_threads();
-  std::printf("threads: %d (OMP_NUM_THREADS)\n", omp_get_max_threads());
-
-  const double sgemm = mhla::tools::sgemm_gflops(quick ? 512 : 2048);
-  results["sgemm_gflops"] = sgemm;
-  std::printf("SGEMM rate (square %d, all threads): %.1f GFLOP/s\n\n", quick ? 512 : 2048, sgemm);
+  std::printf("threads: %d (OMP_NUM_THREADS); SGEMM yardstick: square %d, all threads, timed\n"
+              "interleaved with MHLA and linear attention (medians of %d rounds)\n\n",
+              omp_get_max_threads(), sgemm_size, repeats);
 
   // 1. Rates at B=1, H=8, D=64, M = sqrt(N).
   std::printf("B=1 H=8 D=64, non-causal, elu1, normalized, M = sqrt(N)\n");
-  std::printf("%8s %5s | %9s %8s %6s | %9s %8s %6s | %10s %10s | %10s %10s\n", "N", "M", "fwd ms",
-              "GFLOP/s", "%SGEMM", "f+b ms", "GFLOP/s", "%SGEMM", "fwd/linear", "f+b/linear",
-              "softmax ms", "fwd/softmax");
+  std::printf("%8s %5s %7s | %8s %7s %6s | %8s %7s %6s | %7s %7s | %10s %9s\n", "N", "M",
+              "SGEMM", "fwd ms", "GFLOP/s", "%SGEMM", "f+b ms", "GFLOP/s", "%SGEMM", "fwd/lin",
+              "f+b/lin", "softmax ms", "fwd/soft");
   const std::vector<int64_t> sizes = quick ? std::vector<int64_t>{1024, 4096}
                                            : std::vector<int64_t>{4096, 16384, 65536};
   for (int64_t n : sizes) {
-    const Row r = measure(n, n <= softmax_max_n, policy);
+    const Row r = measure(n, n <= softmax_max_n, repeats, sgemm_size);
+    const double sg = r.sgemm_flops / r.sgemm / 1e9;
     const double gf = r.flops_fwd / r.mhla_fwd / 1e9, gfb = r.flops_fwdbwd / r.mhla_fwdbwd / 1e9;
-    std::printf("%8lld %5lld | %9.2f %8.1f %5.0f%% | %9.2f %8.1f %5.0f%% | %10.2f %10.2f | ",
-                (long long)n, (long long)r.blocks, r.mhla_fwd * 1e3, gf, 100 * gf / sgemm,
-                r.mhla_fwdbwd * 1e3, gfb, 100 * gfb / sgemm, r.mhla_fwd / r.linear_fwd,
+    std::printf("%8lld %5lld %7.1f | %8.2f %7.1f %5.0f%% | %8.2f %7.1f %5.0f%% | %7.2f %7.2f | ",
+                (long long)n, (long long)r.blocks, sg, r.mhla_fwd * 1e3, gf, 100 * gf / sg,
+                r.mhla_fwdbwd * 1e3, gfb, 100 * gfb / sg, r.mhla_fwd / r.linear_fwd,
                 r.mhla_fwdbwd / r.linear_fwdbwd);
     if (r.softmax_fwd > 0)
-      std::printf("%10.1f %10.4f\n", r.softmax_fwd * 1e3, r.mhla_fwd / r.softmax_fwd);
+      std::printf("%10.1f %9.4f\n", r.softmax_fwd * 1e3, r.mhla_fwd / r.softmax_fwd);
     else
-      std::printf("%10s %10s\n", "-", "-");
+      std::printf("%10s %9s\n", "-", "-");
     std::fflush(stdout);
     results["rates"].push_back({{"tokens", n},
                                 {"blocks", r.blocks},
+                                {"sgemm_gflops", sg},
                                 {"mhla_forward_s", r.mhla_fwd},
                                 {"mhla_forward_backward_s", r.mhla_fwdbwd},
                                 {"mhla_forward_gflops", gf},
                                 {"mhla_forward_backward_gflops", gfb},
-                                {"mhla_forward_fraction_of_sgemm", gf / sgemm},
-                                {"mhla_forward_backward_fraction_of_sgemm", gfb / sgemm},
+                                {"mhla_forward_fraction_of_sgemm", gf / sg},
+                                {"mhla_forward_backward_fraction_of_sgemm", gfb / sg},
                                 {"linear_forward_s", r.linear_fwd},
                                 {"linear_forward_backward_s", r.linear_fwdbwd},
                                 {"softmax_forward_s", r.softmax_fwd > 0 ? json(r.softmax_fwd) : json()},
@@ -155,15 +160,22 @@ int main(int argc, char** argv) {
   const int64_t small = quick ? 4096 : 16384, large = quick ? 65536 : 1048576;
   std::printf("\nlinear scaling, B=1 H=1 D=64, M = sqrt(N)\n");
   double per_token[2][2];
-  int idx = 0;
-  for (int64_t n : {small, large}) {
-    Workload wl(1, n, 1, kDim, blocks_for(n));
-    per_token[idx][0] = median_seconds([&] { wl.mhla_forward(); }, policy) / double(n);
-    per_token[idx][1] =
-        median_seconds([&] { wl.mhla_forward(); wl.mhla_backward(); }, policy) / double(n);
+  {
+    Workload ws(1, small, 1, kDim, blocks_for(small)), wl(1, large, 1, kDim, blocks_for(large));
+    const auto t = mhla::tools::interleaved_medians(
+        {[&] { ws.mhla_forward(); }, [&] { wl.mhla_forward(); },
+         [&] { ws.mhla_forward(); ws.mhla_backward(); },
+         [&] { wl.mhla_forward(); wl.mhla_backward(); }},
+        std::max(repeats, 3));
+    per_token[0][0] = t[0] / double(small);
+    per_token[1][0] = t[1] / double(large);
+    per_token[0][1] = t[2] / double(small);
+    per_token[1][1] = t[3] / double(large);
+  }
+  for (int idx = 0; idx < 2; ++idx) {
+    const int64_t n = idx == 0 ? small : large;
     std::printf("  N=%8lld M=%5lld: fwd %.1f ns/token, fwd+bwd %.1f ns/token\n", (long long)n,
                 (long long)blocks_for(n), per_token[idx][0] * 1e9, per_token[idx][1] * 1e9);
-    ++idx;
   }
   std::printf("  per-token time ratio N=%lld / N=%lld: fwd %.2f, fwd+bwd %.2f\n", (long long)large,
               (long long)small, per_token[1][0] / per_token[0][0], per_token[1][1] / per_token[0][1]);
@@ -190,8 +202,10 @@ int main(int argc, char** argv) {
   int64_t crossover = -1;
   for (int64_t n = 128; n <= (quick ? 2048 : 16384); n *= 2) {
     Workload wl(1, n, kHeads, kDim, blocks_for(n));
-    const double tm = median_seconds([&] { wl.mhla_forward(); }, policy);
-    const double ts = median_seconds([&] { wl.softmax_forward(); }, policy);
+    const auto t = mhla::tools::interleaved_medians({[&] { wl.mhla_forward(); },
+                                                     [&] { wl.softmax_forward(); }},
+                                                    std::max(repeats, 3));
+    const double tm = t[0], ts = t[1];
     std::printf("  N=%6lld: MHLA %8.3f ms, softmax %8.3f ms%s\n", (long long)n, tm * 1e3, ts * 1e3,
                 tm < ts ? "  <- MHLA faster" : "");
     results["crossover_sweep"].push_back({{"tokens", n}, {"mhla_forward_s", tm}, {"softmax_forward_s", ts}});

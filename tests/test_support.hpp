@@ -132,11 +132,11 @@ inline std::vector<Case> shape_cases() {
   return cases;
 }
 
-// Shape cases crossed with every mode the layout allows: masking, feature map,
+// Each shape crossed with every mode its layout allows: masking, feature map,
 // normalisation, shared or per-head mixing.
-inline std::vector<Case> all_mode_cases() {
+inline std::vector<Case> with_all_modes(const std::vector<Case>& shapes) {
   std::vector<Case> out;
-  for (const Case& base : shape_cases())
+  for (const Case& base : shapes)
     for (Masking masking : {Masking::none, Masking::causal}) {
       if (masking == Masking::causal && base.layout.rank() != 1) continue;
       for (FeatureMap phi : {FeatureMap::identity, FeatureMap::relu, FeatureMap::elu1})
@@ -152,6 +152,8 @@ inline std::vector<Case> all_mode_cases() {
     }
   return out;
 }
+
+inline std::vector<Case> all_mode_cases() { return with_all_modes(shape_cases()); }
 
 inline void PrintTo(const Case& c, std::ostream* os) {
   *os << c.label() << " [B=" << c.batch << " H=" << c.heads << " Dk=" << c.dk << " Dv=" << c.dv

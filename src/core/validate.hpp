@@ -99,6 +99,20 @@ void check_output(const char* fn, const char* name, const TensorView<T>& t,
   check_shape_equals(fn, name, t.shape, expected, "");
 }
 
+inline std::vector<int64_t> q_shape(const AttentionDims& d);
+inline std::vector<int64_t> v_shape(const AttentionDims& d);
+
+// The upstream gradient and the gradient buffers of a backward call.
+template <typename T, typename U>
+void check_gradients(const char* fn, const AttentionDims& d, const TensorView<const T>& grad_o,
+                     const TensorView<U>& grad_q, const TensorView<U>& grad_k,
+                     const TensorView<U>& grad_v) {
+  check_output(fn, "grad_o", grad_o, v_shape(d));
+  check_output(fn, "grad_q", grad_q, q_shape(d));
+  check_output(fn, "grad_k", grad_k, q_shape(d));
+  check_output(fn, "grad_v", grad_v, v_shape(d));
+}
+
 inline std::vector<int64_t> q_shape(const AttentionDims& d) {
   return {d.batch, d.tokens, d.heads, d.dk};
 }

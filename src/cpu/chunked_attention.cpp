@@ -36,6 +36,29 @@ ChunkedAttention<T>::ChunkedAttention(const mhla::detail::Problem& problem, cons
       max_rows_(problem.layout->max_block_size()) {}
 
 template <typename T>
+typename ChunkedAttention<T>::BlockTask ChunkedAttention<T>::block_task(int64_t task) const {
+  const auto& d = p_.dims;
+  const int64_t h = task % d.heads, rest = task / d.heads;
+  const int64_t blk = rest % p_.blocks, b = rest / p_.blocks, bh = b * d.heads + h;
+  return {bh,
+          blk,
+          p_.layout->block_size(blk),
+          head_slice(b, h, d.tokens, d.heads, d.dk),
+          head_slice(b, h, d.tokens, d.heads, d.dv),
+          (bh * p_.blocks + blk) * x_};
+}
+
+template <typename T>
+void ChunkedAttention<T>::in_block_scores(const BlockTask& t, const T* k, const T* v, const T* u,
+                                          T* kap, T* vals, T* a) const {
+  const auto& d = p_.dims;
+  gather_rows(*p_.layout, t.block, p_.phi, k, t.qk, d.dk, kap, d.dk);
+  gather_values_with_ones(*p_.layout, t.block, v, t.v, d.dv, t.rows, vals);
+  gemm(false, true, t.rows, t.rows, d.dk, T(1), u, d.dk, kap, d.dk, T(0), a, t.rows);
+  mask_future(a, t.rows);
+}
+
+template <typename T>
 void ChunkedAttention<T>::forward(const T* q, const T* k, const T* v, T* o) const {
   const size_t total = size_t(p_.dims.batch * p_.dims.heads * p_.blocks * x_);
   T* summaries = scratch<T>(Scratch::summaries, total);
@@ -67,22 +90,17 @@ void ChunkedAttention<T>::backward(const T* q, const T* k, const T* v, const T* 
 template <typename T>
 void ChunkedAttention<T>::compute_summaries(const T* k, const T* v, T* summaries) const {
   const auto& d = p_.dims;
-  const TokenLayout& layout = *p_.layout;
-  const int64_t m = p_.blocks, tasks = d.batch * d.heads * m;
 #pragma omp parallel
   {
     std::vector<T> kap(max_rows_ * d.dk), vals(max_rows_ * x1_);
 #pragma omp for schedule(static)
-    for (int64_t task = 0; task < tasks; ++task) {
-      const auto [bh, blk, b, h] = task_indices(task);
-      const int64_t rows = layout.block_size(blk);
-      gather_rows(layout, blk, p_.phi, k, head_slice(b, h, d.tokens, d.heads, d.dk), d.dk,
-                  kap.data(), d.dk);
-      gather_values_with_ones(layout, blk, v, head_slice(b, h, d.tokens, d.heads, d.dv), d.dv,
-                              rows, vals.data());
+    for (int64_t task = 0; task < task_count(); ++task) {
+      const BlockTask t = block_task(task);
+      gather_rows(*p_.layout, t.block, p_.phi, k, t.qk, d.dk, kap.data(), d.dk);
+      gather_values_with_ones(*p_.layout, t.block, v, t.v, d.dv, t.rows, vals.data());
       // [S_b | z_b] = phi(K_b)^T [V_b | 1]
-      gemm(true, false, d.dk, x1_, rows, T(1), kap.data(), d.dk, vals.data(), x1_, T(0),
-           summaries + (bh * m + blk) * x_, x1_);
+      gemm(true, false, d.dk, x1_, t.rows, T(1), kap.data(), d.dk, vals.data(), x1_, T(0),
+           summaries + t.summary, x1_);
     }
   }
 }
@@ -91,8 +109,6 @@ template <typename T>
 void ChunkedAttention<T>::compute_outputs(const T* q, const T* k, const T* v, const T* mixed,
                                           T* o) const {
   const auto& d = p_.dims;
-  const TokenLayout& layout = *p_.layout;
-  const int64_t m = p_.blocks, tasks = d.batch * d.heads * m;
   const T eps = T(p_.eps), scale = T(p_.scale);
 #pragma omp parallel
   {
@@ -104,29 +120,22 @@ void ChunkedAttention<T>::compute_outputs(const T* q, const T* k, const T* v, co
       a.resize(max_rows_ * max_rows_);
     }
 #pragma omp for schedule(static)
-    for (int64_t task = 0; task < tasks; ++task) {
-      const auto [bh, blk, b, h] = task_indices(task);
-      const int64_t rows = layout.block_size(blk);
-      const HeadSlice qs = head_slice(b, h, d.tokens, d.heads, d.dk);
-      const HeadSlice vs = head_slice(b, h, d.tokens, d.heads, d.dv);
-      gather_rows(layout, blk, p_.phi, q, qs, d.dk, u.data(), d.dk);
+    for (int64_t task = 0; task < task_count(); ++task) {
+      const BlockTask t = block_task(task);
+      gather_rows(*p_.layout, t.block, p_.phi, q, t.qk, d.dk, u.data(), d.dk);
       // y = phi(Q_i) [S~_i | z~_i]
-      gemm(false, false, rows, x1_, d.dk, T(1), u.data(), d.dk, mixed + (bh * m + blk) * x_, x1_, T(0),
+      gemm(false, false, t.rows, x1_, d.dk, T(1), u.data(), d.dk, mixed + t.summary, x1_, T(0),
            y.data(), x1_);
       if (p_.causal) {
         // y += W[i,i] mask(phi(Q_i) phi(K_i)^T) [V_i | 1]
-        gather_rows(layout, blk, p_.phi, k, qs, d.dk, kap.data(), d.dk);
-        gather_values_with_ones(layout, blk, v, vs, d.dv, rows, vals.data());
-        gemm(false, true, rows, rows, d.dk, T(1), u.data(), d.dk, kap.data(), d.dk, T(0),
-             a.data(), rows);
-        mask_future(a.data(), rows);
-        gemm(false, false, rows, x1_, rows, mixer_.diagonal(bh, blk), a.data(), rows,
+        in_block_scores(t, k, v, u.data(), kap.data(), vals.data(), a.data());
+        gemm(false, false, t.rows, x1_, t.rows, mixer_.diagonal(t.bh, t.block), a.data(), t.rows,
              vals.data(), x1_, T(1), y.data(), x1_);
       }
-      for_each_row(layout, blk, vs, [&](int64_t row, int64_t offset) {
+      for_each_row(*p_.layout, t.block, t.v, [&](int64_t row, int64_t offset) {
         const T* yr = y.data() + row * x1_;
         T* out = o + offset;
-        prefetch_ahead(out, vs.stride, d.dv);
+        prefetch_ahead(out, t.v.stride, d.dv);
         if (p_.normalize) {
           const T inv = T(1) / (yr[d.dv] + eps);
           for (int64_t e = 0; e < d.dv; ++e) out[e] = yr[e] * inv;
@@ -143,8 +152,6 @@ void ChunkedAttention<T>::output_gradients(const T* q, const T* k, const T* v, c
                                            const T* grad_o, T* mixed, T* diagonal_grad, T* grad_q,
                                            T* grad_k, T* grad_v) const {
   const auto& d = p_.dims;
-  const TokenLayout& layout = *p_.layout;
-  const int64_t m = p_.blocks, tasks = d.batch * d.heads * m;
   const T eps = T(p_.eps), scale = T(p_.scale);
 #pragma omp parallel
   {
@@ -160,25 +167,19 @@ void ChunkedAttention<T>::output_gradients(const T* q, const T* k, const T* v, c
       dvals.resize(max_rows_ * x1_);
     }
 #pragma omp for schedule(static)
-    for (int64_t task = 0; task < tasks; ++task) {
-      const auto [bh, blk, b, h] = task_indices(task);
-      const int64_t rows = layout.block_size(blk);
-      const HeadSlice qs = head_slice(b, h, d.tokens, d.heads, d.dk);
-      const HeadSlice vs = head_slice(b, h, d.tokens, d.heads, d.dv);
-      T* mixed_i = mixed + (bh * m + blk) * x_;
-      gather_rows(layout, blk, p_.phi, q, qs, d.dk, u.data(), d.dk);
-      gather_rows(layout, blk, FeatureMap::identity, grad_o, vs, d.dv, g.data(), d.dv);
-      gather_rows(layout, blk, FeatureMap::identity, o, vs, d.dv, out.data(), d.dv);
+    for (int64_t task = 0; task < task_count(); ++task) {
+      const BlockTask t = block_task(task);
+      const int64_t rows = t.rows;
+      T* mixed_i = mixed + t.summary;
+      gather_rows(*p_.layout, t.block, p_.phi, q, t.qk, d.dk, u.data(), d.dk);
+      gather_rows(*p_.layout, t.block, FeatureMap::identity, grad_o, t.v, d.dv, g.data(), d.dv);
+      gather_rows(*p_.layout, t.block, FeatureMap::identity, o, t.v, d.dv, out.data(), d.dv);
 
-      // den_t = phi(q_t) . z~_i + eps (+ causal in-block key sums)
+      // den_t = phi(q_t) . z~_i (+ causal in-block key sums); eps is added below.
       gemv(rows, d.dk, u.data(), d.dk, mixed_i + d.dv, x1_, den.data());
-      const T wii = p_.causal ? mixer_.diagonal(bh, blk) : T(0);
+      const T wii = p_.causal ? mixer_.diagonal(t.bh, t.block) : T(0);
       if (p_.causal) {
-        gather_rows(layout, blk, p_.phi, k, qs, d.dk, kap.data(), d.dk);
-        gather_values_with_ones(layout, blk, v, vs, d.dv, rows, vals.data());
-        gemm(false, true, rows, rows, d.dk, T(1), u.data(), d.dk, kap.data(), d.dk, T(0),
-             a.data(), rows);
-        mask_future(a.data(), rows);
+        in_block_scores(t, k, v, u.data(), kap.data(), vals.data(), a.data());
         for (int64_t r = 0; r < rows; ++r) {
           T row_sum = 0;
           for (int64_t c = 0; c <= r; ++c) row_sum += a[r * rows + c];
@@ -218,7 +219,7 @@ void ChunkedAttention<T>::output_gradients(const T* q, const T* k, const T* v, c
           dw += da[e] * a[e];
           da[e] *= wii;
         }
-        diagonal_grad[bh * m + blk] = dw;
+        diagonal_grad[t.bh * p_.blocks + t.block] = dw;
         gemm(false, false, rows, d.dk, rows, T(1), da.data(), rows, kap.data(), d.dk, T(1),
              du.data(), d.dk);
         gemm(true, false, rows, d.dk, rows, T(1), da.data(), rows, u.data(), d.dk, T(0),
@@ -227,11 +228,11 @@ void ChunkedAttention<T>::output_gradients(const T* q, const T* k, const T* v, c
              dvals.data(), x1_);
         // Park the in-block key/value gradients in the outputs; key_value_gradients
         // adds the inter-block part and applies phi'.
-        scatter_rows(layout, blk, dkap.data(), d.dk, qs, d.dk, false, grad_k);
-        scatter_rows(layout, blk, dvals.data(), x1_, vs, d.dv, false, grad_v);
+        scatter_rows(*p_.layout, t.block, dkap.data(), d.dk, t.qk, d.dk, false, grad_k);
+        scatter_rows(*p_.layout, t.block, dvals.data(), x1_, t.v, d.dv, false, grad_v);
       }
-      scatter_through_feature(layout, blk, p_.phi, u.data(), du.data(), d.dk, qs, d.dk, false,
-                              grad_q);
+      scatter_through_feature(*p_.layout, t.block, p_.phi, u.data(), du.data(), d.dk, t.qk, d.dk,
+                              false, grad_q);
       // y = phi(Q) mixed_i:  dmixed_i = phi(Q)^T dy, stored over mixed_i (no longer read).
       gemm(true, false, d.dk, x1_, rows, T(1), u.data(), d.dk, dy.data(), x1_, T(0), mixed_i, x1_);
     }
@@ -242,28 +243,25 @@ template <typename T>
 void ChunkedAttention<T>::key_value_gradients(const T* k, const T* v, const T* summaries_grad,
                                               T* grad_k, T* grad_v) const {
   const auto& d = p_.dims;
-  const TokenLayout& layout = *p_.layout;
-  const int64_t m = p_.blocks, tasks = d.batch * d.heads * m;
 #pragma omp parallel
   {
     std::vector<T> kap(max_rows_ * d.dk), vals(max_rows_ * x1_);
     std::vector<T> dkap(max_rows_ * d.dk), dvals(max_rows_ * x1_);
 #pragma omp for schedule(static)
-    for (int64_t task = 0; task < tasks; ++task) {
-      const auto [bh, blk, b, h] = task_indices(task);
-      const int64_t rows = layout.block_size(blk);
-      const HeadSlice ks = head_slice(b, h, d.tokens, d.heads, d.dk);
-      const HeadSlice vs = head_slice(b, h, d.tokens, d.heads, d.dv);
-      const T* ds = summaries_grad + (bh * m + blk) * x_;
-      gather_rows(layout, blk, p_.phi, k, ks, d.dk, kap.data(), d.dk);
-      gather_values_with_ones(layout, blk, v, vs, d.dv, rows, vals.data());
+    for (int64_t task = 0; task < task_count(); ++task) {
+      const BlockTask t = block_task(task);
+      const T* ds = summaries_grad + t.summary;
+      gather_rows(*p_.layout, t.block, p_.phi, k, t.qk, d.dk, kap.data(), d.dk);
+      gather_values_with_ones(*p_.layout, t.block, v, t.v, d.dv, t.rows, vals.data());
       // [S_b | z_b] = phi(K)^T [V | 1]:  dphi(K) = [V | 1] dS^T,  d[V | 1] = phi(K) dS
-      gemm(false, true, rows, d.dk, x1_, T(1), vals.data(), x1_, ds, x1_, T(0), dkap.data(), d.dk);
-      gemm(false, false, rows, x1_, d.dk, T(1), kap.data(), d.dk, ds, x1_, T(0), dvals.data(), x1_);
+      gemm(false, true, t.rows, d.dk, x1_, T(1), vals.data(), x1_, ds, x1_, T(0), dkap.data(),
+           d.dk);
+      gemm(false, false, t.rows, x1_, d.dk, T(1), kap.data(), d.dk, ds, x1_, T(0), dvals.data(),
+           x1_);
       // Causal blocks parked their in-block part in grad_k / grad_v.
-      scatter_through_feature(layout, blk, p_.phi, kap.data(), dkap.data(), d.dk, ks, d.dk,
-                              p_.causal, grad_k);
-      scatter_rows(layout, blk, dvals.data(), x1_, vs, d.dv, p_.causal, grad_v);
+      scatter_through_feature(*p_.layout, t.block, p_.phi, kap.data(), dkap.data(), d.dk, t.qk,
+                              d.dk, p_.causal, grad_k);
+      scatter_rows(*p_.layout, t.block, dvals.data(), x1_, t.v, d.dv, p_.causal, grad_v);
     }
   }
 }

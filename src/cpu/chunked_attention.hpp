@@ -11,6 +11,7 @@
 // GEMMs transposed. Nothing of size N x N is ever formed: the largest buffers
 // are three [B*H, M, Dk*(Dv+1)] summary arrays and per-thread block tiles.
 #include "core/validate.hpp"
+#include "cpu/block_rows.hpp"
 #include "cpu/mixer.hpp"
 
 namespace mhla::cpu {
@@ -33,17 +34,21 @@ class ChunkedAttention {
   void key_value_gradients(const T* k, const T* v, const T* summaries_grad, T* grad_k,
                            T* grad_v) const;
 
-  // Per-block tasks run heads innermost: a thread then reads the H * D
-  // consecutive values of each token in turn (whole rows of the [B, N, H, D]
-  // tensors) instead of one head's D values at a stride of H * D.
-  struct TaskIndices {
-    int64_t bh, block, batch, head;
+  // One block of one (batch, head) slice. Tasks run heads innermost: a thread
+  // then reads the H * D consecutive values of each token in turn (whole rows
+  // of the [B, N, H, D] tensors) instead of one head's D values at a stride.
+  struct BlockTask {
+    int64_t bh, block, rows;
+    HeadSlice qk, v;  // this head's rows in the [B, N, H, Dk] and [B, N, H, Dv] tensors
+    int64_t summary;  // element offset of this block's [Dk, Dv + 1] summary
   };
-  TaskIndices task_indices(int64_t task) const {
-    const int64_t h = task % p_.dims.heads, rest = task / p_.dims.heads;
-    const int64_t blk = rest % p_.blocks, b = rest / p_.blocks;
-    return {b * p_.dims.heads + h, blk, b, h};
-  }
+  BlockTask block_task(int64_t task) const;
+  int64_t task_count() const { return p_.dims.batch * p_.dims.heads * p_.blocks; }
+
+  // Causal in-block scores of a task: gathers phi(K_i) into kap and [V_i | 1]
+  // into vals, and sets a = mask(u phi(K_i)^T) (keys after the query zeroed).
+  void in_block_scores(const BlockTask& t, const T* k, const T* v, const T* u, T* kap, T* vals,
+                       T* a) const;
 
   mhla::detail::Problem p_;
   const Mixer<T>& mixer_;

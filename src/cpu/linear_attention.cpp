@@ -42,10 +42,7 @@ void linear_attention_backward(const LinearAttentionOptions& options, TensorView
   const char* fn = "mhla::linear_attention_backward";
   detail::Problem p = validate(fn, options, q.data, q.shape, k.data, k.shape, v.data, v.shape);
   detail::check_output(fn, "o", o, detail::v_shape(p.dims));
-  detail::check_output(fn, "grad_o", grad_o, detail::v_shape(p.dims));
-  detail::check_output(fn, "grad_q", grad_q, detail::q_shape(p.dims));
-  detail::check_output(fn, "grad_k", grad_k, detail::q_shape(p.dims));
-  detail::check_output(fn, "grad_v", grad_v, detail::v_shape(p.dims));
+  detail::check_gradients(fn, p.dims, grad_o, grad_q, grad_k, grad_v);
   const TokenLayout chunks = TokenLayout::sequence(p.dims.tokens, chunk_size(p.causal));
   p.layout = &chunks;
   p.blocks = chunks.num_blocks();

@@ -23,10 +23,7 @@ void backward(const Options& options, TensorView<const T> q, TensorView<const T>
   const char* fn = "mhla::backward";
   const detail::Problem p = detail::validate_mhla(fn, options, q, k, v, w);
   detail::check_output(fn, "o", o, detail::v_shape(p.dims));
-  detail::check_output(fn, "grad_o", grad_o, detail::v_shape(p.dims));
-  detail::check_output(fn, "grad_q", grad_q, detail::q_shape(p.dims));
-  detail::check_output(fn, "grad_k", grad_k, detail::q_shape(p.dims));
-  detail::check_output(fn, "grad_v", grad_v, detail::v_shape(p.dims));
+  detail::check_gradients(fn, p.dims, grad_o, grad_q, grad_k, grad_v);
   detail::check_output(fn, "grad_w", grad_w, w.shape);
   const cpu::DenseMixer<T> mixer(p, w.data);
   cpu::ChunkedAttention<T>(p, mixer).backward(q.data, k.data, v.data, o.data, grad_o.data,

@@ -17,6 +17,18 @@ constexpr int64_t kRowPanel = 64;
 
 int64_t count_panels(int64_t extent, int64_t width) { return (extent + width - 1) / width; }
 
+// Runs fn(slice, first_column, columns) for every (slice, column panel) pair, in
+// parallel: columns of the [M, X] summary matrices are independent.
+template <typename Fn>
+void for_each_panel(int64_t slices, int64_t x, Fn&& fn) {
+  const int64_t panels = count_panels(x, kPanel);
+#pragma omp parallel for schedule(static)
+  for (int64_t task = 0; task < slices * panels; ++task) {
+    const int64_t c0 = (task % panels) * kPanel;
+    fn(task / panels, c0, std::min(kPanel, x - c0));
+  }
+}
+
 }  // namespace
 
 template <typename T>
@@ -50,11 +62,7 @@ T DenseMixer<T>::diagonal(int64_t bh, int64_t i) const {
 template <typename T>
 void DenseMixer<T>::mix(const T* summaries, T* mixed) const {
   const int64_t m = p_.blocks, slices = p_.dims.batch * p_.dims.heads;
-  const int64_t panels = count_panels(x_, kPanel);
-#pragma omp parallel for schedule(static)
-  for (int64_t task = 0; task < slices * panels; ++task) {
-    const int64_t bh = task / panels, c0 = (task % panels) * kPanel;
-    const int64_t cols = std::min(kPanel, x_ - c0);
+  for_each_panel(slices, x_, [&](int64_t bh, int64_t c0, int64_t cols) {
     const T* s = summaries + bh * m * x_ + c0;
     T* out = mixed + bh * m * x_ + c0;
     if (!p_.causal) {
@@ -64,19 +72,15 @@ void DenseMixer<T>::mix(const T* summaries, T* mixed) const {
       for (int64_t i = 0; i < m; ++i) std::memcpy(out + i * x_, s + i * x_, cols * sizeof(T));
       trmm_lower(false, m, cols, head_strict_lower(bh), m, out, x_);
     }
-  }
+  });
 }
 
 template <typename T>
 void DenseMixer<T>::mix_backward(const T* mixed_grad, const T* summaries, const T* diagonal_grad,
                                  T* summaries_grad, T* grad_w) const {
   const int64_t m = p_.blocks, heads = p_.dims.heads, slices = p_.dims.batch * heads;
-  const int64_t panels = count_panels(x_, kPanel);
   // dS = W^T dmixed (causal: strictly lower W).
-#pragma omp parallel for schedule(static)
-  for (int64_t task = 0; task < slices * panels; ++task) {
-    const int64_t bh = task / panels, c0 = (task % panels) * kPanel;
-    const int64_t cols = std::min(kPanel, x_ - c0);
+  for_each_panel(slices, x_, [&](int64_t bh, int64_t c0, int64_t cols) {
     const T* g = mixed_grad + bh * m * x_ + c0;
     T* out = summaries_grad + bh * m * x_ + c0;
     if (!p_.causal) {
@@ -85,7 +89,7 @@ void DenseMixer<T>::mix_backward(const T* mixed_grad, const T* summaries, const 
       for (int64_t i = 0; i < m; ++i) std::memcpy(out + i * x_, g + i * x_, cols * sizeof(T));
       trmm_lower(true, m, cols, head_strict_lower(bh), m, out, x_);
     }
-  }
+  });
 
   // dW per slice: dW_bh[i, b] = <dmixed_i, S_b>, one row panel per task.
   std::vector<T> per_slice(slices * m * m, T(0));
@@ -126,11 +130,7 @@ UniformMixer<T>::UniformMixer(const mhla::detail::Problem& problem)
 template <typename T>
 void UniformMixer<T>::mix(const T* summaries, T* mixed) const {
   const int64_t m = p_.blocks, slices = p_.dims.batch * p_.dims.heads;
-  const int64_t panels = count_panels(x_, kPanel);
-#pragma omp parallel for schedule(static)
-  for (int64_t task = 0; task < slices * panels; ++task) {
-    const int64_t bh = task / panels, c0 = (task % panels) * kPanel;
-    const int64_t cols = std::min(kPanel, x_ - c0);
+  for_each_panel(slices, x_, [&](int64_t bh, int64_t c0, int64_t cols) {
     const T* s = summaries + bh * m * x_ + c0;
     T* out = mixed + bh * m * x_ + c0;
     if (p_.causal) {  // mixed_i = sum_{b<i} S_b
@@ -143,18 +143,14 @@ void UniformMixer<T>::mix(const T* summaries, T* mixed) const {
         for (int64_t c = 0; c < cols; ++c) out[c] += s[b * x_ + c];
       for (int64_t i = 1; i < m; ++i) std::copy(out, out + cols, out + i * x_);
     }
-  }
+  });
 }
 
 template <typename T>
 void UniformMixer<T>::mix_backward(const T* mixed_grad, const T*, const T*, T* summaries_grad,
                                    T*) const {
   const int64_t m = p_.blocks, slices = p_.dims.batch * p_.dims.heads;
-  const int64_t panels = count_panels(x_, kPanel);
-#pragma omp parallel for schedule(static)
-  for (int64_t task = 0; task < slices * panels; ++task) {
-    const int64_t bh = task / panels, c0 = (task % panels) * kPanel;
-    const int64_t cols = std::min(kPanel, x_ - c0);
+  for_each_panel(slices, x_, [&](int64_t bh, int64_t c0, int64_t cols) {
     const T* g = mixed_grad + bh * m * x_ + c0;
     T* out = summaries_grad + bh * m * x_ + c0;
     if (p_.causal) {  // dS_b = sum_{i>b} dmixed_i
@@ -167,7 +163,7 @@ void UniformMixer<T>::mix_backward(const T* mixed_grad, const T*, const T*, T* s
         for (int64_t c = 0; c < cols; ++c) out[c] += g[i * x_ + c];
       for (int64_t b = 1; b < m; ++b) std::copy(out, out + cols, out + b * x_);
     }
-  }
+  });
 }
 
 template class DenseMixer<float>;

@@ -131,10 +131,7 @@ void softmax_attention_backward(const SoftmaxOptions& options, TensorView<const 
   const auto& d = x.d;
   detail::check_output(fn, "o", o, detail::v_shape(d));
   detail::check_output(fn, "lse", lse, {d.batch, d.heads, d.tokens});
-  detail::check_output(fn, "grad_o", grad_o, detail::v_shape(d));
-  detail::check_output(fn, "grad_q", grad_q, detail::q_shape(d));
-  detail::check_output(fn, "grad_k", grad_k, detail::q_shape(d));
-  detail::check_output(fn, "grad_v", grad_v, detail::v_shape(d));
+  detail::check_gradients(fn, d, grad_o, grad_q, grad_k, grad_v);
   const int64_t ldk = d.heads * d.dk, ldv = d.heads * d.dv, slices = d.batch * d.heads;
 
   // delta_t = grad_o_t . o_t, the softmax Jacobian's row term.

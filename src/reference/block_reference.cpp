@@ -128,10 +128,7 @@ void block_backward(const Options& options, TensorView<const double> q,
   const char* fn = "mhla::reference::block_backward";
   const Problem p = detail::validate_mhla(fn, options, q, k, v, w);
   const auto& d = p.dims;
-  detail::check_output(fn, "grad_o", grad_o, detail::v_shape(d));
-  detail::check_output(fn, "grad_q", grad_q, detail::q_shape(d));
-  detail::check_output(fn, "grad_k", grad_k, detail::q_shape(d));
-  detail::check_output(fn, "grad_v", grad_v, detail::v_shape(d));
+  detail::check_gradients(fn, d, grad_o, grad_q, grad_k, grad_v);
   detail::check_output(fn, "grad_w", grad_w, w.shape);
   const Indexer at{d.tokens, d.heads};
   const int64_t dk = d.dk, dv = d.dv;

@@ -80,10 +80,7 @@ void softmax_backward(const SoftmaxOptions& options, TensorView<const double> q,
                       TensorView<double> grad_k, TensorView<double> grad_v) {
   const char* fn = "mhla::reference::softmax_backward";
   const auto d = validate(fn, options, q, k, v);
-  detail::check_output(fn, "grad_o", grad_o, detail::v_shape(d));
-  detail::check_output(fn, "grad_q", grad_q, detail::q_shape(d));
-  detail::check_output(fn, "grad_k", grad_k, detail::q_shape(d));
-  detail::check_output(fn, "grad_v", grad_v, detail::v_shape(d));
+  detail::check_gradients(fn, d, grad_o, grad_q, grad_k, grad_v);
   const Indexer at{d.tokens, d.heads};
   const double scale = options.scale.value_or(1.0 / std::sqrt(double(d.dk)));
   const int64_t n = d.tokens;

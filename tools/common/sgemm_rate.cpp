@@ -2,19 +2,15 @@
 
 #include <cblas.h>
 
-#include <vector>
-
-#include "common/timing.hpp"
 
 namespace mhla::tools {
 
-double sgemm_gflops(int n) {
-  std::vector<float> a(size_t(n) * n, 0.5f), b(size_t(n) * n, 0.25f), c(size_t(n) * n);
-  const double seconds = median_seconds([&] {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n,
-                0.0f, c.data(), n);
-  });
-  return 2.0 * n * double(n) * n / seconds / 1e9;
+SgemmProbe::SgemmProbe(int n)
+    : n_(n), a_(size_t(n) * n, 0.5f), b_(size_t(n) * n, 0.25f), c_(size_t(n) * n) {}
+
+void SgemmProbe::run() {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n_, n_, n_, 1.0f, a_.data(), n_,
+              b_.data(), n_, 0.0f, c_.data(), n_);
 }
 
 }  // namespace mhla::tools
