@@ -39,8 +39,10 @@ double peak_rss_bytes() {
 int memory_probe(int64_t tokens) {
   const double before = peak_rss_bytes();
   Workload wl(1, tokens, 1, kDim, blocks_for(tokens));
-  wl.mhla_forward();
-  wl.mhla_backward();
+  // The training path, which also holds the saved summaries (not counted in
+  // tensor_bytes, so they count against the ratio).
+  wl.mhla_forward_saving();
+  wl.mhla_backward_saved();
   json out = {{"tokens", tokens},
               {"peak_rss_bytes", peak_rss_bytes()},
               {"rss_before_tensors_bytes", before},
@@ -65,7 +67,7 @@ json run_memory_probe(int64_t tokens) {
 
 struct Row {
   int64_t tokens, blocks;
-  double sgemm, mhla_fwd, mhla_fwdbwd, linear_fwd, linear_fwdbwd, softmax_fwd;
+  double sgemm, mhla_fwd, mhla_fwdbwd, mhla_fwdbwd_saved, linear_fwd, linear_fwdbwd, softmax_fwd;
   double flops_fwd, flops_fwdbwd, sgemm_flops;
 };
 
@@ -78,10 +80,11 @@ Row measure(int64_t tokens, bool with_softmax, int repeats, int sgemm_size) {
   const auto flops = mhla::mhla_flops(1, tokens, kHeads, kDim, kDim, m, mhla::Masking::none, 0);
   const std::vector<double> t = mhla::tools::interleaved_medians(
       {[&] { sgemm.run(); }, [&] { wl.mhla_forward(); },
-       [&] { wl.mhla_forward(); wl.mhla_backward(); }, [&] { wl.linear_forward(); },
+       [&] { wl.mhla_forward(); wl.mhla_backward(); },
+       [&] { wl.mhla_forward_saving(); wl.mhla_backward_saved(); }, [&] { wl.linear_forward(); },
        [&] { wl.linear_forward(); wl.linear_backward(); }},
       repeats);
-  Row r{tokens, m, t[0], t[1], t[2], t[3], t[4], -1,
+  Row r{tokens, m, t[0], t[1], t[2], t[3], t[4], t[5], -1,
         flops.forward, flops.forward + flops.backward, sgemm.flops()};
   if (with_softmax) {
     // Quadratic and ~100x slower than MHLA at these sizes, so load drift does
@@ -121,19 +124,23 @@ int main(int argc, char** argv) {
 
   // 1. Rates at B=1, H=8, D=64, M = sqrt(N).
   std::printf("B=1 H=8 D=64, non-causal, elu1, normalized, M = sqrt(N)\n");
-  std::printf("%8s %5s %7s | %8s %7s %6s | %8s %7s %6s | %7s %7s | %10s %9s\n", "N", "M",
-              "SGEMM", "fwd ms", "GFLOP/s", "%SGEMM", "f+b ms", "GFLOP/s", "%SGEMM", "fwd/lin",
-              "f+b/lin", "softmax ms", "fwd/soft");
+  std::printf("f+b recomputes the block summaries in backward (as the linear baseline does);\n"
+              "f+b saved keeps them from forward (forward(..., saved_summaries)).\n");
+  std::printf("%8s %5s %7s | %8s %7s %6s | %8s %7s %6s | %8s %7s %6s | %7s %7s | %10s %9s\n",
+              "N", "M", "SGEMM", "fwd ms", "GFLOP/s", "%SGEMM", "f+b ms", "GFLOP/s", "%SGEMM",
+              "f+b sav", "GFLOP/s", "%SGEMM", "fwd/lin", "f+b/lin", "softmax ms", "fwd/soft");
   const std::vector<int64_t> sizes = quick ? std::vector<int64_t>{1024, 4096}
                                            : std::vector<int64_t>{4096, 16384, 65536};
   for (int64_t n : sizes) {
     const Row r = measure(n, n <= softmax_max_n, repeats, sgemm_size);
     const double sg = r.sgemm_flops / r.sgemm / 1e9;
     const double gf = r.flops_fwd / r.mhla_fwd / 1e9, gfb = r.flops_fwdbwd / r.mhla_fwdbwd / 1e9;
-    std::printf("%8lld %5lld %7.1f | %8.2f %7.1f %5.0f%% | %8.2f %7.1f %5.0f%% | %7.2f %7.2f | ",
+    const double gfs = r.flops_fwdbwd / r.mhla_fwdbwd_saved / 1e9;
+    std::printf("%8lld %5lld %7.1f | %8.2f %7.1f %5.0f%% | %8.2f %7.1f %5.0f%% | %8.2f %7.1f %5.0f%% "
+                "| %7.2f %7.2f | ",
                 (long long)n, (long long)r.blocks, sg, r.mhla_fwd * 1e3, gf, 100 * gf / sg,
-                r.mhla_fwdbwd * 1e3, gfb, 100 * gfb / sg, r.mhla_fwd / r.linear_fwd,
-                r.mhla_fwdbwd / r.linear_fwdbwd);
+                r.mhla_fwdbwd * 1e3, gfb, 100 * gfb / sg, r.mhla_fwdbwd_saved * 1e3, gfs,
+                100 * gfs / sg, r.mhla_fwd / r.linear_fwd, r.mhla_fwdbwd / r.linear_fwdbwd);
     if (r.softmax_fwd > 0)
       std::printf("%10.1f %9.4f\n", r.softmax_fwd * 1e3, r.mhla_fwd / r.softmax_fwd);
     else
@@ -148,6 +155,9 @@ int main(int argc, char** argv) {
                                 {"mhla_forward_backward_gflops", gfb},
                                 {"mhla_forward_fraction_of_sgemm", gf / sg},
                                 {"mhla_forward_backward_fraction_of_sgemm", gfb / sg},
+                                {"mhla_forward_backward_saved_s", r.mhla_fwdbwd_saved},
+                                {"mhla_forward_backward_saved_gflops", gfs},
+                                {"mhla_forward_backward_saved_fraction_of_sgemm", gfs / sg},
                                 {"linear_forward_s", r.linear_fwd},
                                 {"linear_forward_backward_s", r.linear_fwdbwd},
                                 {"softmax_forward_s", r.softmax_fwd > 0 ? json(r.softmax_fwd) : json()},
@@ -164,8 +174,8 @@ int main(int argc, char** argv) {
     Workload ws(1, small, 1, kDim, blocks_for(small)), wl(1, large, 1, kDim, blocks_for(large));
     const auto t = mhla::tools::interleaved_medians(
         {[&] { ws.mhla_forward(); }, [&] { wl.mhla_forward(); },
-         [&] { ws.mhla_forward(); ws.mhla_backward(); },
-         [&] { wl.mhla_forward(); wl.mhla_backward(); }},
+         [&] { ws.mhla_forward_saving(); ws.mhla_backward_saved(); },
+         [&] { wl.mhla_forward_saving(); wl.mhla_backward_saved(); }},
         std::max(repeats, 3));
     per_token[0][0] = t[0] / double(small);
     per_token[1][0] = t[1] / double(large);

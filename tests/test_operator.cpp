@@ -91,3 +91,74 @@ TEST(FastOperator, LargerBlocks) {
 
 }  // namespace
 }  // namespace mhla::test
+
+namespace mhla::test {
+namespace {
+
+// backward() with the summaries saved by forward() skips their recomputation;
+// the gradients must be bit-identical to recomputing them.
+TEST(SavedSummaries, BackwardGivesIdenticalGradients) {
+  for (const Case& c : {Case{"1d", 2, 3, 8, 5, TokenLayout::sequence(45, 8)},
+                        Case{"1d-causal", 1, 2, 6, 7, TokenLayout::sequence(45, 8), Masking::causal},
+                        Case{"2d-per-head", 1, 2, 5, 4, TokenLayout::grid2d(7, 6, 3, 4),
+                             Masking::none, FeatureMap::relu, true, true}}) {
+    SCOPED_TRACE(c.label());
+    const Inputs in = make_inputs(c, 31);
+    const auto q = cast<float>(in.q), k = cast<float>(in.k), v = cast<float>(in.v),
+               w = cast<float>(in.w), g = cast<float>(in.grad_o);
+    const auto ss = saved_summaries_shape(c.options(), c.q_shape(), c.v_shape());
+    EXPECT_EQ(ss, (std::vector<int64_t>{c.batch, c.heads, c.blocks(), c.dk, c.dv + 1}));
+    std::vector<float> o(v.size()), saved(numel(ss));
+    forward<float>(c.options(), view(q, c.q_shape()), view(k, c.q_shape()), view(v, c.v_shape()),
+                   view(w, c.w_shape()), view(o, c.v_shape()), view(saved, ss));
+    auto run_backward = [&](bool use_saved) {
+      std::vector<float> gq(q.size()), gk(k.size()), gv(v.size()), gw(w.size());
+      backward<float>(c.options(), view(q, c.q_shape()), view(k, c.q_shape()),
+                      view(v, c.v_shape()), view(w, c.w_shape()), view(o, c.v_shape()),
+                      view(g, c.v_shape()), view(gq, c.q_shape()), view(gk, c.q_shape()),
+                      view(gv, c.v_shape()), view(gw, c.w_shape()),
+                      use_saved ? view(saved, ss) : TensorView<const float>{});
+      return std::vector<std::vector<float>>{gq, gk, gv, gw};
+    };
+    EXPECT_EQ(run_backward(true), run_backward(false));
+  }
+}
+
+// The saved layout is the documented one: block b's [S_b | z_b], row-major.
+TEST(SavedSummaries, HoldBlockSummaries) {
+  Case c{"1d", 1, 1, 2, 3, TokenLayout::sequence(5, 2), Masking::none, FeatureMap::identity};
+  const Inputs in = make_inputs(c, 5);
+  const auto q = cast<float>(in.q), k = cast<float>(in.k), v = cast<float>(in.v),
+             w = cast<float>(in.w);
+  const auto ss = saved_summaries_shape(c.options(), c.q_shape(), c.v_shape());
+  std::vector<float> o(v.size()), saved(numel(ss));
+  forward<float>(c.options(), view(q, c.q_shape()), view(k, c.q_shape()), view(v, c.v_shape()),
+                 view(w, c.w_shape()), view(o, c.v_shape()), view(saved, ss));
+  // Block 1 holds tokens 2 and 3 (Dk = 2, Dv = 3: rows of 4 = [S row | z]).
+  for (int r = 0; r < 2; ++r) {
+    for (int e = 0; e < 3; ++e)
+      EXPECT_NEAR(saved[(1 * 2 + r) * 4 + e],
+                  in.k[2 * 2 + r] * in.v[2 * 3 + e] + in.k[3 * 2 + r] * in.v[3 * 3 + e], 1e-6);
+    EXPECT_NEAR(saved[(1 * 2 + r) * 4 + 3], in.k[2 * 2 + r] + in.k[3 * 2 + r], 1e-6);
+  }
+}
+
+TEST(SavedSummaries, WrongShapeIsRejected) {
+  Case c{"1d", 1, 2, 4, 3, TokenLayout::sequence(8, 4)};
+  const Inputs in = make_inputs(c, 1);
+  const auto q = cast<float>(in.q), k = cast<float>(in.k), v = cast<float>(in.v),
+             w = cast<float>(in.w);
+  std::vector<float> o(v.size()), saved(100);
+  try {
+    forward<float>(c.options(), view(q, c.q_shape()), view(k, c.q_shape()), view(v, c.v_shape()),
+                   view(w, c.w_shape()), view(o, c.v_shape()), view(saved, {1, 2, 2, 4, 3}));
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_THAT(std::string(e.what()),
+                testing::HasSubstr("saved_summaries has shape [1, 2, 2, 4, 3], expected [1, 2, 2, 4, 4]"));
+  }
+  EXPECT_THROW(saved_summaries_shape(c.options(), {1, 9, 2, 4}, {1, 9, 2, 3}), Error);
+}
+
+}  // namespace
+}  // namespace mhla::test

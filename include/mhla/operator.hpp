@@ -15,18 +15,32 @@
 
 namespace mhla {
 
+//
+// saved_summaries (optional, shape saved_summaries_shape()): when given, forward
+// also stores each block's key/value summary [S_b | z_b] there, and backward
+// reads them instead of recomputing them (as attention kernels save their
+// softmax statistics for the backward pass).
 template <typename T>
 void forward(const Options& options, TensorView<const T> q, TensorView<const T> k,
-             TensorView<const T> v, TensorView<const T> w, TensorView<T> o);
+             TensorView<const T> v, TensorView<const T> w, TensorView<T> o,
+             TensorView<T> saved_summaries = {});
 
-// Gradients of sum(grad_o * o) with respect to q, k, v and w. `o` must be the
-// output of forward() on the same inputs (the normalized mode needs it).
-// grad_w is summed over the batch, and over heads when w is shared; it has w's shape.
+// Gradients of sum(grad_o * o) with respect to q, k, v and w. `o` (and
+// saved_summaries, if given) must come from forward() on the same inputs; the
+// normalized mode needs o. grad_w is summed over the batch, and over heads when
+// w is shared; it has w's shape.
 template <typename T>
 void backward(const Options& options, TensorView<const T> q, TensorView<const T> k,
               TensorView<const T> v, TensorView<const T> w, TensorView<const T> o,
               TensorView<const T> grad_o, TensorView<T> grad_q, TensorView<T> grad_k,
-              TensorView<T> grad_v, TensorView<T> grad_w);
+              TensorView<T> grad_v, TensorView<T> grad_w,
+              TensorView<const T> saved_summaries = {});
+
+// [B, H, M, Dk, Dv + 1] for q [B, N, H, Dk] and v [B, N, H, Dv]: per block,
+// S_b = sum phi(k) v^T in the first Dv columns and z_b = sum phi(k) in the last.
+std::vector<int64_t> saved_summaries_shape(const Options& options,
+                                           const std::vector<int64_t>& q_shape,
+                                           const std::vector<int64_t>& v_shape);
 
 // The operator keeps its O(B H M Dk Dv) scratch arrays on the calling thread
 // between calls (reallocating them every call cost a third of a forward pass).

@@ -59,9 +59,10 @@ void ChunkedAttention<T>::in_block_scores(const BlockTask& t, const T* k, const 
 }
 
 template <typename T>
-void ChunkedAttention<T>::forward(const T* q, const T* k, const T* v, T* o) const {
-  const size_t total = size_t(p_.dims.batch * p_.dims.heads * p_.blocks * x_);
-  T* summaries = scratch<T>(Scratch::summaries, total);
+void ChunkedAttention<T>::forward(const T* q, const T* k, const T* v, T* o,
+                                  T* summaries_out) const {
+  const size_t total = size_t(task_count() * x_);
+  T* summaries = summaries_out ? summaries_out : scratch<T>(Scratch::summaries, total);
   T* mixed = scratch<T>(Scratch::mixed, total);
   compute_summaries(k, v, summaries);
   mixer_.mix(summaries, mixed);
@@ -70,15 +71,18 @@ void ChunkedAttention<T>::forward(const T* q, const T* k, const T* v, T* o) cons
 
 template <typename T>
 void ChunkedAttention<T>::backward(const T* q, const T* k, const T* v, const T* o,
-                                   const T* grad_o, T* grad_q, T* grad_k, T* grad_v,
-                                   T* grad_w) const {
-  const int64_t slices = p_.dims.batch * p_.dims.heads;
-  const size_t total = size_t(slices * p_.blocks * x_);
-  T* summaries = scratch<T>(Scratch::summaries, total);
+                                   const T* grad_o, T* grad_q, T* grad_k, T* grad_v, T* grad_w,
+                                   const T* saved_summaries) const {
+  const size_t total = size_t(task_count() * x_);
+  const T* summaries = saved_summaries;
+  if (!summaries) {
+    T* recomputed = scratch<T>(Scratch::summaries, total);
+    compute_summaries(k, v, recomputed);
+    summaries = recomputed;
+  }
   T* mixed = scratch<T>(Scratch::mixed, total);
   T* summaries_grad = scratch<T>(Scratch::summaries_grad, total);
-  T* diagonal_grad = scratch<T>(Scratch::diagonal_grad, size_t(slices * p_.blocks));
-  compute_summaries(k, v, summaries);
+  T* diagonal_grad = scratch<T>(Scratch::diagonal_grad, size_t(task_count()));
   mixer_.mix(summaries, mixed);
   // Overwrites `mixed` with its gradient, block by block, once it has been read.
   output_gradients(q, k, v, o, grad_o, mixed, diagonal_grad, grad_q, grad_k, grad_v);

@@ -22,9 +22,11 @@ class ChunkedAttention {
   // problem.layout and problem.blocks describe the blocks; mixer supplies W.
   ChunkedAttention(const mhla::detail::Problem& problem, const Mixer<T>& mixer);
 
-  void forward(const T* q, const T* k, const T* v, T* o) const;
+  // summaries_out / saved_summaries: optional [B*H, M, Dk*(Dv+1)] arrays in
+  // which forward keeps the block summaries and from which backward reads them.
+  void forward(const T* q, const T* k, const T* v, T* o, T* summaries_out = nullptr) const;
   void backward(const T* q, const T* k, const T* v, const T* o, const T* grad_o, T* grad_q,
-                T* grad_k, T* grad_v, T* grad_w) const;
+                T* grad_k, T* grad_v, T* grad_w, const T* saved_summaries = nullptr) const;
 
  private:
   void compute_summaries(const T* k, const T* v, T* summaries) const;

@@ -5,29 +5,65 @@
 
 namespace mhla {
 
+namespace {
+
+std::vector<int64_t> summaries_shape(const detail::Problem& p) {
+  return {p.dims.batch, p.dims.heads, p.blocks, p.dims.dk, p.dims.dv + 1};
+}
+
+// The optional saved summaries: absent (no data, no shape), or exactly the shape.
+template <typename T>
+bool check_saved_summaries(const char* fn, const detail::Problem& p, const TensorView<T>& saved) {
+  if (saved.data == nullptr && saved.shape.empty()) return false;
+  detail::check_output(fn, "saved_summaries", saved, summaries_shape(p));
+  return true;
+}
+
+}  // namespace
+
+std::vector<int64_t> saved_summaries_shape(const Options& options,
+                                           const std::vector<int64_t>& q_shape,
+                                           const std::vector<int64_t>& v_shape) {
+  const char* fn = "mhla::saved_summaries_shape";
+  // Shapes only: any non-null address passes the pointer checks.
+  const int marker = 0;
+  const detail::AttentionDims d =
+      detail::check_qkv(fn, &marker, q_shape, &marker, q_shape, &marker, v_shape);
+  if (options.layout.num_tokens() != d.tokens)
+    detail::fail(fn, "options.layout (" + options.layout.describe() + ") has " +
+                         std::to_string(options.layout.num_tokens()) + " tokens but q has N = " +
+                         std::to_string(d.tokens));
+  return {d.batch, d.heads, options.layout.num_blocks(), d.dk, d.dv + 1};
+}
+
 template <typename T>
 void forward(const Options& options, TensorView<const T> q, TensorView<const T> k,
-             TensorView<const T> v, TensorView<const T> w, TensorView<T> o) {
+             TensorView<const T> v, TensorView<const T> w, TensorView<T> o,
+             TensorView<T> saved_summaries) {
   const char* fn = "mhla::forward";
   const detail::Problem p = detail::validate_mhla(fn, options, q, k, v, w);
   detail::check_output(fn, "o", o, detail::v_shape(p.dims));
+  const bool save = check_saved_summaries(fn, p, saved_summaries);
   const cpu::DenseMixer<T> mixer(p, w.data);
-  cpu::ChunkedAttention<T>(p, mixer).forward(q.data, k.data, v.data, o.data);
+  cpu::ChunkedAttention<T>(p, mixer).forward(q.data, k.data, v.data, o.data,
+                                             save ? saved_summaries.data : nullptr);
 }
 
 template <typename T>
 void backward(const Options& options, TensorView<const T> q, TensorView<const T> k,
               TensorView<const T> v, TensorView<const T> w, TensorView<const T> o,
               TensorView<const T> grad_o, TensorView<T> grad_q, TensorView<T> grad_k,
-              TensorView<T> grad_v, TensorView<T> grad_w) {
+              TensorView<T> grad_v, TensorView<T> grad_w, TensorView<const T> saved_summaries) {
   const char* fn = "mhla::backward";
   const detail::Problem p = detail::validate_mhla(fn, options, q, k, v, w);
   detail::check_output(fn, "o", o, detail::v_shape(p.dims));
   detail::check_gradients(fn, p.dims, grad_o, grad_q, grad_k, grad_v);
   detail::check_output(fn, "grad_w", grad_w, w.shape);
+  const bool saved = check_saved_summaries(fn, p, saved_summaries);
   const cpu::DenseMixer<T> mixer(p, w.data);
   cpu::ChunkedAttention<T>(p, mixer).backward(q.data, k.data, v.data, o.data, grad_o.data,
-                                              grad_q.data, grad_k.data, grad_v.data, grad_w.data);
+                                              grad_q.data, grad_k.data, grad_v.data, grad_w.data,
+                                              saved ? saved_summaries.data : nullptr);
 }
 
 FlopCount mhla_flops(int64_t batch, int64_t tokens, int64_t heads, int64_t dk, int64_t dv,
@@ -47,19 +83,16 @@ FlopCount mhla_flops(int64_t batch, int64_t tokens, int64_t heads, int64_t dk, i
   return {fwd, 2 * fwd};
 }
 
-template void forward<float>(const Options&, TensorView<const float>, TensorView<const float>,
-                             TensorView<const float>, TensorView<const float>, TensorView<float>);
-template void forward<double>(const Options&, TensorView<const double>, TensorView<const double>,
-                              TensorView<const double>, TensorView<const double>,
-                              TensorView<double>);
-template void backward<float>(const Options&, TensorView<const float>, TensorView<const float>,
-                              TensorView<const float>, TensorView<const float>,
-                              TensorView<const float>, TensorView<const float>, TensorView<float>,
-                              TensorView<float>, TensorView<float>, TensorView<float>);
-template void backward<double>(const Options&, TensorView<const double>, TensorView<const double>,
-                               TensorView<const double>, TensorView<const double>,
-                               TensorView<const double>, TensorView<const double>,
-                               TensorView<double>, TensorView<double>, TensorView<double>,
-                               TensorView<double>);
+#define MHLA_INSTANTIATE_OPERATOR(T)                                                           \
+  template void forward<T>(const Options&, TensorView<const T>, TensorView<const T>,          \
+                           TensorView<const T>, TensorView<const T>, TensorView<T>,           \
+                           TensorView<T>);                                                    \
+  template void backward<T>(const Options&, TensorView<const T>, TensorView<const T>,         \
+                            TensorView<const T>, TensorView<const T>, TensorView<const T>,    \
+                            TensorView<const T>, TensorView<T>, TensorView<T>, TensorView<T>, \
+                            TensorView<T>, TensorView<const T>);
+MHLA_INSTANTIATE_OPERATOR(float)
+MHLA_INSTANTIATE_OPERATOR(double)
+#undef MHLA_INSTANTIATE_OPERATOR
 
 }  // namespace mhla

@@ -52,6 +52,23 @@ void Workload::mhla_backward() {
                   {grad_w.data(), w_shape()});
 }
 
+void Workload::mhla_forward_saving() {
+  const auto shape_s = saved_summaries_shape(options, shape(), shape());
+  int64_t elements = 1;
+  for (int64_t extent : shape_s) elements *= extent;
+  saved_summaries.resize(size_t(elements));
+  forward<float>(options, {q.data(), shape()}, {k.data(), shape()}, {v.data(), shape()},
+                 {w.data(), w_shape()}, {o.data(), shape()}, {saved_summaries.data(), shape_s});
+}
+
+void Workload::mhla_backward_saved() {
+  backward<float>(options, {q.data(), shape()}, {k.data(), shape()}, {v.data(), shape()},
+                  {w.data(), w_shape()}, {o.data(), shape()}, {grad_o.data(), shape()},
+                  {grad_q.data(), shape()}, {grad_k.data(), shape()}, {grad_v.data(), shape()},
+                  {grad_w.data(), w_shape()},
+                  {saved_summaries.data(), saved_summaries_shape(options, shape(), shape())});
+}
+
 void Workload::linear_forward() {
   linear_attention_forward<float>(options, {q.data(), shape()}, {k.data(), shape()},
                                   {v.data(), shape()}, {o.data(), shape()});
