@@ -67,7 +67,8 @@ TEST(Validation, ZeroNegativeAndOverflowingSizes) {
   EXPECT_THAT(error_of(c2), HasSubstr("q has shape [1, 8, -2, 4]"));
   Call c3;
   c3.qs = c3.ks = {1 << 20, 1 << 20, 1 << 20, 4};
-  EXPECT_THAT(error_of(c3), HasSubstr("overflows"));
+  EXPECT_THAT(error_of(c3), HasSubstr("mhla::forward: q has shape [1048576, 1048576, 1048576, 4] "
+                                      "whose element count overflows 64-bit byte counts"));
 }
 
 TEST(Validation, LayoutMustMatchTokens) {

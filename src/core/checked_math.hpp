@@ -2,8 +2,8 @@
 // Size arithmetic that refuses to overflow: tensor sizes come from users, and a
 // wrapped product would turn into an undersized buffer.
 #include <cstdint>
-#include <initializer_list>
 #include <string>
+#include <vector>
 
 #include "mhla/error.hpp"
 
@@ -11,13 +11,13 @@ namespace mhla::detail {
 
 // Product of the factors; throws mhla::Error naming `what` if it exceeds the
 // largest element count whose byte size still fits in int64 (8-byte elements).
-inline int64_t checked_product(std::initializer_list<int64_t> factors, const std::string& what) {
+inline int64_t checked_product(const std::vector<int64_t>& factors, const std::string& what) {
   constexpr int64_t kMaxElements = INT64_MAX / 8;
   int64_t product = 1;
   for (int64_t f : factors) {
-    if (f < 0) throw Error(what + ": negative size " + std::to_string(f));
+    if (f < 0) throw Error(what + " has a negative factor " + std::to_string(f));
     if (__builtin_mul_overflow(product, f, &product) || product > kMaxElements)
-      throw Error(what + ": size product overflows 64-bit byte counts");
+      throw Error(what + " overflows 64-bit byte counts");
   }
   return product;
 }

@@ -17,11 +17,8 @@ void check_tensor(const char* fn, const char* name, const void* data,
     if (extent <= 0)
       fail(fn, std::string(name) + " has shape " + shape_to_string(shape) +
                    "; every extent must be positive " + layout_hint);
-  int64_t product = 1;
-  for (int64_t extent : shape)
-    if (__builtin_mul_overflow(product, extent, &product) || product > INT64_MAX / 8)
-      fail(fn, std::string(name) + " has shape " + shape_to_string(shape) +
-                   " whose element count overflows 64-bit byte counts");
+  checked_product(shape, std::string(fn) + ": " + name + " has shape " + shape_to_string(shape) +
+                             " whose element count");
   if (data == nullptr) fail(fn, std::string(name) + " is a null pointer");
 }
 
