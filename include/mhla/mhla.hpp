@@ -2,6 +2,7 @@
 // Umbrella header of the mhla library.
 #include "mhla/analysis.hpp"
 #include "mhla/baselines.hpp"
+#include "mhla/decoder.hpp"
 #include "mhla/error.hpp"
 #include "mhla/layout.hpp"
 #include "mhla/mixing_init.hpp"

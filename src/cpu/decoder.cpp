@@ -1,0 +1,228 @@
+#include "mhla/decoder.hpp"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/feature_map.hpp"
+#include "core/validate.hpp"
+#include "mhla/operator.hpp"
+
+namespace mhla {
+namespace {
+
+using detail::fail;
+
+void require_positive(const char* fn, const char* name, int64_t value) {
+  if (value <= 0) fail(fn, std::string(name) + " must be positive, got " + std::to_string(value));
+}
+
+}  // namespace
+
+Decoder::Decoder(const DecoderOptions& options, TensorView<const float> w) : options_(options) {
+  const char* fn = "mhla::Decoder";
+  require_positive(fn, "options.batch", options.batch);
+  require_positive(fn, "options.heads", options.heads);
+  require_positive(fn, "options.dk", options.dk);
+  require_positive(fn, "options.dv", options.dv);
+  require_positive(fn, "options.block", options.block);
+  detail::checked_product({options.batch, options.heads, options.dk, options.dv + 1},
+                          std::string(fn) + ": state size");
+  // Reuse the operator's option checks (eps, scale) through a one-token problem.
+  const detail::Problem p = detail::check_linear_options(
+      fn, options_as_linear(), {1, 1, options.heads, options.dk, options.dv});
+  scale_ = p.scale;
+
+  if (w.shape.size() != 2 && w.shape.size() != 3)
+    fail(fn, "w must have shape [M, M] or [H, M, M], got " + shape_to_string(w.shape));
+  detail::check_tensor(fn, "w", w.data, w.shape, w.shape.size(),
+                       w.shape.size() == 2 ? "[M, M]" : "[H, M, M]");
+  per_head_ = w.shape.size() == 3;
+  blocks_ = w.shape.back();
+  const std::vector<int64_t> expected =
+      per_head_ ? std::vector<int64_t>{options.heads, blocks_, blocks_}
+                : std::vector<int64_t>{blocks_, blocks_};
+  detail::check_shape_equals(fn, "w", w.shape, expected, "(square per head)");
+  detail::checked_product({blocks_, options.block}, std::string(fn) + ": context length");
+  detail::Problem mixing = p;
+  mixing.causal = true;
+  mixing.blocks = blocks_;
+  mixing.per_head_mixing = per_head_;
+  detail::check_mixing_values(fn, mixing, w.data);
+  w_.assign(w.data, w.data + detail::checked_product(w.shape, "w"));
+
+  positions_.assign(options.batch, 0);
+  const size_t summary = size_t(options.dk * (options.dv + 1));
+  states_.resize(size_t(options.batch * options.heads));
+  for (HeadState& s : states_) {
+    s.prefix.assign(summary, 0.0f);
+    s.running.assign(summary, 0.0f);
+  }
+}
+
+LinearAttentionOptions Decoder::options_as_linear() const {
+  LinearAttentionOptions o;
+  o.masking = Masking::causal;
+  o.feature_map = options_.feature_map;
+  o.normalize = options_.normalize;
+  o.eps = options_.eps;
+  o.scale = options_.scale;
+  return o;
+}
+
+const float* Decoder::head_w(int64_t h) const {
+  return w_.data() + (per_head_ ? h * blocks_ * blocks_ : 0);
+}
+
+void Decoder::mix_prefix(HeadState& s, int64_t h, int64_t block) const {
+  // prefix = sum_{b < block} W[block, b] [S_b | z_b]: one GEMV over the finished blocks.
+  const int64_t x = options_.dk * (options_.dv + 1);
+  if (block == 0) {
+    std::fill(s.prefix.begin(), s.prefix.end(), 0.0f);
+    return;
+  }
+  cblas_sgemv(CblasRowMajor, CblasTrans, blasint(block), blasint(x), 1.0f, s.finished.data(),
+              blasint(x), head_w(h) + block * blocks_, 1, 0.0f, s.prefix.data(), 1);
+}
+
+void Decoder::check_seq(const char* fn, int64_t seq) const {
+  if (seq < 0 || seq >= options_.batch)
+    fail(fn, "sequence " + std::to_string(seq) + " out of range [0, " +
+                 std::to_string(options_.batch) + ")");
+}
+
+int64_t Decoder::position(int64_t seq) const {
+  check_seq("mhla::Decoder::position", seq);
+  return positions_[seq];
+}
+
+void Decoder::reset(int64_t seq) {
+  check_seq("mhla::Decoder::reset", seq);
+  positions_[seq] = 0;
+  for (int64_t h = 0; h < options_.heads; ++h) {
+    HeadState& s = states_[seq * options_.heads + h];
+    s.finished.clear();
+    std::fill(s.prefix.begin(), s.prefix.end(), 0.0f);
+    std::fill(s.running.begin(), s.running.end(), 0.0f);
+  }
+}
+
+int64_t Decoder::state_bytes() const {
+  int64_t floats = 0;
+  for (const HeadState& s : states_)
+    floats += int64_t(s.finished.size() + s.prefix.size() + s.running.size());
+  return floats * int64_t(sizeof(float)) + int64_t(positions_.size() * sizeof(int64_t));
+}
+
+void Decoder::prefill(int64_t seq, TensorView<const float> q, TensorView<const float> k,
+                      TensorView<const float> v, TensorView<float> o) {
+  const char* fn = "mhla::Decoder::prefill";
+  check_seq(fn, seq);
+  if (positions_[seq] != 0)
+    fail(fn, "sequence " + std::to_string(seq) + " already holds " +
+                 std::to_string(positions_[seq]) + " tokens; prefill needs an empty sequence "
+                 "(reset it, or continue with step)");
+  const detail::AttentionDims d =
+      detail::check_qkv(fn, q.data, q.shape, k.data, k.shape, v.data, v.shape);
+  detail::check_shape_equals(fn, "q", q.shape, {1, d.tokens, options_.heads, options_.dk},
+                             "(one sequence: [1, L, H, Dk])");
+  detail::check_shape_equals(fn, "v", v.shape, {1, d.tokens, options_.heads, options_.dv},
+                             "(one sequence: [1, L, H, Dv])");
+  if (d.tokens > max_tokens())
+    fail(fn, "prompt of " + std::to_string(d.tokens) + " tokens exceeds the context of " +
+                 std::to_string(max_tokens()) + " tokens (w is " + std::to_string(blocks_) +
+                 "x" + std::to_string(blocks_) + " for blocks of " +
+                 std::to_string(options_.block) + ")");
+
+  // The chunkwise forward on the prompt, with the top-left corner of w.
+  Options opts;
+  static_cast<LinearAttentionOptions&>(opts) = options_as_linear();
+  opts.layout = TokenLayout::sequence(d.tokens, options_.block);
+  const int64_t m = opts.layout.num_blocks(), heads = options_.heads;
+  std::vector<float> w(size_t((per_head_ ? heads : 1) * m * m));
+  for (int64_t c = 0; c < (per_head_ ? heads : 1); ++c)
+    for (int64_t i = 0; i < m; ++i)
+      std::copy_n(w_.data() + (c * blocks_ + i) * blocks_, m, w.data() + (c * m + i) * m);
+  const std::vector<int64_t> w_shape =
+      per_head_ ? std::vector<int64_t>{heads, m, m} : std::vector<int64_t>{m, m};
+  const std::vector<int64_t> saved_shape = saved_summaries_shape(opts, q.shape, v.shape);
+  std::vector<float> saved(size_t(detail::checked_product(saved_shape, "saved summaries")));
+  forward<float>(opts, q, k, v, {w.data(), w_shape}, o, {saved.data(), saved_shape});
+
+  // Blocks before the last are finished; the last one is the running block.
+  const size_t x = size_t(options_.dk * (options_.dv + 1));
+  for (int64_t h = 0; h < heads; ++h) {
+    HeadState& s = states_[seq * heads + h];
+    const float* blocks = saved.data() + h * m * x;
+    s.finished.assign(blocks, blocks + (m - 1) * x);
+    s.running.assign(blocks + (m - 1) * x, blocks + m * x);
+    mix_prefix(s, h, m - 1);
+  }
+  positions_[seq] = d.tokens;
+}
+
+void Decoder::step(TensorView<const float> q, TensorView<const float> k,
+                   TensorView<const float> v, TensorView<float> o) {
+  const char* fn = "mhla::Decoder::step";
+  const int64_t batch = options_.batch, heads = options_.heads, dk = options_.dk,
+                dv = options_.dv, x1 = dv + 1;
+  detail::check_qkv(fn, q.data, q.shape, k.data, k.shape, v.data, v.shape);
+  detail::check_shape_equals(fn, "q", q.shape, {batch, 1, heads, dk}, "(one token per sequence)");
+  detail::check_shape_equals(fn, "v", v.shape, {batch, 1, heads, dv}, "(one token per sequence)");
+  detail::check_output(fn, "o", o, {batch, 1, heads, dv});
+  for (int64_t b = 0; b < batch; ++b)
+    if (positions_[b] >= max_tokens())
+      fail(fn, "sequence " + std::to_string(b) + " is full: its context holds " +
+                   std::to_string(max_tokens()) + " tokens (w is " + std::to_string(blocks_) +
+                   "x" + std::to_string(blocks_) + " for blocks of " +
+                   std::to_string(options_.block) + ")");
+
+  const float eps = float(options_.eps), scale = float(scale_);
+#pragma omp parallel for schedule(static)
+  for (int64_t task = 0; task < batch * heads; ++task) {
+    const int64_t b = task / heads, h = task % heads, pos = positions_[b];
+    const int64_t block = pos / options_.block;
+    HeadState& s = states_[task];
+    if (pos % options_.block == 0) {
+      // Block `block` begins: the previous one is finished, and the mix of all
+      // finished blocks is computed once for the whole block.
+      if (pos > 0) s.finished.insert(s.finished.end(), s.running.begin(), s.running.end());
+      std::fill(s.running.begin(), s.running.end(), 0.0f);
+      mix_prefix(s, h, block);
+    } else if (options_.recompute_mix_every_token) {
+      mix_prefix(s, h, block);
+    }
+    const float* qt = q.data + task * dk;
+    const float* kt = k.data + task * dk;
+    const float* vt = v.data + task * dv;
+    // running += phi(k_t) [v_t | 1]^T
+    for (int64_t a = 0; a < dk; ++a) {
+      const float kap = detail::feature(options_.feature_map, kt[a]);
+      float* row = s.running.data() + a * x1;
+      for (int64_t e = 0; e < dv; ++e) row[e] += kap * vt[e];
+      row[dv] += kap;
+    }
+    // y = phi(q_t)^T (prefix + W[i,i] running)
+    const float wii = head_w(h)[block * blocks_ + block];
+    float den = 0;  // phi(q_t) . (mixed + in-block) key sums
+    float* out = o.data + task * dv;
+    std::fill(out, out + dv, 0.0f);
+    for (int64_t a = 0; a < dk; ++a) {
+      const float u = detail::feature(options_.feature_map, qt[a]);
+      const float* pre = s.prefix.data() + a * x1;
+      const float* run = s.running.data() + a * x1;
+      for (int64_t e = 0; e < dv; ++e) out[e] += u * (pre[e] + wii * run[e]);
+      den += u * (pre[dv] + wii * run[dv]);
+    }
+    if (options_.normalize) {
+      const float inv = 1.0f / (den + eps);
+      for (int64_t e = 0; e < dv; ++e) out[e] *= inv;
+    } else {
+      for (int64_t e = 0; e < dv; ++e) out[e] *= scale;
+    }
+  }
+  for (int64_t& p : positions_) ++p;
+}
+
+}  // namespace mhla
