@@ -1,0 +1,134 @@
+// Streaming-decoder benchmark: tokens/s at positions 1k, 8k and 64k, the
+// speed-up over recomputing the block mix at every token (at 32k), and the
+// decoder state's bytes next to a softmax KV cache's at the same position.
+//
+//   mhla_decode_bench [--block C] [--json results.json] [--quick]
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "common/timing.hpp"
+#include "mhla/mhla.hpp"
+
+using nlohmann::json;
+
+namespace {
+
+constexpr int64_t kHeads = 8, kDim = 64;
+
+struct Tokens {
+  std::vector<float> q, k, v;
+  Tokens(int64_t n, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+    for (auto* x : {&q, &k, &v}) {
+      x->resize(size_t(n * kHeads * kDim));
+      for (float& e : *x) e = dist(rng);
+    }
+  }
+};
+
+// Prefills `position` tokens, then times `steps` single-token steps (block
+// starts included); the median of three such runs, in seconds per token.
+double seconds_per_token(mhla::Decoder& dec, const Tokens& data, int64_t position, int64_t steps) {
+  const std::vector<int64_t> ps = {1, position, kHeads, kDim};
+  std::vector<float> prompt_out(size_t(position * kHeads * kDim));
+  const std::vector<int64_t> ts = {1, 1, kHeads, kDim};
+  std::vector<float> o(size_t(kHeads * kDim));
+  const int64_t row = kHeads * kDim;
+  std::vector<double> runs;
+  for (int run = 0; run < 3; ++run) {
+    dec.reset(0);
+    dec.prefill(0, {data.q.data(), ps}, {data.k.data(), ps}, {data.v.data(), ps},
+                {prompt_out.data(), ps});
+    runs.push_back(mhla::tools::median_seconds(
+        [&] {
+          for (int64_t t = 0; t < steps; ++t) {
+            const int64_t at = (position + t) * row;
+            dec.step({data.q.data() + at, ts}, {data.k.data() + at, ts},
+                     {data.v.data() + at, ts}, {o.data(), ts});
+          }
+        },
+        {1, 0.0, 1, false}));
+  }
+  std::sort(runs.begin(), runs.end());
+  return runs[1] / double(steps);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"MHLA streaming decoder benchmark (CPU, fp32, B=1 H=8 D=64)"};
+  int64_t block = 256;
+  bool quick = false;
+  std::string json_path;
+  app.add_option("--block", block, "tokens per block C (default 256: M^2 <= N up to 64k tokens)")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
+  app.add_flag("--quick", quick, "positions 256/1k/4k instead of 1k/8k/64k (smoke test)");
+  app.add_option("--json", json_path, "also write the results as JSON to this file");
+  CLI11_PARSE(app, argc, argv);
+
+  const std::vector<int64_t> positions =
+      quick ? std::vector<int64_t>{256, 1024, 4096} : std::vector<int64_t>{1024, 8192, 65536};
+  const int64_t steps = quick ? 64 : 512, naive_steps = quick ? 16 : 64;
+  const int64_t naive_position = quick ? 2048 : 32768;
+  const int64_t max_tokens = positions.back() + steps;
+  const int64_t m = (max_tokens + block - 1) / block;
+  mhla::MixingInit init;
+  init.causal = true;
+  const std::vector<float> w = mhla::init_mixing(mhla::TokenLayout::sequence(m * block, block), init);
+  mhla::DecoderOptions options;
+  options.heads = kHeads;
+  options.dk = kDim;
+  options.dv = kDim;
+  options.block = block;
+  mhla::Decoder dec(options, {w.data(), {m, m}});
+  const Tokens data(max_tokens, 11);
+
+  json results = {{"block", block}, {"heads", kHeads}, {"dim", kDim}, {"steps", steps}};
+  std::printf("streaming decoder, B=1 H=%lld D=%lld, block C=%lld, elu+1, normalized\n",
+              (long long)kHeads, (long long)kDim, (long long)block);
+  std::printf("%10s %12s %14s %16s %10s\n", "position", "tokens/s", "state bytes",
+              "KV-cache bytes", "state/KV");
+  double first_rate = 0, last_rate = 0;
+  for (int64_t p : positions) {
+    const double rate = 1.0 / seconds_per_token(dec, data, p, steps);
+    const int64_t at = p + steps;
+    const double kv = double(at) * kHeads * 2 * kDim * sizeof(float);
+    std::printf("%10lld %12.0f %14lld %16.0f %10.3f\n", (long long)p, rate,
+                (long long)dec.state_bytes(), kv, double(dec.state_bytes()) / kv);
+    results["positions"].push_back({{"position", p},
+                                    {"tokens_per_second", rate},
+                                    {"state_bytes", dec.state_bytes()},
+                                    {"softmax_kv_cache_bytes", kv}});
+    if (first_rate == 0) first_rate = rate;
+    last_rate = rate;
+  }
+  std::printf("rate at %lld / rate at %lld: %.2f\n", (long long)positions.back(),
+              (long long)positions.front(), last_rate / first_rate);
+  results["last_over_first_rate"] = last_rate / first_rate;
+
+  options.recompute_mix_every_token = true;
+  mhla::Decoder naive(options, {w.data(), {m, m}});
+  const double fast = seconds_per_token(dec, data, naive_position, steps);
+  const double slow = seconds_per_token(naive, data, naive_position, naive_steps);
+  std::printf("at position %lld: %.1f us/token, recomputing the mix every token %.1f us/token: "
+              "speed-up %.1fx\n",
+              (long long)naive_position, fast * 1e6, slow * 1e6, slow / fast);
+  results["speedup_over_recompute"] = {{"position", naive_position},
+                                       {"seconds_per_token", fast},
+                                       {"recompute_seconds_per_token", slow},
+                                       {"speedup", slow / fast}};
+  if (!json_path.empty()) {
+    std::ofstream out(json_path);
+    if (!out) {
+      std::fprintf(stderr, "error: cannot write %s\n", json_path.c_str());
+      return 1;
+    }
+    out << results.dump(2) << "\n";
+  }
+  return 0;
+}
