@@ -6,10 +6,10 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "common/json_file.hpp"
 #include "common/timing.hpp"
 #include "mhla/mhla.hpp"
 
@@ -122,13 +122,6 @@ int main(int argc, char** argv) {
                                        {"seconds_per_token", fast},
                                        {"recompute_seconds_per_token", slow},
                                        {"speedup", slow / fast}};
-  if (!json_path.empty()) {
-    std::ofstream out(json_path);
-    if (!out) {
-      std::fprintf(stderr, "error: cannot write %s\n", json_path.c_str());
-      return 1;
-    }
-    out << results.dump(2) << "\n";
-  }
+  if (!json_path.empty() && !mhla::tools::write_json_file(json_path, results)) return 1;
   return 0;
 }

@@ -9,11 +9,11 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
-#include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <omp.h>
 
+#include "common/json_file.hpp"
 #include "common/sgemm_rate.hpp"
 #include "common/timing.hpp"
 #include "common/workload.hpp"
@@ -226,12 +226,7 @@ int main(int argc, char** argv) {
   std::printf("MHLA forward is faster than softmax from N = %lld\n", (long long)crossover);
 
   if (!json_path.empty()) {
-    std::ofstream out(json_path);
-    if (!out) {
-      std::fprintf(stderr, "error: cannot write %s\n", json_path.c_str());
-      return 1;
-    }
-    out << results.dump(2) << "\n";
+    if (!mhla::tools::write_json_file(json_path, results)) return 1;
     std::printf("results written to %s\n", json_path.c_str());
   }
   return 0;
