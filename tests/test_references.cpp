@@ -52,20 +52,38 @@ INSTANTIATE_TEST_SUITE_P(AllModes, ReferenceAgreement, testing::ValuesIn(all_mod
                          case_name);
 
 TEST(ReferenceAgreement, MaskedUpperTriangleIsIgnoredAndGetsNoGradient) {
-  Case c{"causal", 1, 2, 3, 4, TokenLayout::sequence(11, 3), Masking::causal};
-  Inputs in = make_inputs(c, 3);
-  std::vector<double> o1(in.v.size()), o2(in.v.size());
-  reference::block_forward(c.options(), view(in.q, c.q_shape()), view(in.k, c.q_shape()),
-                           view(in.v, c.v_shape()), view(in.w, c.w_shape()), view(o1, c.v_shape()));
-  const int64_t m = c.blocks();
-  for (int64_t i = 0; i < m; ++i)
-    for (int64_t b = i + 1; b < m; ++b) in.w[i * m + b] = 123.0;
-  reference::block_forward(c.options(), view(in.q, c.q_shape()), view(in.k, c.q_shape()),
-                           view(in.v, c.v_shape()), view(in.w, c.w_shape()), view(o2, c.v_shape()));
-  EXPECT_EQ(o1, o2);
-  const Gradients g = block_gradients(c, in);
-  for (int64_t i = 0; i < m; ++i)
-    for (int64_t b = i + 1; b < m; ++b) EXPECT_EQ(g.w[i * m + b], 0.0);
+  for (Masking masking : {Masking::causal, Masking::block_causal}) {
+    SCOPED_TRACE(to_string(masking));
+    Case c{"masked", 1, 2, 3, 4, TokenLayout::sequence(11, 3), masking};
+    Inputs in = make_inputs(c, 3);
+    std::vector<double> o1(in.v.size()), o2(in.v.size());
+    reference::block_forward(c.options(), view(in.q, c.q_shape()), view(in.k, c.q_shape()),
+                             view(in.v, c.v_shape()), view(in.w, c.w_shape()),
+                             view(o1, c.v_shape()));
+    const int64_t m = c.blocks();
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t b = i + 1; b < m; ++b) in.w[i * m + b] = 123.0;
+    reference::block_forward(c.options(), view(in.q, c.q_shape()), view(in.k, c.q_shape()),
+                             view(in.v, c.v_shape()), view(in.w, c.w_shape()),
+                             view(o2, c.v_shape()));
+    EXPECT_EQ(o1, o2);
+    const Gradients g = block_gradients(c, in);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t b = i + 1; b < m; ++b) EXPECT_EQ(g.w[i * m + b], 0.0);
+  }
+}
+
+// Block-causal: a token sees its whole own block (later tokens included) and
+// nothing of later blocks, unlike token-level causal masking.
+TEST(ReferenceAgreement, BlockCausalReadsWholeOwnBlockOnly) {
+  Case c{"block-causal", 1, 1, 2, 2, TokenLayout::sequence(6, 3), Masking::block_causal};
+  const Inputs in = make_inputs(c, 8);
+  const auto a = reference::mhla_attention_matrix(c.options(), view(in.q, c.q_shape()),
+                                                  view(in.k, c.q_shape()),
+                                                  view(in.w, c.w_shape()), 0, 0);
+  EXPECT_GT(a[0 * 6 + 2], 0.0);  // token 0 reads token 2 of its block
+  EXPECT_EQ(a[2 * 6 + 3], 0.0);  // token 2 does not read token 3 (next block)
+  EXPECT_GT(a[3 * 6 + 0], 0.0);  // token 3 reads the earlier block
 }
 
 // Central differences of L = sum(grad_o * o) with respect to every input entry.
@@ -101,7 +119,7 @@ TEST_P(FiniteDifferences, BlockReferenceGradientsMatch) {
   EXPECT_CLOSE(numeric(in.k), analytic.k, 1e-6, "grad k");
   EXPECT_CLOSE(numeric(in.v), analytic.v, 1e-6, "grad v");
   std::vector<double> fd_w = numeric(in.w);
-  if (c.masking == Masking::causal) {  // the upper triangle is unused: its FD is 0 too
+  if (c.masking != Masking::none) {  // the upper triangle is unused: its FD is 0 too
     const int64_t m = c.blocks();
     for (size_t e = 0; e < fd_w.size(); ++e)
       if ((int64_t(e) % (m * m)) % m > (int64_t(e) % (m * m)) / m) {

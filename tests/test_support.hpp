@@ -140,7 +140,7 @@ inline std::vector<Case> shape_cases() {
 inline std::vector<Case> with_all_modes(const std::vector<Case>& shapes) {
   std::vector<Case> out;
   for (const Case& base : shapes)
-    for (Masking masking : {Masking::none, Masking::causal}) {
+    for (Masking masking : {Masking::none, Masking::causal, Masking::block_causal}) {
       if (masking == Masking::causal && base.layout.rank() != 1) continue;
       for (FeatureMap phi : {FeatureMap::identity, FeatureMap::relu, FeatureMap::elu1})
         for (bool normalize : {true, false})

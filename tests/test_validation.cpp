@@ -101,6 +101,25 @@ TEST(Validation, CausalNeedsA1DLayout) {
   EXPECT_THAT(error_of(call), HasSubstr("causal masking needs a 1D layout, got 2D: 2x4 grid"));
 }
 
+TEST(Validation, BlockCausalWorksOnAnyLayoutButNotForLinearAttention) {
+  Call call;
+  call.options.layout = TokenLayout::grid2d(2, 4, 2, 2);
+  call.options.masking = Masking::block_causal;
+  call.w[1] = -0.25f;  // upper triangle: unused
+  call.options.normalize = true;
+  EXPECT_EQ(error_of(call), "no error");
+  std::vector<float> q(64), o(48);
+  LinearAttentionOptions lin;
+  lin.masking = Masking::block_causal;
+  try {
+    linear_attention_forward<float>(lin, {q.data(), {1, 8, 2, 4}}, {q.data(), {1, 8, 2, 4}},
+                                    {q.data(), {1, 8, 2, 3}}, {o.data(), {1, 8, 2, 3}});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_THAT(std::string(e.what()), HasSubstr("block_causal masking needs MHLA's block layout"));
+  }
+}
+
 TEST(Validation, NegativeOrNonFiniteMixingWeights) {
   Call c1;
   c1.w[1] = -0.25f;

@@ -21,7 +21,7 @@ struct MixingInit {
   MixingTransform transform = MixingTransform::linear;
   double sigma = 1.0;      // exp only, in block units
   double threshold = 1.5;  // local only, in block units
-  bool causal = false;     // keep b <= i only (1D), then renormalise each row
+  bool causal = false;     // keep b <= i only (block order), then renormalise each row
 };
 
 // Distance d is measured between block centres (block coordinates + 0.5) on the

@@ -14,8 +14,10 @@ enum class FeatureMap {
 };
 
 enum class Masking {
-  none,    // every query block reads every key block, weighted by W
-  causal,  // 1D only: token t reads tokens s <= t
+  none,          // every query block reads every key block, weighted by W
+  causal,        // 1D only: token t reads tokens s <= t
+  block_causal,  // query block i reads blocks b <= i in full (any layout; e.g. video
+                 // tiles that span whole frames, numbered by time)
 };
 
 struct LinearAttentionOptions {

@@ -42,9 +42,6 @@ double transform(const MixingInit& init, double d, double dmax) {
 
 std::vector<float> init_mixing(const TokenLayout& layout, const MixingInit& init) {
   if (layout.empty()) throw Error("init_mixing: layout is not set");
-  if (init.causal && layout.rank() != 1)
-    throw Error("init_mixing: the causal initialisation needs a 1D layout, got " +
-                layout.describe());
   if (init.transform == MixingTransform::exp && !(init.sigma > 0))
     throw Error("init_mixing: sigma must be positive for the exp transform, got " +
                 std::to_string(init.sigma));

@@ -26,6 +26,7 @@ const char* to_string(Masking masking) {
   switch (masking) {
     case Masking::none: return "none";
     case Masking::causal: return "causal";
+    case Masking::block_causal: return "block_causal";
   }
   return "?";
 }

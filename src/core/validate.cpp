@@ -47,6 +47,7 @@ Problem check_linear_options(const char* fn, const LinearAttentionOptions& optio
   Problem problem;
   problem.dims = dims;
   problem.causal = options.masking == Masking::causal;
+  problem.block_causal = options.masking == Masking::block_causal;
   problem.phi = options.feature_map;
   problem.normalize = options.normalize;
   if (!(options.eps >= 0.0) || !std::isfinite(options.eps))

@@ -23,7 +23,10 @@ struct Problem {
   const TokenLayout* layout = nullptr;  // nullptr for the linear-attention baseline
   int64_t blocks = 1;
   bool per_head_mixing = false;
-  bool causal = false;
+  bool causal = false;        // token-level causal (1D)
+  bool block_causal = false;  // causal across blocks, full inside a block
+  // Whether only W[i, b] with b <= i is read.
+  bool lower_triangular() const { return causal || block_causal; }
   FeatureMap phi = FeatureMap::identity;
   bool normalize = true;
   double eps = 1e-6;
@@ -61,7 +64,7 @@ void check_mixing_values(const char* fn, const Problem& problem, const T* w) {
   const int64_t count = problem.per_head_mixing ? problem.dims.heads : 1;
   for (int64_t h = 0; h < count; ++h)
     for (int64_t i = 0; i < m; ++i)
-      for (int64_t b = 0; b < (problem.causal ? i + 1 : m); ++b) {
+      for (int64_t b = 0; b < (problem.lower_triangular() ? i + 1 : m); ++b) {
         const T value = w[(h * m + i) * m + b];
         const std::string where = problem.per_head_mixing
                                       ? "w[" + std::to_string(h) + ", " + std::to_string(i) +

@@ -16,6 +16,9 @@ detail::Problem validate(const char* fn, const LinearAttentionOptions& options,
                          const std::vector<int64_t>& ks, const void* v,
                          const std::vector<int64_t>& vs) {
   const detail::AttentionDims dims = detail::check_qkv(fn, q, qs, k, ks, v, vs);
+  if (options.masking == Masking::block_causal)
+    detail::fail(fn, "block_causal masking needs MHLA's block layout; linear attention has one "
+                     "global summary (use none or causal)");
   return detail::check_linear_options(fn, options, dims);
 }
 

@@ -70,7 +70,10 @@ FlopCount mhla_flops(int64_t batch, int64_t tokens, int64_t heads, int64_t dk, i
                      int64_t blocks, Masking masking, int64_t block_size) {
   const double n = double(tokens), m = double(blocks), dkdv = double(dk) * double(dv);
   double per_head = 0;
-  if (masking == Masking::causal) {
+  if (masking == Masking::block_causal) {
+    // summaries 2N DkDv, lower-triangular mix M(M+1) DkDv, outputs 2N DkDv.
+    per_head = 4 * n * dkdv + m * (m + 1) * dkdv;
+  } else if (masking == Masking::causal) {
     // summaries 2N DkDv, strictly-lower mix M(M-1) DkDv, inter-block outputs
     // 2N DkDv, in-block masked products N C (Dk + Dv) (half of each C x C tile).
     per_head = 4 * n * dkdv + m * (m - 1) * dkdv + n * double(block_size) * double(dk + dv);

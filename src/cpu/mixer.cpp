@@ -34,12 +34,15 @@ void for_each_panel(int64_t slices, int64_t x, Fn&& fn) {
 template <typename T>
 DenseMixer<T>::DenseMixer(const mhla::detail::Problem& problem, const T* w)
     : p_(problem), w_(w), x_(problem.dims.dk * (problem.dims.dv + 1)) {
-  if (!p_.causal) return;
+  if (!p_.lower_triangular()) return;
+  // Causal reads b < i through the mix (W[i,i] acts inside the block, token by
+  // token); block-causal reads b <= i.
   const int64_t m = p_.blocks, copies = p_.per_head_mixing ? p_.dims.heads : 1;
-  strict_lower_.assign(copies * m * m, T(0));
+  const int64_t diagonal = p_.block_causal ? 1 : 0;
+  lower_.assign(copies * m * m, T(0));
   for (int64_t c = 0; c < copies; ++c)
     for (int64_t i = 0; i < m; ++i)
-      for (int64_t b = 0; b < i; ++b) strict_lower_[(c * m + i) * m + b] = w_[(c * m + i) * m + b];
+      for (int64_t b = 0; b < i + diagonal; ++b) lower_[(c * m + i) * m + b] = w_[(c * m + i) * m + b];
 }
 
 template <typename T>
@@ -49,9 +52,9 @@ const T* DenseMixer<T>::head_w(int64_t bh) const {
 }
 
 template <typename T>
-const T* DenseMixer<T>::head_strict_lower(int64_t bh) const {
+const T* DenseMixer<T>::head_lower(int64_t bh) const {
   const int64_t m = p_.blocks;
-  return strict_lower_.data() + (p_.per_head_mixing ? (bh % p_.dims.heads) * m * m : 0);
+  return lower_.data() + (p_.per_head_mixing ? (bh % p_.dims.heads) * m * m : 0);
 }
 
 template <typename T>
@@ -65,12 +68,12 @@ void DenseMixer<T>::mix(const T* summaries, T* mixed) const {
   for_each_panel(slices, x_, [&](int64_t bh, int64_t c0, int64_t cols) {
     const T* s = summaries + bh * m * x_ + c0;
     T* out = mixed + bh * m * x_ + c0;
-    if (!p_.causal) {
+    if (!p_.lower_triangular()) {
       gemm(false, false, m, cols, m, T(1), head_w(bh), m, s, x_, T(0), out, x_);
     } else {
-      // Strictly lower W: half the flops of a full GEMM, through TRMM in place.
+      // Lower-triangular W: half the flops of a full GEMM, through TRMM in place.
       for (int64_t i = 0; i < m; ++i) std::memcpy(out + i * x_, s + i * x_, cols * sizeof(T));
-      trmm_lower(false, m, cols, head_strict_lower(bh), m, out, x_);
+      trmm_lower(false, m, cols, head_lower(bh), m, out, x_);
     }
   });
 }
@@ -79,15 +82,15 @@ template <typename T>
 void DenseMixer<T>::mix_backward(const T* mixed_grad, const T* summaries, const T* diagonal_grad,
                                  T* summaries_grad, T* grad_w) const {
   const int64_t m = p_.blocks, heads = p_.dims.heads, slices = p_.dims.batch * heads;
-  // dS = W^T dmixed (causal: strictly lower W).
+  // dS = W^T dmixed (masked modes: the lower-triangular W the mix used).
   for_each_panel(slices, x_, [&](int64_t bh, int64_t c0, int64_t cols) {
     const T* g = mixed_grad + bh * m * x_ + c0;
     T* out = summaries_grad + bh * m * x_ + c0;
-    if (!p_.causal) {
+    if (!p_.lower_triangular()) {
       gemm(true, false, m, cols, m, T(1), head_w(bh), m, g, x_, T(0), out, x_);
     } else {
       for (int64_t i = 0; i < m; ++i) std::memcpy(out + i * x_, g + i * x_, cols * sizeof(T));
-      trmm_lower(true, m, cols, head_strict_lower(bh), m, out, x_);
+      trmm_lower(true, m, cols, head_lower(bh), m, out, x_);
     }
   });
 
@@ -98,17 +101,18 @@ void DenseMixer<T>::mix_backward(const T* mixed_grad, const T* summaries, const 
   for (int64_t task = 0; task < slices * row_panels; ++task) {
     const int64_t bh = task / row_panels, i0 = (task % row_panels) * kRowPanel;
     const int64_t rows = std::min(kRowPanel, m - i0);
-    // Causal rows i only read b < i: skip the columns no row of the panel uses.
-    const int64_t cols = p_.causal ? std::min(m, i0 + rows) : m;
+    // Masked rows i only read b <= i: skip the columns no row of the panel uses.
+    const int64_t cols = p_.lower_triangular() ? std::min(m, i0 + rows) : m;
     T* out = per_slice.data() + bh * m * m + i0 * m;
     gemm(false, true, rows, cols, x_, T(1), mixed_grad + (bh * m + i0) * x_, x_,
          summaries + bh * m * x_, x_, T(0), out, m);
-    if (p_.causal)
-      for (int64_t r = 0; r < rows; ++r) {
-        const int64_t i = i0 + r;
-        std::fill(out + r * m + i, out + (r + 1) * m, T(0));
-        out[r * m + i] = diagonal_grad[bh * m + i];
-      }
+    for (int64_t r = 0; r < rows && p_.lower_triangular(); ++r) {
+      const int64_t i = i0 + r;
+      // Unread entries get zero gradient; the causal diagonal comes from the
+      // in-block term instead of the mix.
+      std::fill(out + r * m + i + 1, out + (r + 1) * m, T(0));
+      if (p_.causal) out[r * m + i] = diagonal_grad[bh * m + i];
+    }
   }
 
   // Sum over the batch (and the heads when W is shared) in a fixed order.

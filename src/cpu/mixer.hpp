@@ -3,8 +3,8 @@
 // stored as [B*H, M, X] with X = Dk * (Dv + 1): each block's Dk x (Dv + 1)
 // matrix [S_b | z_b] (the key sums ride along as an extra value column).
 //
-// Forward:  mixed_i = sum_b W[i,b] S_b   (causal: b < i; W[i,i] is applied
-//           inside the block, token by token, by the kernel).
+// Forward:  mixed_i = sum_b W[i,b] S_b   (causal: b < i, W[i,i] being applied
+//           inside the block, token by token, by the kernel; block-causal: b <= i).
 // Backward: dS_b = sum_i W[i,b] dmixed_i and dW[i,b] = <dmixed_i, S_b>.
 //
 // All loops split the work into a fixed set of panels whatever the thread
@@ -42,12 +42,12 @@ class DenseMixer final : public Mixer<T> {
 
  private:
   const T* head_w(int64_t bh) const;
-  const T* head_strict_lower(int64_t bh) const;
+  const T* head_lower(int64_t bh) const;
 
   mhla::detail::Problem p_;
   const T* w_;
   int64_t x_;                     // Dk * (Dv + 1)
-  std::vector<T> strict_lower_;   // causal: W with diagonal and upper triangle zeroed
+  std::vector<T> lower_;  // masked modes: W with the unread entries zeroed
 };
 
 // W = all ones with no parameters: vanilla linear attention, whose mix is a

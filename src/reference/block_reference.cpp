@@ -1,7 +1,7 @@
 // Block-summary reference: the spec's equations, token by token, in double.
 //
 // Every token t of query block i reads one summary pair
-//   Sr_t = sum_b W[i,b] S_b          (non-causal: all b; causal: b < i)
+//   Sr_t = sum_b W[i,b] S_b          (non-causal: all b; causal: b < i; block-causal: b <= i)
 //        + W[i,i] sum_{j in i, j<=t} phi(k_j) v_j^T        (causal only)
 //   zr_t = the same with phi(k_j) in place of phi(k_j) v_j^T,
 // and outputs o_t = phi(q_t)^T Sr_t / (phi(q_t) . zr_t + eps)  (normalized)
@@ -66,7 +66,11 @@ Summaries block_summaries(const Problem& p, const Head& x) {
 }
 
 // Key blocks b whose full summary S_b query block i reads through W[i,b].
-bool reads_full_block(const Problem& p, int64_t i, int64_t b) { return !p.causal || b < i; }
+bool reads_full_block(const Problem& p, int64_t i, int64_t b) {
+  if (p.causal) return b < i;
+  if (p.block_causal) return b <= i;
+  return true;
+}
 
 // Sr_t, zr_t as defined at the top of the file.
 void read_summary(const Problem& p, const double* w, int64_t h, const Head& x,

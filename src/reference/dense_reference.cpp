@@ -1,6 +1,7 @@
 // Dense reference: the explicit attention matrix, independent of the block
 // summaries. For batch b and head h,
-//   A[t,s] = W[blk(t), blk(s)] * phi(q_t) . phi(k_s)     (0 where s > t when causal)
+//   A[t,s] = W[blk(t), blk(s)] * phi(q_t) . phi(k_s)
+//   (0 where s > t when causal, where blk(s) > blk(t) when block-causal)
 //   normalized:   o_t = sum_s A[t,s] v_s / (sum_s A[t,s] + eps)
 //   unnormalized: o_t = scale * sum_s A[t,s] v_s
 // O(N^2 (Dk + Dv)) time and O(N^2) memory: small N only.

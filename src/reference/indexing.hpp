@@ -28,6 +28,10 @@ inline int64_t mixing_index(const detail::Problem& p, int64_t h, int64_t i, int6
 }
 
 // Whether query token t may read key token s.
-inline bool visible(const detail::Problem& p, int64_t t, int64_t s) { return !p.causal || s <= t; }
+inline bool visible(const detail::Problem& p, int64_t t, int64_t s) {
+  if (p.causal) return s <= t;
+  if (p.block_causal) return p.layout->block_of(s) <= p.layout->block_of(t);
+  return true;
+}
 
 }  // namespace mhla::reference
