@@ -9,6 +9,7 @@
 // modes (the normalizer's key sums are part of the state).
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "mhla/options.hpp"
@@ -59,6 +60,7 @@ class Decoder {
   // s.prefix = sum_{b < block} W[block, b] [S_b | z_b] over s.finished.
   void mix_prefix(HeadState& s, int64_t h, int64_t block) const;
   void check_seq(const char* fn, int64_t seq) const;
+  std::string context_description() const;  // "4096 tokens (w is 64x64 for blocks of 64)"
   LinearAttentionOptions options_as_linear() const;
 
   DecoderOptions options_;

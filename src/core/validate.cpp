@@ -62,16 +62,20 @@ Problem check_linear_options(const char* fn, const LinearAttentionOptions& optio
   return problem;
 }
 
+void check_layout_tokens(const char* fn, const TokenLayout& layout, int64_t tokens) {
+  if (layout.empty())
+    fail(fn, "options.layout is not set; use TokenLayout::sequence, grid2d or grid3d");
+  if (layout.num_tokens() != tokens)
+    fail(fn, "options.layout (" + layout.describe() + ") has " +
+                 std::to_string(layout.num_tokens()) + " tokens but q has N = " +
+                 std::to_string(tokens));
+}
+
 void check_layout_and_mixing_shape(const char* fn, const Options& options,
                                    const std::vector<int64_t>& w_shape, const void* w,
                                    Problem& problem) {
   const TokenLayout& layout = options.layout;
-  if (layout.empty())
-    fail(fn, "options.layout is not set; use TokenLayout::sequence, grid2d or grid3d");
-  if (layout.num_tokens() != problem.dims.tokens)
-    fail(fn, "options.layout (" + layout.describe() + ") has " +
-                 std::to_string(layout.num_tokens()) + " tokens but q has N = " +
-                 std::to_string(problem.dims.tokens));
+  check_layout_tokens(fn, layout, problem.dims.tokens);
   if (problem.causal && layout.rank() != 1)
     fail(fn, "causal masking needs a 1D layout, got " + layout.describe());
   problem.layout = &layout;

@@ -51,6 +51,9 @@ AttentionDims check_qkv(const char* fn, const void* q, const std::vector<int64_t
 Problem check_linear_options(const char* fn, const LinearAttentionOptions& options,
                              const AttentionDims& dims);
 
+// The layout is set and holds exactly `tokens` tokens.
+void check_layout_tokens(const char* fn, const TokenLayout& layout, int64_t tokens);
+
 // Adds the layout and the mixing matrix's shape to the problem.
 void check_layout_and_mixing_shape(const char* fn, const Options& options,
                                    const std::vector<int64_t>& w_shape, const void* w,

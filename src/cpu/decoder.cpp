@@ -86,6 +86,11 @@ void Decoder::mix_prefix(HeadState& s, int64_t h, int64_t block) const {
               blasint(x), head_w(h) + block * blocks_, 1, 0.0f, s.prefix.data(), 1);
 }
 
+std::string Decoder::context_description() const {
+  return std::to_string(max_tokens()) + " tokens (w is " + std::to_string(blocks_) + "x" +
+         std::to_string(blocks_) + " for blocks of " + std::to_string(options_.block) + ")";
+}
+
 void Decoder::check_seq(const char* fn, int64_t seq) const {
   if (seq < 0 || seq >= options_.batch)
     fail(fn, "sequence " + std::to_string(seq) + " out of range [0, " +
@@ -131,9 +136,7 @@ void Decoder::prefill(int64_t seq, TensorView<const float> q, TensorView<const f
                              "(one sequence: [1, L, H, Dv])");
   if (d.tokens > max_tokens())
     fail(fn, "prompt of " + std::to_string(d.tokens) + " tokens exceeds the context of " +
-                 std::to_string(max_tokens()) + " tokens (w is " + std::to_string(blocks_) +
-                 "x" + std::to_string(blocks_) + " for blocks of " +
-                 std::to_string(options_.block) + ")");
+                 context_description());
 
   // The chunkwise forward on the prompt, with the top-left corner of w.
   Options opts;
@@ -174,9 +177,7 @@ void Decoder::step(TensorView<const float> q, TensorView<const float> k,
   for (int64_t b = 0; b < batch; ++b)
     if (positions_[b] >= max_tokens())
       fail(fn, "sequence " + std::to_string(b) + " is full: its context holds " +
-                   std::to_string(max_tokens()) + " tokens (w is " + std::to_string(blocks_) +
-                   "x" + std::to_string(blocks_) + " for blocks of " +
-                   std::to_string(options_.block) + ")");
+                   context_description());
 
   const float eps = float(options_.eps), scale = float(scale_);
 #pragma omp parallel for schedule(static)

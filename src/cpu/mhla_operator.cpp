@@ -7,15 +7,15 @@ namespace mhla {
 
 namespace {
 
-std::vector<int64_t> summaries_shape(const detail::Problem& p) {
-  return {p.dims.batch, p.dims.heads, p.blocks, p.dims.dk, p.dims.dv + 1};
+std::vector<int64_t> summaries_shape(const detail::AttentionDims& d, int64_t blocks) {
+  return {d.batch, d.heads, blocks, d.dk, d.dv + 1};
 }
 
 // The optional saved summaries: absent (no data, no shape), or exactly the shape.
 template <typename T>
 bool check_saved_summaries(const char* fn, const detail::Problem& p, const TensorView<T>& saved) {
   if (saved.data == nullptr && saved.shape.empty()) return false;
-  detail::check_output(fn, "saved_summaries", saved, summaries_shape(p));
+  detail::check_output(fn, "saved_summaries", saved, summaries_shape(p.dims, p.blocks));
   return true;
 }
 
@@ -29,11 +29,8 @@ std::vector<int64_t> saved_summaries_shape(const Options& options,
   const int marker = 0;
   const detail::AttentionDims d =
       detail::check_qkv(fn, &marker, q_shape, &marker, q_shape, &marker, v_shape);
-  if (options.layout.num_tokens() != d.tokens)
-    detail::fail(fn, "options.layout (" + options.layout.describe() + ") has " +
-                         std::to_string(options.layout.num_tokens()) + " tokens but q has N = " +
-                         std::to_string(d.tokens));
-  return {d.batch, d.heads, options.layout.num_blocks(), d.dk, d.dv + 1};
+  detail::check_layout_tokens(fn, options.layout, d.tokens);
+  return summaries_shape(d, options.layout.num_blocks());
 }
 
 template <typename T>
