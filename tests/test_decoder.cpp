@@ -1,5 +1,7 @@
 // The streaming decoder must reproduce the chunkwise causal forward on the
 // whole sequence, whatever the prompt length, block size and boundary.
+#include <limits>
+
 #include "test_support.hpp"
 
 namespace mhla::test {
@@ -24,26 +26,31 @@ Sequence make_sequence(int64_t n, int64_t heads, int64_t dk, int64_t dv, uint64_
   return s;
 }
 
-// The chunkwise causal forward over the whole sequence, with w's top-left corner.
+// The chunkwise causal forward over the whole sequence: Toeplitz w as it is,
+// dense w through its top-left corner.
 std::vector<float> chunkwise(const DecoderOptions& d, const Sequence& s, const std::vector<float>& w,
                              int64_t w_blocks, bool per_head) {
   Options o;
   o.masking = Masking::causal;
   o.feature_map = d.feature_map;
   o.normalize = d.normalize;
+  o.mixing = d.mixing;
   o.layout = TokenLayout::sequence(s.tokens, d.block);
   const int64_t m = o.layout.num_blocks(), copies = per_head ? s.heads : 1;
-  std::vector<float> corner(copies * m * m);
-  for (int64_t c = 0; c < copies; ++c)
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t b = 0; b < m; ++b)
-        corner[(c * m + i) * m + b] = w[(c * w_blocks + i) * w_blocks + b];
+  std::vector<float> mixing = w;
+  std::vector<int64_t> ws = per_head ? std::vector<int64_t>{s.heads, int64_t(w.size()) / s.heads}
+                                     : std::vector<int64_t>{int64_t(w.size())};
+  if (d.mixing == MixingForm::dense) {
+    mixing.resize(copies * m * m);
+    for (int64_t c = 0; c < copies; ++c)
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t b = 0; b < m; ++b)
+          mixing[(c * m + i) * m + b] = w[(c * w_blocks + i) * w_blocks + b];
+    ws = per_head ? std::vector<int64_t>{s.heads, m, m} : std::vector<int64_t>{m, m};
+  }
   std::vector<float> out(s.v.size());
   const std::vector<int64_t> qs = {1, s.tokens, s.heads, s.dk}, vs = {1, s.tokens, s.heads, s.dv};
-  forward<float>(o, view(s.q, qs), view(s.k, qs), view(s.v, vs),
-                 view(corner, per_head ? std::vector<int64_t>{s.heads, m, m}
-                                       : std::vector<int64_t>{m, m}),
-                 view(out, vs));
+  forward<float>(o, view(s.q, qs), view(s.k, qs), view(s.v, vs), view(mixing, ws), view(out, vs));
   return out;
 }
 
@@ -102,6 +109,52 @@ TEST(Decoder, PrefillPlusStepsEqualsChunkwiseForward) {
           EXPECT_EQ(dec.position(0), n);
         }
       }
+}
+
+// Toeplitz mixing: L = 0 (tail only), 1 (no window), 2 and 3 (a window of
+// finished blocks), and longer than the sequence (no tail ever used).
+TEST(Decoder, ToeplitzPrefillPlusStepsEqualsChunkwiseForward) {
+  const int64_t n = 41, heads = 2, dk = 4, dv = 3;
+  const Sequence s = make_sequence(n, heads, dk, dv, 12);
+  for (int64_t block : {1, 3, 8})
+    for (int64_t length : {0, 1, 2, 3, 50})
+      for (bool per_head : {false, true}) {
+        DecoderOptions d;
+        d.heads = heads;
+        d.dk = dk;
+        d.dv = dv;
+        d.block = block;
+        d.mixing = MixingForm::toeplitz;
+        std::mt19937_64 rng(length);
+        const auto w = cast<float>(uniform((per_head ? heads : 1) * (length + 1), 0.05, 1.0, rng));
+        const std::vector<int64_t> ws = per_head ? std::vector<int64_t>{heads, length + 1}
+                                                 : std::vector<int64_t>{length + 1};
+        const auto want = as_double(chunkwise(d, s, w, 0, per_head));
+        for (int64_t prompt : {int64_t(0), int64_t(1), block, 2 * block + 1, n - 1, n}) {
+          SCOPED_TRACE("block " + std::to_string(block) + " L " + std::to_string(length) +
+                       " prompt " + std::to_string(prompt) + (per_head ? " per-head" : " shared"));
+          Decoder dec(d, view(w, ws));
+          EXPECT_CLOSE(decode(dec, s, prompt), want, 2e-5, "decoded outputs");
+        }
+      }
+}
+
+// With Toeplitz mixing the context is unbounded and the state stops growing
+// once L blocks are finished: the last L - 1 kept one by one, the rest summed.
+TEST(Decoder, ToeplitzStateIsBounded) {
+  DecoderOptions d;
+  d.heads = 2;
+  d.dk = 4;
+  d.dv = 4;
+  d.block = 4;
+  d.mixing = MixingForm::toeplitz;
+  const std::vector<float> w = {1.0f, 0.5f, 0.25f, 0.1f};  // L = 3
+  Decoder dec(d, view(w, {4}));
+  EXPECT_EQ(dec.max_tokens(), std::numeric_limits<int64_t>::max());
+  const Sequence s = make_sequence(200, 2, 4, 4, 1);
+  decode(dec, s, 100);
+  // 2 kept blocks + tail sum + prefix + running, per head, plus one position.
+  EXPECT_EQ(dec.state_bytes(), int64_t((2 + 3) * 2 * 4 * 5 * sizeof(float) + sizeof(int64_t)));
 }
 
 TEST(Decoder, RecomputingTheMixEveryTokenGivesTheSameOutputs) {

@@ -23,6 +23,7 @@ struct Case {
   FeatureMap phi = FeatureMap::elu1;
   bool normalize = true;
   bool per_head = false;
+  int64_t toeplitz_length = -1;  // >= 0: Toeplitz mixing with this L; -1: dense w
 
   int64_t tokens() const { return layout.num_tokens(); }
   int64_t blocks() const { return layout.num_blocks(); }
@@ -32,17 +33,22 @@ struct Case {
     o.masking = masking;
     o.feature_map = phi;
     o.normalize = normalize;
+    o.mixing = toeplitz_length >= 0 ? MixingForm::toeplitz : MixingForm::dense;
     return o;
   }
   std::vector<int64_t> q_shape() const { return {batch, tokens(), heads, dk}; }
   std::vector<int64_t> v_shape() const { return {batch, tokens(), heads, dv}; }
   std::vector<int64_t> w_shape() const {
+    if (toeplitz_length >= 0)
+      return per_head ? std::vector<int64_t>{heads, toeplitz_length + 1}
+                      : std::vector<int64_t>{toeplitz_length + 1};
     return per_head ? std::vector<int64_t>{heads, blocks(), blocks()}
                     : std::vector<int64_t>{blocks(), blocks()};
   }
   std::string label() const {
     return name + "/" + to_string(masking) + "/" + to_string(phi) +
-           (normalize ? "/normalized" : "/unnormalized") + (per_head ? "/per-head" : "/shared");
+           (normalize ? "/normalized" : "/unnormalized") + (per_head ? "/per-head" : "/shared") +
+           (toeplitz_length >= 0 ? "/toeplitz" + std::to_string(toeplitz_length) : "");
   }
 };
 
@@ -136,22 +142,32 @@ inline std::vector<Case> shape_cases() {
 }
 
 // Each shape crossed with every mode its layout allows: masking, feature map,
-// normalisation, shared or per-head mixing.
+// normalisation, shared or per-head mixing, and for the masked modes dense or
+// Toeplitz mixing. The Toeplitz length L cycles through 0 (tail only), 1, 2, 3
+// and 8 (usually longer than M) across feature maps and normalisations, so
+// each shape meets several without a full cross product.
 inline std::vector<Case> with_all_modes(const std::vector<Case>& shapes) {
+  constexpr int64_t kToeplitzLengths[] = {2, 0, 1, 3, 8, 2};
   std::vector<Case> out;
   for (const Case& base : shapes)
     for (Masking masking : {Masking::none, Masking::causal, Masking::block_causal}) {
       if (masking == Masking::causal && base.layout.rank() != 1) continue;
+      int64_t variant = 0;
       for (FeatureMap phi : {FeatureMap::identity, FeatureMap::relu, FeatureMap::elu1})
-        for (bool normalize : {true, false})
-          for (bool per_head : {false, true}) {
-            Case c = base;
-            c.masking = masking;
-            c.phi = phi;
-            c.normalize = normalize;
-            c.per_head = per_head;
-            out.push_back(c);
-          }
+        for (bool normalize : {true, false}) {
+          const int64_t length = kToeplitzLengths[variant++];
+          for (bool per_head : {false, true})
+            for (bool toeplitz : {false, true}) {
+              if (toeplitz && masking == Masking::none) continue;
+              Case c = base;
+              c.masking = masking;
+              c.phi = phi;
+              c.normalize = normalize;
+              c.per_head = per_head;
+              c.toeplitz_length = toeplitz ? length : -1;
+              out.push_back(c);
+            }
+        }
     }
   return out;
 }

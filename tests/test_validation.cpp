@@ -137,6 +137,33 @@ TEST(Validation, NegativeOrNonFiniteMixingWeights) {
   EXPECT_THAT(error_of(c4), HasSubstr("w[1, 0] is not finite"));
 }
 
+TEST(Validation, ToeplitzMixingShapesAndMasking) {
+  Call ok;
+  ok.options.mixing = MixingForm::toeplitz;
+  ok.options.masking = Masking::causal;
+  ok.ws = {4};  // L = 3: any number of blocks
+  EXPECT_EQ(error_of(ok), "no error");
+  Call per_head = ok;
+  per_head.ws = {2, 2};  // [H, L + 1]
+  EXPECT_EQ(error_of(per_head), "no error");
+  Call unmasked = ok;
+  unmasked.options.masking = Masking::none;
+  EXPECT_THAT(error_of(unmasked), HasSubstr("Toeplitz mixing W[i, b] = w[min(i - b, L)] needs "
+                                            "causal or block_causal masking"));
+  Call wrong_heads = ok;
+  wrong_heads.ws = {3, 1};
+  EXPECT_THAT(error_of(wrong_heads), HasSubstr("w has shape [3, 1], expected [2, 1]"));
+  Call rank3 = ok;
+  rank3.ws = {1, 2, 2};
+  EXPECT_THAT(error_of(rank3), HasSubstr("Toeplitz w must have shape [L + 1] or [H, L + 1]"));
+  Call negative = ok;
+  negative.w[3] = -1.0f;
+  EXPECT_THAT(error_of(negative), HasSubstr("w[3] = -1.000000 is negative"));
+  Call negative_head = per_head;
+  negative_head.w[3] = -1.0f;
+  EXPECT_THAT(error_of(negative_head), HasSubstr("w[1, 1] = -1.000000 is negative"));
+}
+
 TEST(Validation, NullPointersAndOptions) {
   Call c1;
   c1.q.clear();

@@ -2,7 +2,8 @@
 // Streaming (token-by-token) causal MHLA decoding.
 //
 // Per sequence and head the state holds the summaries [S_b | z_b] of the
-// finished blocks, the mixed prefix sum_{b<i} W[i,b] [S_b | z_b] of the current
+// finished blocks (Toeplitz mixing: only the last L - 1 of them, plus the sum of
+// all older ones, so the state stays bounded), the mixed prefix sum_{b<i} W[i,b] [S_b | z_b] of the current
 // block i (computed once, when block i begins: O(i Dk Dv)), and the running
 // in-block sums (updated per token: O(Dk Dv)). Outputs equal the chunkwise
 // causal forward on the whole sequence, in both normalized and unnormalized
@@ -25,6 +26,7 @@ struct DecoderOptions {
   bool normalize = true;
   double eps = 1e-6;
   std::optional<double> scale;  // unnormalized mode only; default Dk^-1/2
+  MixingForm mixing = MixingForm::dense;
   // Rebuild the mixed prefix at every token instead of once per block, as a
   // naive recurrent implementation does. Same outputs; for benchmarks only.
   bool recompute_mix_every_token = false;
@@ -32,8 +34,10 @@ struct DecoderOptions {
 
 class Decoder {
  public:
-  // w: [M, M] shared or [H, M, M] per head; only b <= i is read. It bounds the
-  // context to M * block tokens per sequence.
+  // Dense mixing: w [M, M] shared or [H, M, M] per head; only b <= i is read. It
+  // bounds the context to M * block tokens per sequence.
+  // Toeplitz mixing: w [L + 1] or [H, L + 1], W[i, b] = w[min(i - b, L)]; the
+  // context is unbounded and the state holds at most L + 2 summaries per head.
   Decoder(const DecoderOptions& options, TensorView<const float> w);
 
   // Feeds a prompt to sequence `seq`, which must be empty: q, k [1, L, H, Dk],
@@ -46,26 +50,36 @@ class Decoder {
             TensorView<float> o);
 
   int64_t position(int64_t seq) const;  // tokens seen by sequence seq
-  int64_t max_tokens() const { return blocks_ * options_.block; }
+  int64_t max_tokens() const;           // context per sequence (Toeplitz: no limit)
   void reset(int64_t seq);              // empties sequence seq
   int64_t state_bytes() const;          // bytes held by all sequences' states
 
  private:
   struct HeadState {
-    std::vector<float> finished;  // [blocks finished, Dk, Dv + 1]
+    std::vector<float> finished;  // [blocks kept, Dk, Dv + 1], oldest first
+    std::vector<float> far;       // Toeplitz: [Dk, Dv + 1] sum of blocks at distance >= max(L, 1)
     std::vector<float> prefix;    // [Dk, Dv + 1] mixed summaries of earlier blocks
     std::vector<float> running;   // [Dk, Dv + 1] sums over the current block so far
   };
   const float* head_w(int64_t h) const;
-  // s.prefix = sum_{b < block} W[block, b] [S_b | z_b] over s.finished.
+  float diagonal(int64_t h, int64_t block) const;  // W[block, block]
+  // s.prefix = sum_{b < block} W[block, b] [S_b | z_b] over the finished blocks.
   void mix_prefix(HeadState& s, int64_t h, int64_t block) const;
+  // Moves a finished block's summary into the state (Toeplitz: evicting into
+  // s.far the block that leaves the window of individually weighted ones).
+  void push_finished(HeadState& s, const float* summary) const;
+  // Sets scale_, the mixing form and its sizes from the options and w, or throws.
+  void check_options_and_mixing(const char* fn, TensorView<const float> w);
   void check_seq(const char* fn, int64_t seq) const;
   std::string context_description() const;  // "4096 tokens (w is 64x64 for blocks of 64)"
   LinearAttentionOptions options_as_linear() const;
 
   DecoderOptions options_;
   double scale_;
-  int64_t blocks_;             // M
+  bool toeplitz_;
+  int64_t blocks_ = 0;         // dense: M
+  int64_t length_ = 0;         // Toeplitz: L
+  int64_t window_ = 0;         // Toeplitz: finished blocks kept one by one, max(L, 1) - 1
   std::vector<float> w_;       // copy of w
   bool per_head_;
   std::vector<int64_t> positions_;

@@ -30,11 +30,22 @@ struct LinearAttentionOptions {
   std::optional<double> scale;  // unnormalized mode only; default Dk^-1/2
 };
 
+// How the M x M mixing matrix W is given.
+enum class MixingForm {
+  dense,     // w [M, M] shared or [H, M, M] per head: W[i, b] = w[i, b]
+  toeplitz,  // w [L + 1] shared or [H, L + 1] per head: W[i, b] = w[min(i - b, L)] for b <= i,
+             // the last entry being the tail for every distance >= L. Independent of M, so
+             // causal sequences of any length share one parameter vector. Causal and
+             // block-causal masking only.
+};
+
 struct Options : LinearAttentionOptions {
   TokenLayout layout;  // token grid and block tile; its token count must equal N
+  MixingForm mixing = MixingForm::dense;
 };
 
 const char* to_string(FeatureMap phi);
 const char* to_string(Masking masking);
+const char* to_string(MixingForm form);
 
 }  // namespace mhla

@@ -31,4 +31,12 @@ const char* to_string(Masking masking) {
   return "?";
 }
 
+const char* to_string(MixingForm form) {
+  switch (form) {
+    case MixingForm::dense: return "dense";
+    case MixingForm::toeplitz: return "toeplitz";
+  }
+  return "?";
+}
+
 }  // namespace mhla

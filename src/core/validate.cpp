@@ -71,6 +71,29 @@ void check_layout_tokens(const char* fn, const TokenLayout& layout, int64_t toke
                  std::to_string(tokens));
 }
 
+void check_toeplitz_shape(const char* fn, Masking masking, const std::vector<int64_t>& w_shape,
+                          const void* w, Problem& problem) {
+  if (masking == Masking::none)
+    fail(fn, "Toeplitz mixing W[i, b] = w[min(i - b, L)] needs causal or block_causal masking "
+             "(it defines b <= i only); use MixingForm::dense for masking none");
+  if (w_shape.size() == 1) {
+    check_tensor(fn, "w", w, w_shape, 1, "[L + 1]");
+    problem.per_head_mixing = false;
+  } else if (w_shape.size() == 2) {
+    check_tensor(fn, "w", w, w_shape, 2, "[H, L + 1]");
+    check_shape_equals(fn, "w", w_shape, {problem.dims.heads, w_shape[1]},
+                       ("(per-head Toeplitz [H, L + 1] with H = " +
+                        std::to_string(problem.dims.heads) + ")")
+                           .c_str());
+    problem.per_head_mixing = true;
+  } else {
+    fail(fn, "Toeplitz w must have shape [L + 1] or [H, L + 1] (distances 0..L-1, then the "
+             "tail), got " + shape_to_string(w_shape));
+  }
+  problem.toeplitz = true;
+  problem.toeplitz_length = w_shape.back() - 1;
+}
+
 void check_layout_and_mixing_shape(const char* fn, const Options& options,
                                    const std::vector<int64_t>& w_shape, const void* w,
                                    Problem& problem) {
@@ -81,6 +104,10 @@ void check_layout_and_mixing_shape(const char* fn, const Options& options,
   problem.layout = &layout;
   problem.blocks = layout.num_blocks();
   const int64_t m = problem.blocks;
+  if (options.mixing == MixingForm::toeplitz) {
+    check_toeplitz_shape(fn, options.masking, w_shape, w, problem);
+    return;
+  }
   if (w_shape.size() == 2) {
     check_tensor(fn, "w", w, w_shape, 2, "[M, M]");
     check_shape_equals(fn, "w", w_shape, {m, m},

@@ -23,6 +23,9 @@ struct Problem {
   const TokenLayout* layout = nullptr;  // nullptr for the linear-attention baseline
   int64_t blocks = 1;
   bool per_head_mixing = false;
+  // Toeplitz mixing: w holds L + 1 entries per copy, W[i, b] = w[min(i - b, L)].
+  bool toeplitz = false;
+  int64_t toeplitz_length = 0;  // L
   bool causal = false;        // token-level causal (1D)
   bool block_causal = false;  // causal across blocks, full inside a block
   // Whether only W[i, b] with b <= i is read.
@@ -54,6 +57,10 @@ Problem check_linear_options(const char* fn, const LinearAttentionOptions& optio
 // The layout is set and holds exactly `tokens` tokens.
 void check_layout_tokens(const char* fn, const TokenLayout& layout, int64_t tokens);
 
+// Toeplitz w: [L + 1] or [H, L + 1], with masking that reads b <= i only.
+void check_toeplitz_shape(const char* fn, Masking masking, const std::vector<int64_t>& w_shape,
+                          const void* w, Problem& problem);
+
 // Adds the layout and the mixing matrix's shape to the problem.
 void check_layout_and_mixing_shape(const char* fn, const Options& options,
                                    const std::vector<int64_t>& w_shape, const void* w,
@@ -63,22 +70,28 @@ void check_layout_and_mixing_shape(const char* fn, const Options& options,
 // vanish, so it is refused. Only the entries the mode reads are checked.
 template <typename T>
 void check_mixing_values(const char* fn, const Problem& problem, const T* w) {
-  const int64_t m = problem.blocks;
+  const int64_t m = problem.blocks, length = problem.toeplitz_length;
   const int64_t count = problem.per_head_mixing ? problem.dims.heads : 1;
-  for (int64_t h = 0; h < count; ++h)
+  for (int64_t h = 0; h < count; ++h) {
+    // "w[h, i, b]" per head, "w[i, b]" shared (Toeplitz: "w[h, d]", "w[d]").
+    const std::string head = problem.per_head_mixing ? std::to_string(h) + ", " : "";
+    // Builds the message only on failure: validation runs on every call.
+    const auto check = [&](T value, auto index) {
+      if (std::isfinite(value) && !(problem.normalize && value < T(0))) return;
+      const std::string where = "w[" + head + index() + "]";
+      if (!std::isfinite(value)) fail(fn, where + " is not finite (" + std::to_string(value) + ")");
+      fail(fn, where + " = " + std::to_string(value) +
+                   " is negative; the normalized mode needs non-negative mixing weights "
+                   "(use normalize = false, or keep w non-negative)");
+    };
+    if (problem.toeplitz) {
+      for (int64_t d = 0; d <= length; ++d) check(w[h * (length + 1) + d], [&] { return std::to_string(d); });
+      continue;
+    }
     for (int64_t i = 0; i < m; ++i)
-      for (int64_t b = 0; b < (problem.lower_triangular() ? i + 1 : m); ++b) {
-        const T value = w[(h * m + i) * m + b];
-        const std::string where = problem.per_head_mixing
-                                      ? "w[" + std::to_string(h) + ", " + std::to_string(i) +
-                                            ", " + std::to_string(b) + "]"
-                                      : "w[" + std::to_string(i) + ", " + std::to_string(b) + "]";
-        if (!std::isfinite(value)) fail(fn, where + " is not finite (" + std::to_string(value) + ")");
-        if (problem.normalize && value < T(0))
-          fail(fn, where + " = " + std::to_string(value) +
-                       " is negative; the normalized mode needs non-negative mixing weights "
-                       "(use normalize = false, or keep w non-negative)");
-      }
+      for (int64_t b = 0; b < (problem.lower_triangular() ? i + 1 : m); ++b)
+        check(w[(h * m + i) * m + b], [&] { return std::to_string(i) + ", " + std::to_string(b); });
+  }
 }
 
 }  // namespace mhla::detail

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "core/feature_map.hpp"
 #include "core/validate.hpp"
@@ -29,27 +30,7 @@ Decoder::Decoder(const DecoderOptions& options, TensorView<const float> w) : opt
   require_positive(fn, "options.block", options.block);
   detail::checked_product({options.batch, options.heads, options.dk, options.dv + 1},
                           std::string(fn) + ": state size");
-  // Reuse the operator's option checks (eps, scale) through a one-token problem.
-  const detail::Problem p = detail::check_linear_options(
-      fn, options_as_linear(), {1, 1, options.heads, options.dk, options.dv});
-  scale_ = p.scale;
-
-  if (w.shape.size() != 2 && w.shape.size() != 3)
-    fail(fn, "w must have shape [M, M] or [H, M, M], got " + shape_to_string(w.shape));
-  detail::check_tensor(fn, "w", w.data, w.shape, w.shape.size(),
-                       w.shape.size() == 2 ? "[M, M]" : "[H, M, M]");
-  per_head_ = w.shape.size() == 3;
-  blocks_ = w.shape.back();
-  const std::vector<int64_t> expected =
-      per_head_ ? std::vector<int64_t>{options.heads, blocks_, blocks_}
-                : std::vector<int64_t>{blocks_, blocks_};
-  detail::check_shape_equals(fn, "w", w.shape, expected, "(square per head)");
-  detail::checked_product({blocks_, options.block}, std::string(fn) + ": context length");
-  detail::Problem mixing = p;
-  mixing.causal = true;
-  mixing.blocks = blocks_;
-  mixing.per_head_mixing = per_head_;
-  detail::check_mixing_values(fn, mixing, w.data);
+  check_options_and_mixing(fn, w);
   w_.assign(w.data, w.data + detail::checked_product(w.shape, "w"));
 
   positions_.assign(options.batch, 0);
@@ -58,7 +39,37 @@ Decoder::Decoder(const DecoderOptions& options, TensorView<const float> w) : opt
   for (HeadState& s : states_) {
     s.prefix.assign(summary, 0.0f);
     s.running.assign(summary, 0.0f);
+    if (toeplitz_) s.far.assign(summary, 0.0f);
   }
+}
+
+void Decoder::check_options_and_mixing(const char* fn, TensorView<const float> w) {
+  // The operator's own checks (eps, scale, w) on a one-token causal problem
+  // with this decoder's heads.
+  detail::Problem mixing = detail::check_linear_options(
+      fn, options_as_linear(), {1, 1, options_.heads, options_.dk, options_.dv});
+  scale_ = mixing.scale;
+  toeplitz_ = options_.mixing == MixingForm::toeplitz;
+  if (toeplitz_) {
+    detail::check_toeplitz_shape(fn, Masking::causal, w.shape, w.data, mixing);
+    length_ = mixing.toeplitz_length;
+    window_ = std::max<int64_t>(length_, 1) - 1;
+  } else {
+    if (w.shape.size() != 2 && w.shape.size() != 3)
+      fail(fn, "w must have shape [M, M] or [H, M, M], got " + shape_to_string(w.shape));
+    detail::check_tensor(fn, "w", w.data, w.shape, w.shape.size(),
+                         w.shape.size() == 2 ? "[M, M]" : "[H, M, M]");
+    mixing.per_head_mixing = w.shape.size() == 3;
+    blocks_ = w.shape.back();
+    const std::vector<int64_t> expected =
+        mixing.per_head_mixing ? std::vector<int64_t>{options_.heads, blocks_, blocks_}
+                               : std::vector<int64_t>{blocks_, blocks_};
+    detail::check_shape_equals(fn, "w", w.shape, expected, "(square per head)");
+    detail::checked_product({blocks_, options_.block}, std::string(fn) + ": context length");
+    mixing.blocks = blocks_;
+  }
+  per_head_ = mixing.per_head_mixing;
+  detail::check_mixing_values(fn, mixing, w.data);
 }
 
 LinearAttentionOptions Decoder::options_as_linear() const {
@@ -71,19 +82,48 @@ LinearAttentionOptions Decoder::options_as_linear() const {
   return o;
 }
 
+int64_t Decoder::max_tokens() const {
+  return toeplitz_ ? std::numeric_limits<int64_t>::max() : blocks_ * options_.block;
+}
+
 const float* Decoder::head_w(int64_t h) const {
-  return w_.data() + (per_head_ ? h * blocks_ * blocks_ : 0);
+  if (!per_head_) return w_.data();
+  return w_.data() + h * (toeplitz_ ? length_ + 1 : blocks_ * blocks_);
+}
+
+float Decoder::diagonal(int64_t h, int64_t block) const {
+  return toeplitz_ ? head_w(h)[0] : head_w(h)[block * blocks_ + block];
 }
 
 void Decoder::mix_prefix(HeadState& s, int64_t h, int64_t block) const {
-  // prefix = sum_{b < block} W[block, b] [S_b | z_b]: one GEMV over the finished blocks.
   const int64_t x = options_.dk * (options_.dv + 1);
+  const int64_t kept = int64_t(s.finished.size()) / x;
+  if (toeplitz_) {
+    // prefix = w[L] far + sum_{d = 1}^{kept} w[d] S_{block - d}; far holds the
+    // blocks at distance >= max(L, 1).
+    const float* w = head_w(h);
+    for (int64_t c = 0; c < x; ++c) s.prefix[c] = w[length_] * s.far[c];
+    for (int64_t d = 1; d <= kept; ++d)
+      cblas_saxpy(blasint(x), w[d], s.finished.data() + (kept - d) * x, 1, s.prefix.data(), 1);
+    return;
+  }
+  // prefix = sum_{b < block} W[block, b] [S_b | z_b]: one GEMV over the finished blocks.
   if (block == 0) {
     std::fill(s.prefix.begin(), s.prefix.end(), 0.0f);
     return;
   }
   cblas_sgemv(CblasRowMajor, CblasTrans, blasint(block), blasint(x), 1.0f, s.finished.data(),
               blasint(x), head_w(h) + block * blocks_, 1, 0.0f, s.prefix.data(), 1);
+}
+
+void Decoder::push_finished(HeadState& s, const float* summary) const {
+  const int64_t x = options_.dk * (options_.dv + 1);
+  s.finished.insert(s.finished.end(), summary, summary + x);
+  if (toeplitz_ && int64_t(s.finished.size()) > window_ * x) {
+    // The oldest kept block now sits at distance max(L, 1): it joins the tail sum.
+    cblas_saxpy(blasint(x), 1.0f, s.finished.data(), 1, s.far.data(), 1);
+    s.finished.erase(s.finished.begin(), s.finished.begin() + x);
+  }
 }
 
 std::string Decoder::context_description() const {
@@ -108,6 +148,7 @@ void Decoder::reset(int64_t seq) {
   for (int64_t h = 0; h < options_.heads; ++h) {
     HeadState& s = states_[seq * options_.heads + h];
     s.finished.clear();
+    std::fill(s.far.begin(), s.far.end(), 0.0f);
     std::fill(s.prefix.begin(), s.prefix.end(), 0.0f);
     std::fill(s.running.begin(), s.running.end(), 0.0f);
   }
@@ -116,7 +157,7 @@ void Decoder::reset(int64_t seq) {
 int64_t Decoder::state_bytes() const {
   int64_t floats = 0;
   for (const HeadState& s : states_)
-    floats += int64_t(s.finished.size() + s.prefix.size() + s.running.size());
+    floats += int64_t(s.finished.size() + s.far.size() + s.prefix.size() + s.running.size());
   return floats * int64_t(sizeof(float)) + int64_t(positions_.size() * sizeof(int64_t));
 }
 
@@ -138,17 +179,22 @@ void Decoder::prefill(int64_t seq, TensorView<const float> q, TensorView<const f
     fail(fn, "prompt of " + std::to_string(d.tokens) + " tokens exceeds the context of " +
                  context_description());
 
-  // The chunkwise forward on the prompt, with the top-left corner of w.
+  // The chunkwise forward on the prompt (dense: with the top-left corner of w).
   Options opts;
   static_cast<LinearAttentionOptions&>(opts) = options_as_linear();
   opts.layout = TokenLayout::sequence(d.tokens, options_.block);
+  opts.mixing = options_.mixing;
   const int64_t m = opts.layout.num_blocks(), heads = options_.heads;
-  std::vector<float> w(size_t((per_head_ ? heads : 1) * m * m));
-  for (int64_t c = 0; c < (per_head_ ? heads : 1); ++c)
-    for (int64_t i = 0; i < m; ++i)
-      std::copy_n(w_.data() + (c * blocks_ + i) * blocks_, m, w.data() + (c * m + i) * m);
-  const std::vector<int64_t> w_shape =
-      per_head_ ? std::vector<int64_t>{heads, m, m} : std::vector<int64_t>{m, m};
+  std::vector<float> w = w_;
+  std::vector<int64_t> w_shape = per_head_ ? std::vector<int64_t>{heads, length_ + 1}
+                                           : std::vector<int64_t>{length_ + 1};
+  if (!toeplitz_) {
+    w.resize(size_t((per_head_ ? heads : 1) * m * m));
+    for (int64_t c = 0; c < (per_head_ ? heads : 1); ++c)
+      for (int64_t i = 0; i < m; ++i)
+        std::copy_n(w_.data() + (c * blocks_ + i) * blocks_, m, w.data() + (c * m + i) * m);
+    w_shape = per_head_ ? std::vector<int64_t>{heads, m, m} : std::vector<int64_t>{m, m};
+  }
   const std::vector<int64_t> saved_shape = saved_summaries_shape(opts, q.shape, v.shape);
   std::vector<float> saved(size_t(detail::checked_product(saved_shape, "saved summaries")));
   forward<float>(opts, q, k, v, {w.data(), w_shape}, o, {saved.data(), saved_shape});
@@ -158,7 +204,7 @@ void Decoder::prefill(int64_t seq, TensorView<const float> q, TensorView<const f
   for (int64_t h = 0; h < heads; ++h) {
     HeadState& s = states_[seq * heads + h];
     const float* blocks = saved.data() + h * m * x;
-    s.finished.assign(blocks, blocks + (m - 1) * x);
+    for (int64_t b = 0; b + 1 < m; ++b) push_finished(s, blocks + b * x);
     s.running.assign(blocks + (m - 1) * x, blocks + m * x);
     mix_prefix(s, h, m - 1);
   }
@@ -188,7 +234,7 @@ void Decoder::step(TensorView<const float> q, TensorView<const float> k,
     if (pos % options_.block == 0) {
       // Block `block` begins: the previous one is finished, and the mix of all
       // finished blocks is computed once for the whole block.
-      if (pos > 0) s.finished.insert(s.finished.end(), s.running.begin(), s.running.end());
+      if (pos > 0) push_finished(s, s.running.data());
       std::fill(s.running.begin(), s.running.end(), 0.0f);
       mix_prefix(s, h, block);
     } else if (options_.recompute_mix_every_token) {
@@ -205,7 +251,7 @@ void Decoder::step(TensorView<const float> q, TensorView<const float> k,
       row[dv] += kap;
     }
     // y = phi(q_t)^T (prefix + W[i,i] running)
-    const float wii = head_w(h)[block * blocks_ + block];
+    const float wii = diagonal(h, block);
     float den = 0;  // phi(q_t) . (mixed + in-block) key sums
     float* out = o.data + task * dv;
     std::fill(out, out + dv, 0.0f);

@@ -1,5 +1,5 @@
-// Public MHLA entry points: validate once, then run the chunked kernel with a
-// dense mixing matrix.
+// Public MHLA entry points: validate once, then run the chunked kernel with the
+// mixer (dense or Toeplitz W) the options ask for.
 #include "cpu/chunked_attention.hpp"
 #include "mhla/operator.hpp"
 
@@ -41,8 +41,8 @@ void forward(const Options& options, TensorView<const T> q, TensorView<const T> 
   const detail::Problem p = detail::validate_mhla(fn, options, q, k, v, w);
   detail::check_output(fn, "o", o, detail::v_shape(p.dims));
   const bool save = check_saved_summaries(fn, p, saved_summaries);
-  const cpu::DenseMixer<T> mixer(p, w.data);
-  cpu::ChunkedAttention<T>(p, mixer).forward(q.data, k.data, v.data, o.data,
+  const auto mixer = cpu::make_mixer(p, w.data);
+  cpu::ChunkedAttention<T>(p, *mixer).forward(q.data, k.data, v.data, o.data,
                                              save ? saved_summaries.data : nullptr);
 }
 
@@ -57,8 +57,8 @@ void backward(const Options& options, TensorView<const T> q, TensorView<const T>
   detail::check_gradients(fn, p.dims, grad_o, grad_q, grad_k, grad_v);
   detail::check_output(fn, "grad_w", grad_w, w.shape);
   const bool saved = check_saved_summaries(fn, p, saved_summaries);
-  const cpu::DenseMixer<T> mixer(p, w.data);
-  cpu::ChunkedAttention<T>(p, mixer).backward(q.data, k.data, v.data, o.data, grad_o.data,
+  const auto mixer = cpu::make_mixer(p, w.data);
+  cpu::ChunkedAttention<T>(p, *mixer).backward(q.data, k.data, v.data, o.data, grad_o.data,
                                               grad_q.data, grad_k.data, grad_v.data, grad_w.data,
                                               saved ? saved_summaries.data : nullptr);
 }

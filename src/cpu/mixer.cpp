@@ -4,30 +4,14 @@
 #include <cstring>
 
 #include "cpu/blas.hpp"
+#include "cpu/panels.hpp"
 
 namespace mhla::cpu {
 namespace {
 
-// Column panel width of the [M, X] summary matrices: wide enough for an
-// efficient GEMM (M x 1024 x M), narrow enough to give two threads work at B*H = 1.
-constexpr int64_t kPanel = 1024;
 // Row panel of dW: each panel reduces over the full X, keeping dW exact and
 // independent of the thread count.
 constexpr int64_t kRowPanel = 64;
-
-int64_t count_panels(int64_t extent, int64_t width) { return (extent + width - 1) / width; }
-
-// Runs fn(slice, first_column, columns) for every (slice, column panel) pair, in
-// parallel: columns of the [M, X] summary matrices are independent.
-template <typename Fn>
-void for_each_panel(int64_t slices, int64_t x, Fn&& fn) {
-  const int64_t panels = count_panels(x, kPanel);
-#pragma omp parallel for schedule(static)
-  for (int64_t task = 0; task < slices * panels; ++task) {
-    const int64_t c0 = (task % panels) * kPanel;
-    fn(task / panels, c0, std::min(kPanel, x - c0));
-  }
-}
 
 }  // namespace
 
@@ -65,7 +49,7 @@ T DenseMixer<T>::diagonal(int64_t bh, int64_t i) const {
 template <typename T>
 void DenseMixer<T>::mix(const T* summaries, T* mixed) const {
   const int64_t m = p_.blocks, slices = p_.dims.batch * p_.dims.heads;
-  for_each_panel(slices, x_, [&](int64_t bh, int64_t c0, int64_t cols) {
+  for_each_panel(slices, x_, [&](int64_t, int64_t bh, int64_t c0, int64_t cols) {
     const T* s = summaries + bh * m * x_ + c0;
     T* out = mixed + bh * m * x_ + c0;
     if (!p_.lower_triangular()) {
@@ -83,7 +67,7 @@ void DenseMixer<T>::mix_backward(const T* mixed_grad, const T* summaries, const 
                                  T* summaries_grad, T* grad_w) const {
   const int64_t m = p_.blocks, heads = p_.dims.heads, slices = p_.dims.batch * heads;
   // dS = W^T dmixed (masked modes: the lower-triangular W the mix used).
-  for_each_panel(slices, x_, [&](int64_t bh, int64_t c0, int64_t cols) {
+  for_each_panel(slices, x_, [&](int64_t, int64_t bh, int64_t c0, int64_t cols) {
     const T* g = mixed_grad + bh * m * x_ + c0;
     T* out = summaries_grad + bh * m * x_ + c0;
     if (!p_.lower_triangular()) {
@@ -134,7 +118,7 @@ UniformMixer<T>::UniformMixer(const mhla::detail::Problem& problem)
 template <typename T>
 void UniformMixer<T>::mix(const T* summaries, T* mixed) const {
   const int64_t m = p_.blocks, slices = p_.dims.batch * p_.dims.heads;
-  for_each_panel(slices, x_, [&](int64_t bh, int64_t c0, int64_t cols) {
+  for_each_panel(slices, x_, [&](int64_t, int64_t bh, int64_t c0, int64_t cols) {
     const T* s = summaries + bh * m * x_ + c0;
     T* out = mixed + bh * m * x_ + c0;
     if (p_.causal) {  // mixed_i = sum_{b<i} S_b
@@ -154,7 +138,7 @@ template <typename T>
 void UniformMixer<T>::mix_backward(const T* mixed_grad, const T*, const T*, T* summaries_grad,
                                    T*) const {
   const int64_t m = p_.blocks, slices = p_.dims.batch * p_.dims.heads;
-  for_each_panel(slices, x_, [&](int64_t bh, int64_t c0, int64_t cols) {
+  for_each_panel(slices, x_, [&](int64_t, int64_t bh, int64_t c0, int64_t cols) {
     const T* g = mixed_grad + bh * m * x_ + c0;
     T* out = summaries_grad + bh * m * x_ + c0;
     if (p_.causal) {  // dS_b = sum_{i>b} dmixed_i

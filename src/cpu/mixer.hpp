@@ -10,6 +10,7 @@
 // All loops split the work into a fixed set of panels whatever the thread
 // count, so results are bit-identical across thread counts.
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "core/validate.hpp"
@@ -49,6 +50,34 @@ class DenseMixer final : public Mixer<T> {
   int64_t x_;                     // Dk * (Dv + 1)
   std::vector<T> lower_;  // masked modes: W with the unread entries zeroed
 };
+
+// Toeplitz W[i, b] = w[min(i - b, L)] (b <= i), shared [L + 1] or per head
+// [H, L + 1]. Distances below L are applied one by one and every distance >= L
+// through a running prefix sum of the summaries, so the mix costs
+// O(M min(M, L) X) instead of the dense O(M^2 X).
+template <typename T>
+class ToeplitzMixer final : public Mixer<T> {
+ public:
+  ToeplitzMixer(const mhla::detail::Problem& problem, const T* w);
+  void mix(const T* summaries, T* mixed) const override;
+  T diagonal(int64_t bh, int64_t) const override { return head_w(bh)[0]; }
+  void mix_backward(const T* mixed_grad, const T* summaries, const T* diagonal_grad,
+                    T* summaries_grad, T* grad_w) const override;
+
+ private:
+  const T* head_w(int64_t bh) const;
+
+  mhla::detail::Problem p_;
+  const T* w_;
+  int64_t length_;      // L: the tail w[L] covers distances >= L
+  int64_t nearest_;     // smallest distance the mix applies: 1 causal (W[i,i] acts in-block), 0 block-causal
+  int64_t tail_start_;  // smallest distance covered by the running sum: max(L, nearest_)
+  int64_t x_;
+};
+
+// The mixer a validated MHLA problem asks for (dense or Toeplitz w).
+template <typename T>
+std::unique_ptr<Mixer<T>> make_mixer(const mhla::detail::Problem& problem, const T* w);
 
 // W = all ones with no parameters: vanilla linear attention, whose mix is a
 // plain sum (non-causal) or an exclusive prefix sum (causal) in O(M X).

@@ -136,8 +136,7 @@ void block_backward(const Options& options, TensorView<const double> q,
   detail::check_output(fn, "grad_w", grad_w, w.shape);
   const Indexer at{d.tokens, d.heads};
   const int64_t dk = d.dk, dv = d.dv;
-  std::fill(grad_w.data, grad_w.data + p.blocks * p.blocks * (p.per_head_mixing ? d.heads : 1),
-            0.0);
+  std::fill(grad_w.data, grad_w.data + detail::checked_product(grad_w.shape, "grad_w"), 0.0);
   std::vector<double> sr(dk * dv), zr(dk), a(dv), dsr(dk * dv), dzr(dk);
 
   for (int64_t b = 0; b < d.batch; ++b)

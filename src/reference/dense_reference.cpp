@@ -102,8 +102,7 @@ void dense_backward(const Options& options, TensorView<const double> q,
   detail::check_output(fn, "grad_w", grad_w, w.shape);
   const Indexer at{d.tokens, d.heads};
   const int64_t n = d.tokens;
-  std::fill(grad_w.data, grad_w.data + p.blocks * p.blocks * (p.per_head_mixing ? d.heads : 1),
-            0.0);
+  std::fill(grad_w.data, grad_w.data + detail::checked_product(grad_w.shape, "grad_w"), 0.0);
   std::fill(grad_q.data, grad_q.data + d.batch * n * d.heads * d.dk, 0.0);
   std::fill(grad_k.data, grad_k.data + d.batch * n * d.heads * d.dk, 0.0);
   std::fill(grad_v.data, grad_v.data + d.batch * n * d.heads * d.dv, 0.0);

@@ -1,5 +1,6 @@
 #pragma once
 // Index arithmetic for the canonical [B, N, H, D] layout, shared by the references.
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -15,16 +16,22 @@ struct Indexer {
   }
 };
 
-// w[i, b] for head h, whether w is shared [M, M] or per head [H, M, M].
-inline double mixing(const detail::Problem& p, const double* w, int64_t h, int64_t i, int64_t b) {
+// Position of W[i, b] for head h in w's storage (where its gradient goes):
+// dense [M, M] or [H, M, M], or Toeplitz [L + 1] or [H, L + 1] with
+// W[i, b] = w[min(i - b, L)] (read for b <= i only).
+inline int64_t mixing_index(const detail::Problem& p, int64_t h, int64_t i, int64_t b) {
+  const int64_t copy = p.per_head_mixing ? h : 0;
+  if (p.toeplitz) {
+    const int64_t length = p.toeplitz_length;
+    return copy * (length + 1) + std::min(i - b, length);
+  }
   const int64_t m = p.blocks;
-  return w[((p.per_head_mixing ? h : 0) * m + i) * m + b];
+  return (copy * m + i) * m + b;
 }
 
-// Position of w[i, b] for head h in w's storage (where its gradient goes).
-inline int64_t mixing_index(const detail::Problem& p, int64_t h, int64_t i, int64_t b) {
-  const int64_t m = p.blocks;
-  return ((p.per_head_mixing ? h : 0) * m + i) * m + b;
+// W[i, b] for head h.
+inline double mixing(const detail::Problem& p, const double* w, int64_t h, int64_t i, int64_t b) {
+  return w[mixing_index(p, h, i, b)];
 }
 
 // Whether query token t may read key token s.
