@@ -10,3 +10,4 @@
 #include "mhla/options.hpp"
 #include "mhla/reference.hpp"
 #include "mhla/tensor.hpp"
+#include "mhla/varlen.hpp"
