@@ -17,6 +17,9 @@ add_library(mhla_openblas INTERFACE)
 target_include_directories(mhla_openblas INTERFACE ${OPENBLAS_INCLUDE_DIR})
 target_link_libraries(mhla_openblas INTERFACE ${OPENBLAS_LIBRARY} OpenMP::OpenMP_CXX)
 
+# CRC-32 of the decoder's state files.
+find_package(ZLIB REQUIRED)
+
 find_package(CLI11 CONFIG REQUIRED)
 find_package(nlohmann_json CONFIG REQUIRED)
 if(MHLA_BUILD_TESTS)

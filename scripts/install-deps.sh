@@ -8,8 +8,13 @@ packages=(
   libopenblas-openmp-dev   # BLAS for every GEMM-shaped step, OpenMP flavour
   libcli11-dev             # command-line parsing
   nlohmann-json3-dev       # JSON results of the benchmark
+  zlib1g-dev               # CRC-32 of the decoder's state files
   libgtest-dev libgmock-dev  # unit tests
 )
+# `install-deps.sh fuzz` adds what the libFuzzer targets need (scripts/fuzz.sh).
+if [[ "${1:-}" == "fuzz" ]]; then
+  packages+=(clang libomp-dev)  # libFuzzer and clang's OpenMP runtime
+fi
 
 missing=()
 for p in "${packages[@]}"; do

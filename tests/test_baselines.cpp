@@ -47,7 +47,10 @@ std::vector<Case> linear_cases() {
     for (Masking masking : {Masking::none, Masking::causal})
       for (FeatureMap phi : {FeatureMap::identity, FeatureMap::relu, FeatureMap::elu1})
         for (bool normalize : {true, false}) {
-          Case c{"n" + std::to_string(n), 2, 2, 7, 5, TokenLayout::sequence(n, n), masking, phi,
+          // (Appending rather than "n" + to_string(n) avoids GCC 12's false -Wrestrict.)
+          std::string name = "n";
+          name += std::to_string(n);
+          Case c{name, 2, 2, 7, 5, TokenLayout::sequence(n, n), masking, phi,
                  normalize};
           out.push_back(c);
         }

@@ -129,8 +129,9 @@ TEST(Varlen, EqualsEachSequenceAlone) {
         EXPECT_CLOSE(got.gk, want.gk, 1e-13, "grad k");
         EXPECT_CLOSE(got.gv, want.gv, 1e-13, "grad v");
         EXPECT_CLOSE(got.gw, want.gw, 1e-13, "grad w");
-        if (!toeplitz)  // the last row and column of w lie beyond every corner
+        if (!toeplitz) {  // the last row of w lies beyond every corner
           for (int64_t i = 0; i < m; ++i) EXPECT_EQ(got.gw[(m - 1) * m + i], 0.0);
+        }
       }
     }
 }

@@ -10,6 +10,7 @@
 // modes (the normalizer's key sums are part of the state).
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -53,6 +54,22 @@ class Decoder {
   int64_t max_tokens() const;           // context per sequence (Toeplitz: no limit)
   void reset(int64_t seq);              // empties sequence seq
   int64_t state_bytes() const;          // bytes held by all sequences' states
+  const DecoderOptions& options() const { return options_; }
+
+  // A versioned, CRC-32-checked binary snapshot of the whole decoder: options,
+  // w and every sequence's position and state (format: docs/decoder-state.md).
+  std::vector<uint8_t> serialize() const;
+  // Writes serialize() to a temporary file, then renames it over `path`.
+  void save(const std::string& path) const;
+  // Rebuilds a decoder from a snapshot. A truncated, corrupted or unknown-version
+  // input, or an inconsistent one, is an mhla::Error naming `source` and the
+  // problem. With `expect`, the snapshot's batch, heads, dk, dv, block, feature
+  // map, normalization and mixing form must equal expect's.
+  static Decoder deserialize(std::span<const uint8_t> bytes,
+                             const std::optional<DecoderOptions>& expect = std::nullopt,
+                             const std::string& source = "decoder state");
+  static Decoder load(const std::string& path,
+                      const std::optional<DecoderOptions>& expect = std::nullopt);
 
  private:
   struct HeadState {
@@ -68,6 +85,8 @@ class Decoder {
   // Moves a finished block's summary into the state (Toeplitz: evicting into
   // s.far the block that leaves the window of individually weighted ones).
   void push_finished(HeadState& s, const float* summary) const;
+  // Finished blocks the state of a sequence at `position` keeps one by one.
+  int64_t kept_blocks(int64_t position) const;
   // Sets scale_, the mixing form and its sizes from the options and w, or throws.
   void check_options_and_mixing(const char* fn, TensorView<const float> w);
   void check_seq(const char* fn, int64_t seq) const;

@@ -10,10 +10,14 @@
 // handles inf and NaN like the scalar functions.
 #include <cmath>
 
+// Clang (used for the fuzzing build) rejects the redeclaration and does not
+// map these loops to libmvec: it keeps the scalar calls.
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma omp declare simd notinbranch
 extern "C" float expf(float) noexcept;
 #pragma omp declare simd notinbranch
 extern "C" double exp(double) noexcept;
+#endif
 
 namespace mhla::detail {
 

@@ -116,6 +116,11 @@ void Decoder::mix_prefix(HeadState& s, int64_t h, int64_t block) const {
               blasint(x), head_w(h) + block * blocks_, 1, 0.0f, s.prefix.data(), 1);
 }
 
+int64_t Decoder::kept_blocks(int64_t position) const {
+  const int64_t finished = position > 0 ? (position - 1) / options_.block : 0;
+  return toeplitz_ ? std::min(finished, window_) : finished;
+}
+
 void Decoder::push_finished(HeadState& s, const float* summary) const {
   const int64_t x = options_.dk * (options_.dv + 1);
   s.finished.insert(s.finished.end(), summary, summary + x);
