@@ -1,8 +1,11 @@
 // Streaming-decoder benchmark: tokens/s at positions 1k, 8k and 64k, the
-// speed-up over recomputing the block mix at every token (at 32k), and the
-// decoder state's bytes next to a softmax KV cache's at the same position.
+// speed-up over a naive decoder that recomputes the whole block mix
+// sum_{b<i} W[i,b] S_b at every token (at 32k, with the same W as a dense
+// matrix), and the decoder state's bytes next to a softmax KV cache's at the
+// same position.
 //
-//   mhla_decode_bench [--block C] [--json results.json] [--quick]
+//   mhla_decode_bench [--block C] [--mixing dense|toeplitz] [--length L]
+//                     [--json results.json] [--quick]
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
@@ -64,9 +67,14 @@ int main(int argc, char** argv) {
   CLI::App app{"MHLA streaming decoder benchmark (CPU, fp32, B=1 H=8 D=64)"};
   int64_t block = 256;
   bool quick = false;
-  std::string json_path;
+  std::string json_path, mixing = "dense";
+  int64_t length = 16;
   app.add_option("--block", block, "tokens per block C (default 256: M^2 <= N up to 64k tokens)")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
+  app.add_option("--mixing", mixing, "dense (learnt M x M W) or toeplitz (w[min(i - b, L)])")
+      ->check(CLI::IsMember({"dense", "toeplitz"}));
+  app.add_option("--length", length, "Toeplitz: stored distances L (the tail covers the rest)")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 20));
   app.add_flag("--quick", quick, "positions 256/1k/4k instead of 1k/8k/64k (smoke test)");
   app.add_option("--json", json_path, "also write the results as JSON to this file");
   CLI11_PARSE(app, argc, argv);
@@ -77,20 +85,41 @@ int main(int argc, char** argv) {
   const int64_t naive_position = quick ? 2048 : 32768;
   const int64_t max_tokens = positions.back() + steps;
   const int64_t m = (max_tokens + block - 1) / block;
+  // Locality-biased weights: the causal linear init for a dense W, an
+  // exponential decay over L + 1 distances (sigma L/4) for Toeplitz.
+  const bool toeplitz = mixing == "toeplitz";
   mhla::MixingInit init;
   init.causal = true;
-  const std::vector<float> w = mhla::init_mixing(mhla::TokenLayout::sequence(m * block, block), init);
+  std::vector<float> w;
+  std::vector<int64_t> w_shape;
+  std::vector<float> dense_w;  // the same W as an M x M matrix, for the naive decoder
+  if (toeplitz) {
+    init.transform = mhla::MixingTransform::exp;
+    init.sigma = std::max(1.0, double(length) / 4);
+    w = mhla::init_toeplitz_mixing(length, init);
+    w_shape = {length + 1};
+    dense_w = mhla::toeplitz_to_dense({w.data(), w_shape}, m);
+  } else {
+    w = mhla::init_mixing(mhla::TokenLayout::sequence(m * block, block), init);
+    w_shape = {m, m};
+    dense_w = w;
+  }
   mhla::DecoderOptions options;
   options.heads = kHeads;
   options.dk = kDim;
   options.dv = kDim;
   options.block = block;
-  mhla::Decoder dec(options, {w.data(), {m, m}});
+  options.mixing = toeplitz ? mhla::MixingForm::toeplitz : mhla::MixingForm::dense;
+  mhla::Decoder dec(options, {w.data(), w_shape});
   const Tokens data(max_tokens, 11);
 
-  json results = {{"block", block}, {"heads", kHeads}, {"dim", kDim}, {"steps", steps}};
-  std::printf("streaming decoder, B=1 H=%lld D=%lld, block C=%lld, elu+1, normalized\n",
-              (long long)kHeads, (long long)kDim, (long long)block);
+  json results = {{"block", block}, {"heads", kHeads}, {"dim", kDim}, {"steps", steps},
+                  {"mixing", mixing}};
+  if (toeplitz) results["toeplitz_length"] = length;
+  std::printf("streaming decoder, B=1 H=%lld D=%lld, block C=%lld, elu+1, normalized, %s mixing",
+              (long long)kHeads, (long long)kDim, (long long)block, mixing.c_str());
+  if (toeplitz) std::printf(" (L=%lld)", (long long)length);
+  std::printf("\n");
   std::printf("%10s %12s %14s %16s %10s\n", "position", "tokens/s", "state bytes",
               "KV-cache bytes", "state/KV");
   double first_rate = 0, last_rate = 0;
@@ -112,11 +141,12 @@ int main(int argc, char** argv) {
   results["last_over_first_rate"] = last_rate / first_rate;
 
   options.recompute_mix_every_token = true;
-  mhla::Decoder naive(options, {w.data(), {m, m}});
+  options.mixing = mhla::MixingForm::dense;
+  mhla::Decoder naive(options, {dense_w.data(), {m, m}});
   const double fast = seconds_per_token(dec, data, naive_position, steps);
   const double slow = seconds_per_token(naive, data, naive_position, naive_steps);
-  std::printf("at position %lld: %.1f us/token, recomputing the mix every token %.1f us/token: "
-              "speed-up %.1fx\n",
+  std::printf("at position %lld: %.1f us/token; recomputing the mix over all finished blocks "
+              "every token: %.1f us/token; speed-up %.1fx\n",
               (long long)naive_position, fast * 1e6, slow * 1e6, slow / fast);
   results["speedup_over_recompute"] = {{"position", naive_position},
                                        {"seconds_per_token", fast},

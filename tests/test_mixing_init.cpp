@@ -86,5 +86,27 @@ TEST(MixingInit, SingleBlockAndBadArguments) {
   EXPECT_EQ(parse_mixing_transform("cos"), MixingTransform::cosine);
 }
 
+TEST(MixingInit, ToeplitzInitAndExpansion) {
+  MixingInit exp;
+  exp.transform = MixingTransform::exp;
+  exp.sigma = 2;
+  const std::vector<float> w = init_toeplitz_mixing(3, exp);
+  ASSERT_EQ(w.size(), 4u);
+  for (int d = 0; d < 4; ++d) EXPECT_FLOAT_EQ(w[d], std::exp(-d / 2.0f));
+  EXPECT_EQ(init_toeplitz_mixing(2), (std::vector<float>{1.0f, 0.5f, 0.0f}));  // linear
+  EXPECT_THROW(init_toeplitz_mixing(-1), Error);
+
+  const std::vector<float> t = {3, 2, 1};  // L = 2: distances 0, 1, then the tail
+  EXPECT_EQ(toeplitz_to_dense({t.data(), {3}}, 4),
+            (std::vector<float>{3, 0, 0, 0,  //
+                                2, 3, 0, 0,  //
+                                1, 2, 3, 0,  //
+                                1, 1, 2, 3}));
+  const std::vector<float> per_head = {1, 5, 2, 6};  // [H = 2, L + 1 = 2]
+  EXPECT_EQ(toeplitz_to_dense({per_head.data(), {2, 2}}, 2),
+            (std::vector<float>{1, 0, 5, 1, 2, 0, 6, 2}));
+  EXPECT_THROW(toeplitz_to_dense({t.data(), {1, 1, 3}}, 4), Error);
+}
+
 }  // namespace
 }  // namespace mhla::test

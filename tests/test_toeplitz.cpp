@@ -7,19 +7,7 @@
 namespace mhla::test {
 namespace {
 
-// The dense W a Toeplitz w stands for, written from the definition (zero above
-// the diagonal, which the masked modes never read).
-std::vector<double> expand(const std::vector<double>& w, int64_t copies, int64_t length,
-                           int64_t m) {
-  std::vector<double> dense(copies * m * m, 0.0);
-  for (int64_t c = 0; c < copies; ++c)
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t b = 0; b <= i; ++b)
-        dense[(c * m + i) * m + b] = w[c * (length + 1) + std::min(i - b, length)];
-  return dense;
-}
-
-// The chain rule back through expand(): each w[d] collects the gradients of the
+// The chain rule back through toeplitz_to_dense(): each w[d] collects the gradients of the
 // W entries it fills.
 std::vector<double> reduce(const std::vector<double>& grad_dense, int64_t copies, int64_t length,
                            int64_t m) {
@@ -61,13 +49,18 @@ TEST(ToeplitzMixing, EqualsDenseMixingWithTheExpandedMatrix) {
         c.per_head = per_head;
         c.toeplitz_length = length;
         SCOPED_TRACE(c.label());
-        const Inputs in = make_inputs(c, 5);
+        Inputs in = make_inputs(c, 5);
+        // Float-representable weights, so the float expansion below is exact.
+        for (double& e : in.w) e = double(float(e));
         const Results toeplitz = run_fast(c, in, in.w);
 
         Case dense_case = c;
         dense_case.toeplitz_length = -1;
         const int64_t copies = per_head ? c.heads : 1, m = c.blocks();
-        const Results dense = run_fast(dense_case, in, expand(in.w, copies, length, m));
+        const std::vector<float> w32 = cast<float>(in.w);
+        const std::vector<float> w_dense = toeplitz_to_dense(view(w32, c.w_shape()), m);
+        const Results dense =
+            run_fast(dense_case, in, std::vector<double>(w_dense.begin(), w_dense.end()));
         EXPECT_CLOSE(toeplitz.o, dense.o, 1e-12, "o");
         EXPECT_CLOSE(toeplitz.gq, dense.gq, 1e-12, "grad q");
         EXPECT_CLOSE(toeplitz.gk, dense.gk, 1e-12, "grad k");

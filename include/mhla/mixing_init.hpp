@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "mhla/layout.hpp"
+#include "mhla/tensor.hpp"
 
 namespace mhla {
 
@@ -28,6 +29,16 @@ struct MixingInit {
 // block grid of `layout`; dmax is the largest such distance. Rows sum to 1.
 // Returns row-major [M, M], M = layout.num_blocks().
 std::vector<float> init_mixing(const TokenLayout& layout, const MixingInit& init = {});
+
+// Toeplitz mixing (MixingForm::toeplitz) of L + 1 entries: w[d] = the transform
+// of distance d in blocks with dmax = L, so w[0] = 1 and the tail w[L] covers
+// every distance >= L (0 for the linear transform: no reading beyond L).
+// init.causal is ignored (Toeplitz mixing only reads b <= i).
+std::vector<float> init_toeplitz_mixing(int64_t length, const MixingInit& init = {});
+
+// The dense matrix a Toeplitz w stands for: w [L + 1] -> [M, M], or
+// [H, L + 1] -> [H, M, M]; W[i, b] = w[min(i - b, L)] for b <= i, 0 above.
+std::vector<float> toeplitz_to_dense(TensorView<const float> w, int64_t blocks);
 
 MixingTransform parse_mixing_transform(const std::string& name);
 const char* to_string(MixingTransform transform);

@@ -1,5 +1,6 @@
 #include "mhla/mixing_init.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 
@@ -38,16 +39,20 @@ double transform(const MixingInit& init, double d, double dmax) {
   return 1.0;
 }
 
+void check_transform(const char* fn, const MixingInit& init) {
+  if (init.transform == MixingTransform::exp && !(init.sigma > 0))
+    throw Error(std::string(fn) + ": sigma must be positive for the exp transform, got " +
+                std::to_string(init.sigma));
+  if (init.transform == MixingTransform::local && !(init.threshold >= 0))
+    throw Error(std::string(fn) + ": threshold must be >= 0 for the local transform, got " +
+                std::to_string(init.threshold));
+}
+
 }  // namespace
 
 std::vector<float> init_mixing(const TokenLayout& layout, const MixingInit& init) {
   if (layout.empty()) throw Error("init_mixing: layout is not set");
-  if (init.transform == MixingTransform::exp && !(init.sigma > 0))
-    throw Error("init_mixing: sigma must be positive for the exp transform, got " +
-                std::to_string(init.sigma));
-  if (init.transform == MixingTransform::local && !(init.threshold >= 0))
-    throw Error("init_mixing: threshold must be >= 0 for the local transform, got " +
-                std::to_string(init.threshold));
+  check_transform("init_mixing", init);
   const int64_t m = layout.num_blocks();
   if (m > 65536)
     throw Error("init_mixing: " + std::to_string(m) +
@@ -71,6 +76,34 @@ std::vector<float> init_mixing(const TokenLayout& layout, const MixingInit& init
     for (int64_t b = 0; b <= last; ++b) w[i * m + b] = float(row[b] / sum);
   }
   return w;
+}
+
+std::vector<float> init_toeplitz_mixing(int64_t length, const MixingInit& init) {
+  check_transform("init_toeplitz_mixing", init);
+  if (length < 0)
+    throw Error("init_toeplitz_mixing: length L must be >= 0, got " + std::to_string(length));
+  std::vector<float> w(size_t(length + 1));
+  for (int64_t d = 0; d <= length; ++d) w[d] = float(transform(init, double(d), double(length)));
+  return w;
+}
+
+std::vector<float> toeplitz_to_dense(TensorView<const float> w, int64_t blocks) {
+  const char* fn = "mhla::toeplitz_to_dense";
+  if (w.shape.size() != 1 && w.shape.size() != 2)
+    throw Error(std::string(fn) + ": w must have shape [L + 1] or [H, L + 1], got " +
+                shape_to_string(w.shape));
+  if (w.data == nullptr || w.shape.back() <= 0 || w.shape.front() <= 0)
+    throw Error(std::string(fn) + ": w of shape " + shape_to_string(w.shape) +
+                " is empty or null");
+  if (blocks <= 0 || blocks > 65536)
+    throw Error(std::string(fn) + ": blocks must be in [1, 65536], got " + std::to_string(blocks));
+  const int64_t copies = w.shape.size() == 2 ? w.shape[0] : 1, length = w.shape.back() - 1;
+  std::vector<float> dense(size_t(copies * blocks * blocks), 0.0f);
+  for (int64_t c = 0; c < copies; ++c)
+    for (int64_t i = 0; i < blocks; ++i)
+      for (int64_t b = 0; b <= i; ++b)
+        dense[(c * blocks + i) * blocks + b] = w.data[c * (length + 1) + std::min(i - b, length)];
+  return dense;
 }
 
 MixingTransform parse_mixing_transform(const std::string& name) {
