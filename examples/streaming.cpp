@@ -1,6 +1,8 @@
-// Streaming causal MHLA: prefill a prompt with the chunkwise kernels, then
-// decode token by token. Built and run by the tests.
+// Streaming causal MHLA: prefill a prompt with the chunkwise kernels, decode
+// token by token, save the decoder to a file and resume from it. Built and run
+// by the tests.
 #include <cstdio>
+#include <filesystem>
 #include <vector>
 
 #include "mhla/mhla.hpp"
@@ -31,6 +33,20 @@ int main() {
     decoder.step({qt.data(), ts}, {kt.data(), ts}, {vt.data(), ts}, {ot.data(), ts});
   std::printf("position %lld, o[0] = %.4f, state %lld bytes\n", (long long)decoder.position(0),
               ot[0], (long long)decoder.state_bytes());
+
+  // Save, resume (the file must hold a decoder with these options), continue.
+  const std::string path = (std::filesystem::temp_directory_path() / "mhla-streaming.mhlad").string();
+  decoder.save(path);
+  mhla::Decoder resumed = mhla::Decoder::load(path, opts);
+  std::filesystem::remove(path);
+  std::vector<float> original_out(row), resumed_out(row);
+  decoder.step({qt.data(), ts}, {kt.data(), ts}, {vt.data(), ts}, {original_out.data(), ts});
+  resumed.step({qt.data(), ts}, {kt.data(), ts}, {vt.data(), ts}, {resumed_out.data(), ts});
+  std::printf("resumed at position %lld, same output: %s\n", (long long)resumed.position(0),
+              resumed_out == original_out ? "yes" : "no");
   // Constant inputs give constant outputs: every value row is 0.3.
-  return (decoder.position(0) == 110 && ot[0] > 0.2999f && ot[0] < 0.3001f) ? 0 : 1;
+  return (decoder.position(0) == 111 && ot[0] > 0.2999f && ot[0] < 0.3001f &&
+          resumed_out == original_out)
+             ? 0
+             : 1;
 }
