@@ -20,6 +20,11 @@ target_link_libraries(mhla_openblas INTERFACE ${OPENBLAS_LIBRARY} OpenMP::OpenMP
 # CRC-32 of the decoder's state files.
 find_package(ZLIB REQUIRED)
 
+# .npz archives for the command-line tools. Through pkg-config: Debian's CMake
+# config for libzip also demands its command-line tools.
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(LIBZIP REQUIRED IMPORTED_TARGET libzip)
+
 find_package(CLI11 CONFIG REQUIRED)
 find_package(nlohmann_json CONFIG REQUIRED)
 if(MHLA_BUILD_TESTS)

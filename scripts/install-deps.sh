@@ -4,11 +4,14 @@
 set -euo pipefail
 
 packages=(
-  cmake g++ make
+  cmake g++ make pkg-config
   libopenblas-openmp-dev   # BLAS for every GEMM-shaped step, OpenMP flavour
   libcli11-dev             # command-line parsing
   nlohmann-json3-dev       # JSON results of the benchmark
   zlib1g-dev               # CRC-32 of the decoder's state files
+  libzip-dev               # .npz archives (mhla forward/backward/analyze)
+  libstb-dev               # PNG heatmaps (stb_image_write)
+  gnuplot-nox              # PNG plots of mhla bench
   libgtest-dev libgmock-dev  # unit tests
 )
 # `install-deps.sh fuzz` adds what the libFuzzer targets need (scripts/fuzz.sh).
