@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "common/attention_maps.hpp"
 #include "common/timing.hpp"
 #include "common/workload.hpp"
 #include "mhla/mhla.hpp"
@@ -147,30 +148,18 @@ void collapse_diagnosis() {
   for (double& e : q) e = normal(rng);
   for (double& e : k) e = normal(rng);
 
-  SoftmaxOptions soft;
-  const auto a_soft = reference::softmax_attention_matrix(soft, {q.data(), qs}, {k.data(), qs}, 0, 0);
-  Options lin;
-  lin.layout = TokenLayout::sequence(n, n);
-  lin.feature_map = FeatureMap::elu1;
-  const std::vector<double> one = {1.0};
-  const auto a_lin =
-      reference::mhla_attention_matrix(lin, {q.data(), qs}, {k.data(), qs}, {one.data(), {1, 1}}, 0, 0);
-  Options mh = lin;
+  Options mh;
   mh.layout = TokenLayout::sequence(n, block);
+  mh.feature_map = FeatureMap::elu1;
   const std::vector<float> wf = init_mixing(mh.layout);
   const std::vector<double> w(wf.begin(), wf.end());
   const int64_t m = mh.layout.num_blocks();
-  const auto a_mhla =
-      reference::mhla_attention_matrix(mh, {q.data(), qs}, {k.data(), qs}, {w.data(), {m, m}}, 0, 0);
-
   std::printf("   %-44s %6s %14s\n", "attention matrix (N x N)", "rank", "row entropy");
-  auto row = [&](const char* name, const std::vector<double>& a) {
-    std::printf("   %-44s %6lld %14.3f\n", name, (long long)numerical_rank(a, n, n),
-                mean_row_entropy(a, n, n));
-  };
-  row("softmax(q k^T / sqrt(D))", a_soft);
-  row("linear attention, elu+1", a_lin);
-  row(("MHLA, elu+1, " + std::to_string(m) + " blocks, linear-locality W").c_str(), a_mhla);
+  for (const AttentionMap& a :
+       attention_maps(mh, {q.data(), qs}, {k.data(), qs}, {w.data(), {m, m}}, 0, 0))
+    std::printf("   %-44s %6lld %14.3f\n",
+                (a.method == "mhla" ? a.description + ", linear-locality W" : a.description).c_str(),
+                (long long)a.rank, a.entropy);
   std::printf("   (rank: singular values above N * eps * sigma_max; entropy in nats, a uniform\n"
               "    row has ln N = %.3f. Linear attention's rank is capped at D = %lld; MHLA's\n"
               "    blocks lift the cap and concentrate each row on nearby blocks.)\n",

@@ -4,6 +4,7 @@
 #include <exception>
 
 #include "demo.hpp"
+#include "operator_command.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"mhla: Multi-Head Linear Attention on CPU"};
@@ -18,12 +19,23 @@ int main(int argc, char** argv) {
   demo_cmd->add_option("--max-n", demo.max_tokens, "largest sequence length in the speed table")
       ->check(CLI::Range(int64_t(256), int64_t(1) << 22));
 
+  using Kind = mhla::tools::OperatorCommand::Kind;
+  mhla::tools::OperatorCommand forward_args, backward_args, analyze_args;
+  backward_args.kind = Kind::backward;
+  analyze_args.kind = Kind::analyze;
+  CLI::App* forward_cmd = mhla::tools::add_operator_command(app, forward_args);
+  CLI::App* backward_cmd = mhla::tools::add_operator_command(app, backward_args);
+  CLI::App* analyze_cmd = mhla::tools::add_operator_command(app, analyze_args);
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (demo_cmd->parsed()) {
       if (demo.quick && demo_cmd->count("--max-n") == 0) demo.max_tokens = 1024;
       return mhla::tools::run_demo(demo);
     }
+    if (forward_cmd->parsed()) return mhla::tools::run_operator_command(forward_args);
+    if (backward_cmd->parsed()) return mhla::tools::run_operator_command(backward_args);
+    if (analyze_cmd->parsed()) return mhla::tools::run_operator_command(analyze_args);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
