@@ -4,15 +4,13 @@
 // memory, and the sequence length where MHLA overtakes softmax.
 //
 //   mhla_bench [--json results.json] [--quick] [--softmax-max-n N]
-#include <sys/resource.h>
-#include <unistd.h>
-
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <omp.h>
 
+#include "common/child_process.hpp"
 #include "common/json_file.hpp"
 #include "common/sgemm_rate.hpp"
 #include "common/timing.hpp"
@@ -20,6 +18,7 @@
 
 using mhla::tools::blocks_for;
 using mhla::tools::median_seconds;
+using mhla::tools::peak_rss_bytes;
 using mhla::tools::TimingPolicy;
 using mhla::tools::Workload;
 using nlohmann::json;
@@ -28,14 +27,6 @@ namespace {
 
 constexpr int64_t kHeads = 8, kDim = 64;
 
-double peak_rss_bytes() {
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  return double(usage.ru_maxrss) * 1024.0;
-}
-
-// Child-process mode: one forward+backward at N tokens (B = H = 1, D = 64,
-// M = sqrt(N)) in a fresh process, so its peak RSS is this call's alone.
 int memory_probe(int64_t tokens) {
   const double before = peak_rss_bytes();
   Workload wl(1, tokens, 1, kDim, blocks_for(tokens));
@@ -52,17 +43,7 @@ int memory_probe(int64_t tokens) {
 }
 
 json run_memory_probe(int64_t tokens) {
-  char self[4096] = {};
-  const ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);
-  if (len <= 0) throw std::runtime_error("cannot locate own executable for the memory probe");
-  const std::string command = "'" + std::string(self) + "' --memory-probe " + std::to_string(tokens);
-  FILE* pipe = popen(command.c_str(), "r");
-  if (!pipe) throw std::runtime_error("cannot start the memory probe: " + command);
-  std::string text;
-  char buffer[512];
-  while (fgets(buffer, sizeof(buffer), pipe)) text += buffer;
-  if (pclose(pipe) != 0) throw std::runtime_error("memory probe failed: " + text);
-  return json::parse(text);
+  return json::parse(mhla::tools::run_self({"--memory-probe", std::to_string(tokens)}));
 }
 
 struct Row {

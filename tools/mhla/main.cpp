@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <exception>
 
+#include "bench_command.hpp"
 #include "demo.hpp"
 #include "operator_command.hpp"
 
@@ -27,6 +28,9 @@ int main(int argc, char** argv) {
   CLI::App* backward_cmd = mhla::tools::add_operator_command(app, backward_args);
   CLI::App* analyze_cmd = mhla::tools::add_operator_command(app, analyze_args);
 
+  mhla::tools::BenchCommand bench_args;
+  CLI::App* bench_cmd = mhla::tools::add_bench_command(app, bench_args);
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (demo_cmd->parsed()) {
@@ -36,6 +40,7 @@ int main(int argc, char** argv) {
     if (forward_cmd->parsed()) return mhla::tools::run_operator_command(forward_args);
     if (backward_cmd->parsed()) return mhla::tools::run_operator_command(backward_args);
     if (analyze_cmd->parsed()) return mhla::tools::run_operator_command(analyze_args);
+    if (bench_cmd->parsed()) return mhla::tools::run_bench_command(bench_args);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

@@ -1,0 +1,17 @@
+#pragma once
+// Peak-memory measurements need a fresh process per measurement (a process's
+// peak RSS never goes down), so the benchmarks re-run their own executable
+// with internal arguments and read back what it prints.
+#include <string>
+#include <vector>
+
+namespace mhla::tools {
+
+// The calling process's peak resident set size so far, in bytes.
+double peak_rss_bytes();
+
+// Runs this executable again with `args` and returns its standard output;
+// mhla::Error with that output if it cannot start or exits non-zero.
+std::string run_self(const std::vector<std::string>& args);
+
+}  // namespace mhla::tools
