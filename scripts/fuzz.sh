@@ -9,12 +9,16 @@ seconds="${1:-60}"
 bash scripts/install-deps.sh fuzz
 CXX=clang++ cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMHLA_BUILD_FUZZERS=ON \
   -DMHLA_BUILD_TESTS=OFF -DMHLA_BUILD_BENCH=OFF -DMHLA_NATIVE=OFF > /dev/null
-cmake --build build-fuzz -j "$(nproc)" --target decoder_state_fuzz write_decoder_seeds
+targets=(decoder_state npy)
+cmake --build build-fuzz -j "$(nproc)" --target write_seeds "${targets[@]/%/_fuzz}"
 
-corpus=build-fuzz/corpus/decoder_state
-mkdir -p "$corpus" build-fuzz/artifacts
-./build-fuzz/fuzz/write_decoder_seeds "$corpus"
-# One worker thread: OpenMP inside the library stays single-threaded too.
-OMP_NUM_THREADS=1 ASAN_OPTIONS=detect_leaks=1 \
-  ./build-fuzz/fuzz/decoder_state_fuzz "$corpus" -max_total_time="$seconds" -timeout=10 \
-  -rss_limit_mb=2048 -max_len=4096 -print_final_stats=1 -artifact_prefix=build-fuzz/artifacts/
+mkdir -p build-fuzz/corpus build-fuzz/artifacts
+./build-fuzz/fuzz/write_seeds build-fuzz/corpus
+for target in "${targets[@]}"; do
+  echo "== fuzzing $target for $seconds s =="
+  # One worker thread: OpenMP inside the library stays single-threaded too.
+  OMP_NUM_THREADS=1 ASAN_OPTIONS=detect_leaks=1 \
+    "./build-fuzz/fuzz/${target}_fuzz" "build-fuzz/corpus/$target" -max_total_time="$seconds" \
+    -timeout=10 -rss_limit_mb=2048 -max_len=4096 -print_final_stats=1 \
+    -artifact_prefix="build-fuzz/artifacts/$target-"
+done

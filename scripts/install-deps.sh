@@ -13,6 +13,7 @@ packages=(
   libstb-dev               # PNG heatmaps (stb_image_write)
   gnuplot-nox              # PNG plots of mhla bench
   libgtest-dev libgmock-dev  # unit tests
+  python3-numpy            # the CLI test on files written by NumPy itself
 )
 # `install-deps.sh fuzz` adds what the libFuzzer targets need (scripts/fuzz.sh).
 if [[ "${1:-}" == "fuzz" ]]; then

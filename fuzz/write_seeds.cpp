@@ -1,9 +1,13 @@
-// Writes valid decoder snapshots (dense and Toeplitz, shared and per-head,
-// sequences at different positions) as the fuzzer's starting corpus.
+// Writes the fuzzers' starting corpora: valid decoder snapshots (dense and
+// Toeplitz, shared and per-head, sequences at different positions) into
+// DIR/decoder_state, and valid .npy files (float32/float64, several ranks)
+// into DIR/npy.
 #include <cstdio>
+#include <filesystem>
 #include <string>
 #include <vector>
 
+#include "common/npy.hpp"
 #include "mhla/decoder.hpp"
 
 int main(int argc, char** argv) {
@@ -11,7 +15,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: %s OUTPUT_DIR\n", argv[0]);
     return 2;
   }
-  const std::string dir = argv[1];
+  const std::string dir = std::string(argv[1]) + "/decoder_state";
+  std::filesystem::create_directories(dir);
   int written = 0;
   for (mhla::MixingForm mixing : {mhla::MixingForm::dense, mhla::MixingForm::toeplitz})
     for (bool per_head : {false, true})
@@ -38,5 +43,20 @@ int main(int argc, char** argv) {
         decoder.save(dir + "/seed-" + std::to_string(written++) + ".mhlad");
       }
   std::printf("wrote %d seeds to %s\n", written, dir.c_str());
+
+  const std::string npy_dir = std::string(argv[1]) + "/npy";
+  std::filesystem::create_directories(npy_dir);
+  int npy_written = 0;
+  for (mhla::tools::DType dtype : {mhla::tools::DType::f32, mhla::tools::DType::f64})
+    for (const std::vector<int64_t>& shape : std::vector<std::vector<int64_t>>{{}, {3}, {2, 1, 2, 3}}) {
+      std::vector<double> values(size_t(shape.empty() ? 1 : [&] {
+        int64_t n = 1;
+        for (int64_t e : shape) n *= e;
+        return n;
+      }()), 0.5);
+      mhla::tools::write_npy(npy_dir + "/seed-" + std::to_string(npy_written++) + ".npy", dtype, shape, values,
+                             true);
+    }
+  std::printf("wrote %d seeds to %s\n", npy_written, npy_dir.c_str());
   return 0;
 }
