@@ -1,6 +1,6 @@
 """`mhla forward` on files written by NumPy itself (format versions 1.0 and
-3.0, float32 and float64), checked against MHLA written here in NumPy from the
-definition. Exits 77 (CTest: skipped) when NumPy is missing.
+3.0, float32 and float64, and a compressed .npz), checked against MHLA
+written here in NumPy from the definition. Exits 77 (CTest: skipped) when NumPy is missing.
 
 usage: numpy_roundtrip.py PATH_TO_MHLA WORK_DIR
 """
@@ -59,6 +59,13 @@ def main():
         tol = 2e-5 if dtype == np.float32 else 1e-12
         print(f"{np.dtype(dtype).name} (.npy {version[0]}.{version[1]}): max relative error {err:.2e}")
         assert err <= tol, f"error {err} above {tol}"
+        # The same inputs as one compressed .npz archive.
+        archive = os.path.join(work, f"qkvw-{np.dtype(dtype).name}.npz")
+        np.savez_compressed(archive, q=q, k=k, v=v, w=w)
+        npz_dir = out_dir + "-npz"
+        subprocess.run([mhla, "forward", "--inputs", archive, "--block", str(block), "--out-dir", npz_dir,
+                        "--force"], check=True)
+        assert np.array_equal(np.load(os.path.join(npz_dir, "o.npy")), o), "npz input gave other outputs"
     print("numpy round trip: ok")
 
 
