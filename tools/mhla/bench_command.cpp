@@ -198,6 +198,7 @@ int run_bench_command(const BenchCommand& c) {
   if (std::system(command.c_str()) != 0 || !std::filesystem::exists(png + ".partial"))
     throw Error("gnuplot could not draw " + png + " (apt-get install gnuplot-nox); " + csv + " and bench.json are written");
   std::filesystem::rename(png + ".partial", png);
+  std::filesystem::remove(script);
   std::printf("wrote %s, %s, %s\n", csv.c_str(), (dir / "bench.json").string().c_str(), png.c_str());
   return 0;
 }
