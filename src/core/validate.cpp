@@ -94,6 +94,20 @@ void check_toeplitz_shape(const char* fn, Masking masking, const std::vector<int
   problem.toeplitz_length = w_shape.back() - 1;
 }
 
+void check_square_mixing_shape(const char* fn, const std::vector<int64_t>& w_shape, const void* w,
+                               Problem& problem) {
+  if (w_shape.size() != 2 && w_shape.size() != 3)
+    fail(fn, "w must have shape [M, M] or [H, M, M], got " + shape_to_string(w_shape));
+  check_tensor(fn, "w", w, w_shape, w_shape.size(), w_shape.size() == 2 ? "[M, M]" : "[H, M, M]");
+  problem.per_head_mixing = w_shape.size() == 3;
+  problem.blocks = w_shape.back();
+  const int64_t m = problem.blocks;
+  const std::vector<int64_t> square = problem.per_head_mixing
+                                          ? std::vector<int64_t>{problem.dims.heads, m, m}
+                                          : std::vector<int64_t>{m, m};
+  check_shape_equals(fn, "w", w_shape, square, "(square per head)");
+}
+
 void check_layout_and_mixing_shape(const char* fn, const Options& options,
                                    const std::vector<int64_t>& w_shape, const void* w,
                                    Problem& problem) {

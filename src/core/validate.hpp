@@ -61,6 +61,11 @@ void check_layout_tokens(const char* fn, const TokenLayout& layout, int64_t toke
 void check_toeplitz_shape(const char* fn, Masking masking, const std::vector<int64_t>& w_shape,
                           const void* w, Problem& problem);
 
+// A dense w of any size M: [M, M] shared or [H, M, M] per head (the decoder and
+// packed batches take M from w). Sets problem.per_head_mixing and problem.blocks.
+void check_square_mixing_shape(const char* fn, const std::vector<int64_t>& w_shape, const void* w,
+                               Problem& problem);
+
 // Adds the layout and the mixing matrix's shape to the problem.
 void check_layout_and_mixing_shape(const char* fn, const Options& options,
                                    const std::vector<int64_t>& w_shape, const void* w,

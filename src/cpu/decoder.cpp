@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "core/feature_map.hpp"
+#include "core/mixing_corner.hpp"
 #include "core/validate.hpp"
 #include "mhla/operator.hpp"
 
@@ -55,18 +56,9 @@ void Decoder::check_options_and_mixing(const char* fn, TensorView<const float> w
     length_ = mixing.toeplitz_length;
     window_ = std::max<int64_t>(length_, 1) - 1;
   } else {
-    if (w.shape.size() != 2 && w.shape.size() != 3)
-      fail(fn, "w must have shape [M, M] or [H, M, M], got " + shape_to_string(w.shape));
-    detail::check_tensor(fn, "w", w.data, w.shape, w.shape.size(),
-                         w.shape.size() == 2 ? "[M, M]" : "[H, M, M]");
-    mixing.per_head_mixing = w.shape.size() == 3;
-    blocks_ = w.shape.back();
-    const std::vector<int64_t> expected =
-        mixing.per_head_mixing ? std::vector<int64_t>{options_.heads, blocks_, blocks_}
-                               : std::vector<int64_t>{blocks_, blocks_};
-    detail::check_shape_equals(fn, "w", w.shape, expected, "(square per head)");
+    detail::check_square_mixing_shape(fn, w.shape, w.data, mixing);
+    blocks_ = mixing.blocks;
     detail::checked_product({blocks_, options_.block}, std::string(fn) + ": context length");
-    mixing.blocks = blocks_;
   }
   per_head_ = mixing.per_head_mixing;
   detail::check_mixing_values(fn, mixing, w.data);
@@ -194,10 +186,7 @@ void Decoder::prefill(int64_t seq, TensorView<const float> q, TensorView<const f
   std::vector<int64_t> w_shape = per_head_ ? std::vector<int64_t>{heads, length_ + 1}
                                            : std::vector<int64_t>{length_ + 1};
   if (!toeplitz_) {
-    w.resize(size_t((per_head_ ? heads : 1) * m * m));
-    for (int64_t c = 0; c < (per_head_ ? heads : 1); ++c)
-      for (int64_t i = 0; i < m; ++i)
-        std::copy_n(w_.data() + (c * blocks_ + i) * blocks_, m, w.data() + (c * m + i) * m);
+    w = detail::mixing_corner(w_.data(), per_head_ ? heads : 1, blocks_, m);
     w_shape = per_head_ ? std::vector<int64_t>{heads, m, m} : std::vector<int64_t>{m, m};
   }
   const std::vector<int64_t> saved_shape = saved_summaries_shape(opts, q.shape, v.shape);

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "core/mixing_corner.hpp"
 #include "core/validate.hpp"
 #include "mhla/operator.hpp"
 
@@ -57,16 +58,8 @@ Packing check_packing(const char* fn, const VarlenOptions& options,
   if (options.mixing == MixingForm::toeplitz) {
     detail::check_toeplitz_shape(fn, options.masking, w.shape, w.data, mixing);
   } else {
-    if (w.shape.size() != 2 && w.shape.size() != 3)
-      fail(fn, "w must have shape [M, M] or [H, M, M], got " + shape_to_string(w.shape));
-    detail::check_tensor(fn, "w", w.data, w.shape, w.shape.size(),
-                         w.shape.size() == 2 ? "[M, M]" : "[H, M, M]");
-    mixing.per_head_mixing = w.shape.size() == 3;
-    p.w_blocks = w.shape.back();
-    const std::vector<int64_t> square =
-        mixing.per_head_mixing ? std::vector<int64_t>{p.dims.heads, p.w_blocks, p.w_blocks}
-                               : std::vector<int64_t>{p.w_blocks, p.w_blocks};
-    detail::check_shape_equals(fn, "w", w.shape, square, "(square per head)");
+    detail::check_square_mixing_shape(fn, w.shape, w.data, mixing);
+    p.w_blocks = mixing.blocks;
     if (blocks_of(longest, options.block) > p.w_blocks)
       fail(fn, "w covers " + std::to_string(p.w_blocks) + " blocks (" +
                    std::to_string(p.w_blocks * options.block) + " tokens in blocks of " +
@@ -108,11 +101,8 @@ Sequence<T> sequence(const VarlenOptions& options, const Packing& p, const Tenso
     seq.w_shape = w.shape;
     return seq;
   }
-  const int64_t m = seq.options.layout.num_blocks(), big = p.w_blocks;
-  seq.corner.resize(size_t(p.copies * m * m));
-  for (int64_t c = 0; c < p.copies; ++c)
-    for (int64_t i = 0; i < m; ++i)
-      std::copy_n(w.data + (c * big + i) * big, m, seq.corner.data() + (c * m + i) * m);
+  const int64_t m = seq.options.layout.num_blocks();
+  seq.corner = detail::mixing_corner(w.data, p.copies, p.w_blocks, m);
   seq.w_shape = p.copies > 1 ? std::vector<int64_t>{p.copies, m, m} : std::vector<int64_t>{m, m};
   return seq;
 }
