@@ -286,6 +286,9 @@ TEST(Decoder, ErrorsNameTheProblem) {
   EXPECT_THROW(Decoder(d, view(not_square, {2, 3})), Error);
   d.block = 0;
   EXPECT_THROW(Decoder(d, view(w, {2, 2})), Error);
+  d.block = 2;
+  d.dv = std::numeric_limits<int64_t>::max();  // dv + 1 would overflow
+  EXPECT_THROW(Decoder(d, view(w, {2, 2})), Error);
 }
 
 }  // namespace

@@ -172,6 +172,8 @@ TEST(DecoderState, InconsistentContentIsAnError) {
   // Offsets: magic 8, version 4, then batch, heads, dk, dv, block (8 each).
   EXPECT_THAT(error_of(patched(12, int64_t(1) << 40)), HasSubstr("truncated or inconsistent"));
   EXPECT_THAT(error_of(patched(20, int64_t(1) << 62)), HasSubstr("overflows"));
+  // dv = INT64_MAX: dv + 1 must not be formed before dv is bounded (found by fuzzing).
+  EXPECT_THAT(error_of(patched(36, INT64_MAX)), HasSubstr("overflows"));
   EXPECT_THAT(error_of(patched(12, 0)), HasSubstr("invalid states sizes"));
   EXPECT_THAT(error_of(patched(44, 0)), HasSubstr("inconsistent decoder: mhla::Decoder: options.block"));
   std::vector<uint8_t> b = bytes;

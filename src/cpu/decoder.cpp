@@ -29,8 +29,10 @@ Decoder::Decoder(const DecoderOptions& options, TensorView<const float> w) : opt
   require_positive(fn, "options.dk", options.dk);
   require_positive(fn, "options.dv", options.dv);
   require_positive(fn, "options.block", options.block);
-  detail::checked_product({options.batch, options.heads, options.dk, options.dv + 1},
-                          std::string(fn) + ": state size");
+  // The first product bounds dv far below INT64_MAX, so dv + 1 cannot overflow.
+  for (int64_t extra : {0, 1})
+    detail::checked_product({options.batch, options.heads, options.dk, options.dv + extra},
+                            std::string(fn) + ": state size");
   check_options_and_mixing(fn, w);
   w_.assign(w.data, w.data + detail::checked_product(w.shape, "w"));
 

@@ -158,6 +158,8 @@ Decoder Decoder::deserialize(std::span<const uint8_t> bytes,
   // the bytes present (w, one position per sequence, at least one running
   // block per sequence and head), with overflow-checked products.
   const int64_t w_count = checked_count(in, w_shape, "w");
+  // The first product bounds dv far below INT64_MAX, so dv + 1 cannot overflow.
+  checked_count(in, {options.batch, options.heads, options.dk, options.dv}, "states");
   const int64_t state_floats =
       checked_count(in, {options.batch, options.heads, options.dk, options.dv + 1}, "states");
   in.require(w_count, 4, "w");
