@@ -30,3 +30,16 @@ find_package(nlohmann_json CONFIG REQUIRED)
 if(MHLA_BUILD_TESTS)
   find_package(GTest REQUIRED)
 endif()
+
+if(MHLA_BUILD_PYTHON)
+  # Debian's interpreter by default: python3-torch and python3-numpy install
+  # there, and another python3 may come first on PATH. -DPython_EXECUTABLE=...
+  # builds for a different interpreter.
+  if(NOT DEFINED Python_EXECUTABLE AND EXISTS /usr/bin/python3)
+    set(Python_EXECUTABLE /usr/bin/python3 CACHE FILEPATH "Interpreter the Python package is built for")
+  endif()
+  set(PYBIND11_FINDPYTHON ON)
+  find_package(Python 3.9 REQUIRED COMPONENTS Interpreter Development.Module)
+  set(MHLA_PYTHON_INSTALL_DIR lib/python3/dist-packages CACHE STRING
+      "Where `cmake --install` puts the mhla package, relative to the prefix")
+endif()

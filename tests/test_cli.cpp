@@ -139,7 +139,7 @@ TEST_F(Cli, BadInputIsAOneLineErrorAndNothingIsOverwritten) {
   EXPECT_THAT(layout.output, HasSubstr("has 9 tokens but q has N = 8"));
   const CliRun flag = mhla_cli("forward" + qkv + " --masking sideways --out-dir " + path("out3"));
   EXPECT_NE(flag.status, 0);
-  EXPECT_THAT(flag.output, HasSubstr("--masking 'sideways' is not one of none, causal, block_causal"));
+  EXPECT_THAT(flag.output, HasSubstr("unknown masking 'sideways'; expected none, causal or block_causal"));
 }
 
 TEST_F(Cli, AnalyzeWritesHeatmapsAndSummary) {

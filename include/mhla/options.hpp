@@ -1,6 +1,7 @@
 #pragma once
 // Options shared by MHLA and the linear-attention baseline.
 #include <optional>
+#include <string>
 
 #include "mhla/layout.hpp"
 
@@ -47,5 +48,12 @@ struct Options : LinearAttentionOptions {
 const char* to_string(FeatureMap phi);
 const char* to_string(Masking masking);
 const char* to_string(MixingForm form);
+
+// The inverses of to_string, for bindings and command lines: an unknown name is
+// an mhla::Error listing the valid ones ("unknown masking 'x'; expected none,
+// causal or block_causal").
+FeatureMap parse_feature_map(const std::string& name);
+Masking parse_masking(const std::string& name);
+MixingForm parse_mixing_form(const std::string& name);
 
 }  // namespace mhla

@@ -52,17 +52,6 @@ TokenLayout make_layout(const OperatorCommand& c, int64_t tokens) {
   return TokenLayout::grid3d(g[0], g[1], g[2], t[0], t[1], t[2]);
 }
 
-template <typename Enum>
-Enum parse_choice(const std::string& value, const char* flag,
-                  const std::vector<std::pair<const char*, Enum>>& choices) {
-  std::string names;
-  for (const auto& [name, e] : choices) {
-    if (value == name) return e;
-    names += std::string(names.empty() ? "" : ", ") + name;
-  }
-  throw Error(std::string(flag) + " '" + value + "' is not one of " + names);
-}
-
 // The named inputs: from --inputs (an .npz with members q, k, v, w, grad_o),
 // each overridden by its own flag.
 std::map<std::string, std::pair<std::string, NpyArray>> load_inputs(const OperatorCommand& c) {
@@ -257,8 +246,8 @@ Prepared prepare(const OperatorCommand& c) {
     if (arrays.count(name)) p.in[name] = attention_tensor(arrays[name].first, arrays[name].second, heads_first);
 
   Options& options = p.options;
-  options.masking = parse_choice<Masking>(c.masking, "--masking", {{"none", Masking::none}, {"causal", Masking::causal}, {"block_causal", Masking::block_causal}});
-  options.feature_map = parse_choice<FeatureMap>(c.feature_map, "--feature-map", {{"identity", FeatureMap::identity}, {"relu", FeatureMap::relu}, {"elu1", FeatureMap::elu1}});
+  options.masking = parse_masking(c.masking);
+  options.feature_map = parse_feature_map(c.feature_map);
   options.normalize = !c.unnormalized;
   options.eps = c.eps;
   options.scale = c.scale;

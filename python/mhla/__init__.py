@@ -1,0 +1,50 @@
+"""MHLA (multi-head linear attention) on the CPU, for any DLPack tensor.
+
+Functions take torch tensors, NumPy arrays or any object with ``__dlpack__``
+(float32 or float64, C order, CPU memory) without copying them, and return
+results of the same kind as their first argument. Shapes follow the operator:
+``q, k [B, N, H, Dk]``, ``v [B, N, H, Dv]``, ``w [M, M]`` or ``[H, M, M]``
+(Toeplitz: ``[L + 1]`` or ``[H, L + 1]``). Options are those of the C++
+operator: ``masking`` ("none", "causal", "block_causal"), ``feature_map``
+("identity", "relu", "elu1"), ``normalize``, ``eps``, ``scale`` and ``mixing``
+("dense", "toeplitz").
+
+For autograd and ``nn.Module`` layers see :mod:`mhla.torch`.
+"""
+from . import _convert, _core
+from ._convert import like_input
+from ._core import Layout
+
+__all__ = [
+    "Layout",
+    "forward",
+    "backward",
+    "linear_attention_forward",
+    "linear_attention_backward",
+    "softmax_attention_forward",
+    "softmax_attention_backward",
+    "init_mixing",
+    "init_toeplitz_mixing",
+]
+
+forward = like_input(_core.forward)
+backward = like_input(_core.backward)
+linear_attention_forward = like_input(_core.linear_attention_forward)
+linear_attention_backward = like_input(_core.linear_attention_backward)
+softmax_attention_forward = like_input(_core.softmax_attention_forward)
+softmax_attention_backward = like_input(_core.softmax_attention_backward)
+
+
+def init_mixing(layout, *, transform="linear", sigma=1.0, threshold=1.5, causal=False, like=None):
+    """Locality-biased ``[M, M]`` mixing matrix for ``layout`` (rows sum to 1).
+
+    Returned as a NumPy array, or as the kind of ``like`` (e.g. a torch tensor).
+    """
+    buffer = _core.init_mixing(layout, transform=transform, sigma=sigma, threshold=threshold, causal=causal)
+    return _convert.to_kind_of(like, buffer)
+
+
+def init_toeplitz_mixing(length, *, transform="linear", sigma=1.0, threshold=1.5, like=None):
+    """Toeplitz mixing vector ``[length + 1]``: ``w[d]`` for block distance ``d``, ``w[length]`` the tail."""
+    buffer = _core.init_toeplitz_mixing(length, transform=transform, sigma=sigma, threshold=threshold)
+    return _convert.to_kind_of(like, buffer)

@@ -1,0 +1,331 @@
+"""PyTorch autograd functions and ``nn.Module`` layers on the mhla operator.
+
+Functions (differentiable in every input, including the mixing matrix):
+``mhla_attention``, ``linear_attention``, ``softmax_attention``. Tensors are
+``[B, N, H, D]`` on the CPU, float32 or float64; non-contiguous inputs are
+made contiguous first, as any torch op would.
+
+Layers take ``x [B, N, dim]`` and return ``[B, N, dim]``:
+
+- ``MHLA1d``: sequences (language models), causal or not, blocks of ``block_size``;
+- ``MHLA2d``: image tokens on an ``H x W`` grid (DeiT/DiT style), any grid and tile;
+- ``MHLA3d``: video tokens on a ``T x H x W`` grid.
+
+Each has q/k/v/output projections, optional RMSNorm on q and k, an optional
+sigmoid output gate, an optional depthwise-convolution positional term on v
+(CPE/LePE) and a learnable mixing matrix (``MixingMatrix``) that is
+non-negative and row-normalised by construction, initialised with a locality
+bias.
+"""
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.dlpack import from_dlpack
+
+from . import _core
+
+__all__ = [
+    "mhla_attention",
+    "linear_attention",
+    "softmax_attention",
+    "MixingMatrix",
+    "RMSNorm",
+    "MHLA1d",
+    "MHLA2d",
+    "MHLA3d",
+]
+
+
+def _operand(t):
+    # The extension reads the memory directly: no graph, C order.
+    return t.detach().contiguous()
+
+
+def _tensors(*buffers):
+    return tuple(from_dlpack(b) for b in buffers)
+
+
+class _MHLAFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, w, options):
+        q, k, v, w = (_operand(t) for t in (q, k, v, w))
+        o, summaries = _tensors(*_core.forward(q, k, v, w, save_summaries=True, **options))
+        # The block summaries are O(M Dk Dv): keeping them spares backward a pass over k and v.
+        ctx.save_for_backward(q, k, v, w, o, summaries)
+        ctx.options = options
+        return o
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_o):
+        q, k, v, w, o, summaries = (t.detach() for t in ctx.saved_tensors)
+        grads = _tensors(*_core.backward(q, k, v, w, o, _operand(grad_o), summaries=summaries, **ctx.options))
+        return (*grads, None)
+
+
+class _LinearAttentionFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, options):
+        q, k, v = (_operand(t) for t in (q, k, v))
+        (o,) = _tensors(_core.linear_attention_forward(q, k, v, **options))
+        ctx.save_for_backward(q, k, v, o)
+        ctx.options = options
+        return o
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_o):
+        q, k, v, o = (t.detach() for t in ctx.saved_tensors)
+        grads = _tensors(*_core.linear_attention_backward(q, k, v, o, _operand(grad_o), **ctx.options))
+        return (*grads, None)
+
+
+class _SoftmaxAttentionFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, options):
+        q, k, v = (_operand(t) for t in (q, k, v))
+        o, lse = _tensors(*_core.softmax_attention_forward(q, k, v, **options))
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.options = options
+        return o
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_o):
+        q, k, v, o, lse = (t.detach() for t in ctx.saved_tensors)
+        grads = _tensors(*_core.softmax_attention_backward(q, k, v, o, lse, _operand(grad_o), **ctx.options))
+        return (*grads, None)
+
+
+def _check_tensors(**tensors):
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, not {type(t).__name__}")
+
+
+def mhla_attention(q, k, v, w, layout, *, masking="none", feature_map="identity", normalize=True, eps=1e-6,
+                   scale=None, mixing="dense"):
+    """MHLA of ``q, k [B, N, H, Dk]`` and ``v [B, N, H, Dv]`` with mixing ``w``; returns ``[B, N, H, Dv]``.
+
+    ``w`` is ``[M, M]`` (shared) or ``[H, M, M]`` (per head), or with ``mixing="toeplitz"``
+    ``[L + 1]`` / ``[H, L + 1]``; it is cast to q's dtype. ``layout`` is an ``mhla.Layout``.
+    """
+    _check_tensors(q=q, k=k, v=v, w=w)
+    options = dict(layout=layout, masking=masking, feature_map=feature_map, normalize=normalize, eps=eps,
+                   scale=scale, mixing=mixing)
+    return _MHLAFunction.apply(q, k, v, w.to(q.dtype), options)
+
+
+def linear_attention(q, k, v, *, masking="none", feature_map="identity", normalize=True, eps=1e-6, scale=None):
+    """Vanilla linear attention (one global summary; MHLA with a single block), same shapes as ``mhla_attention``."""
+    _check_tensors(q=q, k=k, v=v)
+    options = dict(masking=masking, feature_map=feature_map, normalize=normalize, eps=eps, scale=scale)
+    return _LinearAttentionFunction.apply(q, k, v, options)
+
+
+def softmax_attention(q, k, v, *, causal=False, scale=None):
+    """``softmax(q k^T * scale) v`` in tiles (never N x N), same shapes as ``mhla_attention``."""
+    _check_tensors(q=q, k=k, v=v)
+    return _SoftmaxAttentionFunction.apply(q, k, v, dict(causal=causal, scale=scale))
+
+
+class MixingMatrix(nn.Module):
+    """A learnable ``[M, M]`` (or per-head ``[H, M, M]``) mixing matrix that is always valid.
+
+    ``W = softmax(logits)`` along each row (over ``b <= i`` only when causal), so every
+    entry is non-negative and every row sums to 1 whatever the optimiser does. The
+    logits start at ``log(W0)`` of the locality-biased ``mhla.init_mixing``, with entries
+    below ``floor`` raised to it (a zero would be ``-inf`` and could never learn), so the
+    initial W is W0 up to that floor. Calling the module with ``blocks=m`` returns the
+    top-left ``m x m`` corner, renormalised (shorter sequences in ``MHLA1d``).
+    """
+
+    def __init__(self, layout, *, heads=None, causal=False, init="linear", sigma=1.0, threshold=1.5,
+                 floor=1e-4):
+        super().__init__()
+        w0 = torch.from_numpy(_as_numpy(_core.init_mixing(layout, transform=init, sigma=sigma,
+                                                          threshold=threshold, causal=causal)))
+        logits = torch.log(w0.clamp_min(floor))
+        if heads is not None:
+            logits = logits.expand(heads, *logits.shape).clone()
+        self.logits = nn.Parameter(logits)
+        self.causal = causal
+        self.blocks = w0.shape[0]
+
+    def forward(self, blocks=None):
+        m = self.blocks if blocks is None else blocks
+        if not 1 <= m <= self.blocks:
+            raise ValueError(f"the mixing matrix covers {self.blocks} blocks; {m} were asked for")
+        logits = self.logits[..., :m, :m]
+        if self.causal:
+            above = torch.ones(m, m, dtype=torch.bool, device=logits.device).triu(1)
+            logits = logits.masked_fill(above, float("-inf"))
+        return torch.softmax(logits, dim=-1)
+
+    def extra_repr(self):
+        return f"blocks={self.blocks}, shape={tuple(self.logits.shape)}, causal={self.causal}"
+
+
+def _as_numpy(buffer):
+    import numpy
+
+    return numpy.asarray(buffer)
+
+
+class RMSNorm(nn.Module):
+    """``x / rms(x) * weight`` over the last dimension (here: each head's features)."""
+
+    def __init__(self, dim, eps=1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+class _MHLALayer(nn.Module):
+    """What the 1D, 2D and 3D layers share; subclasses give the layout and the positional conv."""
+
+    def __init__(self, dim, heads, *, layout, causal, head_dim=None, qk_norm=False, gate=False, pos_conv=None,
+                 per_head_mixing=False, mixing_init="linear", feature_map="elu1", bias=True):
+        super().__init__()
+        if dim <= 0 or heads <= 0:
+            raise ValueError(f"dim and heads must be positive, got dim={dim}, heads={heads}")
+        if head_dim is None:
+            if dim % heads != 0:
+                raise ValueError(f"dim={dim} is not divisible by heads={heads}; pass head_dim")
+            head_dim = dim // heads
+        if pos_conv is not None and (not isinstance(pos_conv, int) or pos_conv <= 0 or pos_conv % 2 == 0):
+            raise ValueError(f"pos_conv is the kernel size of the positional conv: a positive odd int, got {pos_conv!r}")
+        inner = heads * head_dim
+        self.dim, self.heads, self.head_dim = dim, heads, head_dim
+        self.feature_map = feature_map
+        self.masking = "causal" if causal else "none"
+        self.q_proj = nn.Linear(dim, inner, bias=bias)
+        self.k_proj = nn.Linear(dim, inner, bias=bias)
+        self.v_proj = nn.Linear(dim, inner, bias=bias)
+        self.out_proj = nn.Linear(inner, dim, bias=bias)
+        self.q_norm = RMSNorm(head_dim) if qk_norm else None
+        self.k_norm = RMSNorm(head_dim) if qk_norm else None
+        self.gate_proj = nn.Linear(dim, inner, bias=bias) if gate else None
+        self.pos_conv = self._make_pos_conv(inner, pos_conv) if pos_conv else None
+        self.mixing = MixingMatrix(layout, heads=heads if per_head_mixing else None, causal=causal,
+                                   init=mixing_init)
+
+    def forward(self, x):
+        if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != self.dim:
+            shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"{type(self).__name__} expects x of shape [B, N, {self.dim}], got {shape}")
+        batch, tokens, _ = x.shape
+        layout = self._layout(tokens)
+        split = (batch, tokens, self.heads, self.head_dim)
+        q = self.q_proj(x).view(split)
+        k = self.k_proj(x).view(split)
+        v = self.v_proj(x).view(split)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        o = self.attend(q, k, v, self.mixing(layout.num_blocks), layout)
+        o = o.reshape(batch, tokens, -1)
+        if self.pos_conv is not None:
+            o = o + self._positional(v.reshape(batch, tokens, -1))
+        if self.gate_proj is not None:
+            o = o * torch.sigmoid(self.gate_proj(x))
+        return self.out_proj(o)
+
+    def attend(self, q, k, v, w, layout):
+        """The attention step: ``[B, N, H, D]`` in and out. The operator's, here."""
+        return mhla_attention(q, k, v, w, layout, masking=self.masking, feature_map=self.feature_map)
+
+    def _positional(self, v):
+        # Depthwise conv over the token grid, channels first: [B, N, C] -> [B, C, *grid] and back.
+        grid = self._grid(v.shape[1])
+        out = self.pos_conv(v.transpose(1, 2).reshape(v.shape[0], v.shape[2], *grid))
+        return out.flatten(2).transpose(1, 2)
+
+
+class MHLA1d(_MHLALayer):
+    """MHLA over sequences of up to ``max_tokens`` tokens in blocks of ``block_size``.
+
+    ``causal=True`` makes token t read only tokens s <= t (language models); the
+    positional conv then looks only backwards. Shorter sequences use the top-left
+    corner of the mixing matrix, which for a causal layer is exactly the prefix.
+    """
+
+    def __init__(self, dim, heads, *, block_size, max_tokens, causal=False, **options):
+        if block_size <= 0 or max_tokens <= 0:
+            raise ValueError(f"block_size and max_tokens must be positive, got {block_size} and {max_tokens}")
+        self.block_size, self.max_tokens = block_size, max_tokens
+        super().__init__(dim, heads, layout=_core.Layout.sequence(max_tokens, block_size), causal=causal,
+                         **options)
+
+    def _layout(self, tokens):
+        if not 1 <= tokens <= self.max_tokens:
+            raise ValueError(f"MHLA1d was built for 1..{self.max_tokens} tokens, got {tokens}")
+        return _core.Layout.sequence(tokens, self.block_size)
+
+    def _grid(self, tokens):
+        return (tokens,)
+
+    def _make_pos_conv(self, channels, kernel):
+        # Causal: pad on the left only, so position t sees t-kernel+1 .. t.
+        return _CausalConv1d(channels, kernel) if self.masking == "causal" else \
+            nn.Conv1d(channels, channels, kernel, padding=kernel // 2, groups=channels)
+
+
+class _CausalConv1d(nn.Conv1d):
+    def __init__(self, channels, kernel):
+        super().__init__(channels, channels, kernel, groups=channels)
+
+    def forward(self, x):
+        return super().forward(F.pad(x, (self.kernel_size[0] - 1, 0)))
+
+
+class MHLA2d(_MHLALayer):
+    """MHLA over a ``grid = (H, W)`` of image tokens (row-major) in tiles ``tile = (th, tw)``.
+
+    Any grid works, square or not, divisible by the tile or not (edge tiles are
+    smaller). ``pos_conv=k`` adds a depthwise ``k x k`` conv of v (LePE-style).
+    """
+
+    def __init__(self, dim, heads, *, grid, tile, **options):
+        self.grid = tuple(grid)
+        if len(self.grid) != 2 or len(tuple(tile)) != 2:
+            raise ValueError(f"MHLA2d needs grid=(H, W) and tile=(th, tw), got {grid} and {tile}")
+        self.layout = _core.Layout.grid2d(*self.grid, *tile)
+        super().__init__(dim, heads, layout=self.layout, causal=False, **options)
+
+    def _layout(self, tokens):
+        if tokens != self.layout.num_tokens:
+            raise ValueError(f"MHLA2d was built for a {self.grid[0]}x{self.grid[1]} grid "
+                             f"({self.layout.num_tokens} tokens), got {tokens} tokens")
+        return self.layout
+
+    def _grid(self, tokens):
+        return self.grid
+
+    def _make_pos_conv(self, channels, kernel):
+        return nn.Conv2d(channels, channels, kernel, padding=kernel // 2, groups=channels)
+
+
+class MHLA3d(_MHLALayer):
+    """MHLA over video tokens on a ``grid = (T, H, W)`` in tiles ``tile = (tt, th, tw)``."""
+
+    def __init__(self, dim, heads, *, grid, tile, **options):
+        self.grid = tuple(grid)
+        if len(self.grid) != 3 or len(tuple(tile)) != 3:
+            raise ValueError(f"MHLA3d needs grid=(T, H, W) and tile=(tt, th, tw), got {grid} and {tile}")
+        self.layout = _core.Layout.grid3d(*self.grid, *tile)
+        super().__init__(dim, heads, layout=self.layout, causal=False, **options)
+
+    def _layout(self, tokens):
+        if tokens != self.layout.num_tokens:
+            raise ValueError(f"MHLA3d was built for a {'x'.join(map(str, self.grid))} grid "
+                             f"({self.layout.num_tokens} tokens), got {tokens} tokens")
+        return self.layout
+
+    def _grid(self, tokens):
+        return self.grid
+
+    def _make_pos_conv(self, channels, kernel):
+        return nn.Conv3d(channels, channels, kernel, padding=kernel // 2, groups=channels)

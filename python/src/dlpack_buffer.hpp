@@ -1,0 +1,41 @@
+#pragma once
+// Memory the bindings allocate for results, handed to the caller's framework
+// through the DLPack protocol (torch.from_dlpack) or the buffer protocol
+// (numpy.asarray) without a copy. The memory lives as long as any tensor made from it.
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "dtype.hpp"
+#include "mhla/tensor.hpp"
+
+namespace mhla::python {
+
+class Buffer {
+ public:
+  Buffer(DType dtype, std::vector<int64_t> shape);
+
+  DType dtype() const { return dtype_; }
+  const std::vector<int64_t>& shape() const { return shape_; }
+
+  template <typename T>
+  TensorView<T> view() {
+    return {static_cast<T*>(storage_.get()), shape_};
+  }
+
+  // The DLPack protocol. `stream` must be None: the memory is on the CPU.
+  pybind11::capsule dlpack(pybind11::object stream) const;
+  static pybind11::tuple dlpack_device();
+  // The buffer protocol, for NumPy: numpy.asarray(buffer) is a writable view
+  // (numpy.from_dlpack would mark it read-only).
+  pybind11::buffer_info buffer_info();
+
+ private:
+  DType dtype_;
+  std::vector<int64_t> shape_;
+  std::shared_ptr<void> storage_;
+};
+
+}  // namespace mhla::python
