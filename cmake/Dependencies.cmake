@@ -15,7 +15,18 @@ if(NOT OPENBLAS_INCLUDE_DIR OR NOT OPENBLAS_LIBRARY)
 endif()
 add_library(mhla_openblas INTERFACE)
 target_include_directories(mhla_openblas INTERFACE ${OPENBLAS_INCLUDE_DIR})
-target_link_libraries(mhla_openblas INTERFACE ${OPENBLAS_LIBRARY} OpenMP::OpenMP_CXX)
+# A target that sets MHLA_PRIVATE_BLAS (the Python extension) gets the static
+# archive with its symbols hidden instead of libopenblas.so.0. All OpenBLAS
+# flavours share that soname, and a process holds one library per soname: once
+# torch or NumPy has loaded the pthread flavour, the extension would be handed
+# it (or, imported first, would hand them ours, and their libblas.so.3 then
+# hangs calling into a core of the other flavour).
+find_library(OPENBLAS_STATIC_LIBRARY libopenblas.a
+  HINTS /usr/lib/x86_64-linux-gnu/openblas-openmp /usr/lib/aarch64-linux-gnu/openblas-openmp
+  NO_DEFAULT_PATH)
+target_link_libraries(mhla_openblas INTERFACE
+  $<IF:$<BOOL:$<TARGET_PROPERTY:MHLA_PRIVATE_BLAS>>,${OPENBLAS_STATIC_LIBRARY};-Wl$<COMMA>--exclude-libs$<COMMA>ALL,${OPENBLAS_LIBRARY}>
+  OpenMP::OpenMP_CXX)
 
 # CRC-32 of the decoder's state files.
 find_package(ZLIB REQUIRED)

@@ -1,0 +1,115 @@
+"""Bad input is a Python exception naming the problem, never a crash."""
+import numpy as np
+import pytest
+import torch
+
+import mhla
+import mhla.torch as mt
+
+LAYOUT = mhla.Layout.sequence(8, 4)
+
+
+def good(dtype=torch.float64):
+    q = torch.rand(1, 8, 2, 3, dtype=dtype)
+    return q, q.clone(), torch.rand(1, 8, 2, 4, dtype=dtype), torch.full((2, 2), 0.5, dtype=dtype)
+
+
+def test_wrong_dtype():
+    q, k, v, w = good()
+    with pytest.raises(TypeError, match="q has dtype float16; mhla computes in float32 or float64"):
+        mhla.forward(q.half(), k, v, w, layout=LAYOUT)
+    with pytest.raises(TypeError, match="q has dtype int64"):
+        mhla.forward(q.long(), k, v, w, layout=LAYOUT)
+    with pytest.raises(TypeError, match="k has dtype float32 but q has float64"):
+        mhla.forward(q, k.float(), v, w, layout=LAYOUT)
+    with pytest.raises(TypeError, match="v has dtype bfloat16"):
+        mt.mhla_attention(q, k, v.bfloat16(), w, LAYOUT)
+
+
+def test_wrong_device():
+    class OnGpu:
+        def __dlpack__(self, stream=None):
+            raise AssertionError("must not be exported")
+
+        def __dlpack_device__(self):
+            return (2, 1)  # kDLCUDA, device 1
+
+    q, k, v, w = good()
+    with pytest.raises(ValueError, match="k is on cuda:1; mhla runs on the CPU"):
+        mhla.forward(q, OnGpu(), v, w, layout=LAYOUT)
+
+
+def test_wrong_shapes():
+    q, k, v, w = good()
+    with pytest.raises(ValueError, match=r"w has shape \[3, 3\], expected \[2, 2\]"):
+        mhla.forward(q, k, v, torch.ones(3, 3, dtype=torch.float64), layout=LAYOUT)
+    with pytest.raises(ValueError, match=r"q and v must be \[B, N, H, D\]"):
+        mhla.forward(q[0], k, v, w, layout=LAYOUT)
+    with pytest.raises(ValueError, match="k"):
+        mhla.forward(q, k[:, :7], v, w, layout=LAYOUT)
+    with pytest.raises(ValueError, match="layout"):
+        mhla.forward(q, k, v, w, layout=mhla.Layout.sequence(9, 4))
+    with pytest.raises(ValueError, match="MHLA2d expects x of shape"):
+        mt.MHLA2d(8, 2, grid=(3, 3), tile=(2, 2))(torch.rand(1, 9, 7))
+    with pytest.raises(ValueError, match="built for a 3x3 grid"):
+        mt.MHLA2d(8, 2, grid=(3, 3), tile=(2, 2))(torch.rand(1, 10, 8))
+    with pytest.raises(ValueError, match="built for 1..16 tokens"):
+        mt.MHLA1d(8, 2, block_size=4, max_tokens=16)(torch.rand(1, 17, 8))
+
+
+def test_non_contiguous():
+    q, k, v, w = good()
+    strided = torch.rand(1, 2, 8, 3, dtype=torch.float64).transpose(1, 2)
+    with pytest.raises(ValueError, match=r"q with shape \[1, 8, 2, 3\] has strides .* not C order"):
+        mhla.forward(strided, k, v, w, layout=LAYOUT)
+    with pytest.raises(ValueError, match="not C order"):
+        mhla.forward(np.asfortranarray(q.numpy()), k.numpy(), v.numpy(), w.numpy(), layout=LAYOUT)
+    # The autograd layer makes its operands contiguous, as torch ops do.
+    torch.testing.assert_close(mt.mhla_attention(strided, k, v, w, LAYOUT),
+                               mt.mhla_attention(strided.contiguous(), k, v, w, LAYOUT))
+
+
+def test_not_a_tensor_and_tensors_that_require_grad():
+    q, k, v, w = good()
+    with pytest.raises(TypeError, match="q must be a tensor that supports DLPack .* not list"):
+        mhla.forward([[1.0]], k, v, w, layout=LAYOUT)
+    with pytest.raises(TypeError, match="q could not be read through DLPack: .*require gradient"):
+        mhla.forward(q.requires_grad_(), k, v, w, layout=LAYOUT)
+    with pytest.raises(TypeError, match="w must be a torch.Tensor"):
+        mt.mhla_attention(q, k, v, np.ones((2, 2)), LAYOUT)
+
+
+def test_bad_options():
+    q, k, v, w = good()
+    with pytest.raises(ValueError, match="unknown masking 'sideways'; expected none, causal or block_causal"):
+        mhla.forward(q, k, v, w, layout=LAYOUT, masking="sideways")
+    with pytest.raises(ValueError, match="unknown feature map 'tanh'"):
+        mhla.linear_attention_forward(q, k, v, feature_map="tanh")
+    with pytest.raises(ValueError, match="unknown mixing form"):
+        mhla.forward(q, k, v, w, layout=LAYOUT, mixing="sparse")
+    with pytest.raises(ValueError, match="unknown mixing transform"):
+        mhla.init_mixing(LAYOUT, transform="triangle")
+    with pytest.raises(ValueError, match="negative"):
+        mhla.forward(q, k, v, -w, layout=LAYOUT)
+    with pytest.raises(ValueError, match="Toeplitz"):
+        mhla.forward(q, k, v, torch.ones(3, dtype=torch.float64), layout=LAYOUT, mixing="toeplitz")
+    with pytest.raises(ValueError, match="pos_conv"):
+        mt.MHLA1d(8, 2, block_size=4, max_tokens=16, pos_conv=4)
+    with pytest.raises(ValueError, match="not divisible by heads"):
+        mt.MHLA1d(10, 3, block_size=4, max_tokens=16)
+
+
+def test_importing_mhla_first_leaves_torch_and_numpy_blas_working():
+    """The extension carries its own OpenBLAS: loaded before torch and NumPy it must
+    not become theirs (mixed OpenBLAS flavours in one process hang in GEMM)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import mhla, numpy, torch\n"
+        "a = numpy.ones((512, 512)); assert numpy.dot(a, a)[0, 0] == 512\n"
+        "t = torch.ones(512, 512); assert torch.mm(t, t)[0, 0].item() == 512\n"
+        "l = torch.nn.Linear(128, 128); l(torch.ones(1024, 128)).sum().backward()\n"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=120, env={**__import__("os").environ,
+                   "PYTHONPATH": ":".join(sys.path)})
