@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds="${1:-60}"
 bash scripts/install-deps.sh fuzz
-CXX=clang++ cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMHLA_BUILD_FUZZERS=ON \
+CXX=clang++ cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMHLA_BUILD_FUZZERS=ON -DMHLA_BUILD_PYTHON=OFF \
   -DMHLA_BUILD_TESTS=OFF -DMHLA_BUILD_BENCH=OFF -DMHLA_NATIVE=OFF > /dev/null
 targets=(decoder_state npy)
 cmake --build build-fuzz -j "$(nproc)" --target write_seeds "${targets[@]/%/_fuzz}"

@@ -13,7 +13,10 @@ packages=(
   libstb-dev               # PNG heatmaps (stb_image_write)
   gnuplot-nox              # PNG plots of mhla bench
   libgtest-dev libgmock-dev  # unit tests
-  python3-numpy            # the CLI test on files written by NumPy itself
+  python3-numpy            # the CLI test on NumPy's own files; the Python package's NumPy path
+  python3-dev pybind11-dev # the Python extension module
+  libdlpack-dev            # dlpack.h: zero-copy tensor exchange with torch and NumPy
+  python3-torch python3-pytest  # mhla.torch and the Python tests (Debian's torch 1.13)
 )
 # `install-deps.sh fuzz` adds what the libFuzzer targets need (scripts/fuzz.sh).
 if [[ "${1:-}" == "fuzz" ]]; then

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# All tests: install, build, then run every test with CTest.
+# All tests: install, build, run every C++ test with CTest, then the Python
+# package's tests with pytest under Debian's interpreter (where python3-torch is).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/build.sh
 ctest --test-dir build --output-on-failure -j "$(nproc)"
+PYTHONPATH="$PWD/build/python" /usr/bin/python3 -m pytest -q python/tests

@@ -6,6 +6,7 @@ namespace mhla::test {
 namespace {
 
 using testing::HasSubstr;
+using testing::ThrowsMessage;
 
 struct Call {
   Options options;
@@ -36,6 +37,19 @@ std::string error_of(Call& call) {
     return e.what();
   }
   return "no error";
+}
+
+TEST(Validation, OptionNamesParseBackAndUnknownNamesListTheChoices) {
+  for (auto m : {Masking::none, Masking::causal, Masking::block_causal}) EXPECT_EQ(parse_masking(to_string(m)), m);
+  for (auto f : {FeatureMap::identity, FeatureMap::relu, FeatureMap::elu1})
+    EXPECT_EQ(parse_feature_map(to_string(f)), f);
+  for (auto f : {MixingForm::dense, MixingForm::toeplitz}) EXPECT_EQ(parse_mixing_form(to_string(f)), f);
+  EXPECT_THAT([] { parse_masking("Causal"); },
+              ThrowsMessage<Error>(HasSubstr("unknown masking 'Causal'; expected none, causal or block_causal")));
+  EXPECT_THAT([] { parse_feature_map(""); },
+              ThrowsMessage<Error>(HasSubstr("unknown feature map ''; expected identity, relu or elu1")));
+  EXPECT_THAT([] { parse_mixing_form("sparse"); },
+              ThrowsMessage<Error>(HasSubstr("unknown mixing form 'sparse'; expected dense or toeplitz")));
 }
 
 TEST(Validation, ValidCallSucceeds) {

@@ -146,3 +146,19 @@ def test_swapping_attention_in_a_model():
     y = block(torch.randn(2, 196, 32))
     y.sum().backward()
     assert y.shape == (2, 196, 32) and block.attn.mixing.logits.grad is not None
+
+
+def test_readme_python_examples_run():
+    import pathlib
+    import re
+
+    readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("## Python and PyTorch\n")[1].split("\n## ")[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert len(blocks) >= 2
+    for block in blocks:
+        namespace = {}
+        exec(compile(block, "README.md", "exec"), namespace)
+        if "Block" in namespace:
+            x = torch.randn(2, 196, 192)
+            assert namespace["Block"]()(x).shape == x.shape

@@ -1,0 +1,134 @@
+"""Forward + backward of an mhla.torch layer against the same layer whose
+attention step is written in plain torch (the chunked einsum form of the
+authors' code), on the CPU.
+
+    PYTHONPATH=build/python /usr/bin/python3 bench/torch_layer_bench.py \
+        [--tokens 16384] [--head-dim 64] [--heads 1 8] [--threads 1 2] [--json out.json]
+
+Both layers share their weights; the script first checks that they agree, then
+reports the median of interleaved repeats and the speed-up (torch / mhla), for
+the whole layer (projections included, which both spend alike) and for the
+attention step alone (q, k, v and W in, gradients of all four out).
+"""
+import argparse
+import copy
+import json
+import platform
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+import mhla.torch as mt
+
+
+def torch_attention(q, k, v, w, block, eps=1e-6):
+    """Non-causal MHLA in plain torch: q, k, v [B, N, H, D], N a multiple of `block`; elu+1 features."""
+    batch, tokens, heads, dk = q.shape
+    m = tokens // block
+    fq = (F.elu(q) + 1).view(batch, m, block, heads, dk)
+    fk = (F.elu(k) + 1).view(batch, m, block, heads, dk)
+    vb = v.view(batch, m, block, heads, v.shape[-1])
+    summaries = torch.einsum("bmchd,bmche->bhmde", fk, vb)
+    sums = fk.sum(2)
+    mixed = torch.einsum("ij,bhjde->bhide", w, summaries)
+    mixed_sums = torch.einsum("ij,bjhd->bihd", w, sums)
+    numerator = torch.einsum("bmchd,bhmde->bmche", fq, mixed)
+    denominator = torch.einsum("bmchd,bmhd->bmch", fq, mixed_sums)
+    return (numerator / (denominator[..., None] + eps)).reshape(batch, tokens, heads, -1)
+
+
+class TorchAttention:
+    def __init__(self, block):
+        self.block = block
+
+    def __call__(self, q, k, v, w, layout):
+        return torch_attention(q, k, v, w, self.block)
+
+
+def layer_step(layer, x):
+    def run():
+        layer.zero_grad(set_to_none=True)
+        layer(x).square().mean().backward()
+
+    return run
+
+
+def attention_step(attend, q, k, v, w, layout):
+    def run():
+        for t in (q, k, v, w):
+            t.grad = None
+        attend(q, k, v, w, layout).square().mean().backward()
+
+    return run
+
+
+def median_seconds(runs, repeats):
+    times = {name: [] for name in runs}
+    for run in runs.values():  # warm-up
+        run()
+    for _ in range(repeats):  # interleaved, so drifts of the machine hit both
+        for name, run in runs.items():
+            start = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", type=int, default=16384)
+    parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--heads", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--block", type=int, default=128, help="block size (default: M = N / 128 blocks)")
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--json", help="also write the results here")
+    args = parser.parse_args()
+    if args.tokens % args.block:
+        parser.error("--tokens must be a multiple of --block (the plain-torch form has no ragged blocks)")
+
+    rows = []
+    print(f"MHLA1d forward+backward, N={args.tokens}, head dim {args.head_dim}, blocks of {args.block}, "
+          f"float32, torch {torch.__version__}")
+    print(f"{'heads':>5} {'dim':>5} {'threads':>7} {'part':>9} {'torch ms':>9} {'mhla ms':>8} {'speed-up':>8} "
+          f"{'max rel diff':>12}")
+    for heads in args.heads:
+        dim = heads * args.head_dim
+        torch.manual_seed(0)
+        layer = mt.MHLA1d(dim, heads, block_size=args.block, max_tokens=args.tokens)
+        reference = copy.deepcopy(layer)
+        reference.attend = TorchAttention(args.block)
+        x = torch.randn(1, args.tokens, dim)
+        with torch.no_grad():
+            want, got = reference(x), layer(x)
+        diff = ((got - want).abs().max() / want.abs().max()).item()
+        if diff > 1e-4:
+            raise SystemExit(f"the two layers disagree: max relative difference {diff:.2e}")
+        q, k, v = (torch.randn(1, args.tokens, heads, args.head_dim, requires_grad=True) for _ in range(3))
+        w = layer.mixing().detach().requires_grad_()
+        layout = layer._layout(args.tokens)
+        parts = {
+            "layer": {"torch": layer_step(reference, x), "mhla": layer_step(layer, x)},
+            "attention": {"torch": attention_step(reference.attend, q, k, v, w, layout),
+                          "mhla": attention_step(layer.attend, q, k, v, w, layout)},
+        }
+        for threads in args.threads:
+            torch.set_num_threads(threads)  # also the OpenMP threads of the extension (one runtime)
+            for part, runs in parts.items():
+                t = median_seconds(runs, args.repeats)
+                speedup = t["torch"] / t["mhla"]
+                print(f"{heads:>5} {dim:>5} {threads:>7} {part:>9} {1e3 * t['torch']:>9.1f} "
+                      f"{1e3 * t['mhla']:>8.1f} {speedup:>7.2f}x {diff:>12.1e}", flush=True)
+                rows.append(dict(heads=heads, dim=dim, threads=threads, part=part, torch_ms=1e3 * t["torch"],
+                                 mhla_ms=1e3 * t["mhla"], speedup=speedup, max_rel_diff=diff))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(tokens=args.tokens, head_dim=args.head_dim, block=args.block, repeats=args.repeats,
+                           torch=torch.__version__, machine=platform.processor() or platform.machine(),
+                           rows=rows), f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
