@@ -143,8 +143,8 @@ class MixingMatrix(nn.Module):
     def __init__(self, layout, *, heads=None, causal=False, init="linear", sigma=1.0, threshold=1.5,
                  floor=1e-4):
         super().__init__()
-        w0 = torch.from_numpy(_as_numpy(_core.init_mixing(layout, transform=init, sigma=sigma,
-                                                          threshold=threshold, causal=causal)))
+        w0 = from_dlpack(_core.init_mixing(layout, transform=init, sigma=sigma, threshold=threshold,
+                                           causal=causal))
         logits = torch.log(w0.clamp_min(floor))
         if heads is not None:
             logits = logits.expand(heads, *logits.shape).clone()
@@ -164,12 +164,6 @@ class MixingMatrix(nn.Module):
 
     def extra_repr(self):
         return f"blocks={self.blocks}, shape={tuple(self.logits.shape)}, causal={self.causal}"
-
-
-def _as_numpy(buffer):
-    import numpy
-
-    return numpy.asarray(buffer)
 
 
 class RMSNorm(nn.Module):

@@ -4,6 +4,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
+#include <array>
 #include <optional>
 #include <string>
 
@@ -47,7 +49,8 @@ decltype(auto) dispatch(const ImportedTensor& t, Fn&& fn) {
   return t.dtype() == DType::float32 ? fn.template operator()<float>() : fn.template operator()<double>();
 }
 
-// The operator's shape errors name q, k, ...; a mismatch is a ValueError.
+// Runs the kernel without the GIL, so other Python threads go on meanwhile.
+// mhla::Error (argument named, expected vs given) arrives as ValueError.
 template <typename Fn>
 void compute(Fn&& fn) {
   py::gil_scoped_release release;
