@@ -275,51 +275,47 @@ class _CausalConv1d(nn.Conv1d):
         return super().forward(F.pad(x, (self.kernel_size[0] - 1, 0)))
 
 
-class MHLA2d(_MHLALayer):
+class _GridLayer(_MHLALayer):
+    """A layer over a fixed token grid; subclasses name the axes, the Layout factory and the conv."""
+
+    def __init__(self, dim, heads, *, grid, tile, **options):
+        self.grid = tuple(grid)
+        rank = len(self._axes)
+        if len(self.grid) != rank or len(tuple(tile)) != rank:
+            axes = ", ".join(self._axes)
+            tiles = ", ".join("t" + a.lower() for a in self._axes)
+            raise ValueError(f"{type(self).__name__} needs grid=({axes}) and tile=({tiles}), got {grid} and {tile}")
+        self.layout = type(self)._make_layout(*self.grid, *tile)
+        super().__init__(dim, heads, layout=self.layout, causal=False, **options)
+
+    def _layout(self, tokens):
+        if tokens != self.layout.num_tokens:
+            raise ValueError(f"{type(self).__name__} was built for a {'x'.join(map(str, self.grid))} grid "
+                             f"({self.layout.num_tokens} tokens), got {tokens} tokens")
+        return self.layout
+
+    def _grid(self, tokens):
+        return self.grid
+
+    def _make_pos_conv(self, channels, kernel):
+        return self._conv(channels, channels, kernel, padding=kernel // 2, groups=channels)
+
+
+class MHLA2d(_GridLayer):
     """MHLA over a ``grid = (H, W)`` of image tokens (row-major) in tiles ``tile = (th, tw)``.
 
     Any grid works, square or not, divisible by the tile or not (edge tiles are
     smaller). ``pos_conv=k`` adds a depthwise ``k x k`` conv of v (LePE-style).
     """
 
-    def __init__(self, dim, heads, *, grid, tile, **options):
-        self.grid = tuple(grid)
-        if len(self.grid) != 2 or len(tuple(tile)) != 2:
-            raise ValueError(f"MHLA2d needs grid=(H, W) and tile=(th, tw), got {grid} and {tile}")
-        self.layout = _core.Layout.grid2d(*self.grid, *tile)
-        super().__init__(dim, heads, layout=self.layout, causal=False, **options)
-
-    def _layout(self, tokens):
-        if tokens != self.layout.num_tokens:
-            raise ValueError(f"MHLA2d was built for a {self.grid[0]}x{self.grid[1]} grid "
-                             f"({self.layout.num_tokens} tokens), got {tokens} tokens")
-        return self.layout
-
-    def _grid(self, tokens):
-        return self.grid
-
-    def _make_pos_conv(self, channels, kernel):
-        return nn.Conv2d(channels, channels, kernel, padding=kernel // 2, groups=channels)
+    _axes = ("H", "W")
+    _make_layout = _core.Layout.grid2d
+    _conv = nn.Conv2d
 
 
-class MHLA3d(_MHLALayer):
+class MHLA3d(_GridLayer):
     """MHLA over video tokens on a ``grid = (T, H, W)`` in tiles ``tile = (tt, th, tw)``."""
 
-    def __init__(self, dim, heads, *, grid, tile, **options):
-        self.grid = tuple(grid)
-        if len(self.grid) != 3 or len(tuple(tile)) != 3:
-            raise ValueError(f"MHLA3d needs grid=(T, H, W) and tile=(tt, th, tw), got {grid} and {tile}")
-        self.layout = _core.Layout.grid3d(*self.grid, *tile)
-        super().__init__(dim, heads, layout=self.layout, causal=False, **options)
-
-    def _layout(self, tokens):
-        if tokens != self.layout.num_tokens:
-            raise ValueError(f"MHLA3d was built for a {'x'.join(map(str, self.grid))} grid "
-                             f"({self.layout.num_tokens} tokens), got {tokens} tokens")
-        return self.layout
-
-    def _grid(self, tokens):
-        return self.grid
-
-    def _make_pos_conv(self, channels, kernel):
-        return nn.Conv3d(channels, channels, kernel, padding=kernel // 2, groups=channels)
+    _axes = ("T", "H", "W")
+    _make_layout = _core.Layout.grid3d
+    _conv = nn.Conv3d
