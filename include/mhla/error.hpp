@@ -11,4 +11,11 @@ class Error : public std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
+// Memory sized by the arguments could not be had; the message names the
+// function, what it was for and the bytes requested (Python: MemoryError).
+class OutOfMemory : public Error {
+ public:
+  using Error::Error;
+};
+
 }  // namespace mhla

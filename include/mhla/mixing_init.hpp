@@ -25,6 +25,11 @@ struct MixingInit {
   bool causal = false;     // keep b <= i only (block order), then renormalise each row
 };
 
+// The largest M a dense mixing matrix is made for: 8192^2 floats are 256 MiB,
+// and with the paper's M^2 <= N that serves sequences of 67M tokens. Larger
+// requests are an mhla::Error that says so (Toeplitz mixing has no such limit).
+inline constexpr int64_t kMaxDenseMixingBlocks = 8192;
+
 // Distance d is measured between block centres (block coordinates + 0.5) on the
 // block grid of `layout`; dmax is the largest such distance. Rows sum to 1.
 // Returns row-major [M, M], M = layout.num_blocks().

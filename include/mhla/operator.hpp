@@ -10,6 +10,12 @@
 //
 // Both functions validate every argument and throw mhla::Error naming the
 // argument, the expected and the given value. Supported T: float, double.
+//
+// Finite inputs never give silent NaN or infinity: if a result is not finite
+// although q, k, v (and w, o, grad_o) are, the call throws mhla::Error naming
+// the entry and the cause (a zero denominator with eps = 0 or the identity
+// feature map, or phi(q)^T S~ overflowing T). Non-finite inputs propagate as in
+// IEEE arithmetic.
 #include "mhla/options.hpp"
 #include "mhla/tensor.hpp"
 
@@ -28,7 +34,10 @@ void forward(const Options& options, TensorView<const T> q, TensorView<const T> 
 // Gradients of sum(grad_o * o) with respect to q, k, v and w. `o` (and
 // saved_summaries, if given) must come from forward() on the same inputs; the
 // normalized mode needs o. grad_w is summed over the batch, and over heads when
-// w is shared; it has w's shape.
+// w is shared; it has w's shape. Saved summaries are fingerprinted against k
+// and v (key sums and row sums of S_b, recomputed in double): release builds
+// check the first and last block of every (batch, head), debug builds every
+// block, and a mismatch is an mhla::Error rather than wrong gradients.
 template <typename T>
 void backward(const Options& options, TensorView<const T> q, TensorView<const T> k,
               TensorView<const T> v, TensorView<const T> w, TensorView<const T> o,

@@ -57,6 +57,22 @@ void compute(Fn&& fn) {
   fn();
 }
 
+// The saved summaries' shape. Its helper checks a subset of what forward
+// checks, so an argument it rejects is rejected by forward too: forward runs
+// first then, so that the error names the function the user called.
+std::vector<int64_t> summaries_shape_for_forward(const Options& options, const ImportedTensor& q,
+                                                 const ImportedTensor& k, const ImportedTensor& v,
+                                                 const ImportedTensor& w, Buffer& o) {
+  try {
+    return saved_summaries_shape(options, q.shape(), v.shape());
+  } catch (const Error&) {
+    dispatch(q, [&]<typename T>() {
+      forward<T>(options, q.view<T>(), k.view<T>(), v.view<T>(), w.view<T>(), o.view<T>());
+    });
+    throw;
+  }
+}
+
 py::tuple mhla_forward(py::handle q_, py::handle k_, py::handle v_, py::handle w_, const Options& options,
                        bool save_summaries) {
   ImportedTensor q(q_, "q"), k(k_, "k"), v(v_, "v"), w(w_, "w");
@@ -67,7 +83,7 @@ py::tuple mhla_forward(py::handle q_, py::handle k_, py::handle v_, py::handle w
                           shape_to_string(v.shape()));
   Buffer o(q.dtype(), v.shape());
   std::optional<Buffer> saved;
-  if (save_summaries) saved.emplace(q.dtype(), saved_summaries_shape(options, q.shape(), v.shape()));
+  if (save_summaries) saved.emplace(q.dtype(), summaries_shape_for_forward(options, q, k, v, w, o));
   dispatch(q, [&]<typename T>() {
     compute([&] {
       forward<T>(options, q.view<T>(), k.view<T>(), v.view<T>(), w.view<T>(), o.view<T>(),
@@ -182,6 +198,15 @@ PYBIND11_MODULE(_core, m) {
   using namespace mhla;
   using namespace mhla::python;
   m.doc() = "MHLA operator bindings (CPU). Use the mhla package, which wraps results in the caller's tensor type.";
+  // mhla::Error derives from std::invalid_argument, which pybind11 raises as
+  // ValueError; a failed allocation is a MemoryError with the same message.
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const OutOfMemory& e) {
+      PyErr_SetString(PyExc_MemoryError, e.what());
+    }
+  });
 
   py::class_<Buffer>(m, "Buffer", py::buffer_protocol(),
                     "Result memory, exported through DLPack (torch.from_dlpack) or the buffer protocol (numpy.asarray).")

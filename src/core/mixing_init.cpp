@@ -4,6 +4,7 @@
 #include <cmath>
 #include <numbers>
 
+#include "core/allocation.hpp"
 #include "core/parse_enum.hpp"
 #include "mhla/error.hpp"
 
@@ -55,16 +56,19 @@ std::vector<float> init_mixing(const TokenLayout& layout, const MixingInit& init
   if (layout.empty()) throw Error("init_mixing: layout is not set");
   check_transform("init_mixing", init);
   const int64_t m = layout.num_blocks();
-  if (m > 65536)
-    throw Error("init_mixing: " + std::to_string(m) +
-                " blocks would need an M x M matrix of more than 2^32 entries");
+  if (m > kMaxDenseMixingBlocks)
+    throw Error("init_mixing: " + layout.describe() + ": a dense M x M mixing matrix is limited to M <= " +
+                std::to_string(kMaxDenseMixingBlocks) + " (256 MiB in float32; the paper keeps M^2 <= N, "
+                "so that covers 67M tokens). Use larger blocks, or Toeplitz mixing, which has no such limit");
 
   double dmax = 0;
   for (int64_t i = 0; i < m; ++i)
     for (int64_t b = 0; b < m; ++b)
       dmax = std::max(dmax, distance(block_centre(layout, i), block_centre(layout, b)));
 
-  std::vector<float> w(size_t(m * m), 0.0f);
+  std::vector<float> w = detail::allocating(
+      "init_mixing", "the [" + std::to_string(m) + ", " + std::to_string(m) + "] mixing matrix",
+      double(m) * double(m) * sizeof(float), [&] { return std::vector<float>(size_t(m * m), 0.0f); });
   std::vector<double> row(static_cast<size_t>(m));
   for (int64_t i = 0; i < m; ++i) {
     const int64_t last = init.causal ? i : m - 1;
@@ -83,7 +87,9 @@ std::vector<float> init_toeplitz_mixing(int64_t length, const MixingInit& init) 
   check_transform("init_toeplitz_mixing", init);
   if (length < 0)
     throw Error("init_toeplitz_mixing: length L must be >= 0, got " + std::to_string(length));
-  std::vector<float> w(size_t(length + 1));
+  std::vector<float> w = detail::allocating(
+      "init_toeplitz_mixing", "the Toeplitz mixing vector of L + 1 = " + std::to_string(length) + " + 1 entries",
+      (double(length) + 1) * sizeof(float), [&] { return std::vector<float>(size_t(length) + 1); });
   for (int64_t d = 0; d <= length; ++d) w[d] = float(transform(init, double(d), double(length)));
   return w;
 }
@@ -96,10 +102,16 @@ std::vector<float> toeplitz_to_dense(TensorView<const float> w, int64_t blocks) 
   if (w.data == nullptr || w.shape.back() <= 0 || w.shape.front() <= 0)
     throw Error(std::string(fn) + ": w of shape " + shape_to_string(w.shape) +
                 " is empty or null");
-  if (blocks <= 0 || blocks > 65536)
-    throw Error(std::string(fn) + ": blocks must be in [1, 65536], got " + std::to_string(blocks));
+  if (blocks <= 0 || blocks > kMaxDenseMixingBlocks)
+    throw Error(std::string(fn) + ": blocks must be in [1, " + std::to_string(kMaxDenseMixingBlocks) +
+                "] (the dense mixing limit), got " + std::to_string(blocks));
   const int64_t copies = w.shape.size() == 2 ? w.shape[0] : 1, length = w.shape.back() - 1;
-  std::vector<float> dense(size_t(copies * blocks * blocks), 0.0f);
+  const double count = double(copies) * double(blocks) * double(blocks);
+  std::vector<float> dense = detail::allocating(fn, "the dense mixing matrix of " + shape_to_string(w.shape) + " over " + std::to_string(blocks) + " blocks",
+                                                count * sizeof(float), [&] {
+    if (count > double(INT64_MAX / 8)) throw std::length_error("dense mixing");
+    return std::vector<float>(size_t(count), 0.0f);
+  });
   for (int64_t c = 0; c < copies; ++c)
     for (int64_t i = 0; i < blocks; ++i)
       for (int64_t b = 0; b <= i; ++b)

@@ -6,7 +6,9 @@
 #include <cmath>
 #include <limits>
 
+#include "core/allocation.hpp"
 #include "core/feature_map.hpp"
+#include "core/finite_results.hpp"
 #include "core/mixing_corner.hpp"
 #include "core/validate.hpp"
 #include "mhla/operator.hpp"
@@ -34,16 +36,21 @@ Decoder::Decoder(const DecoderOptions& options, TensorView<const float> w) : opt
     detail::checked_product({options.batch, options.heads, options.dk, options.dv + extra},
                             std::string(fn) + ": state size");
   check_options_and_mixing(fn, w);
-  w_.assign(w.data, w.data + detail::checked_product(w.shape, "w"));
-
-  positions_.assign(options.batch, 0);
   const size_t summary = size_t(options.dk * (options.dv + 1));
-  states_.resize(size_t(options.batch * options.heads));
-  for (HeadState& s : states_) {
-    s.prefix.assign(summary, 0.0f);
-    s.running.assign(summary, 0.0f);
-    if (toeplitz_) s.far.assign(summary, 0.0f);
-  }
+  const double state_bytes = double(options.batch) * double(options.heads) * double(summary) *
+                             (toeplitz_ ? 3 : 2) * sizeof(float);
+  detail::allocating(fn, "the decoding state of " + std::to_string(options.batch) + " x " +
+                             std::to_string(options.heads) + " heads of [Dk, Dv + 1] summaries",
+                     state_bytes, [&] {
+                       w_.assign(w.data, w.data + detail::checked_product(w.shape, "w"));
+                       positions_.assign(options.batch, 0);
+                       states_.resize(size_t(options.batch * options.heads));
+                       for (HeadState& s : states_) {
+                         s.prefix.assign(summary, 0.0f);
+                         s.running.assign(summary, 0.0f);
+                         if (toeplitz_) s.far.assign(summary, 0.0f);
+                       }
+                     });
 }
 
 void Decoder::check_options_and_mixing(const char* fn, TensorView<const float> w) {
@@ -266,6 +273,19 @@ void Decoder::step(TensorView<const float> q, TensorView<const float> k,
     }
   }
   for (int64_t& p : positions_) ++p;
+  detail::Problem mode;
+  mode.normalize = options_.normalize;
+  mode.eps = options_.eps;
+  mode.phi = options_.feature_map;
+  // The token is already part of every sequence's state; the message says so
+  // because that state now holds the overflow too.
+  try {
+    detail::check_finite_results<float>(
+        fn, mode, {{"o", o.data, o.shape}},
+        {{"q", q.data, q.shape}, {"k", k.data, k.shape}, {"v", v.data, v.shape}});
+  } catch (const Error& e) {
+    throw Error(std::string(e.what()) + " (the token was added to the state; reset the sequence)");
+  }
 }
 
 }  // namespace mhla

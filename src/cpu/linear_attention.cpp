@@ -1,6 +1,7 @@
 // Vanilla linear attention: the chunked kernel with a parameter-free all-ones
 // mix (a sum, or a prefix sum when causal). The chunks only organise the work;
 // the result does not depend on their size.
+#include "core/finite_results.hpp"
 #include "cpu/chunked_attention.hpp"
 #include "mhla/baselines.hpp"
 
@@ -35,6 +36,8 @@ void linear_attention_forward(const LinearAttentionOptions& options, TensorView<
   p.blocks = chunks.num_blocks();
   const cpu::UniformMixer<T> mixer(p);
   cpu::ChunkedAttention<T>(p, mixer).forward(q.data, k.data, v.data, o.data);
+  detail::check_finite_results<T>(fn, p, {{"o", o.data, o.shape}},
+                                  {{"q", q.data, q.shape}, {"k", k.data, k.shape}, {"v", v.data, v.shape}});
 }
 
 template <typename T>
@@ -52,6 +55,12 @@ void linear_attention_backward(const LinearAttentionOptions& options, TensorView
   const cpu::UniformMixer<T> mixer(p);
   cpu::ChunkedAttention<T>(p, mixer).backward(q.data, k.data, v.data, o.data, grad_o.data,
                                               grad_q.data, grad_k.data, grad_v.data, nullptr);
+  detail::check_finite_results<T>(
+      fn, p,
+      {{"grad_q", grad_q.data, grad_q.shape}, {"grad_k", grad_k.data, grad_k.shape},
+       {"grad_v", grad_v.data, grad_v.shape}},
+      {{"q", q.data, q.shape}, {"k", k.data, k.shape}, {"v", v.data, v.shape},
+       {"o", o.data, o.shape}, {"grad_o", grad_o.data, grad_o.shape}});
 }
 
 double linear_attention_flops_forward(int64_t batch, int64_t tokens, int64_t heads, int64_t dk,

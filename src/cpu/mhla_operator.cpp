@@ -1,5 +1,7 @@
 // Public MHLA entry points: validate once, then run the chunked kernel with the
 // mixer (dense or Toeplitz W) the options ask for.
+#include "core/finite_results.hpp"
+#include "core/saved_summaries_check.hpp"
 #include "cpu/chunked_attention.hpp"
 #include "mhla/operator.hpp"
 
@@ -44,6 +46,8 @@ void forward(const Options& options, TensorView<const T> q, TensorView<const T> 
   const auto mixer = cpu::make_mixer(p, w.data);
   cpu::ChunkedAttention<T>(p, *mixer).forward(q.data, k.data, v.data, o.data,
                                              save ? saved_summaries.data : nullptr);
+  detail::check_finite_results<T>(fn, p, {{"o", o.data, o.shape}},
+                                  {{"q", q.data, q.shape}, {"k", k.data, k.shape}, {"v", v.data, v.shape}});
 }
 
 template <typename T>
@@ -57,10 +61,17 @@ void backward(const Options& options, TensorView<const T> q, TensorView<const T>
   detail::check_gradients(fn, p.dims, grad_o, grad_q, grad_k, grad_v);
   detail::check_output(fn, "grad_w", grad_w, w.shape);
   const bool saved = check_saved_summaries(fn, p, saved_summaries);
+  if (saved) detail::check_saved_summaries_match(fn, p, k.data, v.data, saved_summaries.data);
   const auto mixer = cpu::make_mixer(p, w.data);
   cpu::ChunkedAttention<T>(p, *mixer).backward(q.data, k.data, v.data, o.data, grad_o.data,
                                               grad_q.data, grad_k.data, grad_v.data, grad_w.data,
                                               saved ? saved_summaries.data : nullptr);
+  detail::check_finite_results<T>(
+      fn, p,
+      {{"grad_q", grad_q.data, grad_q.shape}, {"grad_k", grad_k.data, grad_k.shape},
+       {"grad_v", grad_v.data, grad_v.shape}, {"grad_w", grad_w.data, grad_w.shape}},
+      {{"q", q.data, q.shape}, {"k", k.data, k.shape}, {"v", v.data, v.shape},
+       {"o", o.data, o.shape}, {"grad_o", grad_o.data, grad_o.shape}});
 }
 
 FlopCount mhla_flops(int64_t batch, int64_t tokens, int64_t heads, int64_t dk, int64_t dv,

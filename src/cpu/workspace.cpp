@@ -1,7 +1,9 @@
 #include "cpu/workspace.hpp"
 
 #include <array>
+#include <string>
 
+#include "core/allocation.hpp"
 #include "mhla/operator.hpp"
 
 namespace mhla::cpu {
@@ -22,7 +24,8 @@ T* scratch(Scratch slot, size_t elements) {
   const size_t bytes = elements * sizeof(T);
   if (b.bytes < bytes) {
     b.data.reset();  // release first: peak memory is the new size, not old + new
-    b.data.reset(new std::byte[bytes]);
+    b.data = detail::allocating("mhla (operator scratch)", "the block summaries' scratch arrays",
+                                double(bytes), [&] { return std::make_unique<std::byte[]>(bytes); });
     b.bytes = bytes;
   }
   return reinterpret_cast<T*>(b.data.get());

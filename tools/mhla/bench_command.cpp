@@ -94,7 +94,7 @@ CLI::App* add_bench_command(CLI::App& app, BenchCommand& c) {
       ->check(CLI::Range(1, 1024));
   cmd->add_option("--heads", c.heads, "heads H")->capture_default_str()->check(CLI::Range(int64_t(1), int64_t(256)));
   cmd->add_option("--blocks", c.blocks, "MHLA blocks M (0: round(sqrt(N)))")->capture_default_str()
-      ->check(CLI::Range(int64_t(0), int64_t(65536)));
+      ->check(CLI::Range(int64_t(0), kMaxDenseMixingBlocks));
   cmd->add_option("--softmax-max-tokens", c.softmax_max_tokens, "skip softmax above this N (it is O(N^2))")
       ->capture_default_str();
   cmd->add_option("--repeats", c.repeats, "timed repeats per point (median reported)")->capture_default_str()

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "common/cli_checks.hpp"
 #include "common/json_file.hpp"
 #include "mhla/error.hpp"
 #include "presets.hpp"
@@ -68,7 +69,7 @@ CLI::App* add_compare_command(CLI::App& app, CompareCommand& c) {
   cmd->add_option("--mixing-init", c.mixing_init,
                   "MHLA's initial W in every run unless a model says @INIT (default: the preset's, linear)");
   cmd->add_option("--steps", c.steps, "train every model this many steps instead of the preset's (smoke tests)")
-      ->check(CLI::PositiveNumber);
+      ->check(positive_integer());
   return cmd;
 }
 

@@ -2,6 +2,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
+#include <new>
 
 #include "bench_command.hpp"
 #include "demo.hpp"
@@ -49,6 +50,11 @@ int main(int argc, char** argv) {
     if (bench_cmd->parsed()) return mhla::tools::run_bench_command(bench_args);
     if (train_cmd->parsed()) return mhla::tools::run_train_command(train_args);
     if (compare_cmd->parsed()) return mhla::tools::run_compare_command(compare_args);
+  } catch (const std::bad_alloc&) {
+    // The library names its own allocations (mhla::OutOfMemory, with bytes);
+    // this is the program's own copies of the input.
+    std::fprintf(stderr, "error: out of memory while holding the inputs and results in memory\n");
+    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

@@ -6,6 +6,7 @@
 #include <map>
 #include <random>
 
+#include "common/cli_checks.hpp"
 #include "common/attention_maps.hpp"
 #include "common/heatmap.hpp"
 #include "common/json_file.hpp"
@@ -105,26 +106,35 @@ std::vector<double> widen(const std::vector<T>& x) {
   return std::vector<double>(x.begin(), x.end());
 }
 
+// The library's view of one loaded tensor: always the file's own shape, so a
+// file whose shape disagrees with q's reaches the library's shape checks
+// instead of being read past its end.
+template <typename T>
+TensorView<const T> view_of(const std::vector<T>& values, const Tensor& t) {
+  return {values.data(), t.shape};
+}
+
 template <typename T>
 int run(const OperatorCommand& c, const Options& options, DType dtype,
         std::map<std::string, Tensor>& in, const std::vector<double>& w,
         const std::vector<int64_t>& w_shape) {
   const bool heads_first = c.order == "bhnd";
-  const auto qs = in["q"].shape, vs = in["v"].shape;
-  const std::vector<T> q = as<T>(in["q"].values), k = as<T>(in["k"].values), v = as<T>(in["v"].values),
-                       wt = as<T>(w);
+  const Tensor &tq = in["q"], &tk = in["k"], &tv = in["v"];
+  const std::vector<T> q = as<T>(tq.values), k = as<T>(tk.values), v = as<T>(tv.values), wt = as<T>(w);
+  const TensorView<const T> w_view{wt.data(), w_shape};
   std::vector<T> o(v.size());
-  forward<T>(options, {q.data(), qs}, {k.data(), qs}, {v.data(), vs}, {wt.data(), w_shape}, {o.data(), vs});
-  std::vector<std::pair<std::string, Tensor>> outputs = {{"o", {widen(o), vs}}};
+  forward<T>(options, view_of(q, tq), view_of(k, tk), view_of(v, tv), w_view, {o.data(), tv.shape});
+  std::vector<std::pair<std::string, Tensor>> outputs = {{"o", {widen(o), tv.shape}}};
   if (backward(c)) {
-    const std::vector<T> g = as<T>(in["grad_o"].values);
+    const Tensor& tg = in["grad_o"];
+    const std::vector<T> g = as<T>(tg.values);
     std::vector<T> gq(q.size()), gk(k.size()), gv(v.size()), gw(wt.size());
-    mhla::backward<T>(options, {q.data(), qs}, {k.data(), qs}, {v.data(), vs}, {wt.data(), w_shape},
-                      {o.data(), vs}, {g.data(), in["grad_o"].shape}, {gq.data(), qs}, {gk.data(), qs},
-                      {gv.data(), vs}, {gw.data(), w_shape});
-    outputs.push_back({"grad_q", {widen(gq), qs}});
-    outputs.push_back({"grad_k", {widen(gk), qs}});
-    outputs.push_back({"grad_v", {widen(gv), vs}});
+    mhla::backward<T>(options, view_of(q, tq), view_of(k, tk), view_of(v, tv), w_view, {o.data(), tv.shape},
+                      view_of(g, tg), {gq.data(), tq.shape}, {gk.data(), tk.shape}, {gv.data(), tv.shape},
+                      {gw.data(), w_shape});
+    outputs.push_back({"grad_q", {widen(gq), tq.shape}});
+    outputs.push_back({"grad_k", {widen(gk), tk.shape}});
+    outputs.push_back({"grad_v", {widen(gv), tv.shape}});
     outputs.push_back({"grad_w", {widen(gw), w_shape}});
   }
   for (auto& [name, t] : outputs) {
@@ -185,7 +195,7 @@ CLI::App* add_operator_command(CLI::App& app, OperatorCommand& c) {
   cmd->add_option("--tile", c.tile, "block tile, e.g. 7x7 (default: the whole grid)");
   cmd->add_option("--block", c.block, "1D block size when --grid is not given")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(positive_integer());
   cmd->add_option("--masking", c.masking, "none, causal (1D) or block_causal")->capture_default_str();
   cmd->add_option("--feature-map", c.feature_map, "identity, relu or elu1")->capture_default_str();
   cmd->add_flag("--unnormalized", c.unnormalized, "o = scale * phi(q)^T S~ instead of the normalized form");
@@ -196,7 +206,8 @@ CLI::App* add_operator_command(CLI::App& app, OperatorCommand& c) {
   cmd->add_option("--sigma", c.sigma, "exp init: decay length in blocks")->capture_default_str();
   cmd->add_option("--threshold", c.threshold, "local init: radius in blocks")->capture_default_str();
   cmd->add_option("--toeplitz-length", c.toeplitz_length,
-                  "use Toeplitz mixing w[min(i-b, L)] with this L (causal/block_causal)");
+                  "use Toeplitz mixing w[min(i-b, L)] with this L >= 0 (causal/block_causal)")
+      ->check(non_negative_integer());
   if (analyze(c)) {
     cmd->add_option("--batch-index", c.batch_index, "which batch entry to analyse")->capture_default_str();
     cmd->add_option("--head-index", c.head_index, "which head to analyse")->capture_default_str();
@@ -253,7 +264,7 @@ Prepared prepare(const OperatorCommand& c) {
   options.scale = c.scale;
   const int64_t tokens = p.in["q"].shape[1];
   options.layout = sample && c.grid.empty() ? TokenLayout::sequence(tokens, 16) : make_layout(c, tokens);
-  options.mixing = c.toeplitz_length >= 0 ? MixingForm::toeplitz : MixingForm::dense;
+  options.mixing = c.toeplitz_length ? MixingForm::toeplitz : MixingForm::dense;
 
   if (arrays.count("w")) {
     p.w = arrays["w"].second.values;
@@ -264,11 +275,11 @@ Prepared prepare(const OperatorCommand& c) {
     init.sigma = c.sigma;
     init.threshold = c.threshold;
     init.causal = options.masking != Masking::none;
-    const std::vector<float> w32 = c.toeplitz_length >= 0 ? init_toeplitz_mixing(c.toeplitz_length, init)
-                                                          : init_mixing(options.layout, init);
+    const std::vector<float> w32 = c.toeplitz_length ? init_toeplitz_mixing(*c.toeplitz_length, init)
+                                                     : init_mixing(options.layout, init);
     p.w.assign(w32.begin(), w32.end());
     const int64_t m = options.layout.num_blocks();
-    p.w_shape = c.toeplitz_length >= 0 ? std::vector<int64_t>{c.toeplitz_length + 1} : std::vector<int64_t>{m, m};
+    p.w_shape = c.toeplitz_length ? std::vector<int64_t>{*c.toeplitz_length + 1} : std::vector<int64_t>{m, m};
   }
   return p;
 }

@@ -21,7 +21,7 @@ struct OperatorCommand {
   bool unnormalized = false, force = false;
   double eps = 1e-6, sigma = 1.0, threshold = 1.5;
   std::optional<double> scale;
-  int64_t toeplitz_length = -1;  // >= 0: Toeplitz mixing
+  std::optional<int64_t> toeplitz_length;  // given: Toeplitz mixing with this L
 };
 
 // Registers the subcommand's flags (with --help text and examples).

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "common/cli_checks.hpp"
 #include "mhla/error.hpp"
 #include "presets.hpp"
 #include "training_report.hpp"
@@ -87,11 +88,11 @@ CLI::App* add_train_command(CLI::App& app, TrainCommand& c) {
   cmd->add_option("--out", c.out_dir, "output folder");
   cmd->add_option("--resume", c.resume, "continue the run saved in this checkpoint (same settings)");
   cmd->add_option("--data", c.data_dir, "Fashion-MNIST folder (default: the Debian package's)");
-  cmd->add_option("--eval-every", c.eval_every, "evaluate every N steps (0: at the end only)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--eval-every", c.eval_every, "evaluate every N steps (0: at the end only)")->check(non_negative_integer());
   cmd->add_option("--checkpoint-every", c.checkpoint_every, "checkpoint every N steps (0: at the end only)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative_integer());
   cmd->add_option("--stop-after", c.stop_after, "stop after N steps done (resume later with --resume)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative_integer());
   cmd->add_option("--threads", c.threads, "OpenMP threads (default: all cores)")->check(CLI::Range(1, 1024));
   return cmd;
 }

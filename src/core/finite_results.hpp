@@ -1,0 +1,87 @@
+#pragma once
+// Finite inputs must never come back as silent NaN or infinity. The normalized
+// read-out num / (den + eps) can still produce them: its denominator can be
+// exactly 0 (eps = 0 with all-zero features, or the identity map's signed sums
+// cancelling), and phi(q)^T S~ can overflow T where |q| |k| |v| nears T's
+// range. Computing around that would cost every call; checking the results is
+// one streaming pass over memory the kernel has just written. Non-finite
+// inputs propagate as IEEE arithmetic does, as any tensor library's ops do.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/validate.hpp"
+
+namespace mhla::detail {
+
+// One tensor taking part in a call: its name for messages, its data and shape.
+template <typename T>
+struct NamedTensor {
+  const char* name;
+  const T* data;
+  std::vector<int64_t> shape;
+};
+
+// Index of the first entry that is not finite, or -1. Chunks are summed as
+// x * 0 (NaN exactly when x is infinite or NaN) so the scan vectorises without
+// branches; only a flagged chunk is searched element by element.
+template <typename T>
+int64_t first_non_finite(const T* x, int64_t n) {
+  constexpr int64_t kChunk = 1024;
+  for (int64_t start = 0; start < n; start += kChunk) {
+    const int64_t end = std::min(n, start + kChunk);
+    T probe = 0;
+#pragma omp simd reduction(+ : probe)
+    for (int64_t i = start; i < end; ++i) probe += x[i] * T(0);
+    if (probe == probe) continue;
+    for (int64_t i = start; i < end; ++i)
+      if (!std::isfinite(x[i])) return i;
+  }
+  return -1;
+}
+
+// "o[0, 5, 1, 2]" for flat index 73 of a tensor of `shape`.
+std::string element_name(const char* name, const std::vector<int64_t>& shape, int64_t flat);
+
+// "1e+19": short, exact enough to show the scale of a value.
+std::string format_number(double x);
+
+int64_t element_count(const std::vector<int64_t>& shape);
+
+template <typename T>
+double largest_magnitude(const T* x, int64_t n) {
+  T largest = 0;
+#pragma omp simd reduction(max : largest)
+  for (int64_t i = 0; i < n; ++i) largest = std::max(largest, std::abs(x[i]));
+  return double(largest);
+}
+
+// The causes of a non-finite MHLA or linear-attention result in this problem's
+// mode, with their remedies.
+std::string non_finite_reason(const Problem& problem, bool single_precision);
+
+// Throws mhla::Error if a result holds a non-finite entry while every input is
+// finite, naming the entry, the inputs' magnitudes and the possible causes.
+template <typename T>
+void check_finite_results(const char* fn, const Problem& problem,
+                          const std::vector<NamedTensor<T>>& results,
+                          const std::vector<NamedTensor<T>>& inputs) {
+  for (const NamedTensor<T>& r : results) {
+    const int64_t bad = first_non_finite(r.data, element_count(r.shape));
+    if (bad < 0) continue;
+    std::string magnitudes;
+    for (const NamedTensor<T>& in : inputs) {
+      const int64_t n = element_count(in.shape);
+      if (first_non_finite(in.data, n) >= 0) return;  // NaN or inf in, NaN or inf out
+      magnitudes += std::string(magnitudes.empty() ? "" : ", ") + "|" + in.name + "| <= " +
+                    format_number(largest_magnitude(in.data, n));
+    }
+    fail(fn, element_name(r.name, r.shape, bad) + " = " + format_number(r.data[bad]) +
+                 " is not finite although every input is finite (" + magnitudes +
+                 "): " + non_finite_reason(problem, sizeof(T) == 4));
+  }
+}
+
+}  // namespace mhla::detail
