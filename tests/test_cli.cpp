@@ -16,6 +16,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using testing::HasSubstr;
+using testing::Not;
 using tools::DType;
 
 struct CliRun {
@@ -140,6 +141,52 @@ TEST_F(Cli, BadInputIsAOneLineErrorAndNothingIsOverwritten) {
   const CliRun flag = mhla_cli("forward" + qkv + " --masking sideways --out-dir " + path("out3"));
   EXPECT_NE(flag.status, 0);
   EXPECT_THAT(flag.output, HasSubstr("unknown masking 'sideways'; expected none, causal or block_causal"));
+}
+
+// Each input file reaches the library with its own shape: a k whose shape
+// differs from q's is a named error (it once was read with q's shape: silent
+// garbage from forward, heap corruption or a hang in backward).
+TEST_F(Cli, InconsistentShapesAndBadFlagsAreNamedErrors) {
+  auto save = [&](const std::string& name, DType dtype, std::vector<int64_t> shape, double value) {
+    int64_t n = 1;
+    for (int64_t e : shape) n *= e;
+    tools::write_npy(path(name), dtype, shape, std::vector<double>(size_t(n), value), false);
+  };
+  save("q.npy", DType::f32, {1, 16, 2, 4}, 0.5);
+  save("k3.npy", DType::f32, {1, 16, 2, 3}, 0.5);
+  save("k5.npy", DType::f32, {1, 16, 2, 5}, 0.5);
+  save("k1.npy", DType::f32, {1, 1, 1, 1}, 0.5);
+  save("g.npy", DType::f32, {1, 16, 2, 4}, 0.5);
+  const std::string q = " --q " + path("q.npy") + " --v " + path("q.npy") + " --block 4";
+  for (const char* kind : {"forward", "backward"})
+    for (const auto& [file, shape] : {std::pair{"k3.npy", "[1, 16, 2, 3]"}, {"k5.npy", "[1, 16, 2, 5]"},
+                                      {"k1.npy", "[1, 1, 1, 1]"}}) {
+      SCOPED_TRACE(std::string(kind) + " " + file);
+      const std::string out = path(std::string("out-") + kind + file);
+      const std::string grad = kind == std::string("backward") ? " --grad-o " + path("g.npy") : "";
+      const CliRun r = mhla_cli(std::string(kind) + q + " --k " + path(file) + grad + " --out-dir " + out);
+      EXPECT_EQ(r.status, 1) << r.output;
+      EXPECT_THAT(r.output, HasSubstr(std::string("error: mhla::forward: k has shape ") + shape +
+                                      ", expected [1, 16, 2, 4]"));
+      EXPECT_FALSE(fs::exists(out + "/o.npy"));
+    }
+  const std::string qkv = q + " --k " + path("q.npy") + " --out-dir " + path("o");
+  const CliRun length = mhla_cli("forward" + qkv + " --masking causal --toeplitz-length -5");
+  EXPECT_NE(length.status, 0);
+  EXPECT_THAT(length.output, HasSubstr("--toeplitz-length: must be an integer >= 0, got '-5'"));
+  const CliRun block = mhla_cli("forward" + qkv + " --block 0");
+  EXPECT_NE(block.status, 0);
+  EXPECT_THAT(block.output, HasSubstr("--block: must be a positive integer, got '0'"));
+  EXPECT_THAT(block.output, Not(HasSubstr("1797693")));
+
+  // Finite float32 input whose normalized read-out overflows: named, nothing written.
+  save("huge.npy", DType::f32, {1, 16, 2, 4}, 1e19);
+  const CliRun overflow = mhla_cli("forward --q " + path("huge.npy") + " --k " + path("huge.npy") + " --v " +
+                                   path("q.npy") + " --block 4 --out-dir " + path("o2"));
+  EXPECT_EQ(overflow.status, 1);
+  EXPECT_THAT(overflow.output, HasSubstr("is not finite although every input is finite"));
+  EXPECT_THAT(overflow.output, HasSubstr("overflows float32"));
+  EXPECT_FALSE(fs::exists(path("o2/o.npy")));
 }
 
 TEST_F(Cli, AnalyzeWritesHeatmapsAndSummary) {

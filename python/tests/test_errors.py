@@ -113,3 +113,46 @@ def test_importing_mhla_first_leaves_torch_and_numpy_blas_working():
     )
     subprocess.run([sys.executable, "-c", script], check=True, timeout=120, env={**__import__("os").environ,
                    "PYTHONPATH": ":".join(sys.path)})
+
+
+def test_inconsistent_head_dims_and_empty_batches_name_the_called_function():
+    q, k, v, w = good()
+    with pytest.raises(ValueError, match=r"mhla::forward: k has shape \[1, 8, 2, 2\], expected \[1, 8, 2, 3\]"):
+        mt.mhla_attention(q, k[..., :2].contiguous(), v, w, LAYOUT)
+    # save_summaries=True sizes a buffer first; the error is still forward's.
+    empty = torch.rand(0, 8, 2, 3, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"mhla::forward: q has shape \[0, 8, 2, 3\]; every extent must be positive"):
+        mt.mhla_attention(empty, empty, torch.rand(0, 8, 2, 4, dtype=torch.float64), w, LAYOUT)
+    with pytest.raises(ValueError, match=r"^mhla::forward: options.layout .* has 9 tokens but q has N = 8"):
+        mt.mhla_attention(q, k, v, w, mhla.Layout.sequence(9, 4))
+
+
+def test_finite_input_never_gives_silent_nan():
+    q = torch.full((1, 16, 2, 4), 1e19)
+    v = torch.full((1, 16, 2, 4), 0.5)
+    w = torch.as_tensor(mhla.init_mixing(mhla.Layout.sequence(16, 4)))
+    with pytest.raises(ValueError, match=r"o\[0, 0, 0, 0\] = .* is not finite although every input is finite"):
+        mhla.forward(q, q, v, w, layout=mhla.Layout.sequence(16, 4), feature_map="elu1")
+    o, _ = mhla.forward(q.double(), q.double(), v.double(), w.double(), layout=mhla.Layout.sequence(16, 4),
+                        feature_map="elu1")
+    torch.testing.assert_close(o, v.double())
+    zero = torch.zeros(1, 8, 2, 3, dtype=torch.float64)
+    with pytest.raises(ValueError, match="eps = 0 with all-zero features"):
+        mhla.forward(zero, zero, torch.rand(1, 8, 2, 4, dtype=torch.float64), good()[3], layout=LAYOUT,
+                     feature_map="relu", eps=0.0)
+
+
+def test_summaries_from_another_forward_are_rejected():
+    q, k, v, w = good()
+    o, saved = mhla.forward(q, k, v, w, layout=LAYOUT, save_summaries=True)
+    g = torch.rand_like(v)
+    mhla.backward(q, k, v, w, o, g, summaries=saved, layout=LAYOUT)
+    with pytest.raises(ValueError, match="saved_summaries do not belong to these k and v"):
+        mhla.backward(q, k + 1, v, w, o, g, summaries=saved, layout=LAYOUT)
+
+
+def test_oversized_mixing_and_impossible_allocations():
+    with pytest.raises(ValueError, match="limited to M <= 8192"):
+        mhla.init_mixing(mhla.Layout.sequence(65536, 1))
+    with pytest.raises(MemoryError, match="init_toeplitz_mixing: cannot allocate .* bytes"):
+        mhla.init_toeplitz_mixing(2**62)

@@ -3,9 +3,10 @@
 // read-out num / (den + eps) can still produce them: its denominator can be
 // exactly 0 (eps = 0 with all-zero features, or the identity map's signed sums
 // cancelling), and phi(q)^T S~ can overflow T where |q| |k| |v| nears T's
-// range. Computing around that would cost every call; checking the results is
-// one streaming pass over memory the kernel has just written. Non-finite
-// inputs propagate as IEEE arithmetic does, as any tensor library's ops do.
+// range. Computing around that would cost every call. Instead the kernels note
+// whether what they wrote is finite while it is still in registers, and only
+// then is this search run, to name the entry and the cause. Non-finite inputs
+// propagate as IEEE arithmetic does, as any tensor library's ops do.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -62,26 +63,31 @@ double largest_magnitude(const T* x, int64_t n) {
 // mode, with their remedies.
 std::string non_finite_reason(const Problem& problem, bool single_precision);
 
-// Throws mhla::Error if a result holds a non-finite entry while every input is
-// finite, naming the entry, the inputs' magnitudes and the possible causes.
+// Called when a kernel saw a non-finite value among its results or its
+// read-out denominators (an overflowed denominator turns a representable output
+// into a silent 0). Returns if some input is not finite (propagation);
+// otherwise throws mhla::Error naming the first non-finite result entry, or the
+// denominator, with the inputs' magnitudes and the mode's possible causes.
 template <typename T>
-void check_finite_results(const char* fn, const Problem& problem,
-                          const std::vector<NamedTensor<T>>& results,
-                          const std::vector<NamedTensor<T>>& inputs) {
+void report_non_finite(const char* fn, const Problem& problem,
+                       const std::vector<NamedTensor<T>>& results,
+                       const std::vector<NamedTensor<T>>& inputs) {
+  std::string magnitudes;
+  for (const NamedTensor<T>& in : inputs) {
+    const int64_t n = element_count(in.shape);
+    if (first_non_finite(in.data, n) >= 0) return;  // NaN or inf in, NaN or inf out
+    magnitudes += std::string(magnitudes.empty() ? "" : ", ") + "|" + in.name + "| <= " +
+                  format_number(largest_magnitude(in.data, n));
+  }
+  std::string what = "the read-out's denominator phi(q)^T z~ + eps";
   for (const NamedTensor<T>& r : results) {
     const int64_t bad = first_non_finite(r.data, element_count(r.shape));
     if (bad < 0) continue;
-    std::string magnitudes;
-    for (const NamedTensor<T>& in : inputs) {
-      const int64_t n = element_count(in.shape);
-      if (first_non_finite(in.data, n) >= 0) return;  // NaN or inf in, NaN or inf out
-      magnitudes += std::string(magnitudes.empty() ? "" : ", ") + "|" + in.name + "| <= " +
-                    format_number(largest_magnitude(in.data, n));
-    }
-    fail(fn, element_name(r.name, r.shape, bad) + " = " + format_number(r.data[bad]) +
-                 " is not finite although every input is finite (" + magnitudes +
-                 "): " + non_finite_reason(problem, sizeof(T) == 4));
+    what = element_name(r.name, r.shape, bad) + " = " + format_number(r.data[bad]);
+    break;
   }
+  fail(fn, what + " is not finite although every input is finite (" + magnitudes +
+               "): " + non_finite_reason(problem, sizeof(T) == 4));
 }
 
 }  // namespace mhla::detail

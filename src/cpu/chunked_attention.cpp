@@ -59,18 +59,18 @@ void ChunkedAttention<T>::in_block_scores(const BlockTask& t, const T* k, const 
 }
 
 template <typename T>
-void ChunkedAttention<T>::forward(const T* q, const T* k, const T* v, T* o,
+bool ChunkedAttention<T>::forward(const T* q, const T* k, const T* v, T* o,
                                   T* summaries_out) const {
   const size_t total = size_t(task_count() * x_);
   T* summaries = summaries_out ? summaries_out : scratch<T>(Scratch::summaries, total);
   T* mixed = scratch<T>(Scratch::mixed, total);
   compute_summaries(k, v, summaries);
   mixer_.mix(summaries, mixed);
-  compute_outputs(q, k, v, mixed, o);
+  return compute_outputs(q, k, v, mixed, o);
 }
 
 template <typename T>
-void ChunkedAttention<T>::backward(const T* q, const T* k, const T* v, const T* o,
+bool ChunkedAttention<T>::backward(const T* q, const T* k, const T* v, const T* o,
                                    const T* grad_o, T* grad_q, T* grad_k, T* grad_v, T* grad_w,
                                    const T* saved_summaries) const {
   const size_t total = size_t(task_count() * x_);
@@ -85,10 +85,12 @@ void ChunkedAttention<T>::backward(const T* q, const T* k, const T* v, const T* 
   T* diagonal_grad = scratch<T>(Scratch::diagonal_grad, size_t(task_count()));
   mixer_.mix(summaries, mixed);
   // Overwrites `mixed` with its gradient, block by block, once it has been read.
-  output_gradients(q, k, v, o, grad_o, mixed, diagonal_grad, grad_q, grad_k, grad_v);
+  const bool finite_q =
+      output_gradients(q, k, v, o, grad_o, mixed, diagonal_grad, grad_q, grad_k, grad_v);
   mixer_.mix_backward(mixed, summaries, p_.causal ? diagonal_grad : nullptr, summaries_grad,
                       grad_w);
-  key_value_gradients(k, v, summaries_grad, grad_k, grad_v);
+  const bool finite_kv = key_value_gradients(k, v, summaries_grad, grad_k, grad_v);
+  return finite_q && finite_kv;
 }
 
 template <typename T>
@@ -110,10 +112,11 @@ void ChunkedAttention<T>::compute_summaries(const T* k, const T* v, T* summaries
 }
 
 template <typename T>
-void ChunkedAttention<T>::compute_outputs(const T* q, const T* k, const T* v, const T* mixed,
+bool ChunkedAttention<T>::compute_outputs(const T* q, const T* k, const T* v, const T* mixed,
                                           T* o) const {
   const auto& d = p_.dims;
   const T eps = T(p_.eps), scale = T(p_.scale);
+  bool finite = true;
 #pragma omp parallel
   {
     std::vector<T> u(max_rows_ * d.dk), y(max_rows_ * x1_);
@@ -123,7 +126,7 @@ void ChunkedAttention<T>::compute_outputs(const T* q, const T* k, const T* v, co
       vals.resize(max_rows_ * x1_);
       a.resize(max_rows_ * max_rows_);
     }
-#pragma omp for schedule(static)
+#pragma omp for schedule(static) reduction(&& : finite)
     for (int64_t task = 0; task < task_count(); ++task) {
       const BlockTask t = block_task(task);
       gather_rows(*p_.layout, t.block, p_.phi, q, t.qk, d.dk, u.data(), d.dk);
@@ -136,27 +139,34 @@ void ChunkedAttention<T>::compute_outputs(const T* q, const T* k, const T* v, co
         gemm(false, false, t.rows, x1_, t.rows, mixer_.diagonal(t.bh, t.block), a.data(), t.rows,
              vals.data(), x1_, T(1), y.data(), x1_);
       }
+      // x * 0 is NaN exactly when x is not finite (see scatter_rows).
+      T probe = 0;
       for_each_row(*p_.layout, t.block, t.v, [&](int64_t row, int64_t offset) {
         const T* yr = y.data() + row * x1_;
         T* out = o + offset;
         prefetch_ahead(out, t.v.stride, d.dv);
-        if (p_.normalize) {
-          const T inv = T(1) / (yr[d.dv] + eps);
-          for (int64_t e = 0; e < d.dv; ++e) out[e] = yr[e] * inv;
-        } else {
-          for (int64_t e = 0; e < d.dv; ++e) out[e] = scale * yr[e];
+        // An overflowed denominator would turn the row into silent zeros.
+        if (p_.normalize) probe += yr[d.dv] * T(0);
+        const T factor = p_.normalize ? T(1) / (yr[d.dv] + eps) : scale;
+#pragma omp simd reduction(+ : probe)
+        for (int64_t e = 0; e < d.dv; ++e) {
+          out[e] = yr[e] * factor;
+          probe += out[e] * T(0);
         }
       });
+      finite = finite && probe == probe;
     }
   }
+  return finite;
 }
 
 template <typename T>
-void ChunkedAttention<T>::output_gradients(const T* q, const T* k, const T* v, const T* o,
+bool ChunkedAttention<T>::output_gradients(const T* q, const T* k, const T* v, const T* o,
                                            const T* grad_o, T* mixed, T* diagonal_grad, T* grad_q,
                                            T* grad_k, T* grad_v) const {
   const auto& d = p_.dims;
   const T eps = T(p_.eps), scale = T(p_.scale);
+  bool finite = true;
 #pragma omp parallel
   {
     std::vector<T> u(max_rows_ * d.dk), g(max_rows_ * d.dv), out(max_rows_ * d.dv);
@@ -170,7 +180,7 @@ void ChunkedAttention<T>::output_gradients(const T* q, const T* k, const T* v, c
       dkap.resize(max_rows_ * d.dk);
       dvals.resize(max_rows_ * x1_);
     }
-#pragma omp for schedule(static)
+#pragma omp for schedule(static) reduction(&& : finite)
     for (int64_t task = 0; task < task_count(); ++task) {
       const BlockTask t = block_task(task);
       const int64_t rows = t.rows;
@@ -235,23 +245,26 @@ void ChunkedAttention<T>::output_gradients(const T* q, const T* k, const T* v, c
         scatter_rows(*p_.layout, t.block, dkap.data(), d.dk, t.qk, d.dk, false, grad_k);
         scatter_rows(*p_.layout, t.block, dvals.data(), x1_, t.v, d.dv, false, grad_v);
       }
-      scatter_through_feature(*p_.layout, t.block, p_.phi, u.data(), du.data(), d.dk, t.qk, d.dk,
-                              false, grad_q);
+      finite = scatter_through_feature(*p_.layout, t.block, p_.phi, u.data(), du.data(), d.dk,
+                                       t.qk, d.dk, false, grad_q) &&
+               finite;
       // y = phi(Q) mixed_i:  dmixed_i = phi(Q)^T dy, stored over mixed_i (no longer read).
       gemm(true, false, d.dk, x1_, rows, T(1), u.data(), d.dk, dy.data(), x1_, T(0), mixed_i, x1_);
     }
   }
+  return finite;
 }
 
 template <typename T>
-void ChunkedAttention<T>::key_value_gradients(const T* k, const T* v, const T* summaries_grad,
+bool ChunkedAttention<T>::key_value_gradients(const T* k, const T* v, const T* summaries_grad,
                                               T* grad_k, T* grad_v) const {
   const auto& d = p_.dims;
+  bool finite = true;
 #pragma omp parallel
   {
     std::vector<T> kap(max_rows_ * d.dk), vals(max_rows_ * x1_);
     std::vector<T> dkap(max_rows_ * d.dk), dvals(max_rows_ * x1_);
-#pragma omp for schedule(static)
+#pragma omp for schedule(static) reduction(&& : finite)
     for (int64_t task = 0; task < task_count(); ++task) {
       const BlockTask t = block_task(task);
       const T* ds = summaries_grad + t.summary;
@@ -263,11 +276,14 @@ void ChunkedAttention<T>::key_value_gradients(const T* k, const T* v, const T* s
       gemm(false, false, t.rows, x1_, d.dk, T(1), kap.data(), d.dk, ds, x1_, T(0), dvals.data(),
            x1_);
       // Causal blocks parked their in-block part in grad_k / grad_v.
-      scatter_through_feature(*p_.layout, t.block, p_.phi, kap.data(), dkap.data(), d.dk, t.qk,
-                              d.dk, p_.causal, grad_k);
-      scatter_rows(*p_.layout, t.block, dvals.data(), x1_, t.v, d.dv, p_.causal, grad_v);
+      const bool finite_k = scatter_through_feature(*p_.layout, t.block, p_.phi, kap.data(),
+                                                    dkap.data(), d.dk, t.qk, d.dk, p_.causal, grad_k);
+      const bool finite_v =
+          scatter_rows(*p_.layout, t.block, dvals.data(), x1_, t.v, d.dv, p_.causal, grad_v);
+      finite = finite && finite_k && finite_v;
     }
   }
+  return finite;
 }
 
 template class ChunkedAttention<float>;

@@ -24,16 +24,20 @@ class ChunkedAttention {
 
   // summaries_out / saved_summaries: optional [B*H, M, Dk*(Dv+1)] arrays in
   // which forward keeps the block summaries and from which backward reads them.
-  void forward(const T* q, const T* k, const T* v, T* o, T* summaries_out = nullptr) const;
-  void backward(const T* q, const T* k, const T* v, const T* o, const T* grad_o, T* grad_q,
+  // Both return whether every output they wrote is finite (for backward:
+  // grad_q, grad_k and grad_v; grad_w is small enough to scan afterwards),
+  // observed while the values are hot, so the API layer only searches the
+  // results when something went wrong.
+  bool forward(const T* q, const T* k, const T* v, T* o, T* summaries_out = nullptr) const;
+  bool backward(const T* q, const T* k, const T* v, const T* o, const T* grad_o, T* grad_q,
                 T* grad_k, T* grad_v, T* grad_w, const T* saved_summaries = nullptr) const;
 
  private:
   void compute_summaries(const T* k, const T* v, T* summaries) const;
-  void compute_outputs(const T* q, const T* k, const T* v, const T* mixed, T* o) const;
-  void output_gradients(const T* q, const T* k, const T* v, const T* o, const T* grad_o,
+  bool compute_outputs(const T* q, const T* k, const T* v, const T* mixed, T* o) const;
+  bool output_gradients(const T* q, const T* k, const T* v, const T* o, const T* grad_o,
                         T* mixed, T* diagonal_grad, T* grad_q, T* grad_k, T* grad_v) const;
-  void key_value_gradients(const T* k, const T* v, const T* summaries_grad, T* grad_k,
+  bool key_value_gradients(const T* k, const T* v, const T* summaries_grad, T* grad_k,
                            T* grad_v) const;
 
   // One block of one (batch, head) slice. Tasks run heads innermost: a thread

@@ -37,8 +37,8 @@ Decoder::Decoder(const DecoderOptions& options, TensorView<const float> w) : opt
                             std::string(fn) + ": state size");
   check_options_and_mixing(fn, w);
   const size_t summary = size_t(options.dk * (options.dv + 1));
-  const double state_bytes = double(options.batch) * double(options.heads) * double(summary) *
-                             (toeplitz_ ? 3 : 2) * sizeof(float);
+  const double state_bytes = double(options.batch) * double(options.heads) *
+                             (sizeof(HeadState) + double(summary) * (toeplitz_ ? 3 : 2) * sizeof(float));
   detail::allocating(fn, "the decoding state of " + std::to_string(options.batch) + " x " +
                              std::to_string(options.heads) + " heads of [Dk, Dv + 1] summaries",
                      state_bytes, [&] {
@@ -229,7 +229,8 @@ void Decoder::step(TensorView<const float> q, TensorView<const float> k,
                    context_description());
 
   const float eps = float(options_.eps), scale = float(scale_);
-#pragma omp parallel for schedule(static)
+  bool finite = true;
+#pragma omp parallel for schedule(static) reduction(&& : finite)
   for (int64_t task = 0; task < batch * heads; ++task) {
     const int64_t b = task / heads, h = task % heads, pos = positions_[b];
     const int64_t block = pos / options_.block;
@@ -271,8 +272,10 @@ void Decoder::step(TensorView<const float> q, TensorView<const float> k,
     } else {
       for (int64_t e = 0; e < dv; ++e) out[e] *= scale;
     }
+    finite = finite && std::isfinite(den) && detail::first_non_finite(out, dv) < 0;
   }
   for (int64_t& p : positions_) ++p;
+  if (finite) return;
   detail::Problem mode;
   mode.normalize = options_.normalize;
   mode.eps = options_.eps;
@@ -280,7 +283,7 @@ void Decoder::step(TensorView<const float> q, TensorView<const float> k,
   // The token is already part of every sequence's state; the message says so
   // because that state now holds the overflow too.
   try {
-    detail::check_finite_results<float>(
+    detail::report_non_finite<float>(
         fn, mode, {{"o", o.data, o.shape}},
         {{"q", q.data, q.shape}, {"k", k.data, k.shape}, {"v", v.data, v.shape}});
   } catch (const Error& e) {

@@ -35,8 +35,8 @@ void linear_attention_forward(const LinearAttentionOptions& options, TensorView<
   p.layout = &chunks;
   p.blocks = chunks.num_blocks();
   const cpu::UniformMixer<T> mixer(p);
-  cpu::ChunkedAttention<T>(p, mixer).forward(q.data, k.data, v.data, o.data);
-  detail::check_finite_results<T>(fn, p, {{"o", o.data, o.shape}},
+  if (!cpu::ChunkedAttention<T>(p, mixer).forward(q.data, k.data, v.data, o.data))
+    detail::report_non_finite<T>(fn, p, {{"o", o.data, o.shape}},
                                   {{"q", q.data, q.shape}, {"k", k.data, k.shape}, {"v", v.data, v.shape}});
 }
 
@@ -53,9 +53,9 @@ void linear_attention_backward(const LinearAttentionOptions& options, TensorView
   p.layout = &chunks;
   p.blocks = chunks.num_blocks();
   const cpu::UniformMixer<T> mixer(p);
-  cpu::ChunkedAttention<T>(p, mixer).backward(q.data, k.data, v.data, o.data, grad_o.data,
-                                              grad_q.data, grad_k.data, grad_v.data, nullptr);
-  detail::check_finite_results<T>(
+  if (!cpu::ChunkedAttention<T>(p, mixer).backward(q.data, k.data, v.data, o.data, grad_o.data,
+                                                   grad_q.data, grad_k.data, grad_v.data, nullptr))
+    detail::report_non_finite<T>(
       fn, p,
       {{"grad_q", grad_q.data, grad_q.shape}, {"grad_k", grad_k.data, grad_k.shape},
        {"grad_v", grad_v.data, grad_v.shape}},

@@ -44,9 +44,10 @@ void forward(const Options& options, TensorView<const T> q, TensorView<const T> 
   detail::check_output(fn, "o", o, detail::v_shape(p.dims));
   const bool save = check_saved_summaries(fn, p, saved_summaries);
   const auto mixer = cpu::make_mixer(p, w.data);
-  cpu::ChunkedAttention<T>(p, *mixer).forward(q.data, k.data, v.data, o.data,
-                                             save ? saved_summaries.data : nullptr);
-  detail::check_finite_results<T>(fn, p, {{"o", o.data, o.shape}},
+  const bool finite = cpu::ChunkedAttention<T>(p, *mixer).forward(
+      q.data, k.data, v.data, o.data, save ? saved_summaries.data : nullptr);
+  if (!finite)
+    detail::report_non_finite<T>(fn, p, {{"o", o.data, o.shape}},
                                   {{"q", q.data, q.shape}, {"k", k.data, k.shape}, {"v", v.data, v.shape}});
 }
 
@@ -63,15 +64,17 @@ void backward(const Options& options, TensorView<const T> q, TensorView<const T>
   const bool saved = check_saved_summaries(fn, p, saved_summaries);
   if (saved) detail::check_saved_summaries_match(fn, p, k.data, v.data, saved_summaries.data);
   const auto mixer = cpu::make_mixer(p, w.data);
-  cpu::ChunkedAttention<T>(p, *mixer).backward(q.data, k.data, v.data, o.data, grad_o.data,
-                                              grad_q.data, grad_k.data, grad_v.data, grad_w.data,
-                                              saved ? saved_summaries.data : nullptr);
-  detail::check_finite_results<T>(
-      fn, p,
-      {{"grad_q", grad_q.data, grad_q.shape}, {"grad_k", grad_k.data, grad_k.shape},
-       {"grad_v", grad_v.data, grad_v.shape}, {"grad_w", grad_w.data, grad_w.shape}},
-      {{"q", q.data, q.shape}, {"k", k.data, k.shape}, {"v", v.data, v.shape},
-       {"o", o.data, o.shape}, {"grad_o", grad_o.data, grad_o.shape}});
+  const bool finite = cpu::ChunkedAttention<T>(p, *mixer).backward(
+      q.data, k.data, v.data, o.data, grad_o.data, grad_q.data, grad_k.data, grad_v.data,
+      grad_w.data, saved ? saved_summaries.data : nullptr);
+  // grad_w is small ([H,] M, M) and written by the mixer: scanned here.
+  if (!finite || detail::first_non_finite(grad_w.data, detail::element_count(grad_w.shape)) >= 0)
+    detail::report_non_finite<T>(
+        fn, p,
+        {{"grad_q", grad_q.data, grad_q.shape}, {"grad_k", grad_k.data, grad_k.shape},
+         {"grad_v", grad_v.data, grad_v.shape}, {"grad_w", grad_w.data, grad_w.shape}},
+        {{"q", q.data, q.shape}, {"k", k.data, k.shape}, {"v", v.data, v.shape},
+         {"o", o.data, o.shape}, {"grad_o", grad_o.data, grad_o.shape}});
 }
 
 FlopCount mhla_flops(int64_t batch, int64_t tokens, int64_t heads, int64_t dk, int64_t dv,

@@ -1,0 +1,172 @@
+// Regression tests for inputs that once crashed, hung or came back as silent
+// garbage: non-finite results from finite input, summaries saved by another
+// forward call, oversized mixing matrices and allocations that cannot be had.
+#include <limits>
+
+#include "test_support.hpp"
+
+namespace mhla::test {
+namespace {
+
+using testing::HasSubstr;
+using testing::ThrowsMessage;
+
+// One head, one block: q, k [1, N, 1, Dk], v [1, N, 1, Dv] filled with given values.
+template <typename T>
+struct Tiny {
+  Options options;
+  std::vector<T> q, k, v, w = {T(1)}, o;
+  std::vector<int64_t> qs, vs;
+
+  Tiny(int64_t n, int64_t dk, int64_t dv, T qv, T kv, T vv) {
+    options.layout = TokenLayout::sequence(n, n);
+    qs = {1, n, 1, dk};
+    vs = {1, n, 1, dv};
+    q.assign(size_t(n * dk), qv);
+    k.assign(size_t(n * dk), kv);
+    v.assign(size_t(n * dv), vv);
+    o.assign(size_t(n * dv), T(0));
+  }
+  void forward() {
+    mhla::forward<T>(options, view(q, qs), view(k, qs), view(v, vs), view(w, {1, 1}), view(o, vs));
+  }
+};
+
+TEST(BadInput, Float32OverflowIsANamedErrorWhileFloat64IsFinite) {
+  // elu+1 features of 1e19 give phi(q)^T S~ ~ 1e38 * Dk: beyond float32's range,
+  // although the normalized output (about v) is representable.
+  Tiny<float> f(16, 4, 4, 1e19f, 1e19f, 0.5f);
+  f.options.feature_map = FeatureMap::elu1;
+  EXPECT_THAT([&] { f.forward(); },
+              ThrowsMessage<Error>(AllOf(HasSubstr("mhla::forward: o[0, 0, 0, 0]"),
+                                         HasSubstr("is not finite although every input is finite"),
+                                         HasSubstr("|q| <= 1e+19"), HasSubstr("overflows float32"),
+                                         HasSubstr("compute in float64"))));
+  // With small v only the denominator overflows; the output would be a silent 0.
+  Tiny<float> small_v(16, 4, 4, 1e19f, 1e19f, 1e-3f);
+  small_v.options.feature_map = FeatureMap::elu1;
+  EXPECT_THAT([&] { small_v.forward(); },
+              ThrowsMessage<Error>(HasSubstr("mhla::forward: the read-out's denominator phi(q)^T z~ + eps is not "
+                                             "finite although every input is finite")));
+  Tiny<double> d(16, 4, 4, 1e19, 1e19, 0.5);
+  d.options.feature_map = FeatureMap::elu1;
+  d.forward();
+  for (double x : d.o) EXPECT_NEAR(x, 0.5, 1e-12);
+}
+
+TEST(BadInput, ZeroDenominatorsAreNamedErrors) {
+  // eps = 0 and relu features that are all zero: 0 / 0.
+  Tiny<float> relu(8, 2, 3, -1.0f, -1.0f, 1.0f);
+  relu.options.feature_map = FeatureMap::relu;
+  relu.options.eps = 0;
+  EXPECT_THAT([&] { relu.forward(); },
+              ThrowsMessage<Error>(AllOf(HasSubstr("zero denominator"), HasSubstr("eps = 0"),
+                                         HasSubstr("or use eps > 0"))));
+  // With eps > 0 the same input is defined: o = 0.
+  relu.options.eps = 1e-6;
+  relu.forward();
+  for (float x : relu.o) EXPECT_EQ(x, 0.0f);
+
+  // Identity features whose signed key sums cancel exactly: phi(q)^T z = 0.
+  Tiny<double> id(2, 1, 1, 1.0, 1.0, 1.0);
+  id.k = {1.0, -1.0};
+  id.options.eps = 0;
+  EXPECT_THAT([&] { id.forward(); },
+              ThrowsMessage<Error>(AllOf(HasSubstr("identity feature map's signed sums"),
+                                         HasSubstr("use a positive feature map"))));
+}
+
+TEST(BadInput, NonFiniteGradientsFromFiniteInputAreNamedErrors) {
+  // den = 1e-200 (finite), o = 1; grad_o = 1e200 gives dy = grad_o / den = inf.
+  Tiny<double> t(1, 1, 1, 1e-200, 1.0, 1.0);
+  t.options.eps = 0;
+  t.forward();
+  ASSERT_EQ(t.o[0], 1.0);
+  std::vector<double> g = {1e200}, gq(1), gk(1), gv(1), gw(1);
+  EXPECT_THAT(
+      [&] {
+        backward<double>(t.options, view(t.q, t.qs), view(t.k, t.qs), view(t.v, t.vs), view(t.w, {1, 1}),
+                         view(t.o, t.vs), view(g, t.vs), view(gq, t.qs), view(gk, t.qs), view(gv, t.vs),
+                         view(gw, {1, 1}));
+      },
+      ThrowsMessage<Error>(AllOf(HasSubstr("mhla::backward: grad_"), HasSubstr("not finite"))));
+}
+
+TEST(BadInput, NonFiniteInputPropagatesWithoutError) {
+  Tiny<float> t(8, 2, 2, 0.5f, 0.5f, 0.5f);
+  t.v[3] = std::numeric_limits<float>::quiet_NaN();
+  t.forward();  // IEEE propagation, as in any tensor library: no error
+  EXPECT_TRUE(std::any_of(t.o.begin(), t.o.end(), [](float x) { return std::isnan(x); }));
+}
+
+TEST(BadInput, LinearAttentionAndDecoderNameNonFiniteResultsToo) {
+  Tiny<float> t(16, 4, 4, 1e19f, 1e19f, 0.5f);
+  LinearAttentionOptions lin;
+  lin.feature_map = FeatureMap::elu1;
+  EXPECT_THAT(
+      [&] { linear_attention_forward<float>(lin, view(t.q, t.qs), view(t.k, t.qs), view(t.v, t.vs), view(t.o, t.vs)); },
+      ThrowsMessage<Error>(HasSubstr("mhla::linear_attention_forward: o[")));
+
+  DecoderOptions d;
+  d.heads = 1, d.dk = 4, d.dv = 4, d.block = 4, d.feature_map = FeatureMap::elu1;
+  const std::vector<float> w = {1.0f};
+  Decoder decoder(d, view(w, {1, 1}));
+  std::vector<float> q(4, 1e19f), v(4, 0.5f), o(4);
+  EXPECT_THAT([&] { decoder.step(view(q, {1, 1, 1, 4}), view(q, {1, 1, 1, 4}), view(v, {1, 1, 1, 4}), view(o, {1, 1, 1, 4})); },
+              ThrowsMessage<Error>(AllOf(HasSubstr("mhla::Decoder::step: "), HasSubstr("is not finite although every input is finite"), HasSubstr("reset the sequence"))));
+}
+
+TEST(BadInput, SummariesSavedForOtherInputsAreRejected) {
+  for (const Case& c : {Case{"1d", 2, 2, 3, 4, TokenLayout::sequence(13, 4), Masking::causal},
+                        Case{"2d", 1, 3, 2, 2, TokenLayout::grid2d(5, 6, 2, 3)}}) {
+    SCOPED_TRACE(c.label());
+    const Inputs a = make_inputs(c, 1), b = make_inputs(c, 2);
+    const auto ss = saved_summaries_shape(c.options(), c.q_shape(), c.v_shape());
+    std::vector<double> o(a.v.size()), saved(size_t(numel(ss)));
+    forward<double>(c.options(), view(a.q, c.q_shape()), view(a.k, c.q_shape()), view(a.v, c.v_shape()),
+                    view(a.w, c.w_shape()), view(o, c.v_shape()), view(saved, ss));
+    std::vector<double> gq(a.q.size()), gk(a.k.size()), gv(a.v.size()), gw(a.w.size());
+    auto run_backward = [&](const Inputs& in) {
+      backward<double>(c.options(), view(in.q, c.q_shape()), view(in.k, c.q_shape()), view(in.v, c.v_shape()),
+                       view(in.w, c.w_shape()), view(o, c.v_shape()), view(a.grad_o, c.v_shape()),
+                       view(gq, c.q_shape()), view(gk, c.q_shape()), view(gv, c.v_shape()),
+                       view(gw, c.w_shape()), view(saved, ss));
+    };
+    EXPECT_NO_THROW(run_backward(a));
+    EXPECT_THAT([&] { run_backward(b); },
+                ThrowsMessage<Error>(AllOf(HasSubstr("mhla::backward: saved_summaries do not belong to these k and v"),
+                                           HasSubstr("pass the summaries that forward() saved"))));
+    // Only v differs: the row sums of S_b catch it.
+    Inputs v_only = a;
+    v_only.v = b.v;
+    EXPECT_THROW(run_backward(v_only), Error);
+  }
+}
+
+TEST(BadInput, DenseMixingIsBoundedAndSaysSo) {
+  EXPECT_THAT([] { init_mixing(TokenLayout::sequence(65536, 1)); },
+              ThrowsMessage<Error>(AllOf(HasSubstr("limited to M <= 8192"), HasSubstr("Toeplitz mixing"))));
+  const std::vector<float> t = {1.0f, 0.5f};
+  EXPECT_THAT([&] { toeplitz_to_dense(view(t, {2}), 8193); }, ThrowsMessage<Error>(HasSubstr("[1, 8192]")));
+}
+
+TEST(BadInput, ImpossibleAllocationsAreNamedWithTheirBytes) {
+  // Beyond what std::vector can hold: refused before any memory is asked for.
+  EXPECT_THAT([] { init_toeplitz_mixing(std::numeric_limits<int64_t>::max() - 1); },
+              ThrowsMessage<OutOfMemory>(AllOf(HasSubstr("init_toeplitz_mixing: cannot allocate 3.68935e+19 bytes"),
+                                               HasSubstr("Toeplitz mixing vector"))));
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer reports a failed operator new itself instead of throwing";
+#else
+  // 2^30 heads of state (over 100 GiB): operator new fails and says how much was asked.
+  DecoderOptions d;
+  d.batch = 1 << 20, d.heads = 1 << 10, d.dk = 1, d.dv = 1, d.block = 4;
+  const std::vector<float> w = {1.0f};
+  EXPECT_THAT([&] { Decoder decoder(d, view(w, {1, 1})); },
+              ThrowsMessage<OutOfMemory>(AllOf(HasSubstr("mhla::Decoder: cannot allocate 1.2"), HasSubstr("e+11 bytes"),
+                                               HasSubstr("decoding state"))));
+#endif
+}
+
+}  // namespace
+}  // namespace mhla::test
