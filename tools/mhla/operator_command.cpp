@@ -191,11 +191,14 @@ CLI::App* add_operator_command(CLI::App& app, OperatorCommand& c) {
   cmd->add_option("--order", c.order, "axis order of the 4D tensors: bnhd or bhnd (PyTorch's usual)")
       ->capture_default_str()
       ->check(CLI::IsMember({"bnhd", "bhnd"}));
-  cmd->add_option("--grid", c.grid, "token grid, e.g. 14x14 or 8x14x14 (default: 1D of N tokens)");
-  cmd->add_option("--tile", c.tile, "block tile, e.g. 7x7 (default: the whole grid)");
+  // --block and --grid describe the layout two ways; silently ignoring one of
+  // them would compute something the user did not ask for.
+  CLI::Option* grid = cmd->add_option("--grid", c.grid, "token grid, e.g. 14x14 or 8x14x14 (default: 1D of N tokens)");
+  cmd->add_option("--tile", c.tile, "block tile, e.g. 7x7 (default: the whole grid)")->needs(grid);
   cmd->add_option("--block", c.block, "1D block size when --grid is not given")
       ->capture_default_str()
-      ->check(positive_integer());
+      ->check(positive_integer())
+      ->excludes(grid);
   cmd->add_option("--masking", c.masking, "none, causal (1D) or block_causal")->capture_default_str();
   cmd->add_option("--feature-map", c.feature_map, "identity, relu or elu1")->capture_default_str();
   cmd->add_flag("--unnormalized", c.unnormalized, "o = scale * phi(q)^T S~ instead of the normalized form");

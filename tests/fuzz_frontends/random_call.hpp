@@ -1,0 +1,52 @@
+#pragma once
+// Random operator calls for the differential front-end fuzzers: a consistent
+// call (random layout, masking, feature map, normalisation, mixing form,
+// shapes, dtype and magnitudes), then, for about half of them, one flaw that
+// every front end must reject with a named error. The same seed always gives
+// the same call, so a failure is reproduced from the seed it prints.
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "mhla/mhla.hpp"
+
+namespace mhla::fuzz {
+
+struct RandomCall {
+  uint64_t seed = 0;
+  Options options;
+  bool single_precision = false;
+  bool backward = false;
+  bool save_summaries = false;  // forward keeps them, backward reads them
+  // Inputs in double (already rounded to float when single_precision).
+  std::vector<double> q, k, v, w, grad_o;
+  std::vector<int64_t> q_shape, k_shape, v_shape, w_shape;
+  // What the caller hands in for the outputs (flaws may change these).
+  std::vector<int64_t> o_shape, grad_q_shape, saved_shape;
+  bool null_k = false;
+  // Empty for a consistent call; otherwise what was broken, e.g. "k head dim".
+  std::string flaw;
+
+  std::string describe() const;  // one line: seed, mode, shapes, flaw
+};
+
+RandomCall make_random_call(uint64_t seed);
+
+// The flaws a C++ caller can make (pointer and buffer-shape flaws included);
+// the command-line fuzzer draws from its own, file-level list.
+enum class CallFlaw {
+  none,
+  k_head_dim, k_tokens, v_batch_tokens_or_heads, w_blocks, w_rank, zero_extent, layout_tokens,
+  negative_w, nan_w, o_shape, grad_q_shape, saved_shape, causal_2d, scale_when_normalized,
+  bad_eps, toeplitz_without_mask, null_k, q_rank,
+  count
+};
+const char* to_string(CallFlaw flaw);
+// Applies `flaw` to a consistent call; returns false if it does not apply to
+// this call's mode (the caller then draws another).
+bool apply_flaw(RandomCall& call, CallFlaw flaw, std::mt19937_64& rng);
+
+int64_t element_count(const std::vector<int64_t>& shape);
+
+}  // namespace mhla::fuzz
