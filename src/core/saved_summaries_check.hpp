@@ -55,8 +55,11 @@ void check_saved_summaries_match(const char* fn, const Problem& p, const T* k, c
           for (int64_t e = 0; e < d.dv; ++e) saved_row += double(s[a * x1 + e]);
           const double saved_z = double(s[a * x1 + d.dv]);
           if (!std::isfinite(z[a]) || !std::isfinite(row[a])) continue;  // non-finite k or v propagate
-          const double z_tol = unit * double(rows + 1) * z_abs[a];
-          const double row_tol = unit * double(rows + d.dv + 1) * row_abs[a];
+          // Below T's smallest normal number the relative bound no longer holds
+          // (subnormal products keep few digits): an absolute floor covers it.
+          const double floor = double(rows + d.dv + 1) * double(std::numeric_limits<T>::min());
+          const double z_tol = unit * double(rows + 1) * z_abs[a] + floor;
+          const double row_tol = unit * double(rows + d.dv + 1) * row_abs[a] + floor;
           if (std::abs(saved_z - z[a]) <= z_tol && std::abs(saved_row - row[a]) <= row_tol) continue;
           fail(fn, "saved_summaries do not belong to these k and v: block " + std::to_string(blk) +
                        " of batch " + std::to_string(batch) + ", head " + std::to_string(h) +
