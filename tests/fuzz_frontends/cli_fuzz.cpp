@@ -16,7 +16,6 @@
 #include <fstream>
 
 #include "common/npy.hpp"
-#include "mhla/reference.hpp"
 #include "outcomes.hpp"
 #include "random_call.hpp"
 
@@ -98,45 +97,20 @@ class CliCase {
 
   // "" if the outputs in `out` equal the reference, else what differs.
   std::string compare(const fs::path& out) const {
-    const Options& opt = c_.options;
-    std::vector<double> o_ref(size_t(element_count(c_.v_shape)));
-    // make_random_call rounds float32 inputs, so these are the files' exact values.
-    const std::vector<double> &q = c_.q, &k = c_.k, &v = c_.v, &w = c_.w, &g = c_.grad_o;
-    reference::block_forward(opt, {q.data(), c_.q_shape}, {k.data(), c_.k_shape}, {v.data(), c_.v_shape},
-                             {w.data(), c_.w_shape}, {o_ref.data(), c_.v_shape});
-    std::vector<std::pair<std::string, std::pair<std::vector<double>, std::vector<int64_t>>>> expected = {
-        {"o", {o_ref, c_.v_shape}}};
-    if (c_.backward) {
-      std::vector<double> gq(q.size()), gk(k.size()), gv(v.size()), gw(w.size());
-      reference::block_backward(opt, {q.data(), c_.q_shape}, {k.data(), c_.k_shape}, {v.data(), c_.v_shape},
-                                {w.data(), c_.w_shape}, {g.data(), c_.v_shape}, {gq.data(), c_.q_shape},
-                                {gk.data(), c_.k_shape}, {gv.data(), c_.v_shape}, {gw.data(), c_.w_shape});
-      expected.push_back({"grad_q", {gq, c_.q_shape}});
-      expected.push_back({"grad_k", {gk, c_.k_shape}});
-      expected.push_back({"grad_v", {gv, c_.v_shape}});
-      expected.push_back({"grad_w", {gw, c_.w_shape}});
-    }
-    const double tol = dtype_ == DType::f32 ? 2e-3 : 1e-8;
-    for (auto& [name, want] : expected) {
-      const tools::NpyArray got = tools::read_npy((out / (name + ".npy")).string());
+    for (const NamedResult& want : reference_results(c_)) {
+      const tools::NpyArray got = tools::read_npy((out / (want.name + ".npy")).string());
       std::vector<double> values = got.values;
-      std::vector<int64_t> shape = want.second;
-      if (heads_first_ && name != "grad_w") {
+      std::vector<int64_t> shape = want.name == "o" ? c_.v_shape
+                                   : want.name == "grad_v" ? c_.v_shape
+                                   : want.name == "grad_w" ? c_.w_shape
+                                                           : c_.q_shape;
+      if (heads_first_ && want.name != "grad_w") {
         shape = {shape[0], shape[2], shape[1], shape[3]};
         values = swap_axes_1_2(values, shape);
       }
-      if (got.dtype != dtype_ || got.shape != shape) return name + ".npy has the wrong dtype or shape";
-      double scale = 1, err = 0;
-      for (double x : want.first) {
-        if (!std::isfinite(x)) return "";  // the double reference overflowed: nothing to compare
-        scale = std::max(scale, std::abs(x));
-      }
-      for (size_t i = 0; i < values.size(); ++i) {
-        if (!std::isfinite(values[i])) return name + " holds a non-finite value without an error";
-        err = std::max(err, std::abs(values[i] - want.first[i]));
-      }
-      if (err / scale > (name == "o" ? tol : 10 * tol))
-        return name + " differs from the reference by " + std::to_string(err / scale);
+      if (got.dtype != dtype_ || got.shape != shape) return want.name + ".npy has the wrong dtype or shape";
+      const std::string problem = compare_result(want, values, dtype_ == DType::f32);
+      if (!problem.empty()) return problem;
     }
     return "";
   }

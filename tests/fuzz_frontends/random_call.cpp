@@ -3,6 +3,8 @@
 #include <cmath>
 #include <limits>
 
+#include "mhla/reference.hpp"
+
 namespace mhla::fuzz {
 namespace {
 
@@ -187,6 +189,39 @@ bool apply_flaw(RandomCall& c, CallFlaw flaw, std::mt19937_64& rng) {
     case CallFlaw::count: break;
   }
   return false;
+}
+
+std::vector<NamedResult> reference_results(const RandomCall& c) {
+  const Options& opt = c.options;
+  std::vector<NamedResult> results = {{"o", std::vector<double>(size_t(element_count(c.v_shape)))}};
+  reference::block_forward(opt, {c.q.data(), c.q_shape}, {c.k.data(), c.k_shape}, {c.v.data(), c.v_shape},
+                           {c.w.data(), c.w_shape}, {results[0].values.data(), c.v_shape});
+  if (!c.backward) return results;
+  std::vector<double> gq(c.q.size()), gk(c.k.size()), gv(c.v.size()), gw(c.w.size());
+  reference::block_backward(opt, {c.q.data(), c.q_shape}, {c.k.data(), c.k_shape}, {c.v.data(), c.v_shape},
+                            {c.w.data(), c.w_shape}, {c.grad_o.data(), c.v_shape}, {gq.data(), c.q_shape},
+                            {gk.data(), c.k_shape}, {gv.data(), c.v_shape}, {gw.data(), c.w_shape});
+  results.push_back({"grad_q", std::move(gq)});
+  results.push_back({"grad_k", std::move(gk)});
+  results.push_back({"grad_v", std::move(gv)});
+  results.push_back({"grad_w", std::move(gw)});
+  return results;
+}
+
+std::string compare_result(const NamedResult& want, const std::vector<double>& got, bool single_precision) {
+  if (got.size() != want.values.size()) return want.name + " has the wrong size";
+  double scale = 1, err = 0;
+  for (double x : got)
+    if (!std::isfinite(x)) return "non-finite " + want.name + " returned without an error";
+  for (double x : want.values) {
+    if (!std::isfinite(x)) return "";  // the double reference itself overflowed: nothing to compare
+    scale = std::max(scale, std::abs(x));
+  }
+  for (size_t i = 0; i < got.size(); ++i) err = std::max(err, std::abs(got[i] - want.values[i]));
+  const double tolerance = (single_precision ? 2e-3 : 1e-8) * (want.name == "o" ? 1 : 10);
+  if (err / scale > tolerance)
+    return want.name + " differs from the reference by " + std::to_string(err / scale) + " (relative)";
+  return "";
 }
 
 std::string RandomCall::describe() const {

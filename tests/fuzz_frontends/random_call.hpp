@@ -49,4 +49,17 @@ bool apply_flaw(RandomCall& call, CallFlaw flaw, std::mt19937_64& rng);
 
 int64_t element_count(const std::vector<int64_t>& shape);
 
+// The double-precision block reference of a consistent call, on its exact
+// input values: o, then (for backward calls) grad_q, grad_k, grad_v, grad_w.
+struct NamedResult {
+  std::string name;
+  std::vector<double> values;
+};
+std::vector<NamedResult> reference_results(const RandomCall& call);
+
+// "" if `got` is finite and within `tolerance` of `want` relative to
+// max(max |want|, 1) (gradients get 10x: they sum more terms), else what is
+// wrong. A reference that itself overflowed is not compared.
+std::string compare_result(const NamedResult& want, const std::vector<double>& got, bool single_precision);
+
 }  // namespace mhla::fuzz
