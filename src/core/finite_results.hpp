@@ -63,15 +63,24 @@ double largest_magnitude(const T* x, int64_t n) {
 // mode, with their remedies.
 std::string non_finite_reason(const Problem& problem, bool single_precision);
 
-// Called when a kernel saw a non-finite value among its results or its
-// read-out denominators (an overflowed denominator turns a representable output
-// into a silent 0). Returns if some input is not finite (propagation);
-// otherwise throws mhla::Error naming the first non-finite result entry, or the
-// denominator, with the inputs' magnitudes and the mode's possible causes.
+// What a kernel's "not all finite" flag covers.
+enum class FlagCovers {
+  results_and_denominators,  // forward: an overflowed denominator turns a representable output into a silent 0
+  results_maybe_more,        // backward: may also be raised by a scratch column that is no result
+};
+
+// Called when a kernel raised its flag. Returns if some input is not finite
+// (propagation), or if the flag may be a false alarm and every result is
+// finite; otherwise throws mhla::Error naming the first non-finite result
+// entry, or the denominator, with the inputs' magnitudes and the mode's
+// possible causes.
 template <typename T>
 void report_non_finite(const char* fn, const Problem& problem,
                        const std::vector<NamedTensor<T>>& results,
-                       const std::vector<NamedTensor<T>>& inputs) {
+                       const std::vector<NamedTensor<T>>& inputs, FlagCovers flag) {
+  bool any_result = false;
+  for (const NamedTensor<T>& r : results) any_result = any_result || first_non_finite(r.data, element_count(r.shape)) >= 0;
+  if (!any_result && flag == FlagCovers::results_maybe_more) return;
   std::string magnitudes;
   for (const NamedTensor<T>& in : inputs) {
     const int64_t n = element_count(in.shape);

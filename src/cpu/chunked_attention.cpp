@@ -2,6 +2,7 @@
 
 #include <vector>
 
+#include "core/finite_results.hpp"
 #include "cpu/blas.hpp"
 #include "cpu/block_rows.hpp"
 #include "cpu/workspace.hpp"
@@ -146,13 +147,15 @@ bool ChunkedAttention<T>::compute_outputs(const T* q, const T* k, const T* v, co
         T* out = o + offset;
         prefetch_ahead(out, t.v.stride, d.dv);
         // An overflowed denominator would turn the row into silent zeros.
-        if (p_.normalize) probe += yr[d.dv] * T(0);
+        T row_probe = p_.normalize ? yr[d.dv] * T(0) : T(0);
         const T factor = p_.normalize ? T(1) / (yr[d.dv] + eps) : scale;
-#pragma omp simd reduction(+ : probe)
+#pragma omp simd reduction(+ : row_probe)
         for (int64_t e = 0; e < d.dv; ++e) {
-          out[e] = yr[e] * factor;
-          probe += out[e] * T(0);
+          const T x = yr[e] * factor;
+          out[e] = x;
+          row_probe += x * T(0);
         }
+        probe += row_probe;
       });
       finite = finite && probe == probe;
     }
@@ -245,9 +248,10 @@ bool ChunkedAttention<T>::output_gradients(const T* q, const T* k, const T* v, c
         scatter_rows(*p_.layout, t.block, dkap.data(), d.dk, t.qk, d.dk, false, grad_k);
         scatter_rows(*p_.layout, t.block, dvals.data(), x1_, t.v, d.dv, false, grad_v);
       }
-      finite = scatter_through_feature(*p_.layout, t.block, p_.phi, u.data(), du.data(), d.dk,
-                                       t.qk, d.dk, false, grad_q) &&
-               finite;
+      // grad_q = phi'(q) du with phi' in [0, 1]: finite exactly where du is.
+      finite = finite && mhla::detail::first_non_finite(du.data(), rows * d.dk) < 0;
+      scatter_through_feature(*p_.layout, t.block, p_.phi, u.data(), du.data(), d.dk, t.qk, d.dk,
+                              false, grad_q);
       // y = phi(Q) mixed_i:  dmixed_i = phi(Q)^T dy, stored over mixed_i (no longer read).
       gemm(true, false, d.dk, x1_, rows, T(1), u.data(), d.dk, dy.data(), x1_, T(0), mixed_i, x1_);
     }
@@ -276,11 +280,17 @@ bool ChunkedAttention<T>::key_value_gradients(const T* k, const T* v, const T* s
       gemm(false, false, t.rows, x1_, d.dk, T(1), kap.data(), d.dk, ds, x1_, T(0), dvals.data(),
            x1_);
       // Causal blocks parked their in-block part in grad_k / grad_v.
+      // Causal blocks add to their parked part (the scatters check the sums);
+      // otherwise the tiles are the gradients, checked whole. dvals' last
+      // column (the gradient of the ones) can only raise a false alarm, which
+      // costs a search of the results.
       const bool finite_k = scatter_through_feature(*p_.layout, t.block, p_.phi, kap.data(),
                                                     dkap.data(), d.dk, t.qk, d.dk, p_.causal, grad_k);
       const bool finite_v =
           scatter_rows(*p_.layout, t.block, dvals.data(), x1_, t.v, d.dv, p_.causal, grad_v);
-      finite = finite && finite_k && finite_v;
+      finite = finite && finite_k && finite_v &&
+               (p_.causal || (mhla::detail::first_non_finite(dkap.data(), t.rows * d.dk) < 0 &&
+                              mhla::detail::first_non_finite(dvals.data(), t.rows * x1_) < 0));
     }
   }
   return finite;

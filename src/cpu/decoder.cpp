@@ -285,7 +285,8 @@ void Decoder::step(TensorView<const float> q, TensorView<const float> k,
   try {
     detail::report_non_finite<float>(
         fn, mode, {{"o", o.data, o.shape}},
-        {{"q", q.data, q.shape}, {"k", k.data, k.shape}, {"v", v.data, v.shape}});
+        {{"q", q.data, q.shape}, {"k", k.data, k.shape}, {"v", v.data, v.shape}},
+        detail::FlagCovers::results_and_denominators);
   } catch (const Error& e) {
     throw Error(std::string(e.what()) + " (the token was added to the state; reset the sequence)");
   }

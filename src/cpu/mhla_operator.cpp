@@ -48,7 +48,8 @@ void forward(const Options& options, TensorView<const T> q, TensorView<const T> 
       q.data, k.data, v.data, o.data, save ? saved_summaries.data : nullptr);
   if (!finite)
     detail::report_non_finite<T>(fn, p, {{"o", o.data, o.shape}},
-                                  {{"q", q.data, q.shape}, {"k", k.data, k.shape}, {"v", v.data, v.shape}});
+                                 {{"q", q.data, q.shape}, {"k", k.data, k.shape}, {"v", v.data, v.shape}},
+                                 detail::FlagCovers::results_and_denominators);
 }
 
 template <typename T>
@@ -74,7 +75,8 @@ void backward(const Options& options, TensorView<const T> q, TensorView<const T>
         {{"grad_q", grad_q.data, grad_q.shape}, {"grad_k", grad_k.data, grad_k.shape},
          {"grad_v", grad_v.data, grad_v.shape}, {"grad_w", grad_w.data, grad_w.shape}},
         {{"q", q.data, q.shape}, {"k", k.data, k.shape}, {"v", v.data, v.shape},
-         {"o", o.data, o.shape}, {"grad_o", grad_o.data, grad_o.shape}});
+         {"o", o.data, o.shape}, {"grad_o", grad_o.data, grad_o.shape}},
+        detail::FlagCovers::results_maybe_more);
 }
 
 FlopCount mhla_flops(int64_t batch, int64_t tokens, int64_t heads, int64_t dk, int64_t dv,

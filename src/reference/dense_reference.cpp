@@ -7,6 +7,7 @@
 // O(N^2 (Dk + Dv)) time and O(N^2) memory: small N only.
 #include <vector>
 
+#include "core/allocation.hpp"
 #include "core/feature_map.hpp"
 #include "core/validate.hpp"
 #include "mhla/reference.hpp"
@@ -24,7 +25,10 @@ std::vector<double> scores(const Problem& p, const double* q, const double* k, c
                            int64_t b, int64_t h) {
   const auto& d = p.dims;
   const Indexer at{d.tokens, d.heads};
-  std::vector<double> a(d.tokens * d.tokens, 0.0);
+  std::vector<double> a = detail::allocating(
+      "mhla::reference", "the N x N attention matrix of N = " + std::to_string(d.tokens) + " tokens",
+      double(d.tokens) * double(d.tokens) * sizeof(double),
+      [&] { return std::vector<double>(size_t(d.tokens) * size_t(d.tokens), 0.0); });
   for (int64_t t = 0; t < d.tokens; ++t)
     for (int64_t s = 0; s < d.tokens; ++s) {
       if (!visible(p, t, s)) continue;

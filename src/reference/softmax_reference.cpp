@@ -4,6 +4,7 @@
 #include <limits>
 #include <vector>
 
+#include "core/allocation.hpp"
 #include "core/validate.hpp"
 #include "mhla/reference.hpp"
 #include "reference/indexing.hpp"
@@ -25,7 +26,9 @@ std::vector<double> probabilities(const SoftmaxOptions& options, const detail::A
   const Indexer at{d.tokens, d.heads};
   const double scale = options.scale.value_or(1.0 / std::sqrt(double(d.dk)));
   const int64_t n = d.tokens;
-  std::vector<double> p(n * n, 0.0);
+  std::vector<double> p = detail::allocating(
+      "mhla::reference", "the N x N softmax matrix of N = " + std::to_string(n) + " tokens",
+      double(n) * double(n) * sizeof(double), [&] { return std::vector<double>(size_t(n) * size_t(n), 0.0); });
   for (int64_t t = 0; t < n; ++t) {
     const int64_t last = options.causal ? t : n - 1;
     double max_logit = -std::numeric_limits<double>::infinity();
