@@ -7,7 +7,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "core/finite_results.hpp"
+#include "core/validate.hpp"
 #include "mhla/error.hpp"
 
 namespace mhla::detail {

@@ -1,14 +1,6 @@
 #include "core/finite_results.hpp"
 
-#include <cstdio>
-
 namespace mhla::detail {
-
-std::string format_number(double x) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%.6g", x);
-  return text;
-}
 
 int64_t element_count(const std::vector<int64_t>& shape) {
   int64_t n = 1;

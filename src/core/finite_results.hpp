@@ -4,8 +4,8 @@
 // exactly 0 (eps = 0 with all-zero features, or the identity map's signed sums
 // cancelling), and phi(q)^T S~ can overflow T where |q| |k| |v| nears T's
 // range. Computing around that would cost every call. Instead the kernels note
-// whether what they wrote is finite while it is still in registers, and only
-// then is this search run, to name the entry and the cause. Non-finite inputs
+// whether what they wrote is finite while it is still in cache, and only then
+// is this search run, to name the entry and the cause. Non-finite inputs
 // propagate as IEEE arithmetic does, as any tensor library's ops do.
 #include <algorithm>
 #include <cmath>
@@ -46,9 +46,6 @@ int64_t first_non_finite(const T* x, int64_t n) {
 // "o[0, 5, 1, 2]" for flat index 73 of a tensor of `shape`.
 std::string element_name(const char* name, const std::vector<int64_t>& shape, int64_t flat);
 
-// "1e+19": short, exact enough to show the scale of a value.
-std::string format_number(double x);
-
 int64_t element_count(const std::vector<int64_t>& shape);
 
 template <typename T>
@@ -65,8 +62,10 @@ std::string non_finite_reason(const Problem& problem, bool single_precision);
 
 // What a kernel's "not all finite" flag covers.
 enum class FlagCovers {
-  results_and_denominators,  // forward: an overflowed denominator turns a representable output into a silent 0
-  results_maybe_more,        // backward: may also be raised by a scratch column that is no result
+  // forward: an overflowed denominator turns a representable output into a silent 0
+  results_and_denominators,
+  // backward: may also be raised by a scratch column that is no result
+  results_maybe_more,
 };
 
 // Called when a kernel raised its flag. Returns if some input is not finite
@@ -78,22 +77,21 @@ template <typename T>
 void report_non_finite(const char* fn, const Problem& problem,
                        const std::vector<NamedTensor<T>>& results,
                        const std::vector<NamedTensor<T>>& inputs, FlagCovers flag) {
-  bool any_result = false;
-  for (const NamedTensor<T>& r : results) any_result = any_result || first_non_finite(r.data, element_count(r.shape)) >= 0;
-  if (!any_result && flag == FlagCovers::results_maybe_more) return;
+  std::string what;
+  for (const NamedTensor<T>& r : results) {
+    const int64_t bad = first_non_finite(r.data, element_count(r.shape));
+    if (bad < 0) continue;
+    what = element_name(r.name, r.shape, bad) + " = " + format_number(r.data[bad]);
+    break;
+  }
+  if (what.empty() && flag == FlagCovers::results_maybe_more) return;
+  if (what.empty()) what = "the read-out's denominator phi(q)^T z~ + eps";
   std::string magnitudes;
   for (const NamedTensor<T>& in : inputs) {
     const int64_t n = element_count(in.shape);
     if (first_non_finite(in.data, n) >= 0) return;  // NaN or inf in, NaN or inf out
     magnitudes += std::string(magnitudes.empty() ? "" : ", ") + "|" + in.name + "| <= " +
                   format_number(largest_magnitude(in.data, n));
-  }
-  std::string what = "the read-out's denominator phi(q)^T z~ + eps";
-  for (const NamedTensor<T>& r : results) {
-    const int64_t bad = first_non_finite(r.data, element_count(r.shape));
-    if (bad < 0) continue;
-    what = element_name(r.name, r.shape, bad) + " = " + format_number(r.data[bad]);
-    break;
   }
   fail(fn, what + " is not finite although every input is finite (" + magnitudes +
                "): " + non_finite_reason(problem, sizeof(T) == 4));

@@ -1,11 +1,19 @@
 #include "core/validate.hpp"
 
+#include <cstdio>
+
 #include "mhla/layout.hpp"
 
 namespace mhla::detail {
 
 void fail(const char* fn, const std::string& message) {
   throw Error(std::string(fn) + ": " + message);
+}
+
+std::string format_number(double x) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.6g", x);
+  return text;
 }
 
 void check_tensor(const char* fn, const char* name, const void* data,

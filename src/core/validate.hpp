@@ -38,6 +38,9 @@ struct Problem {
 
 [[noreturn]] void fail(const char* fn, const std::string& message);
 
+// "1e+19": short, exact enough to show the scale of a value in a message.
+std::string format_number(double x);
+
 // Checks rank, positive sizes, element-count overflow and a non-null pointer.
 void check_tensor(const char* fn, const char* name, const void* data,
                   const std::vector<int64_t>& shape, size_t rank, const char* layout_hint);

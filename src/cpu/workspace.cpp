@@ -24,8 +24,10 @@ T* scratch(Scratch slot, size_t elements) {
   const size_t bytes = elements * sizeof(T);
   if (b.bytes < bytes) {
     b.data.reset();  // release first: peak memory is the new size, not old + new
+    // new[] leaves the bytes uninitialised: every kernel overwrites what it reads.
     b.data = detail::allocating("mhla (operator scratch)", "the block summaries' scratch arrays",
-                                double(bytes), [&] { return std::make_unique<std::byte[]>(bytes); });
+                                double(bytes),
+                                [&] { return std::unique_ptr<std::byte[]>(new std::byte[bytes]); });
     b.bytes = bytes;
   }
   return reinterpret_cast<T*>(b.data.get());
