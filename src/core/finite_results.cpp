@@ -2,12 +2,6 @@
 
 namespace mhla::detail {
 
-int64_t element_count(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t extent : shape) n *= extent;
-  return n;
-}
-
 std::string element_name(const char* name, const std::vector<int64_t>& shape, int64_t flat) {
   std::vector<int64_t> index(shape.size());
   for (size_t d = shape.size(); d-- > 0;) {

@@ -13,7 +13,9 @@
 #include <string>
 #include <vector>
 
+#include "core/checked_math.hpp"
 #include "core/validate.hpp"
+#include "mhla/tensor.hpp"
 
 namespace mhla::detail {
 
@@ -46,8 +48,6 @@ int64_t first_non_finite(const T* x, int64_t n) {
 // "o[0, 5, 1, 2]" for flat index 73 of a tensor of `shape`.
 std::string element_name(const char* name, const std::vector<int64_t>& shape, int64_t flat);
 
-int64_t element_count(const std::vector<int64_t>& shape);
-
 template <typename T>
 double largest_magnitude(const T* x, int64_t n) {
   T largest = 0;
@@ -79,7 +79,7 @@ void report_non_finite(const char* fn, const Problem& problem,
                        const std::vector<NamedTensor<T>>& inputs, FlagCovers flag) {
   std::string what;
   for (const NamedTensor<T>& r : results) {
-    const int64_t bad = first_non_finite(r.data, element_count(r.shape));
+    const int64_t bad = first_non_finite(r.data, checked_product(r.shape, r.name));
     if (bad < 0) continue;
     what = element_name(r.name, r.shape, bad) + " = " + format_number(r.data[bad]);
     break;
@@ -88,13 +88,42 @@ void report_non_finite(const char* fn, const Problem& problem,
   if (what.empty()) what = "the read-out's denominator phi(q)^T z~ + eps";
   std::string magnitudes;
   for (const NamedTensor<T>& in : inputs) {
-    const int64_t n = element_count(in.shape);
+    const int64_t n = checked_product(in.shape, in.name);
     if (first_non_finite(in.data, n) >= 0) return;  // NaN or inf in, NaN or inf out
     magnitudes += std::string(magnitudes.empty() ? "" : ", ") + "|" + in.name + "| <= " +
                   format_number(largest_magnitude(in.data, n));
   }
   fail(fn, what + " is not finite although every input is finite (" + magnitudes +
                "): " + non_finite_reason(problem, sizeof(T) == 4));
+}
+
+// The forward pass's report: o from q, k and v.
+template <typename T>
+void report_non_finite_output(const char* fn, const Problem& problem, const TensorView<const T>& q,
+                              const TensorView<const T>& k, const TensorView<const T>& v,
+                              const TensorView<T>& o) {
+  report_non_finite<T>(fn, problem, {{"o", o.data, o.shape}},
+                       {{"q", q.data, q.shape}, {"k", k.data, k.shape}, {"v", v.data, v.shape}},
+                       FlagCovers::results_and_denominators);
+}
+
+// The backward pass's report: the gradients (grad_w when the call has one)
+// from q, k, v, o and grad_o.
+template <typename T>
+void report_non_finite_gradients(const char* fn, const Problem& problem,
+                                 const TensorView<const T>& q, const TensorView<const T>& k,
+                                 const TensorView<const T>& v, const TensorView<const T>& o,
+                                 const TensorView<const T>& grad_o, const TensorView<T>& grad_q,
+                                 const TensorView<T>& grad_k, const TensorView<T>& grad_v,
+                                 const TensorView<T>& grad_w = {}) {
+  std::vector<NamedTensor<T>> results = {{"grad_q", grad_q.data, grad_q.shape},
+                                         {"grad_k", grad_k.data, grad_k.shape},
+                                         {"grad_v", grad_v.data, grad_v.shape}};
+  if (grad_w.data) results.push_back({"grad_w", grad_w.data, grad_w.shape});
+  report_non_finite<T>(fn, problem, results,
+                       {{"q", q.data, q.shape}, {"k", k.data, k.shape}, {"v", v.data, v.shape},
+                        {"o", o.data, o.shape}, {"grad_o", grad_o.data, grad_o.shape}},
+                       FlagCovers::results_maybe_more);
 }
 
 }  // namespace mhla::detail

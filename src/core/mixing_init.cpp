@@ -5,6 +5,7 @@
 #include <numbers>
 
 #include "core/allocation.hpp"
+#include "core/checked_math.hpp"
 #include "core/parse_enum.hpp"
 #include "mhla/error.hpp"
 
@@ -106,12 +107,10 @@ std::vector<float> toeplitz_to_dense(TensorView<const float> w, int64_t blocks) 
     throw Error(std::string(fn) + ": blocks must be in [1, " + std::to_string(kMaxDenseMixingBlocks) +
                 "] (the dense mixing limit), got " + std::to_string(blocks));
   const int64_t copies = w.shape.size() == 2 ? w.shape[0] : 1, length = w.shape.back() - 1;
-  const double count = double(copies) * double(blocks) * double(blocks);
-  std::vector<float> dense = detail::allocating(fn, "the dense mixing matrix of " + shape_to_string(w.shape) + " over " + std::to_string(blocks) + " blocks",
-                                                count * sizeof(float), [&] {
-    if (count > double(INT64_MAX / 8)) throw std::length_error("dense mixing");
-    return std::vector<float>(size_t(count), 0.0f);
-  });
+  const int64_t count = detail::checked_product({copies, blocks, blocks}, std::string(fn) + ": the dense matrix");
+  std::vector<float> dense = detail::allocating(
+      fn, "the dense mixing matrix of " + shape_to_string(w.shape) + " over " + std::to_string(blocks) + " blocks",
+      double(count) * sizeof(float), [&] { return std::vector<float>(size_t(count), 0.0f); });
   for (int64_t c = 0; c < copies; ++c)
     for (int64_t i = 0; i < blocks; ++i)
       for (int64_t b = 0; b <= i; ++b)

@@ -283,10 +283,7 @@ void Decoder::step(TensorView<const float> q, TensorView<const float> k,
   // The token is already part of every sequence's state; the message says so
   // because that state now holds the overflow too.
   try {
-    detail::report_non_finite<float>(
-        fn, mode, {{"o", o.data, o.shape}},
-        {{"q", q.data, q.shape}, {"k", k.data, k.shape}, {"v", v.data, v.shape}},
-        detail::FlagCovers::results_and_denominators);
+    detail::report_non_finite_output(fn, mode, q, k, v, o);
   } catch (const Error& e) {
     throw Error(std::string(e.what()) + " (the token was added to the state; reset the sequence)");
   }

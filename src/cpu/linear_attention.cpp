@@ -36,9 +36,7 @@ void linear_attention_forward(const LinearAttentionOptions& options, TensorView<
   p.blocks = chunks.num_blocks();
   const cpu::UniformMixer<T> mixer(p);
   if (!cpu::ChunkedAttention<T>(p, mixer).forward(q.data, k.data, v.data, o.data))
-    detail::report_non_finite<T>(fn, p, {{"o", o.data, o.shape}},
-                                 {{"q", q.data, q.shape}, {"k", k.data, k.shape}, {"v", v.data, v.shape}},
-                                 detail::FlagCovers::results_and_denominators);
+    detail::report_non_finite_output(fn, p, q, k, v, o);
 }
 
 template <typename T>
@@ -56,13 +54,7 @@ void linear_attention_backward(const LinearAttentionOptions& options, TensorView
   const cpu::UniformMixer<T> mixer(p);
   if (!cpu::ChunkedAttention<T>(p, mixer).backward(q.data, k.data, v.data, o.data, grad_o.data,
                                                    grad_q.data, grad_k.data, grad_v.data, nullptr))
-    detail::report_non_finite<T>(
-      fn, p,
-      {{"grad_q", grad_q.data, grad_q.shape}, {"grad_k", grad_k.data, grad_k.shape},
-       {"grad_v", grad_v.data, grad_v.shape}},
-      {{"q", q.data, q.shape}, {"k", k.data, k.shape}, {"v", v.data, v.shape},
-       {"o", o.data, o.shape}, {"grad_o", grad_o.data, grad_o.shape}},
-      detail::FlagCovers::results_maybe_more);
+    detail::report_non_finite_gradients(fn, p, q, k, v, o, grad_o, grad_q, grad_k, grad_v);
 }
 
 double linear_attention_flops_forward(int64_t batch, int64_t tokens, int64_t heads, int64_t dk,

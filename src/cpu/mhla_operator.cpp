@@ -46,10 +46,7 @@ void forward(const Options& options, TensorView<const T> q, TensorView<const T> 
   const auto mixer = cpu::make_mixer(p, w.data);
   const bool finite = cpu::ChunkedAttention<T>(p, *mixer).forward(
       q.data, k.data, v.data, o.data, save ? saved_summaries.data : nullptr);
-  if (!finite)
-    detail::report_non_finite<T>(fn, p, {{"o", o.data, o.shape}},
-                                 {{"q", q.data, q.shape}, {"k", k.data, k.shape}, {"v", v.data, v.shape}},
-                                 detail::FlagCovers::results_and_denominators);
+  if (!finite) detail::report_non_finite_output(fn, p, q, k, v, o);
 }
 
 template <typename T>
@@ -69,14 +66,8 @@ void backward(const Options& options, TensorView<const T> q, TensorView<const T>
       q.data, k.data, v.data, o.data, grad_o.data, grad_q.data, grad_k.data, grad_v.data,
       grad_w.data, saved ? saved_summaries.data : nullptr);
   // grad_w is small ([H,] M, M) and written by the mixer: scanned here.
-  if (!finite || detail::first_non_finite(grad_w.data, detail::element_count(grad_w.shape)) >= 0)
-    detail::report_non_finite<T>(
-        fn, p,
-        {{"grad_q", grad_q.data, grad_q.shape}, {"grad_k", grad_k.data, grad_k.shape},
-         {"grad_v", grad_v.data, grad_v.shape}, {"grad_w", grad_w.data, grad_w.shape}},
-        {{"q", q.data, q.shape}, {"k", k.data, k.shape}, {"v", v.data, v.shape},
-         {"o", o.data, o.shape}, {"grad_o", grad_o.data, grad_o.shape}},
-        detail::FlagCovers::results_maybe_more);
+  if (!finite || detail::first_non_finite(grad_w.data, detail::checked_product(grad_w.shape, "grad_w")) >= 0)
+    detail::report_non_finite_gradients(fn, p, q, k, v, o, grad_o, grad_q, grad_k, grad_v, grad_w);
 }
 
 FlopCount mhla_flops(int64_t batch, int64_t tokens, int64_t heads, int64_t dk, int64_t dv,

@@ -6,23 +6,31 @@
 // value slipped through silently.
 #include <CLI/CLI.hpp>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace mhla::tools {
 
-// Accepts a whole number >= minimum (written in full: "12", not "1.2e1").
+// The value of `text` if it is a whole number written in full ("12", not
+// "1.2e1" or "12x"), else nothing.
+inline std::optional<int64_t> parse_whole_number(const std::string& text) {
+  size_t used = 0;
+  long long value = 0;
+  try {
+    value = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  if (text.empty() || used != text.size()) return std::nullopt;
+  return int64_t(value);
+}
+
+// Accepts a whole number >= minimum.
 inline CLI::Validator integer_at_least(int64_t minimum, const std::string& what) {
   return CLI::Validator(
       [minimum, what](std::string& text) -> std::string {
-        size_t used = 0;
-        long long value = 0;
-        try {
-          value = std::stoll(text, &used);
-        } catch (const std::exception&) {
-          used = 0;
-        }
-        if (text.empty() || used != text.size() || value < minimum)
-          return "must be " + what + ", got '" + text + "'";
+        const std::optional<int64_t> value = parse_whole_number(text);
+        if (!value || *value < minimum) return "must be " + what + ", got '" + text + "'";
         return "";
       },
       what);

@@ -26,16 +26,10 @@ std::vector<int64_t> parse_dims(const std::string& text, const char* flag) {
   while (start <= text.size()) {
     const size_t end = text.find('x', start);
     const std::string part = text.substr(start, end == std::string::npos ? std::string::npos : end - start);
-    size_t used = 0;
-    int64_t value = 0;
-    try {
-      value = std::stoll(part, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (part.empty() || used != part.size() || value <= 0)
+    const std::optional<int64_t> value = parse_whole_number(part);
+    if (!value || *value <= 0)
       throw Error(std::string(flag) + " '" + text + "' must be positive sizes joined by 'x', e.g. 14x14");
-    dims.push_back(value);
+    dims.push_back(*value);
     if (end == std::string::npos) break;
     start = end + 1;
   }
