@@ -231,7 +231,7 @@ const std::string kTinyTrain =
 TEST_F(Cli, TrainStopsResumesAndWritesItsOutputs) {
   const CliRun whole = mhla_cli(kTinyTrain + "--out " + path("whole"));
   ASSERT_EQ(whole.status, 0) << whole.output;
-  EXPECT_THAT(whole.output, HasSubstr("final evaluation: loss"));
+  EXPECT_THAT(whole.output, HasSubstr("final evaluation: validation loss"));
   for (const char* name : {"checkpoint.safetensors", "metrics.json", "loss.png"})
     EXPECT_TRUE(fs::exists(path("whole/" + std::string(name)))) << name;
 

@@ -7,9 +7,11 @@
 #include "train/attention_layer.hpp"
 #include "train/cross_entropy.hpp"
 #include "train/embedding.hpp"
+#include "train/grid_conv.hpp"
 #include "train/mlp.hpp"
 #include "train/model.hpp"
 #include "train/rms_norm.hpp"
+#include "train/rotary.hpp"
 #include "train/short_conv.hpp"
 
 namespace mhla::train::test {
@@ -156,7 +158,20 @@ struct AttentionCase {
   bool causal;
   TokenLayout layout;
   int64_t conv;
+  AttentionDesign design = {};
+  int64_t dim = 6;  // 2 heads; rotary positions need an even head dimension
 };
+
+AttentionDesign design(MixingParam param, bool shared, FeatureMap phi, bool gated, bool rope, int64_t value_conv) {
+  AttentionDesign d;
+  d.mixing_param = param;
+  d.mixing_shared = shared;
+  d.feature_map = phi;
+  d.gated_head = gated;
+  d.rope = rope;
+  d.value_conv = value_conv;
+  return d;
+}
 
 // Names the case in test listings instead of dumping its bytes.
 void PrintTo(const AttentionCase& c, std::ostream* os) { *os << c.name; }
@@ -166,10 +181,15 @@ class AttentionGradients : public ::testing::TestWithParam<AttentionCase> {};
 TEST_P(AttentionGradients, MatchFiniteDifferences) {
   const AttentionCase& c = GetParam();
   Rng rng(17);
-  AttentionLayer<double> layer("a", {c.kind, 6, 2, c.causal, c.layout, c.conv}, rng);
-  if (c.kind == AttentionKind::mhla) layer.mixing_logits.value = random_vector(layer.mixing_logits.value.size(), 18);
+  AttentionLayer<double> layer("a", {c.kind, c.dim, 2, c.causal, c.layout, c.conv, c.design}, rng);
+  if (c.kind == AttentionKind::mhla) {
+    layer.mixing_parameter.value = random_vector(layer.mixing_parameter.value.size(), 18);
+    // A directly learned W is positive (the normalised operator rejects negative entries).
+    if (c.design.mixing_param == MixingParam::clamp)
+      for (double& w : layer.mixing_parameter.value) w = 0.1 + std::abs(w);
+  }
   const int64_t batch = 2, n = c.layout.num_tokens();
-  std::vector<double> x = random_vector(size_t(batch * n * 6), 19), probe = random_vector(x.size(), 20),
+  std::vector<double> x = random_vector(size_t(batch * n * c.dim), 19), probe = random_vector(x.size(), 20),
                       y(x.size()), dx(x.size());
   auto loss = [&] {
     layer.forward(x.data(), batch, y.data());
@@ -193,13 +213,26 @@ INSTANTIATE_TEST_SUITE_P(
                       AttentionCase{"linear_causal", AttentionKind::linear, true, TokenLayout::sequence(7, 3), 2},
                       AttentionCase{"mhla_ragged", AttentionKind::mhla, false, TokenLayout::sequence(7, 3), 0},
                       AttentionCase{"mhla_causal_conv", AttentionKind::mhla, true, TokenLayout::sequence(8, 3), 3},
-                      AttentionCase{"mhla_grid2d", AttentionKind::mhla, false, TokenLayout::grid2d(3, 5, 2, 2), 0}),
+                      AttentionCase{"mhla_grid2d", AttentionKind::mhla, false, TokenLayout::grid2d(3, 5, 2, 2), 0},
+                      // The paper's and the authors' options, each on at least once.
+                      AttentionCase{"mhla_clamp_shared_causal", AttentionKind::mhla, true, TokenLayout::sequence(8, 3), 0,
+                                    design(MixingParam::clamp, true, FeatureMap::elu1, false, false, 0)},
+                      AttentionCase{"mhla_authors_lm_head", AttentionKind::mhla, true, TokenLayout::sequence(7, 3), 2,
+                                    design(MixingParam::clamp, false, FeatureMap::relu, true, true, 0), 8},
+                      AttentionCase{"linear_gated_value_conv", AttentionKind::linear, true, TokenLayout::sequence(7, 3), 0,
+                                    design(MixingParam::softmax, false, FeatureMap::elu1, true, false, 3)},
+                      AttentionCase{"mhla_grid2d_value_conv_shared", AttentionKind::mhla, false,
+                                    TokenLayout::grid2d(3, 5, 2, 2), 0,
+                                    design(MixingParam::softmax, true, FeatureMap::relu, false, false, 3)},
+                      AttentionCase{"softmax_rope_gated_value_conv", AttentionKind::softmax, false,
+                                    TokenLayout::grid2d(3, 4, 2, 2), 0,
+                                    design(MixingParam::softmax, false, FeatureMap::elu1, true, true, 3), 8}),
     [](const auto& info) { return std::string(info.param.name); });
 
 TEST(TrainLayers, MixingIsRowStochasticAndCausal) {
   Rng rng(21);
   AttentionLayer<double> layer("a", {AttentionKind::mhla, 4, 2, true, TokenLayout::sequence(10, 3), 0}, rng);
-  layer.mixing_logits.value = random_vector(layer.mixing_logits.value.size(), 22, 30.0);
+  layer.mixing_parameter.value = random_vector(layer.mixing_parameter.value.size(), 22, 30.0);
   const std::vector<double> w = layer.mixing();
   const int64_t m = 4;
   for (int64_t r = 0; r < 2 * m; ++r) {
@@ -234,7 +267,8 @@ TEST(TrainLayers, MhlaWithUniformMixingIsLinearAttention) {
   for (bool causal : {false, true}) {
     const TokenLayout layout = TokenLayout::sequence(11, 3);
     Rng rng_a(31), rng_b(31);
-    AttentionConfig mhla{AttentionKind::mhla, 6, 2, causal, layout, 2, MixingTransform::uniform};
+    AttentionConfig mhla{AttentionKind::mhla, 6, 2, causal, layout, 2};
+    mhla.design.mixing_init = MixingTransform::uniform;
     AttentionConfig linear = mhla;
     linear.kind = AttentionKind::linear;
     AttentionLayer<double> a("a", mhla, rng_a), b("a", linear, rng_b);
@@ -244,6 +278,64 @@ TEST(TrainLayers, MhlaWithUniformMixingIsLinearAttention) {
     b.forward(x.data(), 2, yb.data());
     for (size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(ya[i], yb[i], 1e-7) << i;
   }
+}
+
+TEST(TrainLayers, ClampedMixingStartsAtTheInitAndIsCausal) {
+  // Uniform-causal init: row i reads blocks 0..i with weight 1/(i+1), the
+  // authors' language-model start; nothing above the diagonal.
+  Rng rng(41);
+  AttentionConfig c{AttentionKind::mhla, 4, 2, true, TokenLayout::sequence(10, 3), 0};
+  c.design.mixing_param = MixingParam::clamp;
+  c.design.mixing_init = MixingTransform::uniform;
+  c.design.mixing_lr_scale = 10;
+  AttentionLayer<double> layer("a", c, rng);
+  EXPECT_EQ(layer.mixing_parameter.lr_scale, 10);
+  EXPECT_EQ(layer.mixing_parameter.lower, 1e-5);
+  EXPECT_EQ(layer.mixing_parameter.upper, 1.0);
+  const std::vector<double> w = layer.mixing();
+  const int64_t m = 4;
+  ASSERT_EQ(w.size(), size_t(2 * m * m));
+  for (int64_t r = 0; r < 2 * m; ++r)
+    for (int64_t b = 0; b < m; ++b)  // init_mixing works in float
+      EXPECT_NEAR(w[size_t(r * m + b)], b <= r % m ? 1.0 / double(r % m + 1) : 0.0, 1e-7);
+  c.design.mixing_shared = true;
+  AttentionLayer<double> shared("s", c, rng);
+  EXPECT_EQ(shared.mixing_parameter.shape, (std::vector<int64_t>{1, m, m}));
+}
+
+TEST(TrainLayers, RotaryPositionsAreRelativeAndInvertible) {
+  const int64_t tokens = 9, heads = 2, dh = 6;
+  const std::vector<double> x = random_vector(size_t(tokens * heads * dh), 42);
+  std::vector<double> r = x;
+  rotate_positions(r.data(), 1, tokens, heads, dh, false);
+  // Token 0 is not turned; every token keeps its norm.
+  for (int64_t j = 0; j < heads * dh; ++j) EXPECT_DOUBLE_EQ(r[size_t(j)], x[size_t(j)]);
+  // The same vector at positions t and s: the rotated dot product depends on t - s only.
+  std::vector<double> same(size_t(tokens * heads * dh));
+  for (int64_t t = 0; t < tokens; ++t) std::copy(x.begin(), x.begin() + dh, same.begin() + t * heads * dh);
+  rotate_positions(same.data(), 1, tokens, heads, dh, false);
+  auto dot_at = [&](int64_t t, int64_t s) {
+    double d = 0;
+    for (int64_t j = 0; j < dh; ++j) d += same[size_t(t * heads * dh + j)] * same[size_t(s * heads * dh + j)];
+    return d;
+  };
+  EXPECT_NEAR(dot_at(3, 1), dot_at(7, 5), 1e-12);
+  EXPECT_NEAR(dot_at(4, 4), dot_at(0, 0), 1e-12);
+  rotate_positions(r.data(), 1, tokens, heads, dh, true);
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(r[i], x[i], 1e-12);
+  EXPECT_THROW(rotate_positions(r.data(), 1, 1, 1, 3, false), Error);
+}
+
+TEST(TrainLayers, GridConvWithACentreTapIsTheIdentity) {
+  Rng rng(43);
+  GridConv<double> conv("c", 2, 3, rng);
+  std::fill(conv.weight.value.begin(), conv.weight.value.end(), 0.0);
+  conv.weight.value[4] = conv.weight.value[9 + 4] = 1.0;  // centre of each channel's 3 x 3
+  const std::vector<double> x = random_vector(2 * 3 * 4 * 2, 44);
+  std::vector<double> y(x.size());
+  conv.forward(x.data(), 2, 3, 4, y.data());
+  EXPECT_EQ(y, x);
+  EXPECT_THROW(GridConv<double>("even", 2, 2, rng), Error);
 }
 
 // The whole model: embeddings, blocks with every attention kind, final norm, head.

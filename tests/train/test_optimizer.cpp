@@ -32,6 +32,28 @@ TEST(TrainOptimizer, AdamWFirstStepsMatchTheFormula) {
   EXPECT_EQ(adam.steps_taken(), 2);
 }
 
+TEST(TrainOptimizer, LearningRateScaleAndBounds) {
+  // A first Adam step moves every entry by lr * sign(g): ten times as far with
+  // lr_scale 10; the bounds then hold whatever the step.
+  Parameter<double> plain("p", {1}, false), scaled("s", {3}, false);
+  scaled.lr_scale = 10;
+  scaled.lower = 1e-5;
+  scaled.upper = 1.0;
+  plain.value = {0.5};
+  scaled.value = {0.5, 0.5, 0.99};
+  AdamW<double> adam({&plain, &scaled}, {0.01, 0.9, 0.999, 1e-12, 0.0});
+  plain.grad = {1.0};
+  scaled.grad = {1.0, -1.0, -1.0};
+  adam.step(0.01);
+  EXPECT_NEAR(plain.value[0], 0.49, 1e-9);
+  EXPECT_NEAR(scaled.value[0], 0.4, 1e-9);
+  EXPECT_NEAR(scaled.value[1], 0.6, 1e-9);
+  EXPECT_EQ(scaled.value[2], 1.0);  // 1.09 clamped
+  scaled.grad = {1e3, 0.0, 0.0};
+  for (int i = 0; i < 50; ++i) adam.step(0.01);
+  EXPECT_EQ(scaled.value[0], 1e-5);
+}
+
 TEST(TrainOptimizer, WarmupThenCosine) {
   EXPECT_DOUBLE_EQ(scheduled_lr(0, 100, 10, 1.0, 0.1), 0.1);
   EXPECT_DOUBLE_EQ(scheduled_lr(9, 100, 10, 1.0, 0.1), 1.0);

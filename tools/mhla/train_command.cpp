@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "common/cli_checks.hpp"
+#include "design_flags.hpp"
 #include "mhla/error.hpp"
 #include "presets.hpp"
 #include "training_report.hpp"
@@ -31,14 +32,14 @@ const Flag<int64_t> kIntFlags[] = {
     {"--batch", &RunConfig::batch, "samples per step"},
     {"--warmup", &RunConfig::warmup, "linear warm-up steps"},
     {"--vocab", &RunConfig::vocab, "mqar: vocabulary size"},
-    {"--seq-len", &RunConfig::seq_len, "mqar: tokens per sequence"},
+    {"--seq-len", &RunConfig::seq_len, "mqar, text: tokens per sequence (text: the context in bytes)"},
     {"--kv-pairs", &RunConfig::kv_pairs, "mqar: key-value pairs per sequence"},
-    {"--block", &RunConfig::block, "mqar: MHLA block length in tokens"},
-    {"--eval-samples", &RunConfig::eval_samples, "mqar: evaluation sequences"},
+    {"--block", &RunConfig::block, "mqar, text: MHLA block length in tokens (0: M = round(sqrt(N)) blocks)"},
+    {"--eval-samples", &RunConfig::eval_samples, "mqar, text: sequences per evaluation split"},
     {"--patch", &RunConfig::patch, "fashion-mnist: patch side in pixels"},
     {"--tile", &RunConfig::tile, "fashion-mnist: MHLA tile side in tokens"},
-    {"--train-images", &RunConfig::train_images, "fashion-mnist: training images used (0: all 60000)"},
-    {"--eval-images", &RunConfig::eval_images, "fashion-mnist: test images used (0: all 10000)"},
+    {"--train-images", &RunConfig::train_images, "fashion-mnist: training images used (0: all 55000)"},
+    {"--eval-images", &RunConfig::eval_images, "fashion-mnist: images per evaluation split (0: 5000 validation, 10000 test)"},
 };
 const Flag<double> kRealFlags[] = {
     {"--lr", &RunConfig::lr, "peak learning rate"},
@@ -47,9 +48,6 @@ const Flag<double> kRealFlags[] = {
     {"--clip", &RunConfig::clip, "global gradient-norm clip (0: off)"},
 };
 const Flag<uint64_t> kSeedFlag{"--seed", &RunConfig::seed, "seed of the weights and the data order"};
-const Flag<std::string> kMixingInitFlag{
-    "--mixing-init", &RunConfig::mixing_init,
-    "MHLA's initial W: linear (the paper's locality init), cos, exp, gaussian, local or uniform"};
 
 // Calls fn on every override flag, whatever its field's type.
 template <typename Fn>
@@ -57,7 +55,6 @@ void for_each_flag(Fn&& fn) {
   for (const auto& f : kIntFlags) fn(f);
   for (const auto& f : kRealFlags) fn(f);
   fn(kSeedFlag);
-  fn(kMixingInitFlag);
 }
 
 int set_threads(int threads) {
@@ -70,13 +67,15 @@ int set_threads(int threads) {
 CLI::App* add_train_command(CLI::App& app, TrainCommand& c) {
   CLI::App* cmd = app.add_subcommand(
       "train",
-      "Train a small Transformer in C++ (MQAR recall or Fashion-MNIST) with softmax, linear or MHLA attention "
-      "per layer.\nWrites OUT/checkpoint.safetensors, OUT/metrics.json and OUT/loss.png.\n"
+      "Train a small Transformer in C++ (MQAR recall, Fashion-MNIST or byte-level text) with softmax, linear or "
+      "MHLA attention per layer.\nWrites OUT/checkpoint.safetensors, OUT/metrics.json and OUT/loss.png.\n"
       "Examples:\n  mhla train --task mqar --attention mhla --layers 2 --kv-pairs 16 --out runs/mqar-mhla\n"
       "  mhla train --task fashion-mnist --attention mhla,mhla,softmax --out runs/vit-hybrid\n"
+      "  mhla train --task text --attention mhla --gated-head on --out runs/kjv-mhla\n"
       "  mhla train --task mqar --out runs/mqar-mhla --resume runs/mqar-mhla/checkpoint.safetensors");
   c.app = cmd;
-  cmd->add_option("--task", c.task, "mqar or fashion-mnist")->check(CLI::IsMember({"mqar", "fashion-mnist"}));
+  cmd->add_option("--task", c.task, "mqar, fashion-mnist or text")
+      ->check(CLI::IsMember({"mqar", "fashion-mnist", "text"}));
   cmd->add_option("--preset", c.preset, "starting settings: full (default) or quick")
       ->check(CLI::IsMember({"quick", "full"}));
   cmd->add_option("--attention", c.attention,
@@ -85,9 +84,12 @@ CLI::App* add_train_command(CLI::App& app, TrainCommand& c) {
   cmd->add_option("--layers", c.layers, "layers (default: the preset's 2); one --attention kind fills them all")
       ->check(CLI::Range(1, 64));
   for_each_flag([&](const auto& f) { cmd->add_option(f.flag, c.overrides.*f.field, f.help); });
+  add_design_flags(*cmd, c.design);
   cmd->add_option("--out", c.out_dir, "output folder");
   cmd->add_option("--resume", c.resume, "continue the run saved in this checkpoint (same settings)");
-  cmd->add_option("--data", c.data_dir, "Fashion-MNIST folder (default: the Debian package's)");
+  cmd->add_option("--data", c.data_dir,
+                  "fashion-mnist: the images' folder; text: a file with the text as 'bible' prints it "
+                  "(default: the Debian packages')");
   cmd->add_option("--eval-every", c.eval_every, "evaluate every N steps (0: at the end only)")->check(non_negative_integer());
   cmd->add_option("--checkpoint-every", c.checkpoint_every, "checkpoint every N steps (0: at the end only)")
       ->check(non_negative_integer());
@@ -102,6 +104,7 @@ int run_train_command(const TrainCommand& c) {
   for_each_flag([&](const auto& f) {
     if (c.app->count(f.flag)) config.*f.field = c.overrides.*f.field;
   });
+  apply_design_flags(*c.app, c.design, config.design);
   // One kind fills the preset's depth (or --layers); a list gives one kind per layer.
   const size_t depth = c.layers > 0 ? size_t(c.layers) : config.attention.size();
   if (!c.attention.empty()) config.attention = train::parse_attention_list(c.attention);
@@ -133,7 +136,8 @@ int run_train_command(const TrainCommand& c) {
   std::printf("%lld parameters, %lld/%lld steps in %.1f s of training (%.0f tokens/s)\n", (long long)r.parameters,
               (long long)r.steps_done, (long long)config.steps, r.history.seconds, r.tokens_per_second);
   if (r.finished)
-    std::printf("final evaluation: loss %.4f, accuracy %.4f\n", r.final_eval.loss, r.final_eval.accuracy);
+    std::printf("final evaluation: validation loss %.4f, accuracy %.4f; test loss %.4f, accuracy %.4f\n",
+                r.final_eval.loss, r.final_eval.accuracy, r.final_test.loss, r.final_test.accuracy);
   else
     std::printf("stopped early; continue with --resume %s\n", options.checkpoint.c_str());
   std::printf("wrote %s, %s, %s\n", options.checkpoint.c_str(), (dir / "metrics.json").string().c_str(),

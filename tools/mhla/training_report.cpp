@@ -41,7 +41,10 @@ void write_run_metrics(const std::string& path, const train::RunConfig& config, 
             {"train_seconds", r.history.seconds},
             {"tokens_per_second", r.tokens_per_second},
             {"history", train::to_json(r.history)}};
-  if (r.finished) j["final_eval"] = {{"loss", r.final_eval.loss}, {"accuracy", r.final_eval.accuracy}};
+  if (r.finished) {
+    j["final_eval"] = {{"split", "validation"}, {"loss", r.final_eval.loss}, {"accuracy", r.final_eval.accuracy}};
+    j["final_test"] = {{"split", "test"}, {"loss", r.final_test.loss}, {"accuracy", r.final_test.accuracy}};
+  }
   if (!write_json_file(path, j)) throw Error(path + ": cannot write");
 }
 

@@ -9,7 +9,7 @@ namespace mhla::train {
 template <typename T>
 Block<T>::Block(const std::string& name, const ModelConfig& c, AttentionKind kind, Rng& rng)
     : norm1(name + ".norm1", c.dim), norm2(name + ".norm2", c.dim),
-      attention(name + ".attention", AttentionConfig{kind, c.dim, c.heads, c.causal, c.layout, c.conv_kernel, c.mixing_init}, rng),
+      attention(name + ".attention", AttentionConfig{kind, c.dim, c.heads, c.causal, c.layout, c.conv_kernel, c.design}, rng),
       mlp(name + ".mlp", c.dim, c.mlp_hidden, rng), tokens_(c.layout.num_tokens()), dim_(c.dim) {}
 
 template <typename T>

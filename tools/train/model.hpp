@@ -20,7 +20,7 @@ struct ModelConfig {
   bool causal = false;
   TokenLayout layout;     // the token grid; MHLA's blocks are its tiles
   int64_t dim = 64, heads = 2, mlp_hidden = 256, conv_kernel = 0;
-  MixingTransform mixing_init = MixingTransform::linear;
+  AttentionDesign design;  // every attention layer's options
   std::vector<AttentionKind> attention;  // one per layer
 };
 
@@ -61,6 +61,8 @@ class Model {
   void zero_grad();
   int64_t parameter_count() const;
   const ModelConfig& config() const { return config_; }
+  // The layers, for diagnostics of a trained model (attention matrices, W).
+  const std::vector<std::unique_ptr<Block<T>>>& blocks() const { return blocks_; }
 
  private:
   ModelConfig config_;

@@ -1,5 +1,6 @@
 #include "train/optimizer.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 
@@ -21,14 +22,16 @@ void AdamW<T>::step(double lr) {
   const double c2 = 1 - std::pow(config_.beta2, double(step_));
   for (size_t i = 0; i < parameters_.size(); ++i) {
     Parameter<T>& p = *parameters_[i];
-    const double decay = p.decay ? 1 - lr * config_.weight_decay : 1;
+    const double rate = lr * p.lr_scale;
+    const double decay = p.decay ? 1 - rate * config_.weight_decay : 1;
     for (size_t j = 0; j < p.value.size(); ++j) {
       const double g = double(p.grad[j]);
       const double m = config_.beta1 * double(m_[i][j]) + (1 - config_.beta1) * g;
       const double v = config_.beta2 * double(v_[i][j]) + (1 - config_.beta2) * g * g;
       m_[i][j] = T(m);
       v_[i][j] = T(v);
-      p.value[j] = T(double(p.value[j]) * decay - lr * (m / c1) / (std::sqrt(v / c2) + config_.eps));
+      const double updated = double(p.value[j]) * decay - rate * (m / c1) / (std::sqrt(v / c2) + config_.eps);
+      p.value[j] = T(std::clamp(updated, p.lower, p.upper));
     }
   }
 }

@@ -1,6 +1,7 @@
 #pragma once
 // A trainable tensor: value, gradient and a name that checkpoints use as key.
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -14,6 +15,11 @@ struct Parameter {
   std::vector<T> value, grad;
   // AdamW decays matrices only; gains, biases and mixing logits are left alone.
   bool decay = true;
+  // This parameter's learning rate is the schedule's times lr_scale (MHLA's
+  // mixing learns too slowly at the shared rate), and each update is clamped
+  // into [lower, upper] (the authors' raw mixing matrix lives in [1e-5, 1]).
+  double lr_scale = 1;
+  double lower = -std::numeric_limits<double>::infinity(), upper = std::numeric_limits<double>::infinity();
 
   Parameter() = default;
   Parameter(std::string name_, std::vector<int64_t> shape_, bool decay_ = true)

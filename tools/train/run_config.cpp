@@ -1,5 +1,7 @@
 #include "train/run_config.hpp"
 
+#include <cmath>
+
 #include "mhla/error.hpp"
 
 namespace mhla::train {
@@ -30,7 +32,14 @@ json to_json(const RunConfig& c) {
           {"heads", c.heads},
           {"mlp_hidden", c.mlp_hidden},
           {"conv_kernel", c.conv_kernel},
-          {"mixing_init", c.mixing_init},
+          {"mixing_init", to_string(c.design.mixing_init)},
+          {"mixing_param", to_string(c.design.mixing_param)},
+          {"mixing_shared", c.design.mixing_shared},
+          {"mixing_lr_scale", c.design.mixing_lr_scale},
+          {"feature_map", to_string(c.design.feature_map)},
+          {"gated_head", c.design.gated_head},
+          {"rope", c.design.rope},
+          {"value_conv", c.design.value_conv},
           {"steps", c.steps},
           {"batch", c.batch},
           {"warmup", c.warmup},
@@ -68,7 +77,18 @@ RunConfig run_config_from_json(const json& j) {
   get("heads", c.heads);
   get("mlp_hidden", c.mlp_hidden);
   get("conv_kernel", c.conv_kernel);
-  get("mixing_init", c.mixing_init);
+  std::string mixing_init, mixing_param, feature_map;
+  get("mixing_init", mixing_init);
+  get("mixing_param", mixing_param);
+  get("feature_map", feature_map);
+  c.design.mixing_init = parse_mixing_transform(mixing_init);
+  c.design.mixing_param = parse_mixing_param(mixing_param);
+  c.design.feature_map = parse_feature_map(feature_map);
+  get("mixing_shared", c.design.mixing_shared);
+  get("mixing_lr_scale", c.design.mixing_lr_scale);
+  get("gated_head", c.design.gated_head);
+  get("rope", c.design.rope);
+  get("value_conv", c.design.value_conv);
   get("steps", c.steps);
   get("batch", c.batch);
   get("warmup", c.warmup);
@@ -93,8 +113,8 @@ void check_run_config(const RunConfig& c) {
   auto positive = [](const char* name, int64_t value) {
     if (value <= 0) throw Error(std::string(name) + " must be positive (got " + std::to_string(value) + ")");
   };
-  if (c.task != "mqar" && c.task != "fashion-mnist")
-    throw Error("unknown task '" + c.task + "'; expected mqar or fashion-mnist");
+  if (c.task != "mqar" && c.task != "fashion-mnist" && c.task != "text")
+    throw Error("unknown task '" + c.task + "'; expected mqar, fashion-mnist or text");
   if (c.attention.empty()) throw Error("at least one attention layer is needed");
   positive("dim", c.dim);
   positive("heads", c.heads);
@@ -104,19 +124,34 @@ void check_run_config(const RunConfig& c) {
   if (c.dim % c.heads != 0)
     throw Error("dim " + std::to_string(c.dim) + " is not divisible by heads " + std::to_string(c.heads));
   if (c.conv_kernel < 0) throw Error("conv_kernel must be >= 0");
-  parse_mixing_transform(c.mixing_init);  // names the valid ones when unknown
+  if (!(c.design.mixing_lr_scale > 0)) throw Error("mixing_lr_scale must be > 0");
+  if (c.design.value_conv < 0) throw Error("value_conv must be >= 0");
+  if (c.design.feature_map == FeatureMap::identity)
+    throw Error("feature_map identity can make a normalised row's denominator vanish; use relu or elu1");
+  if (c.design.rope && (c.dim / c.heads) % 2 != 0)
+    throw Error("rope needs an even head dimension (dim / heads = " + std::to_string(c.dim / c.heads) + ")");
   if (c.warmup < 0 || c.warmup >= c.steps) throw Error("warmup must be in [0, steps)");
   if (!(c.lr > 0) || !(c.clip >= 0) || !(c.weight_decay >= 0) || !(c.min_lr_ratio >= 0 && c.min_lr_ratio <= 1))
     throw Error("lr must be > 0, clip and weight_decay >= 0, min_lr_ratio in [0, 1]");
-  if (c.task == "mqar") {
-    positive("block", c.block);
+  if (c.task == "mqar" || c.task == "text") {
+    if (c.block < 0) throw Error("block must be >= 0 (0: M = round(sqrt(seq_len)) blocks)");
+    positive("seq_len", c.seq_len);
     positive("eval_samples", c.eval_samples);
+    if (c.task == "text" && c.vocab != 256) throw Error("the text task reads bytes: vocab must be 256");
   } else {
     positive("patch", c.patch);
     positive("tile", c.tile);
     if (c.conv_kernel > 0) throw Error("the short convolution is causal 1D; use conv_kernel 0 for fashion-mnist");
+    if (c.design.value_conv > 0 && c.design.value_conv % 2 == 0)
+      throw Error("value_conv on images is a centred k x k convolution: k must be odd");
     if (c.train_images < 0 || c.eval_images < 0) throw Error("train_images and eval_images must be >= 0");
   }
+}
+
+int64_t sequence_block(const RunConfig& c) {
+  if (c.block > 0) return c.block;
+  const int64_t m = std::max<int64_t>(1, std::llround(std::sqrt(double(c.seq_len))));
+  return (c.seq_len + m - 1) / m;
 }
 
 }  // namespace mhla::train

@@ -10,15 +10,16 @@
 namespace mhla::train {
 
 struct RunConfig {
-  std::string task = "mqar";  // "mqar" or "fashion-mnist"
+  std::string task = "mqar";  // "mqar", "fashion-mnist" or "text"
   std::vector<AttentionKind> attention{AttentionKind::mhla, AttentionKind::mhla};  // one per layer
   int64_t dim = 64, heads = 2, mlp_hidden = 128, conv_kernel = 4;
   int64_t steps = 1000, batch = 32, warmup = 100;
-  std::string mixing_init = "linear";  // MHLA's initial W: a MixingTransform name (linear = the paper's)
+  AttentionDesign design;  // mixing parametrisation and init, feature map, head, rotary, positional term
   double lr = 1e-3, min_lr_ratio = 0.1, weight_decay = 0.1, clip = 1.0;
   uint64_t seed = 0;
-  // mqar
-  int64_t vocab = 256, seq_len = 256, kv_pairs = 16, block = 32, eval_samples = 512;
+  // mqar and text (seq_len: the context; eval_samples: sequences per evaluation split);
+  // block 0 = the paper's M^2 ~ N: M = round(sqrt(seq_len)) blocks
+  int64_t vocab = 256, seq_len = 256, kv_pairs = 16, block = 0, eval_samples = 512;
   // fashion-mnist: patch x patch pixels per token, tile x tile tokens per MHLA block;
   // 0 images = the whole split
   int64_t patch = 2, tile = 7, train_images = 0, eval_images = 0;
@@ -31,5 +32,8 @@ std::vector<AttentionKind> parse_attention_list(const std::string& text);
 std::string attention_list_name(const std::vector<AttentionKind>& kinds);
 // Throws mhla::Error naming the first field that cannot work.
 void check_run_config(const RunConfig& config);
+// The block length a sequence task uses: `block`, or for 0 the length that
+// makes M = round(sqrt(seq_len)) blocks.
+int64_t sequence_block(const RunConfig& config);
 
 }  // namespace mhla::train

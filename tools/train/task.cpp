@@ -6,14 +6,17 @@
 #include "mhla/error.hpp"
 #include "train/fashion_mnist.hpp"
 #include "train/mqar.hpp"
+#include "train/text_corpus.hpp"
 
 namespace mhla::train {
 namespace {
 
 // Streams of stream_seed(): training batches use the step number, these sit far above.
 constexpr uint64_t kEvalStream = ~0ull, kShuffleStream = 1ull << 62;
-// MQAR's evaluation set is the same for every run, so seeds differ only in training.
-constexpr uint64_t kMqarEvalSeed = 20260122;
+// MQAR's evaluation sets are the same for every run, so seeds differ only in training.
+constexpr uint64_t kMqarValidationSeed = 20260122, kMqarTestSeed = 20260123;
+// Fashion-MNIST's validation images: the last ones of the training file (never trained on).
+constexpr int64_t kFashionValidationImages = 5000;
 
 ModelConfig common(const RunConfig& c) {
   ModelConfig m;
@@ -21,8 +24,17 @@ ModelConfig common(const RunConfig& c) {
   m.heads = c.heads;
   m.mlp_hidden = c.mlp_hidden;
   m.conv_kernel = c.conv_kernel;
-  m.mixing_init = parse_mixing_transform(c.mixing_init);
+  m.design = c.design;
   m.attention = c.attention;
+  return m;
+}
+
+ModelConfig causal_language_model(const RunConfig& c) {
+  ModelConfig m = common(c);
+  m.vocab = c.vocab;
+  m.classes = c.vocab;
+  m.causal = true;
+  m.layout = TokenLayout::sequence(c.seq_len, sequence_block(c));
   return m;
 }
 
@@ -30,26 +42,70 @@ class MqarTask : public Task {
  public:
   explicit MqarTask(const RunConfig& c) : run_(c), data_{c.vocab, c.seq_len, c.kv_pairs} {
     check_mqar_config(data_);
-    for (int64_t first = 0; first < c.eval_samples; first += c.batch)
-      eval_.push_back(make_mqar_batch(data_, std::min(c.batch, c.eval_samples - first),
-                                      stream_seed(kMqarEvalSeed, kEvalStream - uint64_t(first))));
+    for (auto [seed, batches] : {std::pair{kMqarValidationSeed, &validation_}, std::pair{kMqarTestSeed, &test_}})
+      for (int64_t first = 0; first < c.eval_samples; first += c.batch)
+        batches->push_back(make_mqar_batch(data_, std::min(c.batch, c.eval_samples - first),
+                                           stream_seed(seed, kEvalStream - uint64_t(first))));
   }
-  ModelConfig model_config() const override {
-    ModelConfig m = common(run_);
-    m.vocab = run_.vocab;
-    m.classes = run_.vocab;
-    m.causal = true;
-    m.layout = TokenLayout::sequence(run_.seq_len, run_.block);
-    return m;
-  }
+  ModelConfig model_config() const override { return causal_language_model(run_); }
   Batch train_batch(int64_t step) override { return make_mqar_batch(data_, run_.batch, stream_seed(run_.seed, uint64_t(step))); }
-  const std::vector<Batch>& eval_batches() const override { return eval_; }
+  const std::vector<Batch>& validation_batches() const override { return validation_; }
+  const std::vector<Batch>& test_batches() const override { return test_; }
   int64_t tokens_per_sample() const override { return run_.seq_len; }
 
  private:
   RunConfig run_;
   MqarConfig data_;
-  std::vector<Batch> eval_;
+  std::vector<Batch> validation_, test_;
+};
+
+// Byte-level language modelling: predict every next byte of a seq_len window.
+class TextTask : public Task {
+ public:
+  TextTask(const RunConfig& c, const std::string& path) : run_(c) {
+    corpus_ = split_bible_text(read_bible_text(path), path.empty() ? "from '" + std::string(kBibleCommand) + "'" : "'" + path + "'");
+    const int64_t span = c.seq_len + 1;
+    for (auto [text, batches] : {std::pair{&corpus_.validation, &validation_}, std::pair{&corpus_.test, &test_}}) {
+      // eval_samples windows spread evenly over the held-out text.
+      const int64_t room = int64_t(text->size()) - span;
+      if (room < 0) throw Error("text corpus: held-out text shorter than one window of " + std::to_string(span) + " bytes");
+      std::vector<int64_t> starts;
+      for (int64_t i = 0; i < c.eval_samples; ++i) starts.push_back(c.eval_samples > 1 ? room * i / (c.eval_samples - 1) : 0);
+      for (size_t first = 0; first < starts.size(); first += size_t(c.batch)) {
+        const size_t last = std::min(starts.size(), first + size_t(c.batch));
+        batches->push_back(windows(*text, {starts.begin() + long(first), starts.begin() + long(last)}));
+      }
+    }
+    if (int64_t(corpus_.train.size()) <= span) throw Error("text corpus: training text shorter than one window");
+  }
+  ModelConfig model_config() const override { return causal_language_model(run_); }
+  Batch train_batch(int64_t step) override {
+    Rng rng(stream_seed(run_.seed, uint64_t(step)));
+    std::uniform_int_distribution<int64_t> start(0, int64_t(corpus_.train.size()) - run_.seq_len - 1);
+    std::vector<int64_t> starts(size_t(run_.batch));
+    for (int64_t& s : starts) s = start(rng);
+    return windows(corpus_.train, starts);
+  }
+  const std::vector<Batch>& validation_batches() const override { return validation_; }
+  const std::vector<Batch>& test_batches() const override { return test_; }
+  int64_t tokens_per_sample() const override { return run_.seq_len; }
+
+ private:
+  Batch windows(const std::string& text, const std::vector<int64_t>& starts) const {
+    const int64_t n = run_.seq_len;
+    Batch b;
+    b.size = int64_t(starts.size());
+    for (int64_t s : starts)
+      for (int64_t t = 0; t < n; ++t) {
+        b.tokens.push_back(int32_t(static_cast<unsigned char>(text[size_t(s + t)])));
+        b.targets.push_back(int32_t(static_cast<unsigned char>(text[size_t(s + t + 1)])));
+      }
+    return b;
+  }
+
+  RunConfig run_;
+  TextCorpus corpus_;
+  std::vector<Batch> validation_, test_;
 };
 
 class FashionMnistTask : public Task {
@@ -57,16 +113,21 @@ class FashionMnistTask : public Task {
   FashionMnistTask(const RunConfig& c, const std::string& dir) : run_(c) {
     train_ = load_fashion_mnist(dir, true);
     const ImageSet test = load_fashion_mnist(dir, false);
-    if (c.train_images > train_.count)
-      throw Error("train_images " + std::to_string(c.train_images) + " exceeds the " + std::to_string(train_.count) +
-                  " training images");
-    train_count_ = c.train_images > 0 ? c.train_images : train_.count;
+    const int64_t trainable = train_.count - kFashionValidationImages;
+    if (c.train_images > trainable)
+      throw Error("train_images " + std::to_string(c.train_images) + " exceeds the " + std::to_string(trainable) +
+                  " training images (the last " + std::to_string(kFashionValidationImages) + " are for validation)");
+    train_count_ = c.train_images > 0 ? c.train_images : trainable;
     if (train_count_ < c.batch) throw Error("fewer training images than one batch");
-    const int64_t eval_count = c.eval_images > 0 ? std::min(c.eval_images, test.count) : test.count;
-    std::vector<int64_t> order(size_t(test.count));
-    std::iota(order.begin(), order.end(), 0);
-    for (int64_t first = 0; first < eval_count; first += c.batch)
-      eval_.push_back(make_image_batch(test, order, first, std::min(c.batch, eval_count - first), c.patch));
+    auto add = [&](const ImageSet& set, int64_t first_image, int64_t available, std::vector<Batch>& batches) {
+      const int64_t count = c.eval_images > 0 ? std::min(c.eval_images, available) : available;
+      std::vector<int64_t> order(size_t(set.count));
+      std::iota(order.begin(), order.end(), 0);
+      for (int64_t first = 0; first < count; first += c.batch)
+        batches.push_back(make_image_batch(set, order, first_image + first, std::min(c.batch, count - first), c.patch));
+    };
+    add(train_, trainable, kFashionValidationImages, validation_);
+    add(test, 0, test.count, test_);
     grid_h_ = train_.height / c.patch;
     grid_w_ = train_.width / c.patch;
   }
@@ -90,7 +151,8 @@ class FashionMnistTask : public Task {
     }
     return make_image_batch(train_, order_, (step % per_epoch) * run_.batch, run_.batch, run_.patch);
   }
-  const std::vector<Batch>& eval_batches() const override { return eval_; }
+  const std::vector<Batch>& validation_batches() const override { return validation_; }
+  const std::vector<Batch>& test_batches() const override { return test_; }
   int64_t tokens_per_sample() const override { return grid_h_ * grid_w_; }
 
  private:
@@ -98,7 +160,7 @@ class FashionMnistTask : public Task {
   ImageSet train_;
   int64_t train_count_ = 0, grid_h_ = 0, grid_w_ = 0, epoch_ = -1;
   std::vector<int64_t> order_;
-  std::vector<Batch> eval_;
+  std::vector<Batch> validation_, test_;
 };
 
 }  // namespace
@@ -106,6 +168,7 @@ class FashionMnistTask : public Task {
 std::unique_ptr<Task> make_task(const RunConfig& config, const std::string& data_dir) {
   check_run_config(config);
   if (config.task == "mqar") return std::make_unique<MqarTask>(config);
+  if (config.task == "text") return std::make_unique<TextTask>(config, data_dir);
   return std::make_unique<FashionMnistTask>(config, data_dir.empty() ? kFashionMnistDir : data_dir);
 }
 

@@ -17,10 +17,10 @@ namespace {
 // The model's random stream; data streams use the step numbers.
 constexpr uint64_t kModelStream = 1ull << 63;
 
-EvalPoint evaluate(Model<float>& model, const Task& task, int64_t step) {
+EvalPoint evaluate(Model<float>& model, const std::vector<Batch>& batches, int64_t step) {
   double loss = 0;
   int64_t labelled = 0, correct = 0;
-  for (const Batch& batch : task.eval_batches()) {
+  for (const Batch& batch : batches) {
     const LossResult r = cross_entropy(model.forward(batch.input(), batch.size), batch.targets,
                                        model.config().classes, static_cast<std::vector<float>*>(nullptr));
     loss += r.loss * double(r.labelled);
@@ -96,7 +96,7 @@ RunResult run_training(const RunConfig& config, const RunOptions& options) {
     state.history.train_accuracy.push_back(double(r.correct) / double(std::max<int64_t>(r.labelled, 1)));
     state.history.seconds += seconds;
     if (options.eval_every > 0 && state.step % options.eval_every == 0 && state.step < config.steps)
-      state.history.eval.push_back(evaluate(model, *task, state.step));
+      state.history.eval.push_back(evaluate(model, task->validation_batches(), state.step));
     if (options.on_step) options.on_step(state.step, config.steps, r.loss, double(tokens) / step_seconds);
     if (!options.checkpoint.empty() && options.checkpoint_every > 0 && state.step % options.checkpoint_every == 0 &&
         state.step < last)
@@ -105,8 +105,10 @@ RunResult run_training(const RunConfig& config, const RunOptions& options) {
   result.finished = state.step == config.steps;
   if (result.finished) {
     const bool evaluated = !state.history.eval.empty() && state.history.eval.back().step == config.steps;
-    if (!evaluated) state.history.eval.push_back(evaluate(model, *task, config.steps));
+    if (!evaluated) state.history.eval.push_back(evaluate(model, task->validation_batches(), config.steps));
     result.final_eval = state.history.eval.back();
+    result.final_test = evaluate(model, task->test_batches(), config.steps);
+    if (options.on_finish) options.on_finish(model, *task);
   }
   if (!options.checkpoint.empty()) save_checkpoint(options.checkpoint, config, model, optimizer, state);
   result.history = state.history;

@@ -7,6 +7,7 @@
 
 #include "train/history.hpp"
 #include "train/run_config.hpp"
+#include "train/task.hpp"
 
 namespace mhla::train {
 
@@ -19,6 +20,8 @@ struct RunOptions {
   int64_t stop_after = 0;        // > 0: stop (with a checkpoint) once this many steps are done
   // Called after every step: (steps done, steps total, loss, tokens per second).
   std::function<void(int64_t, int64_t, double, double)> on_step;
+  // Called once the run has finished, with the trained model and its task (diagnostics).
+  std::function<void(Model<float>&, const Task&)> on_finish;
 };
 
 struct RunResult {
@@ -27,7 +30,8 @@ struct RunResult {
   int64_t parameters = 0;
   double tokens_per_second = 0;  // this invocation's training steps only
   bool finished = false;         // all steps done and evaluated
-  EvalPoint final_eval;          // valid when finished
+  EvalPoint final_eval;          // on the validation split; valid when finished
+  EvalPoint final_test;          // on the test split; valid when finished
 };
 
 RunResult run_training(const RunConfig& config, const RunOptions& options);
