@@ -207,7 +207,8 @@ int run_compare_command(const CompareCommand& c) {
           options.on_finish = [&](train::Model<float>& m, const train::Task& task) { diagnostics = diagnose(m, task, dir); };
         const train::RunResult r = run_with_progress(config, options, entry.label + " " + model);
         write_run_metrics((dir / "metrics.json").string(), config, r, threads);
-        if (first_seed) write_json_file((dir / "diagnostics.json").string(), diagnostics);
+        if (first_seed && !write_json_file((dir / "diagnostics.json").string(), diagnostics))
+          throw Error((dir / "diagnostics.json").string() + ": cannot write");
         runs.seconds += r.history.seconds;
         std::printf("  %-14s lr %-7s seed %llu: validation %s, test %s, %.1f s, %.0f tokens/s\n", model.c_str(),
                     lr_text, (unsigned long long)seed, metric.format(metric.of(r.final_eval)).c_str(),
