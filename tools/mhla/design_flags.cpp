@@ -1,5 +1,6 @@
 #include "design_flags.hpp"
 
+#include "common/cli_checks.hpp"
 #include "mhla/error.hpp"
 
 namespace mhla::tools {
@@ -14,14 +15,9 @@ bool parse_switch(const std::string& text) {
 }
 
 int64_t parse_count(const std::string& text) {
-  size_t used = 0;
-  long long value = -1;
-  try {
-    value = std::stoll(text, &used);
-  } catch (const std::exception&) {
-  }
-  if (used != text.size() || value < 0) throw Error("expected an integer >= 0, got '" + text + "'");
-  return value;
+  const std::optional<int64_t> value = parse_whole_number(text);
+  if (!value || *value < 0) throw Error("expected an integer >= 0, got '" + text + "'");
+  return *value;
 }
 
 double parse_positive(const std::string& text) {

@@ -45,14 +45,8 @@ constexpr double kClampLow = 1e-5, kClampHigh = 1.0;
 constexpr double kLogitFloor = 1e-4;
 
 template <typename T>
-T silu(T g) {
-  return g / (T(1) + std::exp(-g));
-}
-
-template <typename T>
-T silu_derivative(T g) {
-  const T s = T(1) / (T(1) + std::exp(-g));
-  return s * (T(1) + g * (T(1) - s));
+T sigmoid(T g) {
+  return T(1) / (T(1) + std::exp(-g));
 }
 
 }  // namespace
@@ -241,7 +235,7 @@ void AttentionLayer<T>::forward(const T* x, int64_t batch, T* y) {
     mixed_.resize(size_t(rows * d));
     head_norm.forward(attended, rows * h, normed_.data());
     gate.forward(input, rows, gate_pre_.data());
-    for (int64_t i = 0; i < rows * d; ++i) mixed_[size_t(i)] = normed_[size_t(i)] * silu(gate_pre_[size_t(i)]);
+    for (int64_t i = 0; i < rows * d; ++i) mixed_[size_t(i)] = normed_[size_t(i)] * gate_pre_[size_t(i)] * sigmoid(gate_pre_[size_t(i)]);
     attended = mixed_.data();
   }
   out.forward(attended, rows, y);
@@ -261,8 +255,9 @@ void AttentionLayer<T>::backward(const T* x, const T* dy, int64_t batch, T* dx) 
     out.backward(mixed_.data(), dy, rows, grad_normed_.data());
     for (int64_t i = 0; i < rows * d; ++i) {
       const T g = gate_pre_[size_t(i)], up = grad_normed_[size_t(i)];
-      grad_gate_[size_t(i)] = up * normed_[size_t(i)] * silu_derivative(g);
-      grad_normed_[size_t(i)] = up * silu(g);
+      const T s = sigmoid(g);  // silu(g) = g s, silu'(g) = s (1 + g (1 - s))
+      grad_gate_[size_t(i)] = up * normed_[size_t(i)] * s * (T(1) + g * (T(1) - s));
+      grad_normed_[size_t(i)] = up * g * s;
     }
     head_norm.backward(summed, grad_normed_.data(), rows * h, grad_o_.data());
   } else {
