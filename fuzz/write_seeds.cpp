@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "common/npy.hpp"
-#include "io/files.hpp"
+#include "mhla_support/files.hpp"
 #include "mhla/decoder.hpp"
 #include "train/checkpoint.hpp"
 #include "train/safetensors.hpp"

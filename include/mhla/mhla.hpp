@@ -8,6 +8,7 @@
 #include "mhla/mixing_init.hpp"
 #include "mhla/operator.hpp"
 #include "mhla/options.hpp"
+#include "mhla/phases.hpp"
 #include "mhla/reference.hpp"
 #include "mhla/tensor.hpp"
 #include "mhla/varlen.hpp"

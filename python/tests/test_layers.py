@@ -148,14 +148,16 @@ def test_swapping_attention_in_a_model():
     assert y.shape == (2, 196, 32) and block.attn.mixing.logits.grad is not None
 
 
-def test_readme_python_examples_run():
+def test_readme_and_docs_python_examples_run():
     import pathlib
     import re
 
-    readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = readme.split("## Python and PyTorch\n")[1].split("\n## ")[0]
-    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
-    assert len(blocks) >= 2
+    root = pathlib.Path(__file__).resolve().parents[2]
+    readme = (root / "README.md").read_text()
+    section = readme.split("## Using it from Python and PyTorch\n")[1].split("\n## ")[0]
+    docs = (root / "docs" / "python.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", section + docs, re.S)
+    assert len(blocks) >= 3
     for block in blocks:
         namespace = {}
         exec(compile(block, "README.md", "exec"), namespace)

@@ -3,7 +3,7 @@
 // both apply exactly the same function.
 #include <algorithm>
 
-#include "core/vector_math.hpp"
+#include "mhla_support/vector_math.hpp"
 #include "mhla/options.hpp"
 
 namespace mhla::detail {

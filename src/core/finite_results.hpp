@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "core/checked_math.hpp"
+#include "mhla_support/checked_math.hpp"
 #include "core/validate.hpp"
 #include "mhla/tensor.hpp"
 

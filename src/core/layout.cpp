@@ -2,7 +2,7 @@
 
 #include <sstream>
 
-#include "core/checked_math.hpp"
+#include "mhla_support/checked_math.hpp"
 #include "mhla/error.hpp"
 
 namespace mhla {

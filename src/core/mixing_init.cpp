@@ -5,8 +5,8 @@
 #include <numbers>
 
 #include "core/allocation.hpp"
-#include "core/checked_math.hpp"
-#include "core/parse_enum.hpp"
+#include "mhla_support/checked_math.hpp"
+#include "mhla_support/parse_enum.hpp"
 #include "mhla/error.hpp"
 
 namespace mhla {

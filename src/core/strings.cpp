@@ -1,6 +1,6 @@
 #include <sstream>
 
-#include "core/parse_enum.hpp"
+#include "mhla_support/parse_enum.hpp"
 #include "mhla/options.hpp"
 #include "mhla/tensor.hpp"
 
@@ -12,6 +12,14 @@ std::string shape_to_string(const std::vector<int64_t>& shape) {
   for (size_t i = 0; i < shape.size(); ++i) out << (i ? ", " : "") << shape[i];
   out << ']';
   return out.str();
+}
+
+const char* to_string(Device device) {
+  switch (device) {
+    case Device::cpu: return "cpu";
+    case Device::cuda: return "cuda";
+  }
+  return "?";
 }
 
 const char* to_string(FeatureMap phi) {

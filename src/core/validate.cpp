@@ -50,6 +50,12 @@ AttentionDims check_qkv(const char* fn, const void* q, const std::vector<int64_t
   return {q_shape[0], q_shape[1], q_shape[2], q_shape[3], v_shape[3]};
 }
 
+void check_device(const char* fn, const char* name, Device device) {
+  if (device != Device::cpu)
+    fail(fn, std::string(name) + " is on the " + to_string(device) +
+                 " device, but this build of mhla has only the CPU backend; pass CPU memory");
+}
+
 Problem check_linear_options(const char* fn, const LinearAttentionOptions& options,
                              const AttentionDims& dims) {
   Problem problem;
@@ -110,6 +116,7 @@ void check_square_mixing_shape(const char* fn, const std::vector<int64_t>& w_sha
   problem.per_head_mixing = w_shape.size() == 3;
   problem.blocks = w_shape.back();
   const int64_t m = problem.blocks;
+  problem.mixing_blocks = problem.w_stride = m;
   const std::vector<int64_t> square = problem.per_head_mixing
                                           ? std::vector<int64_t>{problem.dims.heads, m, m}
                                           : std::vector<int64_t>{m, m};
@@ -126,6 +133,7 @@ void check_layout_and_mixing_shape(const char* fn, const Options& options,
   problem.layout = &layout;
   problem.blocks = layout.num_blocks();
   const int64_t m = problem.blocks;
+  problem.mixing_blocks = problem.w_stride = m;
   if (options.mixing == MixingForm::toeplitz) {
     check_toeplitz_shape(fn, options.masking, w_shape, w, problem);
     return;

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "core/checked_math.hpp"
+#include "mhla_support/checked_math.hpp"
 #include "mhla/error.hpp"
 #include "mhla/options.hpp"
 #include "mhla/tensor.hpp"
@@ -21,7 +21,15 @@ struct AttentionDims {
 struct Problem {
   AttentionDims dims;
   const TokenLayout* layout = nullptr;  // nullptr for the linear-attention baseline
-  int64_t blocks = 1;
+  int64_t blocks = 1;                   // this call's blocks
+  // The part of W this call reads: rows first_block .. first_block + blocks - 1
+  // (its own blocks) against mixing_blocks summaries (the columns). An ordinary
+  // call reads all of W (first_block 0, mixing_blocks = blocks); a piece of a
+  // longer sequence starts later, and a packed sequence reads the top-left
+  // corner of a larger dense w, whose rows are w_stride apart.
+  int64_t first_block = 0;
+  int64_t mixing_blocks = 1;
+  int64_t w_stride = 1;
   bool per_head_mixing = false;
   // Toeplitz mixing: w holds L + 1 entries per copy, W[i, b] = w[min(i - b, L)].
   bool toeplitz = false;
@@ -52,6 +60,19 @@ AttentionDims check_qkv(const char* fn, const void* q, const std::vector<int64_t
                         const void* k, const std::vector<int64_t>& k_shape, const void* v,
                         const std::vector<int64_t>& v_shape);
 
+// The tensor's memory is where this build's backend can read it (the CPU).
+void check_device(const char* fn, const char* name, Device device);
+
+// check_qkv on views, their devices included.
+template <typename T>
+AttentionDims check_qkv(const char* fn, const TensorView<T>& q, const TensorView<T>& k,
+                        const TensorView<T>& v) {
+  check_device(fn, "q", q.device);
+  check_device(fn, "k", k.device);
+  check_device(fn, "v", v.device);
+  return check_qkv(fn, q.data, q.shape, k.data, k.shape, v.data, v.shape);
+}
+
 // eps, scale and the feature map of linear or MHLA options; returns the problem
 // without layout or mixing information.
 Problem check_linear_options(const char* fn, const LinearAttentionOptions& options,
@@ -75,10 +96,12 @@ void check_layout_and_mixing_shape(const char* fn, const Options& options,
                                    Problem& problem);
 
 // Normalized mode divides by mixed key sums; a negative weight could make them
-// vanish, so it is refused. Only the entries the mode reads are checked.
+// vanish, so it is refused. Only the entries the mode reads are checked: the
+// top-left mixing_blocks x mixing_blocks of a dense w.
 template <typename T>
 void check_mixing_values(const char* fn, const Problem& problem, const T* w) {
-  const int64_t m = problem.blocks, length = problem.toeplitz_length;
+  const int64_t m = problem.mixing_blocks, stride = problem.w_stride;
+  const int64_t length = problem.toeplitz_length;
   const int64_t count = problem.per_head_mixing ? problem.dims.heads : 1;
   for (int64_t h = 0; h < count; ++h) {
     // "w[h, i, b]" per head, "w[i, b]" shared (Toeplitz: "w[h, d]", "w[d]").
@@ -98,7 +121,7 @@ void check_mixing_values(const char* fn, const Problem& problem, const T* w) {
     }
     for (int64_t i = 0; i < m; ++i)
       for (int64_t b = 0; b < (problem.lower_triangular() ? i + 1 : m); ++b)
-        check(w[(h * m + i) * m + b], [&] { return std::to_string(i) + ", " + std::to_string(b); });
+        check(w[(h * stride + i) * stride + b], [&] { return std::to_string(i) + ", " + std::to_string(b); });
   }
 }
 
@@ -111,7 +134,8 @@ template <typename T>
 Problem validate_mhla(const char* fn, const Options& options, const TensorView<const T>& q,
                       const TensorView<const T>& k, const TensorView<const T>& v,
                       const TensorView<const T>& w) {
-  const AttentionDims dims = check_qkv(fn, q.data, q.shape, k.data, k.shape, v.data, v.shape);
+  const AttentionDims dims = check_qkv(fn, q, k, v);
+  check_device(fn, "w", w.device);
   Problem problem = check_linear_options(fn, options, dims);
   check_layout_and_mixing_shape(fn, options, w.shape, w.data, problem);
   check_mixing_values(fn, problem, w.data);
@@ -122,6 +146,7 @@ Problem validate_mhla(const char* fn, const Options& options, const TensorView<c
 template <typename T>
 void check_output(const char* fn, const char* name, const TensorView<T>& t,
                   const std::vector<int64_t>& expected) {
+  check_device(fn, name, t.device);
   check_tensor(fn, name, t.data, t.shape, expected.size(), shape_to_string(expected).c_str());
   check_shape_equals(fn, name, t.shape, expected, "");
 }

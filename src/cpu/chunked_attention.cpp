@@ -3,7 +3,7 @@
 #include <vector>
 
 #include "core/finite_results.hpp"
-#include "cpu/blas.hpp"
+#include "mhla_support/blas.hpp"
 #include "cpu/block_rows.hpp"
 #include "cpu/workspace.hpp"
 
@@ -87,10 +87,10 @@ bool ChunkedAttention<T>::backward(const T* q, const T* k, const T* v, const T* 
   mixer_.mix(summaries, mixed);
   // Overwrites `mixed` with its gradient, block by block, once it has been read.
   const bool finite_q =
-      output_gradients(q, k, v, o, grad_o, mixed, diagonal_grad, grad_q, grad_k, grad_v);
+      output_gradients(q, k, v, o, grad_o, mixed, diagonal_grad, grad_q, grad_k, grad_v, true);
   mixer_.mix_backward(mixed, summaries, p_.causal ? diagonal_grad : nullptr, summaries_grad,
                       grad_w);
-  const bool finite_kv = key_value_gradients(k, v, summaries_grad, grad_k, grad_v);
+  const bool finite_kv = key_value_gradients(k, v, summaries_grad, grad_k, grad_v, p_.causal);
   return finite_q && finite_kv;
 }
 
@@ -166,7 +166,7 @@ bool ChunkedAttention<T>::compute_outputs(const T* q, const T* k, const T* v, co
 template <typename T>
 bool ChunkedAttention<T>::output_gradients(const T* q, const T* k, const T* v, const T* o,
                                            const T* grad_o, T* mixed, T* diagonal_grad, T* grad_q,
-                                           T* grad_k, T* grad_v) const {
+                                           T* grad_k, T* grad_v, bool park) const {
   const auto& d = p_.dims;
   const T eps = T(p_.eps), scale = T(p_.scale);
   bool finite = true;
@@ -243,9 +243,17 @@ bool ChunkedAttention<T>::output_gradients(const T* q, const T* k, const T* v, c
              dkap.data(), d.dk);
         gemm(true, false, rows, x1_, rows, wii, a.data(), rows, dy.data(), x1_, T(0),
              dvals.data(), x1_);
-        // Park the in-block key/value gradients in the outputs; key_value_gradients
-        // adds the inter-block part and applies phi'.
-        scatter_rows(*p_.layout, t.block, dkap.data(), d.dk, t.qk, d.dk, false, grad_k);
+        // Park the in-block key/value gradients in the outputs, where
+        // key_value_gradients adds the inter-block part and applies phi'; or
+        // finish them here.
+        if (park) {
+          scatter_rows(*p_.layout, t.block, dkap.data(), d.dk, t.qk, d.dk, false, grad_k);
+        } else {
+          finite = finite && mhla::detail::first_non_finite(dkap.data(), rows * d.dk) < 0 &&
+                   mhla::detail::first_non_finite(dvals.data(), rows * x1_) < 0;
+          scatter_through_feature(*p_.layout, t.block, p_.phi, kap.data(), dkap.data(), d.dk,
+                                  t.qk, d.dk, false, grad_k);
+        }
         scatter_rows(*p_.layout, t.block, dvals.data(), x1_, t.v, d.dv, false, grad_v);
       }
       // grad_q = phi'(q) du with phi' in [0, 1]: finite exactly where du is.
@@ -261,7 +269,7 @@ bool ChunkedAttention<T>::output_gradients(const T* q, const T* k, const T* v, c
 
 template <typename T>
 bool ChunkedAttention<T>::key_value_gradients(const T* k, const T* v, const T* summaries_grad,
-                                              T* grad_k, T* grad_v) const {
+                                              T* grad_k, T* grad_v, bool add_to_parked) const {
   const auto& d = p_.dims;
   bool finite = true;
 #pragma omp parallel
@@ -279,18 +287,17 @@ bool ChunkedAttention<T>::key_value_gradients(const T* k, const T* v, const T* s
            d.dk);
       gemm(false, false, t.rows, x1_, d.dk, T(1), kap.data(), d.dk, ds, x1_, T(0), dvals.data(),
            x1_);
-      // Causal blocks parked their in-block part in grad_k / grad_v.
-      // Causal blocks add to their parked part (the scatters check the sums);
-      // otherwise the tiles are the gradients, checked whole. dvals' last
-      // column (the gradient of the ones) can only raise a false alarm, which
-      // costs a search of the results.
+      // Causal blocks add to the in-block part parked in grad_k / grad_v (the
+      // scatters check the sums); otherwise the tiles are the gradients,
+      // checked whole. dvals' last column (the gradient of the ones) can only
+      // raise a false alarm, which costs a search of the results.
       const bool finite_k = scatter_through_feature(*p_.layout, t.block, p_.phi, kap.data(),
-                                                    dkap.data(), d.dk, t.qk, d.dk, p_.causal, grad_k);
+                                                    dkap.data(), d.dk, t.qk, d.dk, add_to_parked, grad_k);
       const bool finite_v =
-          scatter_rows(*p_.layout, t.block, dvals.data(), x1_, t.v, d.dv, p_.causal, grad_v);
+          scatter_rows(*p_.layout, t.block, dvals.data(), x1_, t.v, d.dv, add_to_parked, grad_v);
       finite = finite && finite_k && finite_v &&
-               (p_.causal || (mhla::detail::first_non_finite(dkap.data(), t.rows * d.dk) < 0 &&
-                              mhla::detail::first_non_finite(dvals.data(), t.rows * x1_) < 0));
+               (add_to_parked || (mhla::detail::first_non_finite(dkap.data(), t.rows * d.dk) < 0 &&
+                        mhla::detail::first_non_finite(dvals.data(), t.rows * x1_) < 0));
     }
   }
   return finite;

@@ -22,24 +22,38 @@ class ChunkedAttention {
   // problem.layout and problem.blocks describe the blocks; mixer supplies W.
   ChunkedAttention(const mhla::detail::Problem& problem, const Mixer<T>& mixer);
 
+  // The whole operator on an ordinary call (the mix reads all of W:
+  // first_block 0, mixing_blocks = blocks).
   // summaries_out / saved_summaries: optional [B*H, M, Dk*(Dv+1)] arrays in
   // which forward keeps the block summaries and from which backward reads them.
   // Both return whether every output they wrote is finite (for backward:
   // grad_q, grad_k and grad_v; grad_w is small enough to scan afterwards),
   // observed while the values are hot, so the API layer only searches the
-  // results when something went wrong.
+  // results when something went wrong. backward adds to grad_w.
   bool forward(const T* q, const T* k, const T* v, T* o, T* summaries_out = nullptr) const;
   bool backward(const T* q, const T* k, const T* v, const T* o, const T* grad_o, T* grad_q,
                 T* grad_k, T* grad_v, T* grad_w, const T* saved_summaries = nullptr) const;
 
- private:
+  // The three phases and their backward, each on this call's blocks; the mix
+  // between them is the mixer's. Summary arrays are [B*H, M, Dk*(Dv+1)].
+  // 1. [S_b | z_b] = phi(K_b)^T [V_b | 1].
   void compute_summaries(const T* k, const T* v, T* summaries) const;
+  // 3. o from the mixed summaries (causal: plus the in-block term).
   bool compute_outputs(const T* q, const T* k, const T* v, const T* mixed, T* o) const;
+  // Backward of 3: overwrites `mixed` with its gradient and writes grad_q;
+  // causal, also the in-block parts of grad_k and grad_v, and the in-block
+  // dW[i,i] per slice and block into diagonal_grad [B*H, M]. With `park`, the
+  // in-block key gradient is left before phi' for key_value_gradients to
+  // finish (one pass over grad_k instead of two).
   bool output_gradients(const T* q, const T* k, const T* v, const T* o, const T* grad_o,
-                        T* mixed, T* diagonal_grad, T* grad_q, T* grad_k, T* grad_v) const;
+                        T* mixed, T* diagonal_grad, T* grad_q, T* grad_k, T* grad_v,
+                        bool park) const;
+  // Backward of 1: writes grad_k and grad_v, or with `add_to_parked` adds the
+  // inter-block part to what output_gradients parked there.
   bool key_value_gradients(const T* k, const T* v, const T* summaries_grad, T* grad_k,
-                           T* grad_v) const;
+                           T* grad_v, bool add_to_parked) const;
 
+ private:
   // One block of one (batch, head) slice. Tasks run heads innermost: a thread
   // then reads the H * D consecutive values of each token in turn (whole rows
   // of the [B, N, H, D] tensors) instead of one head's D values at a stride.

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "cpu/blas.hpp"
+#include "mhla_support/blas.hpp"
 #include "cpu/panels.hpp"
 
 namespace mhla::cpu {
@@ -20,44 +20,45 @@ DenseMixer<T>::DenseMixer(const mhla::detail::Problem& problem, const T* w)
     : p_(problem), w_(w), x_(problem.dims.dk * (problem.dims.dv + 1)) {
   if (!p_.lower_triangular()) return;
   // Causal reads b < i through the mix (W[i,i] acts inside the block, token by
-  // token); block-causal reads b <= i.
-  const int64_t m = p_.blocks, copies = p_.per_head_mixing ? p_.dims.heads : 1;
+  // token); block-causal reads b <= i. The rows are copied with the unread
+  // entries zeroed, so that the GEMMs (or TRMMs) below can read them whole.
+  const int64_t m = p_.blocks, ms = p_.mixing_blocks, ld = p_.w_stride;
+  const int64_t copies = p_.per_head_mixing ? p_.dims.heads : 1;
   const int64_t diagonal = p_.block_causal ? 1 : 0;
-  lower_.assign(copies * m * m, T(0));
+  masked_.assign(copies * m * ms, T(0));
   for (int64_t c = 0; c < copies; ++c)
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t b = 0; b < i + diagonal; ++b) lower_[(c * m + i) * m + b] = w_[(c * m + i) * m + b];
+    for (int64_t i = 0; i < m; ++i) {
+      const int64_t row = p_.first_block + i;
+      const T* src = w_ + (c * ld + row) * ld;
+      std::copy(src, src + std::min(ms, row + diagonal), masked_.data() + (c * m + i) * ms);
+    }
 }
 
 template <typename T>
-const T* DenseMixer<T>::head_w(int64_t bh) const {
-  const int64_t m = p_.blocks;
-  return p_.per_head_mixing ? w_ + (bh % p_.dims.heads) * m * m : w_;
-}
-
-template <typename T>
-const T* DenseMixer<T>::head_lower(int64_t bh) const {
-  const int64_t m = p_.blocks;
-  return lower_.data() + (p_.per_head_mixing ? (bh % p_.dims.heads) * m * m : 0);
+const T* DenseMixer<T>::head_rows(int64_t bh) const {
+  const int64_t copy = p_.per_head_mixing ? bh % p_.dims.heads : 0;
+  if (!masked_.empty()) return masked_.data() + copy * p_.blocks * p_.mixing_blocks;
+  return w_ + (copy * p_.w_stride + p_.first_block) * p_.w_stride;
 }
 
 template <typename T>
 T DenseMixer<T>::diagonal(int64_t bh, int64_t i) const {
-  return head_w(bh)[i * p_.blocks + i];
+  const int64_t copy = p_.per_head_mixing ? bh % p_.dims.heads : 0, row = p_.first_block + i;
+  return w_[(copy * p_.w_stride + row) * p_.w_stride + row];
 }
 
 template <typename T>
 void DenseMixer<T>::mix(const T* summaries, T* mixed) const {
-  const int64_t m = p_.blocks, slices = p_.dims.batch * p_.dims.heads;
+  const int64_t m = p_.blocks, ms = p_.mixing_blocks, slices = p_.dims.batch * p_.dims.heads;
   for_each_panel(slices, x_, [&](int64_t, int64_t bh, int64_t c0, int64_t cols) {
-    const T* s = summaries + bh * m * x_ + c0;
+    const T* s = summaries + bh * ms * x_ + c0;
     T* out = mixed + bh * m * x_ + c0;
-    if (!p_.lower_triangular()) {
-      gemm(false, false, m, cols, m, T(1), head_w(bh), m, s, x_, T(0), out, x_);
-    } else {
+    if (square_lower()) {
       // Lower-triangular W: half the flops of a full GEMM, through TRMM in place.
       for (int64_t i = 0; i < m; ++i) std::memcpy(out + i * x_, s + i * x_, cols * sizeof(T));
-      trmm_lower(false, m, cols, head_lower(bh), m, out, x_);
+      trmm_lower(false, m, cols, head_rows(bh), m, out, x_);
+    } else {
+      gemm(false, false, m, cols, ms, T(1), head_rows(bh), rows_ld(), s, x_, T(0), out, x_);
     }
   });
 }
@@ -65,49 +66,50 @@ void DenseMixer<T>::mix(const T* summaries, T* mixed) const {
 template <typename T>
 void DenseMixer<T>::mix_backward(const T* mixed_grad, const T* summaries, const T* diagonal_grad,
                                  T* summaries_grad, T* grad_w) const {
-  const int64_t m = p_.blocks, heads = p_.dims.heads, slices = p_.dims.batch * heads;
-  // dS = W^T dmixed (masked modes: the lower-triangular W the mix used).
+  const int64_t m = p_.blocks, ms = p_.mixing_blocks, heads = p_.dims.heads;
+  const int64_t slices = p_.dims.batch * heads;
+  // dS = W^T dmixed (masked modes: the masked rows the mix used).
   for_each_panel(slices, x_, [&](int64_t, int64_t bh, int64_t c0, int64_t cols) {
     const T* g = mixed_grad + bh * m * x_ + c0;
-    T* out = summaries_grad + bh * m * x_ + c0;
-    if (!p_.lower_triangular()) {
-      gemm(true, false, m, cols, m, T(1), head_w(bh), m, g, x_, T(0), out, x_);
-    } else {
+    T* out = summaries_grad + bh * ms * x_ + c0;
+    if (square_lower()) {
       for (int64_t i = 0; i < m; ++i) std::memcpy(out + i * x_, g + i * x_, cols * sizeof(T));
-      trmm_lower(true, m, cols, head_lower(bh), m, out, x_);
+      trmm_lower(true, m, cols, head_rows(bh), m, out, x_);
+    } else {
+      gemm(true, false, ms, cols, m, T(1), head_rows(bh), rows_ld(), g, x_, T(0), out, x_);
     }
   });
 
   // dW per slice: dW_bh[i, b] = <dmixed_i, S_b>, one row panel per task.
-  std::vector<T> per_slice(slices * m * m, T(0));
+  std::vector<T> per_slice(slices * m * ms, T(0));
   const int64_t row_panels = count_panels(m, kRowPanel);
 #pragma omp parallel for schedule(static)
   for (int64_t task = 0; task < slices * row_panels; ++task) {
     const int64_t bh = task / row_panels, i0 = (task % row_panels) * kRowPanel;
     const int64_t rows = std::min(kRowPanel, m - i0);
     // Masked rows i only read b <= i: skip the columns no row of the panel uses.
-    const int64_t cols = p_.lower_triangular() ? std::min(m, i0 + rows) : m;
-    T* out = per_slice.data() + bh * m * m + i0 * m;
+    const int64_t cols = p_.lower_triangular() ? std::min(ms, p_.first_block + i0 + rows) : ms;
+    T* out = per_slice.data() + bh * m * ms + i0 * ms;
     gemm(false, true, rows, cols, x_, T(1), mixed_grad + (bh * m + i0) * x_, x_,
-         summaries + bh * m * x_, x_, T(0), out, m);
+         summaries + bh * ms * x_, x_, T(0), out, ms);
     for (int64_t r = 0; r < rows && p_.lower_triangular(); ++r) {
-      const int64_t i = i0 + r;
+      const int64_t i = i0 + r, row = p_.first_block + i;
       // Unread entries get zero gradient; the causal diagonal comes from the
-      // in-block term instead of the mix.
-      std::fill(out + r * m + i + 1, out + (r + 1) * m, T(0));
-      if (p_.causal) out[r * m + i] = diagonal_grad[bh * m + i];
+      // in-block term (diagonal_grad, when given) instead of the mix.
+      std::fill(out + r * ms + std::min(ms, row + 1), out + (r + 1) * ms, T(0));
+      if (p_.causal) out[r * ms + row] = diagonal_grad ? diagonal_grad[bh * m + i] : T(0);
     }
   }
 
   // Sum over the batch (and the heads when W is shared) in a fixed order.
-  const int64_t copies = p_.per_head_mixing ? heads : 1;
+  const int64_t copies = p_.per_head_mixing ? heads : 1, ld = p_.w_stride;
 #pragma omp parallel for schedule(static)
-  for (int64_t e = 0; e < copies * m * m; ++e) {
-    const int64_t c = e / (m * m), ib = e % (m * m);
+  for (int64_t e = 0; e < copies * m * ms; ++e) {
+    const int64_t c = e / (m * ms), ib = e % (m * ms), i = ib / ms, b = ib % ms;
     T acc = 0;
     for (int64_t bh = 0; bh < slices; ++bh)
-      if (!p_.per_head_mixing || bh % heads == c) acc += per_slice[bh * m * m + ib];
-    grad_w[e] = acc;
+      if (!p_.per_head_mixing || bh % heads == c) acc += per_slice[bh * m * ms + ib];
+    grad_w[(c * ld + p_.first_block + i) * ld + b] += acc;
   }
 }
 

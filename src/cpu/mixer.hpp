@@ -1,11 +1,15 @@
 #pragma once
 // The mixing step between block summaries and block outputs. Summaries are
-// stored as [B*H, M, X] with X = Dk * (Dv + 1): each block's Dk x (Dv + 1)
-// matrix [S_b | z_b] (the key sums ride along as an extra value column).
+// stored as [B*H, Ms, X] with X = Dk * (Dv + 1): each block's Dk x (Dv + 1)
+// matrix [S_b | z_b] (the key sums ride along as an extra value column), and
+// the mix writes [B*H, M, X], one row per block of the call. Ms is the
+// problem's mixing_blocks and row i is W's row first_block + i (an ordinary
+// call: Ms = M, first_block = 0).
 //
 // Forward:  mixed_i = sum_b W[i,b] S_b   (causal: b < i, W[i,i] being applied
 //           inside the block, token by token, by the kernel; block-causal: b <= i).
-// Backward: dS_b = sum_i W[i,b] dmixed_i and dW[i,b] = <dmixed_i, S_b>.
+// Backward: dS_b = sum_i W[i,b] dmixed_i (written) and dW[i,b] = <dmixed_i, S_b>
+//           (added to grad_w, so that several calls can share one gradient).
 //
 // All loops split the work into a fixed set of panels whatever the thread
 // count, so results are bit-identical across thread counts.
@@ -25,13 +29,13 @@ class Mixer {
   // W[i,i] of the head behind slice bh (the causal in-block weight).
   virtual T diagonal(int64_t bh, int64_t i) const = 0;
   // mixed_grad: [B*H, M, X]; diagonal_grad: [B*H, M] causal in-block dW[i,i]
-  // terms (nullptr when not causal); grad_w: w's shape, or nullptr when the
-  // mixer has no parameters.
+  // terms (nullptr when not causal); grad_w: w's shape, added to, or nullptr
+  // when the mixer has no parameters.
   virtual void mix_backward(const T* mixed_grad, const T* summaries, const T* diagonal_grad,
                             T* summaries_grad, T* grad_w) const = 0;
 };
 
-// A learnt dense W, shared [M, M] or per head [H, M, M].
+// A learnt dense W, shared [M, M] or per head [H, M, M] (rows w_stride apart).
 template <typename T>
 class DenseMixer final : public Mixer<T> {
  public:
@@ -42,13 +46,19 @@ class DenseMixer final : public Mixer<T> {
                     T* summaries_grad, T* grad_w) const override;
 
  private:
-  const T* head_w(int64_t bh) const;
-  const T* head_lower(int64_t bh) const;
+  // The call's rows of W (row i = W's row first_block + i) for the head behind
+  // slice bh, and their leading dimension.
+  const T* head_rows(int64_t bh) const;
+  int64_t rows_ld() const { return masked_.empty() ? p_.w_stride : p_.mixing_blocks; }
+  // Whether the rows form a square lower-triangular matrix (mix through TRMM).
+  bool square_lower() const {
+    return p_.lower_triangular() && p_.first_block == 0 && p_.blocks == p_.mixing_blocks;
+  }
 
   mhla::detail::Problem p_;
   const T* w_;
-  int64_t x_;                     // Dk * (Dv + 1)
-  std::vector<T> lower_;  // masked modes: W with the unread entries zeroed
+  int64_t x_;              // Dk * (Dv + 1)
+  std::vector<T> masked_;  // masked modes: the call's rows [copies, M, Ms] with unread entries zeroed
 };
 
 // Toeplitz W[i, b] = w[min(i - b, L)] (b <= i), shared [L + 1] or per head

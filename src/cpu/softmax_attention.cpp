@@ -1,4 +1,4 @@
-// Softmax attention in tiles with an online softmax (the FlashAttention
+// The softmax baseline's kernel: softmax attention in tiles with an online softmax (the FlashAttention
 // algorithm on CPU): a query tile streams over key tiles keeping a running
 // row max m, row sum l and unnormalised accumulator; memory is O(tile^2 + N D).
 // q, k and v are read in place: a head's rows are strided by H * D, which the
@@ -7,42 +7,24 @@
 #include <limits>
 #include <vector>
 
-#include "core/validate.hpp"
-#include "core/vector_math.hpp"
-#include "cpu/blas.hpp"
-#include "mhla/baselines.hpp"
+#include "cpu/softmax_kernel.hpp"
+#include "mhla_support/vector_math.hpp"
+#include "mhla_support/blas.hpp"
 
-namespace mhla {
+namespace mhla::cpu {
 namespace {
-
-using cpu::gemm;
 
 // 64 query rows x 256 keys: a 64 KiB fp32 score tile that stays in L2 while
 // both GEMMs and the exponentials touch it.
 constexpr int64_t kQueryTile = 64;
 constexpr int64_t kKeyTile = 256;
 
-struct Dims {
-  detail::AttentionDims d;
-  double scale;
-  bool causal;
-};
-
-Dims validate(const char* fn, const SoftmaxOptions& options, const void* q,
-              const std::vector<int64_t>& qs, const void* k, const std::vector<int64_t>& ks,
-              const void* v, const std::vector<int64_t>& vs) {
-  const detail::AttentionDims d = detail::check_qkv(fn, q, qs, k, ks, v, vs);
-  const double scale = options.scale.value_or(1.0 / std::sqrt(double(d.dk)));
-  if (!std::isfinite(scale)) detail::fail(fn, "options.scale must be finite");
-  return {d, scale, options.causal};
-}
-
 // Keys [s0, s1) a query tile [t0, t1) can see.
-int64_t key_end(const Dims& x, int64_t t1) { return x.causal ? t1 : x.d.tokens; }
+int64_t key_end(const SoftmaxProblem& x, int64_t t1) { return x.causal ? t1 : x.d.tokens; }
 
 // s[r, c] = logit of query t0+r and key s0+c, -inf where masked.
 template <typename T>
-void scores(const Dims& x, const T* q, const T* k, int64_t base_q, int64_t base_k, int64_t t0,
+void scores(const SoftmaxProblem& x, const T* q, const T* k, int64_t base_q, int64_t base_k, int64_t t0,
             int64_t rows, int64_t s0, int64_t cols, T* s) {
   const int64_t ld = x.d.heads * x.d.dk;
   gemm(false, true, rows, cols, x.d.dk, T(x.scale), q + base_q + t0 * ld, ld, k + base_k + s0 * ld,
@@ -54,7 +36,7 @@ void scores(const Dims& x, const T* q, const T* k, int64_t base_q, int64_t base_
 }
 
 // p[c] = exp(s[c] - shift). Kept in its own loop so it runs on vector
-// exponentials (core/vector_math.hpp): the softmax costs N^2 of them.
+// exponentials (mhla_support/vector_math.hpp): the softmax costs N^2 of them.
 template <typename T>
 void exponentiate(const T* s, T shift, int64_t n, T* p) {
 #pragma omp simd
@@ -63,15 +45,10 @@ void exponentiate(const T* s, T shift, int64_t n, T* p) {
 
 }  // namespace
 
+
 template <typename T>
-void softmax_attention_forward(const SoftmaxOptions& options, TensorView<const T> q,
-                               TensorView<const T> k, TensorView<const T> v, TensorView<T> o,
-                               TensorView<T> lse) {
-  const char* fn = "mhla::softmax_attention_forward";
-  const Dims x = validate(fn, options, q.data, q.shape, k.data, k.shape, v.data, v.shape);
+void softmax_forward(const SoftmaxProblem& x, const T* q, const T* k, const T* v, T* o, T* lse) {
   const auto& d = x.d;
-  detail::check_output(fn, "o", o, detail::v_shape(d));
-  detail::check_output(fn, "lse", lse, {d.batch, d.heads, d.tokens});
   const int64_t tiles = (d.tokens + kQueryTile - 1) / kQueryTile;
   const int64_t ldv = d.heads * d.dv;
 #pragma omp parallel
@@ -89,7 +66,7 @@ void softmax_attention_forward(const SoftmaxOptions& options, TensorView<const T
       std::fill(row_sum.begin(), row_sum.end(), T(0));
       for (int64_t s0 = 0; s0 < key_end(x, t0 + rows); s0 += kKeyTile) {
         const int64_t cols = std::min(kKeyTile, key_end(x, t0 + rows) - s0);
-        scores(x, q.data, k.data, base_q, base_q, t0, rows, s0, cols, s.data());
+        scores(x, q, k, base_q, base_q, t0, rows, s0, cols, s.data());
         for (int64_t r = 0; r < rows; ++r) {
           T* sr = s.data() + r * cols;
           T tile_max = row_max[r];
@@ -108,30 +85,22 @@ void softmax_attention_forward(const SoftmaxOptions& options, TensorView<const T
           for (int64_t e = 0; e < d.dv; ++e) acc[r * d.dv + e] *= correction;
         }
         // acc += P V_tile
-        gemm(false, false, rows, d.dv, cols, T(1), s.data(), cols, v.data + base_v + s0 * ldv, ldv,
+        gemm(false, false, rows, d.dv, cols, T(1), s.data(), cols, v + base_v + s0 * ldv, ldv,
              T(1), acc.data(), d.dv);
       }
       for (int64_t r = 0; r < rows; ++r) {
-        T* out = o.data + base_v + (t0 + r) * ldv;
+        T* out = o + base_v + (t0 + r) * ldv;
         for (int64_t e = 0; e < d.dv; ++e) out[e] = acc[r * d.dv + e] / row_sum[r];
-        lse.data[bh * d.tokens + t0 + r] = row_max[r] + std::log(row_sum[r]);
+        lse[bh * d.tokens + t0 + r] = row_max[r] + std::log(row_sum[r]);
       }
     }
   }
 }
 
 template <typename T>
-void softmax_attention_backward(const SoftmaxOptions& options, TensorView<const T> q,
-                                TensorView<const T> k, TensorView<const T> v,
-                                TensorView<const T> o, TensorView<const T> lse,
-                                TensorView<const T> grad_o, TensorView<T> grad_q,
-                                TensorView<T> grad_k, TensorView<T> grad_v) {
-  const char* fn = "mhla::softmax_attention_backward";
-  const Dims x = validate(fn, options, q.data, q.shape, k.data, k.shape, v.data, v.shape);
+void softmax_backward(const SoftmaxProblem& x, const T* q, const T* k, const T* v, const T* o,
+                      const T* lse, const T* grad_o, T* grad_q, T* grad_k, T* grad_v) {
   const auto& d = x.d;
-  detail::check_output(fn, "o", o, detail::v_shape(d));
-  detail::check_output(fn, "lse", lse, {d.batch, d.heads, d.tokens});
-  detail::check_gradients(fn, d, grad_o, grad_q, grad_k, grad_v);
   const int64_t ldk = d.heads * d.dk, ldv = d.heads * d.dv, slices = d.batch * d.heads;
 
   // delta_t = grad_o_t . o_t, the softmax Jacobian's row term.
@@ -142,7 +111,7 @@ void softmax_attention_backward(const SoftmaxOptions& options, TensorView<const 
     for (int64_t t = 0; t < d.tokens; ++t) {
       T acc = 0;
       for (int64_t e = 0; e < d.dv; ++e)
-        acc += grad_o.data[base_v + t * ldv + e] * o.data[base_v + t * ldv + e];
+        acc += grad_o[base_v + t * ldv + e] * o[base_v + t * ldv + e];
       delta[bh * d.tokens + t] = acc;
     }
   }
@@ -153,11 +122,11 @@ void softmax_attention_backward(const SoftmaxOptions& options, TensorView<const 
                             T* p, T* ds) {
     const int64_t base_q = ((bh / d.heads) * d.tokens * d.heads + bh % d.heads) * d.dk;
     const int64_t base_v = ((bh / d.heads) * d.tokens * d.heads + bh % d.heads) * d.dv;
-    scores(x, q.data, k.data, base_q, base_q, t0, rows, s0, cols, p);
+    scores(x, q, k, base_q, base_q, t0, rows, s0, cols, p);
     for (int64_t r = 0; r < rows; ++r)
-      exponentiate(p + r * cols, lse.data[bh * d.tokens + t0 + r], cols, p + r * cols);
-    gemm(false, true, rows, cols, d.dv, T(1), grad_o.data + base_v + t0 * ldv, ldv,
-         v.data + base_v + s0 * ldv, ldv, T(0), ds, cols);
+      exponentiate(p + r * cols, lse[bh * d.tokens + t0 + r], cols, p + r * cols);
+    gemm(false, true, rows, cols, d.dv, T(1), grad_o + base_v + t0 * ldv, ldv,
+         v + base_v + s0 * ldv, ldv, T(0), ds, cols);
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t c = 0; c < cols; ++c)
         ds[r * cols + c] =
@@ -180,12 +149,12 @@ void softmax_attention_backward(const SoftmaxOptions& options, TensorView<const 
       for (int64_t s0 = 0; s0 < key_end(x, t0 + rows); s0 += kKeyTile) {
         const int64_t cols = std::min(kKeyTile, key_end(x, t0 + rows) - s0);
         tile_gradients(bh, t0, rows, s0, cols, p.data(), ds.data());
-        gemm(false, false, rows, d.dk, cols, T(1), ds.data(), cols, k.data + base_q + s0 * ldk,
+        gemm(false, false, rows, d.dk, cols, T(1), ds.data(), cols, k + base_q + s0 * ldk,
              ldk, T(1), dq.data(), d.dk);
       }
       for (int64_t r = 0; r < rows; ++r)
         std::copy(dq.begin() + r * d.dk, dq.begin() + (r + 1) * d.dk,
-                  grad_q.data + base_q + (t0 + r) * ldk);
+                  grad_q + base_q + (t0 + r) * ldk);
     }
   }
 #pragma omp parallel
@@ -206,37 +175,29 @@ void softmax_attention_backward(const SoftmaxOptions& options, TensorView<const 
         const int64_t rows = std::min(kQueryTile, d.tokens - t0);
         tile_gradients(bh, t0, rows, s0, cols, p.data(), ds.data());
         gemm(true, false, cols, d.dv, rows, T(1), p.data(), cols,
-             grad_o.data + base_v + t0 * ldv, ldv, T(1), dv.data(), d.dv);
-        gemm(true, false, cols, d.dk, rows, T(1), ds.data(), cols, q.data + base_q + t0 * ldk,
+             grad_o + base_v + t0 * ldv, ldv, T(1), dv.data(), d.dv);
+        gemm(true, false, cols, d.dk, rows, T(1), ds.data(), cols, q + base_q + t0 * ldk,
              ldk, T(1), dk.data(), d.dk);
       }
       for (int64_t c = 0; c < cols; ++c) {
         std::copy(dk.begin() + c * d.dk, dk.begin() + (c + 1) * d.dk,
-                  grad_k.data + base_q + (s0 + c) * ldk);
+                  grad_k + base_q + (s0 + c) * ldk);
         std::copy(dv.begin() + c * d.dv, dv.begin() + (c + 1) * d.dv,
-                  grad_v.data + base_v + (s0 + c) * ldv);
+                  grad_v + base_v + (s0 + c) * ldv);
       }
     }
   }
 }
 
-double softmax_flops_forward(int64_t batch, int64_t tokens, int64_t heads, int64_t dk, int64_t dv,
-                             bool causal) {
-  const double n = double(tokens);
-  const double pairs = causal ? n * (n + 1) / 2 : n * n;
-  return double(batch) * double(heads) * 2.0 * pairs * double(dk + dv);
-}
+template void softmax_forward<float>(const SoftmaxProblem&, const float*, const float*,
+                                     const float*, float*, float*);
+template void softmax_forward<double>(const SoftmaxProblem&, const double*, const double*,
+                                      const double*, double*, double*);
+template void softmax_backward<float>(const SoftmaxProblem&, const float*, const float*,
+                                      const float*, const float*, const float*, const float*,
+                                      float*, float*, float*);
+template void softmax_backward<double>(const SoftmaxProblem&, const double*, const double*,
+                                       const double*, const double*, const double*, const double*,
+                                       double*, double*, double*);
 
-#define MHLA_INSTANTIATE_SOFTMAX(T)                                                              \
-  template void softmax_attention_forward<T>(const SoftmaxOptions&, TensorView<const T>,        \
-                                             TensorView<const T>, TensorView<const T>,          \
-                                             TensorView<T>, TensorView<T>);                     \
-  template void softmax_attention_backward<T>(                                                  \
-      const SoftmaxOptions&, TensorView<const T>, TensorView<const T>, TensorView<const T>,     \
-      TensorView<const T>, TensorView<const T>, TensorView<const T>, TensorView<T>,             \
-      TensorView<T>, TensorView<T>);
-MHLA_INSTANTIATE_SOFTMAX(float)
-MHLA_INSTANTIATE_SOFTMAX(double)
-#undef MHLA_INSTANTIATE_SOFTMAX
-
-}  // namespace mhla
+}  // namespace mhla::cpu

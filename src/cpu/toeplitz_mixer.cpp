@@ -38,15 +38,18 @@ const T* ToeplitzMixer<T>::head_w(int64_t bh) const {
 
 template <typename T>
 void ToeplitzMixer<T>::mix(const T* summaries, T* mixed) const {
-  const int64_t m = p_.blocks, slices = p_.dims.batch * p_.dims.heads;
+  const int64_t m = p_.blocks, ms = p_.mixing_blocks, first = p_.first_block;
+  const int64_t slices = p_.dims.batch * p_.dims.heads;
   for_each_panel(slices, x_, [&](int64_t, int64_t bh, int64_t c0, int64_t cols) {
     const T* w = head_w(bh);
-    const T* s = summaries + bh * m * x_ + c0;
+    const T* s = summaries + bh * ms * x_ + c0;
     T* out = mixed + bh * m * x_ + c0;
     std::vector<T> far(cols, T(0));  // sum of S_b over b <= i - tail_start
-    for (int64_t i = 0; i < m; ++i) {
-      T* out_i = out + i * x_;
+    // Rows before the call's first one only advance the running sum.
+    for (int64_t i = 0; i < first + m; ++i) {
       if (i >= tail_start_) add_scaled(cols, T(1), s + (i - tail_start_) * x_, far.data());
+      if (i < first) continue;
+      T* out_i = out + (i - first) * x_;
       for (int64_t c = 0; c < cols; ++c) out_i[c] = w[length_] * far[c];
       for (int64_t d = nearest_; d <= std::min(i, length_ - 1); ++d)
         add_scaled(cols, w[d], s + (i - d) * x_, out_i);
@@ -57,36 +60,37 @@ void ToeplitzMixer<T>::mix(const T* summaries, T* mixed) const {
 template <typename T>
 void ToeplitzMixer<T>::mix_backward(const T* mixed_grad, const T* summaries,
                                     const T* diagonal_grad, T* summaries_grad, T* grad_w) const {
-  const int64_t m = p_.blocks, heads = p_.dims.heads, slices = p_.dims.batch * heads;
+  const int64_t m = p_.blocks, ms = p_.mixing_blocks, first = p_.first_block;
+  const int64_t heads = p_.dims.heads, slices = p_.dims.batch * heads;
   const int64_t entries = length_ + 1, panels = count_panels(x_, kPanel);
   // Each (slice, panel) task writes its own partial dw; they are summed below in
   // a fixed order.
   std::vector<T> partial(size_t(slices * panels * entries), T(0));
   for_each_panel(slices, x_, [&](int64_t task, int64_t bh, int64_t c0, int64_t cols) {
     const T* w = head_w(bh);
-    const T* g = mixed_grad + bh * m * x_ + c0;
-    const T* s = summaries + bh * m * x_ + c0;
-    T* out = summaries_grad + bh * m * x_ + c0;
+    const T* g = mixed_grad + bh * m * x_ + c0;  // row i of W is g's row i - first
+    const T* s = summaries + bh * ms * x_ + c0;
+    T* out = summaries_grad + bh * ms * x_ + c0;
     T* dw = partial.data() + task * entries;
     // dS_b = sum_{d < L} w[d] dmixed_{b+d} + w[L] sum_{i >= b + tail_start} dmixed_i,
-    // dw[d] = sum_i <dmixed_i, S_{i-d}>, dw[L] = sum_b <S_b, the same suffix sum>.
+    // dw[d] = sum_i <dmixed_i, S_{i-d}>, dw[L] = sum_b <S_b, the same suffix sum>,
+    // over the rows i the call mixed.
     std::vector<T> far(cols, T(0));
-    for (int64_t b = m - 1; b >= 0; --b) {
+    for (int64_t b = ms - 1; b >= 0; --b) {
       T* out_b = out + b * x_;
-      if (b + tail_start_ < m) add_scaled(cols, T(1), g + (b + tail_start_) * x_, far.data());
+      if (b + tail_start_ >= first && b + tail_start_ < first + m)
+        add_scaled(cols, T(1), g + (b + tail_start_ - first) * x_, far.data());
       for (int64_t c = 0; c < cols; ++c) out_b[c] = w[length_] * far[c];
       dw[length_] += dot(cols, s + b * x_, far.data());
-      for (int64_t d = nearest_; d <= std::min(m - 1 - b, length_ - 1); ++d) {
-        add_scaled(cols, w[d], g + (b + d) * x_, out_b);
-        dw[d] += dot(cols, g + (b + d) * x_, s + b * x_);
+      for (int64_t d = std::max(nearest_, first - b); d <= std::min(length_ - 1, first + m - 1 - b); ++d) {
+        add_scaled(cols, w[d], g + (b + d - first) * x_, out_b);
+        dw[d] += dot(cols, g + (b + d - first) * x_, s + b * x_);
       }
     }
   });
 
   // Sum over panels, then the batch (and heads when w is shared), in a fixed
   // order; the causal in-block terms dW[i,i] all belong to w[0].
-  const int64_t copies = p_.per_head_mixing ? heads : 1;
-  std::fill(grad_w, grad_w + copies * entries, T(0));
   for (int64_t bh = 0; bh < slices; ++bh) {
     T* dst = grad_w + (p_.per_head_mixing ? bh % heads : 0) * entries;
     for (int64_t panel = 0; panel < panels; ++panel)

@@ -4,7 +4,6 @@
 #include <string>
 
 #include "core/allocation.hpp"
-#include "mhla/operator.hpp"
 
 namespace mhla::cpu {
 namespace {
@@ -41,7 +40,3 @@ template float* scratch<float>(Scratch, size_t);
 template double* scratch<double>(Scratch, size_t);
 
 }  // namespace mhla::cpu
-
-namespace mhla {
-void release_scratch() { cpu::release_scratch_buffers(); }
-}  // namespace mhla

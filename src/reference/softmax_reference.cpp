@@ -15,7 +15,7 @@ namespace {
 detail::AttentionDims validate(const char* fn, const SoftmaxOptions& options,
                                const TensorView<const double>& q, const TensorView<const double>& k,
                                const TensorView<const double>& v) {
-  const auto d = detail::check_qkv(fn, q.data, q.shape, k.data, k.shape, v.data, v.shape);
+  const auto d = detail::check_qkv(fn, q, k, v);
   if (options.scale && !std::isfinite(*options.scale))
     detail::fail(fn, "options.scale must be finite");
   return d;

@@ -6,7 +6,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "io/files.hpp"
+#include "mhla_support/files.hpp"
 #include "mhla/error.hpp"
 #include "small_runs.hpp"
 #include "train/checkpoint.hpp"

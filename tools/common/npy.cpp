@@ -7,9 +7,9 @@
 #include <filesystem>
 #include <memory>
 
-#include "core/checked_math.hpp"
-#include "io/byte_stream.hpp"
-#include "io/files.hpp"
+#include "mhla_support/checked_math.hpp"
+#include "mhla_support/byte_stream.hpp"
+#include "mhla_support/files.hpp"
 #include "mhla/error.hpp"
 #include "mhla/tensor.hpp"
 

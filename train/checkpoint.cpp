@@ -1,6 +1,6 @@
 #include "train/checkpoint.hpp"
 
-#include "io/files.hpp"
+#include "mhla_support/files.hpp"
 #include "mhla/error.hpp"
 #include "mhla/tensor.hpp"
 #include "train/safetensors.hpp"

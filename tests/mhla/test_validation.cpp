@@ -72,6 +72,31 @@ TEST(Validation, MismatchedShapesNameTheArgument) {
   EXPECT_THAT(error_of(c4), HasSubstr("q must have rank 4 [B, N, H, Dk], got shape [8, 2, 4]"));
 }
 
+// This build has the CPU backend only: memory of another device is refused by
+// name before anything reads it, in every entry point (output views included).
+TEST(Validation, TensorsOnAnotherDeviceAreRefusedByName) {
+  Call call;
+  const auto on_cuda = [](auto* data, const std::vector<int64_t>& shape) {
+    return TensorView<std::remove_pointer_t<decltype(data)>>{data, shape, Device::cuda};
+  };
+  const std::string expected =
+      "mhla::forward: k is on the cuda device, but this build of mhla has only the CPU backend";
+  EXPECT_THAT([&] {
+    forward<float>(call.options, {call.q.data(), call.qs}, on_cuda(call.k.data(), call.ks),
+                   {call.v.data(), call.vs}, {call.w.data(), call.ws}, {call.o.data(), call.os});
+  }, ThrowsMessage<Error>(HasSubstr(expected)));
+  EXPECT_THAT([&] {
+    forward<float>(call.options, {call.q.data(), call.qs}, {call.k.data(), call.ks},
+                   {call.v.data(), call.vs}, {call.w.data(), call.ws}, on_cuda(call.o.data(), call.os));
+  }, ThrowsMessage<Error>(HasSubstr("mhla::forward: o is on the cuda device")));
+  std::vector<float> summaries(2 * 2 * 4 * 4);
+  EXPECT_THAT([&] {
+    block_summaries<float>(call.options, on_cuda(call.k.data(), call.ks), {call.v.data(), call.vs},
+                           {summaries.data(), {1, 2, 2, 4, 4}});
+  }, ThrowsMessage<Error>(HasSubstr("mhla::block_summaries: k is on the cuda device")));
+  EXPECT_EQ(std::string(to_string(Device::cpu)), "cpu");
+}
+
 TEST(Validation, ZeroNegativeAndOverflowingSizes) {
   Call c1;
   c1.qs = c1.ks = {1, 8, 0, 4};

@@ -6,9 +6,9 @@
 
 #include <cmath>
 
-#include "io/byte_stream.hpp"
-#include "core/checked_math.hpp"
-#include "io/files.hpp"
+#include "mhla_support/byte_stream.hpp"
+#include "mhla_support/checked_math.hpp"
+#include "mhla_support/files.hpp"
 #include "mhla/decoder.hpp"
 
 namespace mhla {

@@ -9,9 +9,8 @@
 #include "core/allocation.hpp"
 #include "core/feature_map.hpp"
 #include "core/finite_results.hpp"
-#include "core/mixing_corner.hpp"
 #include "core/validate.hpp"
-#include "mhla/operator.hpp"
+#include "cpu/chunked_attention.hpp"
 
 namespace mhla {
 namespace {
@@ -54,6 +53,7 @@ Decoder::Decoder(const DecoderOptions& options, TensorView<const float> w) : opt
 }
 
 void Decoder::check_options_and_mixing(const char* fn, TensorView<const float> w) {
+  detail::check_device(fn, "w", w.device);
   // The operator's own checks (eps, scale, w) on a one-token causal problem
   // with this decoder's heads.
   detail::Problem mixing = detail::check_linear_options(
@@ -176,7 +176,7 @@ void Decoder::prefill(int64_t seq, TensorView<const float> q, TensorView<const f
                  std::to_string(positions_[seq]) + " tokens; prefill needs an empty sequence "
                  "(reset it, or continue with step)");
   const detail::AttentionDims d =
-      detail::check_qkv(fn, q.data, q.shape, k.data, k.shape, v.data, v.shape);
+      detail::check_qkv(fn, q, k, v);
   detail::check_shape_equals(fn, "q", q.shape, {1, d.tokens, options_.heads, options_.dk},
                              "(one sequence: [1, L, H, Dk])");
   detail::check_shape_equals(fn, "v", v.shape, {1, d.tokens, options_.heads, options_.dv},
@@ -185,25 +185,30 @@ void Decoder::prefill(int64_t seq, TensorView<const float> q, TensorView<const f
     fail(fn, "prompt of " + std::to_string(d.tokens) + " tokens exceeds the context of " +
                  context_description());
 
-  // The chunkwise forward on the prompt (dense: with the top-left corner of w).
-  Options opts;
-  static_cast<LinearAttentionOptions&>(opts) = options_as_linear();
-  opts.layout = TokenLayout::sequence(d.tokens, options_.block);
-  opts.mixing = options_.mixing;
-  const int64_t m = opts.layout.num_blocks(), heads = options_.heads;
-  std::vector<float> w = w_;
-  std::vector<int64_t> w_shape = per_head_ ? std::vector<int64_t>{heads, length_ + 1}
-                                           : std::vector<int64_t>{length_ + 1};
-  if (!toeplitz_) {
-    w = detail::mixing_corner(w_.data(), per_head_ ? heads : 1, blocks_, m);
-    w_shape = per_head_ ? std::vector<int64_t>{heads, m, m} : std::vector<int64_t>{m, m};
-  }
-  const std::vector<int64_t> saved_shape = saved_summaries_shape(opts, q.shape, v.shape);
-  std::vector<float> saved(size_t(detail::checked_product(saved_shape, "saved summaries")));
-  forward<float>(opts, q, k, v, {w.data(), w_shape}, o, {saved.data(), saved_shape});
+  detail::check_output(fn, "o", o, {1, d.tokens, options_.heads, options_.dv});
+
+  // The chunkwise forward on the prompt, straight through the CPU kernel: the
+  // options and w were validated when the decoder was built, and a dense w is
+  // read in place (its top-left corner, through its row stride).
+  const TokenLayout layout = TokenLayout::sequence(d.tokens, options_.block);
+  detail::Problem p = detail::check_linear_options(fn, options_as_linear(), d);
+  p.layout = &layout;
+  p.blocks = p.mixing_blocks = layout.num_blocks();
+  p.w_stride = blocks_;
+  p.per_head_mixing = per_head_;
+  p.toeplitz = toeplitz_;
+  p.toeplitz_length = length_;
+  const int64_t m = p.blocks, heads = options_.heads;
+  const size_t x = size_t(options_.dk * (options_.dv + 1));
+  std::vector<float> saved = detail::allocating(
+      fn, "the prompt's block summaries", double(heads * m) * double(x) * sizeof(float),
+      [&] { return std::vector<float>(size_t(heads * m) * x); });
+  const auto mixer = cpu::make_mixer(p, w_.data());
+  if (!cpu::ChunkedAttention<float>(p, *mixer).forward(q.data, k.data, v.data, o.data,
+                                                        saved.data()))
+    detail::report_non_finite_output(fn, p, q, k, v, o);
 
   // Blocks before the last are finished; the last one is the running block.
-  const size_t x = size_t(options_.dk * (options_.dv + 1));
   for (int64_t h = 0; h < heads; ++h) {
     HeadState& s = states_[seq * heads + h];
     const float* blocks = saved.data() + h * m * x;
@@ -219,7 +224,7 @@ void Decoder::step(TensorView<const float> q, TensorView<const float> k,
   const char* fn = "mhla::Decoder::step";
   const int64_t batch = options_.batch, heads = options_.heads, dk = options_.dk,
                 dv = options_.dv, x1 = dv + 1;
-  detail::check_qkv(fn, q.data, q.shape, k.data, k.shape, v.data, v.shape);
+  detail::check_qkv(fn, q, k, v);
   detail::check_shape_equals(fn, "q", q.shape, {batch, 1, heads, dk}, "(one token per sequence)");
   detail::check_shape_equals(fn, "v", v.shape, {batch, 1, heads, dv}, "(one token per sequence)");
   detail::check_output(fn, "o", o, {batch, 1, heads, dv});

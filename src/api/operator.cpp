@@ -1,9 +1,12 @@
-// Public MHLA entry points: validate once, then run the chunked kernel with the
-// mixer (dense or Toeplitz W) the options ask for.
+// Public MHLA entry points: validate once, then run the CPU backend's chunked
+// kernel with the mixer (dense or Toeplitz W) the options ask for.
 #include "core/finite_results.hpp"
 #include "core/saved_summaries_check.hpp"
 #include "cpu/chunked_attention.hpp"
+#include "cpu/workspace.hpp"
 #include "mhla/operator.hpp"
+
+#include <algorithm>
 
 namespace mhla {
 
@@ -62,6 +65,8 @@ void backward(const Options& options, TensorView<const T> q, TensorView<const T>
   const bool saved = check_saved_summaries(fn, p, saved_summaries);
   if (saved) detail::check_saved_summaries_match(fn, p, k.data, v.data, saved_summaries.data);
   const auto mixer = cpu::make_mixer(p, w.data);
+  // The kernel adds to grad_w.
+  std::fill(grad_w.data, grad_w.data + detail::checked_product(grad_w.shape, "grad_w"), T(0));
   const bool finite = cpu::ChunkedAttention<T>(p, *mixer).backward(
       q.data, k.data, v.data, o.data, grad_o.data, grad_q.data, grad_k.data, grad_v.data,
       grad_w.data, saved ? saved_summaries.data : nullptr);
@@ -69,6 +74,8 @@ void backward(const Options& options, TensorView<const T> q, TensorView<const T>
   if (!finite || detail::first_non_finite(grad_w.data, detail::checked_product(grad_w.shape, "grad_w")) >= 0)
     detail::report_non_finite_gradients(fn, p, q, k, v, o, grad_o, grad_q, grad_k, grad_v, grad_w);
 }
+
+void release_scratch() { cpu::release_scratch_buffers(); }
 
 FlopCount mhla_flops(int64_t batch, int64_t tokens, int64_t heads, int64_t dk, int64_t dv,
                      int64_t blocks, Masking masking, int64_t block_size) {

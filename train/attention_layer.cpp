@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "core/parse_enum.hpp"
+#include "mhla_support/parse_enum.hpp"
 #include "mhla/baselines.hpp"
 #include "mhla/error.hpp"
 #include "mhla/operator.hpp"

@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "cpu/blas.hpp"
+#include "mhla_support/blas.hpp"
 
 namespace mhla::train {
 

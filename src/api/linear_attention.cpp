@@ -12,11 +12,11 @@ namespace {
 // non-causal chunk only bounds the per-thread tiles.
 int64_t chunk_size(bool causal) { return causal ? 64 : 256; }
 
+template <typename T>
 detail::Problem validate(const char* fn, const LinearAttentionOptions& options,
-                         const void* q, const std::vector<int64_t>& qs, const void* k,
-                         const std::vector<int64_t>& ks, const void* v,
-                         const std::vector<int64_t>& vs) {
-  const detail::AttentionDims dims = detail::check_qkv(fn, q, qs, k, ks, v, vs);
+                         const TensorView<const T>& q, const TensorView<const T>& k,
+                         const TensorView<const T>& v) {
+  const detail::AttentionDims dims = detail::check_qkv(fn, q, k, v);
   if (options.masking == Masking::block_causal)
     detail::fail(fn, "block_causal masking needs MHLA's block layout; linear attention has one "
                      "global summary (use none or causal)");
@@ -29,11 +29,11 @@ template <typename T>
 void linear_attention_forward(const LinearAttentionOptions& options, TensorView<const T> q,
                               TensorView<const T> k, TensorView<const T> v, TensorView<T> o) {
   const char* fn = "mhla::linear_attention_forward";
-  detail::Problem p = validate(fn, options, q.data, q.shape, k.data, k.shape, v.data, v.shape);
+  detail::Problem p = validate(fn, options, q, k, v);
   detail::check_output(fn, "o", o, detail::v_shape(p.dims));
   const TokenLayout chunks = TokenLayout::sequence(p.dims.tokens, chunk_size(p.causal));
   p.layout = &chunks;
-  p.blocks = chunks.num_blocks();
+  p.blocks = p.mixing_blocks = p.w_stride = chunks.num_blocks();
   const cpu::UniformMixer<T> mixer(p);
   if (!cpu::ChunkedAttention<T>(p, mixer).forward(q.data, k.data, v.data, o.data))
     detail::report_non_finite_output(fn, p, q, k, v, o);
@@ -45,12 +45,12 @@ void linear_attention_backward(const LinearAttentionOptions& options, TensorView
                                TensorView<const T> o, TensorView<const T> grad_o,
                                TensorView<T> grad_q, TensorView<T> grad_k, TensorView<T> grad_v) {
   const char* fn = "mhla::linear_attention_backward";
-  detail::Problem p = validate(fn, options, q.data, q.shape, k.data, k.shape, v.data, v.shape);
+  detail::Problem p = validate(fn, options, q, k, v);
   detail::check_output(fn, "o", o, detail::v_shape(p.dims));
   detail::check_gradients(fn, p.dims, grad_o, grad_q, grad_k, grad_v);
   const TokenLayout chunks = TokenLayout::sequence(p.dims.tokens, chunk_size(p.causal));
   p.layout = &chunks;
-  p.blocks = chunks.num_blocks();
+  p.blocks = p.mixing_blocks = p.w_stride = chunks.num_blocks();
   const cpu::UniformMixer<T> mixer(p);
   if (!cpu::ChunkedAttention<T>(p, mixer).backward(q.data, k.data, v.data, o.data, grad_o.data,
                                                    grad_q.data, grad_k.data, grad_v.data, nullptr))

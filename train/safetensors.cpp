@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
-#include "io/byte_stream.hpp"
+#include "mhla_support/byte_stream.hpp"
 #include "mhla/error.hpp"
 
 namespace mhla::train {

@@ -1,4 +1,4 @@
-#include "io/files.hpp"
+#include "mhla_support/files.hpp"
 
 #include <cerrno>
 #include <cstdio>

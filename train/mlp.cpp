@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "core/vector_math.hpp"
+#include "mhla_support/vector_math.hpp"
 
 namespace mhla::train {
 namespace {
