@@ -7,16 +7,23 @@ results of the same kind as their first argument. Shapes follow the operator:
 (Toeplitz: ``[L + 1]`` or ``[H, L + 1]``). Options are those of the C++
 operator: ``masking`` ("none", "causal", "block_causal"), ``feature_map``
 ("identity", "relu", "elu1"), ``normalize``, ``eps``, ``scale`` and ``mixing``
-("dense", "toeplitz").
+("dense", "toeplitz"), as keywords (None: the operator's default) or as one
+``options=mhla.Options(layout, masking=...)`` object; the enums are
+``mhla.Masking``, ``mhla.FeatureMap`` and ``mhla.MixingForm``.
 
 For autograd and ``nn.Module`` layers see :mod:`mhla.torch`.
 """
 from . import _convert, _core
 from ._convert import like_input
-from ._core import Layout
+from ._core import FeatureMap, Layout, LinearOptions, Masking, MixingForm, Options
 
 __all__ = [
     "Layout",
+    "Options",
+    "LinearOptions",
+    "Masking",
+    "FeatureMap",
+    "MixingForm",
     "forward",
     "backward",
     "linear_attention_forward",

@@ -49,7 +49,7 @@ class _MHLAFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, w, options):
         q, k, v, w = (_operand(t) for t in (q, k, v, w))
-        o, summaries = _tensors(*_core.forward(q, k, v, w, save_summaries=True, **options))
+        o, summaries = _tensors(*_core.forward(q, k, v, w, options=options, save_summaries=True))
         # The block summaries are O(M Dk Dv): keeping them spares backward a pass over k and v.
         ctx.save_for_backward(q, k, v, w, o, summaries)
         ctx.options = options
@@ -59,7 +59,7 @@ class _MHLAFunction(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_o):
         q, k, v, w, o, summaries = (t.detach() for t in ctx.saved_tensors)
-        grads = _tensors(*_core.backward(q, k, v, w, o, _operand(grad_o), summaries=summaries, **ctx.options))
+        grads = _tensors(*_core.backward(q, k, v, w, o, _operand(grad_o), summaries=summaries, options=ctx.options))
         return (*grads, None)
 
 
@@ -67,7 +67,7 @@ class _LinearAttentionFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, options):
         q, k, v = (_operand(t) for t in (q, k, v))
-        (o,) = _tensors(_core.linear_attention_forward(q, k, v, **options))
+        (o,) = _tensors(_core.linear_attention_forward(q, k, v, options=options))
         ctx.save_for_backward(q, k, v, o)
         ctx.options = options
         return o
@@ -76,7 +76,7 @@ class _LinearAttentionFunction(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_o):
         q, k, v, o = (t.detach() for t in ctx.saved_tensors)
-        grads = _tensors(*_core.linear_attention_backward(q, k, v, o, _operand(grad_o), **ctx.options))
+        grads = _tensors(*_core.linear_attention_backward(q, k, v, o, _operand(grad_o), options=ctx.options))
         return (*grads, None)
 
 
@@ -103,23 +103,26 @@ def _check_tensors(**tensors):
             raise TypeError(f"{name} must be a torch.Tensor, not {type(t).__name__}")
 
 
-def mhla_attention(q, k, v, w, layout, *, masking="none", feature_map="identity", normalize=True, eps=1e-6,
-                   scale=None, mixing="dense"):
+def mhla_attention(q, k, v, w, layout, *, masking=None, feature_map=None, normalize=None, eps=None,
+                   scale=None, mixing=None):
     """MHLA of ``q, k [B, N, H, Dk]`` and ``v [B, N, H, Dv]`` with mixing ``w``; returns ``[B, N, H, Dv]``.
 
     ``w`` is ``[M, M]`` (shared) or ``[H, M, M]`` (per head), or with ``mixing="toeplitz"``
     ``[L + 1]`` / ``[H, L + 1]``; it is cast to q's dtype. ``layout`` is an ``mhla.Layout``.
+    Options left as None take the operator's defaults (``mhla.Options``); enums may be given by name.
     """
     _check_tensors(q=q, k=k, v=v, w=w)
-    options = dict(layout=layout, masking=masking, feature_map=feature_map, normalize=normalize, eps=eps,
-                   scale=scale, mixing=mixing)
+    # Built once: forward and backward get the same object, not strings to parse again.
+    options = _core.Options(layout, masking=masking, feature_map=feature_map, normalize=normalize, eps=eps,
+                            scale=scale, mixing=mixing)
     return _MHLAFunction.apply(q, k, v, w.to(q.dtype), options)
 
 
-def linear_attention(q, k, v, *, masking="none", feature_map="identity", normalize=True, eps=1e-6, scale=None):
+def linear_attention(q, k, v, *, masking=None, feature_map=None, normalize=None, eps=None, scale=None):
     """Vanilla linear attention (one global summary; MHLA with a single block), same shapes as ``mhla_attention``."""
     _check_tensors(q=q, k=k, v=v)
-    options = dict(masking=masking, feature_map=feature_map, normalize=normalize, eps=eps, scale=scale)
+    options = _core.LinearOptions(masking=masking, feature_map=feature_map, normalize=normalize, eps=eps,
+                                  scale=scale)
     return _LinearAttentionFunction.apply(q, k, v, options)
 
 

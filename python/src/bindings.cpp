@@ -12,6 +12,7 @@
 #include "dlpack_buffer.hpp"
 #include "dlpack_import.hpp"
 #include "mhla/mhla.hpp"
+#include "options.hpp"
 
 namespace py = pybind11;
 using namespace py::literals;
@@ -19,34 +20,11 @@ using namespace py::literals;
 namespace mhla::python {
 namespace {
 
-Options make_options(const TokenLayout& layout, const std::string& masking, const std::string& feature_map,
-                     bool normalize, double eps, std::optional<double> scale, const std::string& mixing) {
-  Options o;
-  o.layout = layout;
-  o.masking = parse_masking(masking);
-  o.feature_map = parse_feature_map(feature_map);
-  o.normalize = normalize;
-  o.eps = eps;
-  o.scale = scale;
-  o.mixing = parse_mixing_form(mixing);
-  return o;
-}
-
-LinearAttentionOptions make_linear_options(const std::string& masking, const std::string& feature_map,
-                                           bool normalize, double eps, std::optional<double> scale) {
-  LinearAttentionOptions o;
-  o.masking = parse_masking(masking);
-  o.feature_map = parse_feature_map(feature_map);
-  o.normalize = normalize;
-  o.eps = eps;
-  o.scale = scale;
-  return o;
-}
-
 // Runs fn.template operator()<T>() for the dtype of `t`.
 template <typename Fn>
 decltype(auto) dispatch(const ImportedTensor& t, Fn&& fn) {
-  return t.dtype() == DType::float32 ? fn.template operator()<float>() : fn.template operator()<double>();
+  return t.dtype() == DType::float32 ? fn.template operator()<float>()
+                                     : fn.template operator()<double>();
 }
 
 // Runs the kernel without the GIL, so other Python threads go on meanwhile.
@@ -73,14 +51,14 @@ std::vector<int64_t> summaries_shape_for_forward(const Options& options, const I
   }
 }
 
-py::tuple mhla_forward(py::handle q_, py::handle k_, py::handle v_, py::handle w_, const Options& options,
-                       bool save_summaries) {
+py::tuple mhla_forward(py::handle q_, py::handle k_, py::handle v_, py::handle w_,
+                       const Options& options, bool save_summaries) {
   ImportedTensor q(q_, "q"), k(k_, "k"), v(v_, "v"), w(w_, "w");
   check_same_dtype({&q, &k, &v, &w});
   // Shapes are validated by the operator; these only size the outputs.
   if (q.shape().size() != 4 || v.shape().size() != 4)
-    throw py::value_error("q and v must be [B, N, H, D]; got q " + shape_to_string(q.shape()) + " and v " +
-                          shape_to_string(v.shape()));
+    throw py::value_error("q and v must be [B, N, H, D]; got q " + shape_to_string(q.shape()) +
+                          " and v " + shape_to_string(v.shape()));
   Buffer o(q.dtype(), v.shape());
   std::optional<Buffer> saved;
   if (save_summaries) saved.emplace(q.dtype(), summaries_shape_for_forward(options, q, k, v, w, o));
@@ -95,49 +73,55 @@ py::tuple mhla_forward(py::handle q_, py::handle k_, py::handle v_, py::handle w
 
 py::tuple mhla_backward(py::handle q_, py::handle k_, py::handle v_, py::handle w_, py::handle o_,
                         py::handle grad_o_, py::handle summaries_, const Options& options) {
-  ImportedTensor q(q_, "q"), k(k_, "k"), v(v_, "v"), w(w_, "w"), o(o_, "o"), grad_o(grad_o_, "grad_o");
+  ImportedTensor q(q_, "q"), k(k_, "k"), v(v_, "v"), w(w_, "w"), o(o_, "o"),
+      grad_o(grad_o_, "grad_o");
   check_same_dtype({&q, &k, &v, &w, &o, &grad_o});
   std::optional<ImportedTensor> summaries;
   if (!summaries_.is_none()) {
     summaries.emplace(summaries_, "summaries");
     check_same_dtype({&q, &*summaries});
   }
-  Buffer gq(q.dtype(), q.shape()), gk(q.dtype(), k.shape()), gv(q.dtype(), v.shape()), gw(q.dtype(), w.shape());
+  Buffer gq(q.dtype(), q.shape()), gk(q.dtype(), k.shape()), gv(q.dtype(), v.shape()),
+      gw(q.dtype(), w.shape());
   dispatch(q, [&]<typename T>() {
     compute([&] {
-      backward<T>(options, q.view<T>(), k.view<T>(), v.view<T>(), w.view<T>(), o.view<T>(), grad_o.view<T>(),
-                  gq.view<T>(), gk.view<T>(), gv.view<T>(), gw.view<T>(),
+      backward<T>(options, q.view<T>(), k.view<T>(), v.view<T>(), w.view<T>(), o.view<T>(),
+                  grad_o.view<T>(), gq.view<T>(), gk.view<T>(), gv.view<T>(), gw.view<T>(),
                   summaries ? summaries->view<T>() : TensorView<const T>{});
     });
   });
   return py::make_tuple(std::move(gq), std::move(gk), std::move(gv), std::move(gw));
 }
 
-Buffer linear_forward(py::handle q_, py::handle k_, py::handle v_, const LinearAttentionOptions& options) {
+Buffer linear_forward(py::handle q_, py::handle k_, py::handle v_,
+                      const LinearAttentionOptions& options) {
   ImportedTensor q(q_, "q"), k(k_, "k"), v(v_, "v");
   check_same_dtype({&q, &k, &v});
   Buffer o(q.dtype(), v.shape());
   dispatch(q, [&]<typename T>() {
-    compute([&] { linear_attention_forward<T>(options, q.view<T>(), k.view<T>(), v.view<T>(), o.view<T>()); });
+    compute([&] {
+      linear_attention_forward<T>(options, q.view<T>(), k.view<T>(), v.view<T>(), o.view<T>());
+    });
   });
   return o;
 }
 
-py::tuple linear_backward(py::handle q_, py::handle k_, py::handle v_, py::handle o_, py::handle grad_o_,
-                          const LinearAttentionOptions& options) {
+py::tuple linear_backward(py::handle q_, py::handle k_, py::handle v_, py::handle o_,
+                          py::handle grad_o_, const LinearAttentionOptions& options) {
   ImportedTensor q(q_, "q"), k(k_, "k"), v(v_, "v"), o(o_, "o"), grad_o(grad_o_, "grad_o");
   check_same_dtype({&q, &k, &v, &o, &grad_o});
   Buffer gq(q.dtype(), q.shape()), gk(q.dtype(), k.shape()), gv(q.dtype(), v.shape());
   dispatch(q, [&]<typename T>() {
     compute([&] {
-      linear_attention_backward<T>(options, q.view<T>(), k.view<T>(), v.view<T>(), o.view<T>(), grad_o.view<T>(),
-                                   gq.view<T>(), gk.view<T>(), gv.view<T>());
+      linear_attention_backward<T>(options, q.view<T>(), k.view<T>(), v.view<T>(), o.view<T>(),
+                                   grad_o.view<T>(), gq.view<T>(), gk.view<T>(), gv.view<T>());
     });
   });
   return py::make_tuple(std::move(gq), std::move(gk), std::move(gv));
 }
 
-py::tuple softmax_forward(py::handle q_, py::handle k_, py::handle v_, const SoftmaxOptions& options) {
+py::tuple softmax_forward(py::handle q_, py::handle k_, py::handle v_,
+                          const SoftmaxOptions& options) {
   ImportedTensor q(q_, "q"), k(k_, "k"), v(v_, "v");
   check_same_dtype({&q, &k, &v});
   if (q.shape().size() != 4)
@@ -146,21 +130,24 @@ py::tuple softmax_forward(py::handle q_, py::handle k_, py::handle v_, const Sof
   Buffer lse(q.dtype(), {q.shape()[0], q.shape()[2], q.shape()[1]});
   dispatch(q, [&]<typename T>() {
     compute([&] {
-      softmax_attention_forward<T>(options, q.view<T>(), k.view<T>(), v.view<T>(), o.view<T>(), lse.view<T>());
+      softmax_attention_forward<T>(options, q.view<T>(), k.view<T>(), v.view<T>(), o.view<T>(),
+                                   lse.view<T>());
     });
   });
   return py::make_tuple(std::move(o), std::move(lse));
 }
 
-py::tuple softmax_backward(py::handle q_, py::handle k_, py::handle v_, py::handle o_, py::handle lse_,
-                           py::handle grad_o_, const SoftmaxOptions& options) {
-  ImportedTensor q(q_, "q"), k(k_, "k"), v(v_, "v"), o(o_, "o"), lse(lse_, "lse"), grad_o(grad_o_, "grad_o");
+py::tuple softmax_backward(py::handle q_, py::handle k_, py::handle v_, py::handle o_,
+                           py::handle lse_, py::handle grad_o_, const SoftmaxOptions& options) {
+  ImportedTensor q(q_, "q"), k(k_, "k"), v(v_, "v"), o(o_, "o"), lse(lse_, "lse"),
+      grad_o(grad_o_, "grad_o");
   check_same_dtype({&q, &k, &v, &o, &lse, &grad_o});
   Buffer gq(q.dtype(), q.shape()), gk(q.dtype(), k.shape()), gv(q.dtype(), v.shape());
   dispatch(q, [&]<typename T>() {
     compute([&] {
-      softmax_attention_backward<T>(options, q.view<T>(), k.view<T>(), v.view<T>(), o.view<T>(), lse.view<T>(),
-                                    grad_o.view<T>(), gq.view<T>(), gk.view<T>(), gv.view<T>());
+      softmax_attention_backward<T>(options, q.view<T>(), k.view<T>(), v.view<T>(), o.view<T>(),
+                                    lse.view<T>(), grad_o.view<T>(), gq.view<T>(), gk.view<T>(),
+                                    gv.view<T>());
     });
   });
   return py::make_tuple(std::move(gq), std::move(gk), std::move(gv));
@@ -197,7 +184,9 @@ TokenLayout layout_from_state(const py::tuple& state) {
 PYBIND11_MODULE(_core, m) {
   using namespace mhla;
   using namespace mhla::python;
-  m.doc() = "MHLA operator bindings (CPU). Use the mhla package, which wraps results in the caller's tensor type.";
+  m.doc() =
+      "MHLA operator bindings (CPU). Use the mhla package, which wraps results in the caller's "
+      "tensor type.";
   // mhla::Error derives from std::invalid_argument, which pybind11 raises as
   // ValueError; a failed allocation is a MemoryError with the same message.
   py::register_exception_translator([](std::exception_ptr p) {
@@ -209,98 +198,125 @@ PYBIND11_MODULE(_core, m) {
   });
 
   py::class_<Buffer>(m, "Buffer", py::buffer_protocol(),
-                    "Result memory, exported through DLPack (torch.from_dlpack) or the buffer protocol (numpy.asarray).")
+                     "Result memory, exported through DLPack (torch.from_dlpack) or the buffer "
+                     "protocol (numpy.asarray).")
       .def_buffer(&Buffer::buffer_info)
       .def("__dlpack__", &Buffer::dlpack, "stream"_a = py::none())
       .def_static("__dlpack_device__", &Buffer::dlpack_device)
-      .def_property_readonly("shape", [](const Buffer& b) { return py::tuple(py::cast(b.shape())); })
+      .def_property_readonly("shape",
+                             [](const Buffer& b) { return py::tuple(py::cast(b.shape())); })
       .def_property_readonly("dtype", [](const Buffer& b) { return dtype_name(b.dtype()); });
 
-  py::class_<TokenLayout>(m, "Layout", "How the N tokens map onto the M blocks (1D sequence, 2D or 3D grid).")
+  py::class_<TokenLayout>(m, "Layout",
+                          "How the N tokens map onto the M blocks (1D sequence, 2D or 3D grid).")
       .def_static("sequence", &TokenLayout::sequence, "tokens"_a, "block"_a,
                   "1D: `tokens` tokens in blocks of `block`; M = ceil(tokens / block).")
-      .def_static("grid2d", &TokenLayout::grid2d, "height"_a, "width"_a, "tile_height"_a, "tile_width"_a,
-                  "2D: a height x width token grid (row-major) in tiles; edge tiles may be smaller.")
-      .def_static("grid3d", &TokenLayout::grid3d, "frames"_a, "height"_a, "width"_a, "tile_frames"_a,
-                  "tile_height"_a, "tile_width"_a, "3D: frames x height x width tokens in tiles.")
+      .def_static(
+          "grid2d", &TokenLayout::grid2d, "height"_a, "width"_a, "tile_height"_a, "tile_width"_a,
+          "2D: a height x width token grid (row-major) in tiles; edge tiles may be smaller.")
+      .def_static("grid3d", &TokenLayout::grid3d, "frames"_a, "height"_a, "width"_a,
+                  "tile_frames"_a, "tile_height"_a, "tile_width"_a,
+                  "3D: frames x height x width tokens in tiles.")
       .def_property_readonly("rank", &TokenLayout::rank)
       .def_property_readonly("num_tokens", &TokenLayout::num_tokens)
       .def_property_readonly("num_blocks", &TokenLayout::num_blocks)
-      .def_property_readonly("grid", &TokenLayout::grid, "(T, H, W) token extents; leading 1s for lower ranks")
+      .def_property_readonly("grid", &TokenLayout::grid,
+                             "(T, H, W) token extents; leading 1s for lower ranks")
       .def_property_readonly("tile", &TokenLayout::tile)
       .def_property_readonly("block_grid", &TokenLayout::block_grid)
       .def("block_of", &TokenLayout::block_of, "token"_a)
       .def("__eq__", [](const TokenLayout& a, const TokenLayout& b) { return a == b; })
       .def("__repr__", [](const TokenLayout& l) { return "<mhla.Layout " + l.describe() + ">"; })
-      .def(py::pickle([](const TokenLayout& l) { return py::make_tuple(l.rank(), l.grid(), l.tile()); },
-                      [](const py::tuple& t) { return layout_from_state(t); }));
+      .def(py::pickle(
+          [](const TokenLayout& l) { return py::make_tuple(l.rank(), l.grid(), l.tile()); },
+          [](const py::tuple& t) { return layout_from_state(t); }));
 
+  bind_options(m);
+  // The option keywords default to None (the C++ defaults), or options= takes
+  // an Options object built once, e.g. by a layer for its forward and backward.
   m.def(
       "forward",
-      [](py::handle q, py::handle k, py::handle v, py::handle w, const TokenLayout& layout,
-         const std::string& masking, const std::string& feature_map, bool normalize, double eps,
-         std::optional<double> scale, const std::string& mixing, bool save_summaries) {
-        return mhla_forward(q, k, v, w, make_options(layout, masking, feature_map, normalize, eps, scale, mixing),
-                            save_summaries);
+      [](py::handle q, py::handle k, py::handle v, py::handle w, py::object options,
+         py::object layout, py::object masking, py::object feature_map, py::object normalize,
+         py::object eps, py::object scale, py::object mixing, bool save_summaries) {
+        return mhla_forward(
+            q, k, v, w,
+            options_of(options, layout, {masking, feature_map, normalize, eps, scale}, mixing),
+            save_summaries);
       },
-      "q"_a, "k"_a, "v"_a, "w"_a, py::kw_only(), "layout"_a, "masking"_a = "none", "feature_map"_a = "identity",
-      "normalize"_a = true, "eps"_a = 1e-6, "scale"_a = py::none(), "mixing"_a = "dense",
+      "q"_a, "k"_a, "v"_a, "w"_a, py::kw_only(), "options"_a = py::none(), "layout"_a = py::none(),
+      "masking"_a = py::none(), "feature_map"_a = py::none(), "normalize"_a = py::none(),
+      "eps"_a = py::none(), "scale"_a = py::none(), "mixing"_a = py::none(),
       "save_summaries"_a = false, "Returns (o, summaries or None).");
   m.def(
       "backward",
       [](py::handle q, py::handle k, py::handle v, py::handle w, py::handle o, py::handle grad_o,
-         py::handle summaries, const TokenLayout& layout, const std::string& masking,
-         const std::string& feature_map, bool normalize, double eps, std::optional<double> scale,
-         const std::string& mixing) {
-        return mhla_backward(q, k, v, w, o, grad_o, summaries,
-                             make_options(layout, masking, feature_map, normalize, eps, scale, mixing));
+         py::handle summaries, py::object options, py::object layout, py::object masking,
+         py::object feature_map, py::object normalize, py::object eps, py::object scale,
+         py::object mixing) {
+        return mhla_backward(
+            q, k, v, w, o, grad_o, summaries,
+            options_of(options, layout, {masking, feature_map, normalize, eps, scale}, mixing));
       },
-      "q"_a, "k"_a, "v"_a, "w"_a, "o"_a, "grad_o"_a, py::kw_only(), "summaries"_a = py::none(), "layout"_a,
-      "masking"_a = "none", "feature_map"_a = "identity", "normalize"_a = true, "eps"_a = 1e-6,
-      "scale"_a = py::none(), "mixing"_a = "dense", "Returns (grad_q, grad_k, grad_v, grad_w).");
+      "q"_a, "k"_a, "v"_a, "w"_a, "o"_a, "grad_o"_a, py::kw_only(), "summaries"_a = py::none(),
+      "options"_a = py::none(), "layout"_a = py::none(), "masking"_a = py::none(),
+      "feature_map"_a = py::none(), "normalize"_a = py::none(), "eps"_a = py::none(),
+      "scale"_a = py::none(), "mixing"_a = py::none(), "Returns (grad_q, grad_k, grad_v, grad_w).");
   m.def(
       "linear_attention_forward",
-      [](py::handle q, py::handle k, py::handle v, const std::string& masking, const std::string& feature_map,
-         bool normalize, double eps, std::optional<double> scale) {
-        return linear_forward(q, k, v, make_linear_options(masking, feature_map, normalize, eps, scale));
+      [](py::handle q, py::handle k, py::handle v, py::object options, py::object masking,
+         py::object feature_map, py::object normalize, py::object eps, py::object scale) {
+        return linear_forward(
+            q, k, v, linear_options_of(options, {masking, feature_map, normalize, eps, scale}));
       },
-      "q"_a, "k"_a, "v"_a, py::kw_only(), "masking"_a = "none", "feature_map"_a = "identity",
-      "normalize"_a = true, "eps"_a = 1e-6, "scale"_a = py::none());
+      "q"_a, "k"_a, "v"_a, py::kw_only(), "options"_a = py::none(), "masking"_a = py::none(),
+      "feature_map"_a = py::none(), "normalize"_a = py::none(), "eps"_a = py::none(),
+      "scale"_a = py::none());
   m.def(
       "linear_attention_backward",
-      [](py::handle q, py::handle k, py::handle v, py::handle o, py::handle grad_o, const std::string& masking,
-         const std::string& feature_map, bool normalize, double eps, std::optional<double> scale) {
-        return linear_backward(q, k, v, o, grad_o, make_linear_options(masking, feature_map, normalize, eps, scale));
+      [](py::handle q, py::handle k, py::handle v, py::handle o, py::handle grad_o,
+         py::object options, py::object masking, py::object feature_map, py::object normalize,
+         py::object eps, py::object scale) {
+        return linear_backward(
+            q, k, v, o, grad_o,
+            linear_options_of(options, {masking, feature_map, normalize, eps, scale}));
       },
-      "q"_a, "k"_a, "v"_a, "o"_a, "grad_o"_a, py::kw_only(), "masking"_a = "none", "feature_map"_a = "identity",
-      "normalize"_a = true, "eps"_a = 1e-6, "scale"_a = py::none());
+      "q"_a, "k"_a, "v"_a, "o"_a, "grad_o"_a, py::kw_only(), "options"_a = py::none(),
+      "masking"_a = py::none(), "feature_map"_a = py::none(), "normalize"_a = py::none(),
+      "eps"_a = py::none(), "scale"_a = py::none());
   m.def(
       "softmax_attention_forward",
       [](py::handle q, py::handle k, py::handle v, bool causal, std::optional<double> scale) {
         return softmax_forward(q, k, v, SoftmaxOptions{causal, scale});
       },
-      "q"_a, "k"_a, "v"_a, py::kw_only(), "causal"_a = false, "scale"_a = py::none(), "Returns (o, lse).");
+      "q"_a, "k"_a, "v"_a, py::kw_only(), "causal"_a = false, "scale"_a = py::none(),
+      "Returns (o, lse).");
   m.def(
       "softmax_attention_backward",
-      [](py::handle q, py::handle k, py::handle v, py::handle o, py::handle lse, py::handle grad_o, bool causal,
-         std::optional<double> scale) {
+      [](py::handle q, py::handle k, py::handle v, py::handle o, py::handle lse, py::handle grad_o,
+         bool causal, std::optional<double> scale) {
         return softmax_backward(q, k, v, o, lse, grad_o, SoftmaxOptions{causal, scale});
       },
-      "q"_a, "k"_a, "v"_a, "o"_a, "lse"_a, "grad_o"_a, py::kw_only(), "causal"_a = false, "scale"_a = py::none());
+      "q"_a, "k"_a, "v"_a, "o"_a, "lse"_a, "grad_o"_a, py::kw_only(), "causal"_a = false,
+      "scale"_a = py::none());
   m.def(
       "init_mixing",
-      [](const TokenLayout& layout, const std::string& transform, double sigma, double threshold, bool causal) {
+      [](const TokenLayout& layout, const std::string& transform, double sigma, double threshold,
+         bool causal) {
         const int64_t m = layout.num_blocks();
-        return float32_buffer(init_mixing(layout, make_init(transform, sigma, threshold, causal)), {m, m});
+        return float32_buffer(init_mixing(layout, make_init(transform, sigma, threshold, causal)),
+                              {m, m});
       },
       "layout"_a, py::kw_only(), "transform"_a = "linear", "sigma"_a = 1.0, "threshold"_a = 1.5,
       "causal"_a = false, "Locality-biased [M, M] mixing matrix (float32, rows sum to 1).");
   m.def(
       "init_toeplitz_mixing",
       [](int64_t length, const std::string& transform, double sigma, double threshold) {
-        return float32_buffer(init_toeplitz_mixing(length, make_init(transform, sigma, threshold, false)),
-                              {length + 1});
+        return float32_buffer(
+            init_toeplitz_mixing(length, make_init(transform, sigma, threshold, false)),
+            {length + 1});
       },
       "length"_a, py::kw_only(), "transform"_a = "linear", "sigma"_a = 1.0, "threshold"_a = 1.5,
-      "Toeplitz mixing vector [length + 1] (float32): w[d] for block distance d, w[length] the tail.");
+      "Toeplitz mixing vector [length + 1] (float32): w[d] for block distance d, w[length] the "
+      "tail.");
 }

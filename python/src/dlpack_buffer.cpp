@@ -69,8 +69,8 @@ py::buffer_info Buffer::buffer_info() {
   const std::string format = dtype_ == DType::float32 ? py::format_descriptor<float>::format()
                                                       : py::format_descriptor<double>::format();
   return py::buffer_info(storage_.get(), static_cast<py::ssize_t>(dtype_size(dtype_)), format,
-                         static_cast<py::ssize_t>(shape_.size()), std::vector<py::ssize_t>(shape_.begin(), shape_.end()),
-                         strides);
+                         static_cast<py::ssize_t>(shape_.size()),
+                         std::vector<py::ssize_t>(shape_.begin(), shape_.end()), strides);
 }
 
 }  // namespace mhla::python

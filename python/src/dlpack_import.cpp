@@ -12,10 +12,14 @@ namespace {
 
 std::string device_name(int type, int id) {
   switch (type) {
-    case kDLCUDA: return "cuda:" + std::to_string(id);
-    case kDLROCM: return "rocm:" + std::to_string(id);
-    case kDLMetal: return "mps:" + std::to_string(id);
-    default: return "DLPack device type " + std::to_string(type) + " (id " + std::to_string(id) + ")";
+    case kDLCUDA:
+      return "cuda:" + std::to_string(id);
+    case kDLROCM:
+      return "rocm:" + std::to_string(id);
+    case kDLMetal:
+      return "mps:" + std::to_string(id);
+    default:
+      return "DLPack device type " + std::to_string(type) + " (id " + std::to_string(id) + ")";
   }
 }
 
@@ -29,7 +33,8 @@ DType dtype_from(const char* name, DLDataType t) {
   if (t.code == kDLFloat && t.lanes == 1 && t.bits == 32) return DType::float32;
   if (t.code == kDLFloat && t.lanes == 1 && t.bits == 64) return DType::float64;
   static const char* const codes[] = {"int", "uint", "float", "opaque handle", "bfloat", "complex"};
-  const std::string code = t.code < 6 ? codes[t.code] : "DLPack type code " + std::to_string(t.code);
+  const std::string code =
+      t.code < 6 ? codes[t.code] : "DLPack type code " + std::to_string(t.code);
   throw py::type_error(std::string(name) + " has dtype " + code + std::to_string(t.bits) +
                        (t.lanes == 1 ? "" : " x" + std::to_string(t.lanes)) +
                        "; mhla computes in float32 or float64");
@@ -55,9 +60,10 @@ ImportedTensor::ImportedTensor(py::handle object, const char* name) : name_(name
       import_buffer(object);
       return;
     }
-    throw py::type_error(std::string(name) +
-                         " must be a tensor that supports DLPack (torch.Tensor, numpy.ndarray), not " +
-                         std::string(py::str(py::type::handle_of(object).attr("__name__"))));
+    throw py::type_error(
+        std::string(name) +
+        " must be a tensor that supports DLPack (torch.Tensor, numpy.ndarray), not " +
+        std::string(py::str(py::type::handle_of(object).attr("__name__"))));
   }
   if (py::hasattr(object, "__dlpack_device__")) {
     const auto [type, id] = object.attr("__dlpack_device__")().cast<std::pair<int, int>>();
@@ -74,7 +80,8 @@ ImportedTensor::ImportedTensor(py::handle object, const char* name) : name_(name
     // Other refusals (a torch tensor that requires grad) keep their own
     // explanation, prefixed with the argument.
     const std::string reason = py::str(e.value());
-    py::raise_from(e, PyExc_TypeError, (std::string(name) + " could not be read through DLPack: " + reason).c_str());
+    py::raise_from(e, PyExc_TypeError,
+                   (std::string(name) + " could not be read through DLPack: " + reason).c_str());
     throw py::error_already_set();
   }
   import_dlpack(exported);
@@ -82,9 +89,11 @@ ImportedTensor::ImportedTensor(py::handle object, const char* name) : name_(name
 
 void ImportedTensor::import_dlpack(const py::object& capsule) {
   if (!PyCapsule_IsValid(capsule.ptr(), "dltensor"))
-    throw py::type_error(std::string(name_) + ".__dlpack__() did not return an unused DLPack capsule");
+    throw py::type_error(std::string(name_) +
+                         ".__dlpack__() did not return an unused DLPack capsule");
   owner_ = capsule;
-  const DLTensor& t = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule.ptr(), "dltensor"))->dl_tensor;
+  const DLTensor& t =
+      static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule.ptr(), "dltensor"))->dl_tensor;
   check_cpu(name_, t.device.device_type, t.device.device_id);
   dtype_ = dtype_from(name_, t.dtype);
   shape_.assign(t.shape, t.shape + t.ndim);
@@ -107,7 +116,8 @@ void ImportedTensor::import_buffer(py::handle object) {
   shape_ = info.shape;
   std::vector<int64_t> strides;
   for (int64_t s : info.strides) {
-    if (s % info.itemsize != 0) throw py::value_error(std::string(name_) + " has strides that are not whole elements");
+    if (s % info.itemsize != 0)
+      throw py::value_error(std::string(name_) + " has strides that are not whole elements");
     strides.push_back(s / info.itemsize);
   }
   check_strides(strides);
@@ -116,15 +126,16 @@ void ImportedTensor::import_buffer(py::handle object) {
 
 void ImportedTensor::check_strides(const std::vector<int64_t>& strides) const {
   if (!is_c_contiguous(shape_, strides))
-    throw py::value_error(std::string(name_) + " with shape " + shape_to_string(shape_) + " has strides " +
-                          shape_to_string(strides) +
+    throw py::value_error(std::string(name_) + " with shape " + shape_to_string(shape_) +
+                          " has strides " + shape_to_string(strides) +
                           " (in elements), which is not C order; pass a contiguous tensor "
                           "(torch: .contiguous(), NumPy: numpy.ascontiguousarray)");
 }
 
 void ImportedTensor::set_data(const void* data) {
   if (reinterpret_cast<uintptr_t>(data) % dtype_size(dtype_) != 0)
-    throw py::value_error(std::string(name_) + " is not aligned to its " + dtype_name(dtype_) + " elements");
+    throw py::value_error(std::string(name_) + " is not aligned to its " + dtype_name(dtype_) +
+                          " elements");
   data_ = data;
 }
 
@@ -132,8 +143,8 @@ void check_same_dtype(std::initializer_list<const ImportedTensor*> tensors) {
   const ImportedTensor* first = *tensors.begin();
   for (const ImportedTensor* t : tensors)
     if (t->dtype() != first->dtype())
-      throw py::type_error(std::string(t->name()) + " has dtype " + dtype_name(t->dtype()) + " but " +
-                           first->name() + " has " + dtype_name(first->dtype()) +
+      throw py::type_error(std::string(t->name()) + " has dtype " + dtype_name(t->dtype()) +
+                           " but " + first->name() + " has " + dtype_name(first->dtype()) +
                            "; all tensors of one call share a dtype");
 }
 

@@ -8,7 +8,9 @@ namespace mhla::python {
 
 enum class DType { float32, float64 };
 
-inline const char* dtype_name(DType dtype) { return dtype == DType::float32 ? "float32" : "float64"; }
+inline const char* dtype_name(DType dtype) {
+  return dtype == DType::float32 ? "float32" : "float64";
+}
 inline size_t dtype_size(DType dtype) { return dtype == DType::float32 ? 4 : 8; }
 inline DLDataType to_dlpack(DType dtype) {
   return DLDataType{static_cast<uint8_t>(kDLFloat), static_cast<uint8_t>(8 * dtype_size(dtype)), 1};

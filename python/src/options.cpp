@@ -1,0 +1,152 @@
+#include "options.hpp"
+
+#include <pybind11/stl.h>
+
+#include <string>
+
+#include "mhla/layout.hpp"
+
+namespace py = pybind11;
+using namespace py::literals;
+
+namespace mhla::python {
+namespace {
+
+// An enum given as itself or by its name; anything else is a TypeError.
+template <typename Enum>
+Enum enum_of(const py::object& value, const char* name, Enum (*parse)(const std::string&)) {
+  if (py::isinstance<py::str>(value)) return parse(value.cast<std::string>());
+  if (py::isinstance<Enum>(value)) return value.cast<Enum>();
+  throw py::type_error(std::string(name) + " must be a str or mhla." +
+                       py::str(py::type::of<Enum>().attr("__name__")).cast<std::string>() +
+                       ", not " +
+                       py::str(py::type::of(value).attr("__name__")).cast<std::string>());
+}
+
+template <typename T>
+T value_of(const py::object& value, const char* name, const char* type) {
+  try {
+    return value.cast<T>();
+  } catch (const py::cast_error&) {
+    throw py::type_error(std::string(name) + " must be " + type + ", not " +
+                         py::str(py::type::of(value).attr("__name__")).cast<std::string>());
+  }
+}
+
+void apply(const OptionKeywords& k, LinearAttentionOptions& o) {
+  if (!k.masking.is_none()) o.masking = enum_of<Masking>(k.masking, "masking", parse_masking);
+  if (!k.feature_map.is_none())
+    o.feature_map = enum_of<FeatureMap>(k.feature_map, "feature_map", parse_feature_map);
+  if (!k.normalize.is_none()) {
+    if (!py::isinstance<py::bool_>(k.normalize))
+      throw py::type_error("normalize must be a bool, not " +
+                           py::str(py::type::of(k.normalize).attr("__name__")).cast<std::string>());
+    o.normalize = k.normalize.cast<bool>();
+  }
+  if (!k.eps.is_none()) o.eps = value_of<double>(k.eps, "eps", "a float");
+  if (!k.scale.is_none()) o.scale = value_of<double>(k.scale, "scale", "a float or None");
+}
+
+bool any_given(const OptionKeywords& k) {
+  return !k.masking.is_none() || !k.feature_map.is_none() || !k.normalize.is_none() ||
+         !k.eps.is_none() || !k.scale.is_none();
+}
+
+void refuse_both(const char* type) {
+  throw py::type_error(std::string("pass either options=mhla.") + type +
+                       "(...) or the option keywords, not both");
+}
+
+Options make_options(const py::object& layout, const OptionKeywords& keywords,
+                     const py::object& mixing) {
+  Options o;
+  if (!layout.is_none()) o.layout = value_of<TokenLayout>(layout, "layout", "an mhla.Layout");
+  apply(keywords, o);
+  if (!mixing.is_none()) o.mixing = enum_of<MixingForm>(mixing, "mixing", parse_mixing_form);
+  return o;
+}
+
+LinearAttentionOptions make_linear_options(const OptionKeywords& keywords) {
+  LinearAttentionOptions o;
+  apply(keywords, o);
+  return o;
+}
+
+std::string describe(const LinearAttentionOptions& o) {
+  return std::string("masking=") + to_string(o.masking) +
+         ", feature_map=" + to_string(o.feature_map) +
+         ", normalize=" + (o.normalize ? "True" : "False") +
+         ", eps=" + py::str(py::float_(o.eps)).cast<std::string>() +
+         ", scale=" + (o.scale ? py::str(py::float_(*o.scale)).cast<std::string>() : "None");
+}
+
+}  // namespace
+
+Options options_of(const py::object& options, const py::object& layout,
+                   const OptionKeywords& keywords, const py::object& mixing) {
+  if (options.is_none()) return make_options(layout, keywords, mixing);
+  if (any_given(keywords) || !layout.is_none() || !mixing.is_none()) refuse_both("Options");
+  return value_of<Options>(options, "options", "an mhla.Options");
+}
+
+LinearAttentionOptions linear_options_of(const py::object& options,
+                                         const OptionKeywords& keywords) {
+  if (options.is_none()) return make_linear_options(keywords);
+  if (any_given(keywords)) refuse_both("LinearOptions");
+  return value_of<LinearAttentionOptions>(options, "options", "an mhla.LinearOptions");
+}
+
+void bind_options(py::module_& m) {
+  py::enum_<Masking>(m, "Masking")
+      .value("none", Masking::none)
+      .value("causal", Masking::causal)
+      .value("block_causal", Masking::block_causal);
+  py::enum_<FeatureMap>(m, "FeatureMap")
+      .value("identity", FeatureMap::identity)
+      .value("relu", FeatureMap::relu)
+      .value("elu1", FeatureMap::elu1);
+  py::enum_<MixingForm>(m, "MixingForm")
+      .value("dense", MixingForm::dense)
+      .value("toeplitz", MixingForm::toeplitz);
+
+  const auto keywords = [](py::object masking, py::object feature_map, py::object normalize,
+                           py::object eps, py::object scale) {
+    return OptionKeywords{masking, feature_map, normalize, eps, scale};
+  };
+  py::class_<LinearAttentionOptions>(m, "LinearOptions",
+                                     "Options of linear attention (and of MHLA, which adds the "
+                                     "layout and the mixing form).")
+      .def(py::init([keywords](py::object masking, py::object feature_map, py::object normalize,
+                               py::object eps, py::object scale) {
+             return make_linear_options(keywords(masking, feature_map, normalize, eps, scale));
+           }),
+           py::kw_only(), "masking"_a = py::none(), "feature_map"_a = py::none(),
+           "normalize"_a = py::none(), "eps"_a = py::none(), "scale"_a = py::none())
+      .def_readwrite("masking", &LinearAttentionOptions::masking)
+      .def_readwrite("feature_map", &LinearAttentionOptions::feature_map)
+      .def_readwrite("normalize", &LinearAttentionOptions::normalize)
+      .def_readwrite("eps", &LinearAttentionOptions::eps)
+      .def_readwrite("scale", &LinearAttentionOptions::scale)
+      .def("__repr__", [](const LinearAttentionOptions& o) {
+        return "mhla.LinearOptions(" + describe(o) + ")";
+      });
+  py::class_<Options, LinearAttentionOptions>(m, "Options", "Options of the MHLA operator.")
+      .def(py::init([keywords](py::object layout, py::object masking, py::object feature_map,
+                               py::object normalize, py::object eps, py::object scale,
+                               py::object mixing) {
+             return make_options(layout, keywords(masking, feature_map, normalize, eps, scale),
+                                 mixing);
+           }),
+           "layout"_a = py::none(), py::kw_only(), "masking"_a = py::none(),
+           "feature_map"_a = py::none(), "normalize"_a = py::none(), "eps"_a = py::none(),
+           "scale"_a = py::none(), "mixing"_a = py::none())
+      .def_readwrite("layout", &Options::layout)
+      .def_readwrite("mixing", &Options::mixing)
+      .def("__repr__", [](const Options& o) {
+        return "mhla.Options(" +
+               (o.layout.empty() ? std::string("no layout") : o.layout.describe()) + ", " +
+               describe(o) + ", mixing=" + to_string(o.mixing) + ")";
+      });
+}
+
+}  // namespace mhla::python

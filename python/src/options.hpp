@@ -1,0 +1,27 @@
+#pragma once
+// The operator's options as Python objects: mhla.Masking, mhla.FeatureMap and
+// mhla.MixingForm are the C++ enums, and mhla.Options / mhla.LinearOptions the
+// C++ structs, so that a layer builds its options once and hands the same
+// object to forward and backward. Each keyword left as None keeps the C++
+// default (include/mhla/options.hpp is the one place that states them), and
+// an enum may also be given by its name ("causal").
+#include <pybind11/pybind11.h>
+
+#include "mhla/options.hpp"
+
+namespace mhla::python {
+
+void bind_options(pybind11::module_& m);
+
+// The option keywords of a call, each None when not given.
+struct OptionKeywords {
+  pybind11::object masking, feature_map, normalize, eps, scale;
+};
+
+// `options` (an Options / LinearOptions object, or None) or the keywords; not both.
+Options options_of(const pybind11::object& options, const pybind11::object& layout,
+                   const OptionKeywords& keywords, const pybind11::object& mixing);
+LinearAttentionOptions linear_options_of(const pybind11::object& options,
+                                         const OptionKeywords& keywords);
+
+}  // namespace mhla::python

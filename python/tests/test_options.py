@@ -1,0 +1,62 @@
+"""mhla.Options: the C++ options object, built once and handed to forward and backward."""
+import pytest
+import torch
+
+import mhla
+import mhla.torch as mt
+
+LAYOUT = mhla.Layout.sequence(8, 4)
+
+
+def inputs():
+    g = torch.Generator().manual_seed(0)
+    q = torch.rand(1, 8, 2, 3, dtype=torch.float64, generator=g)
+    k = torch.rand(1, 8, 2, 3, dtype=torch.float64, generator=g)
+    v = torch.rand(1, 8, 2, 4, dtype=torch.float64, generator=g)
+    return q, k, v, torch.full((2, 2), 0.5, dtype=torch.float64)
+
+
+def test_defaults_are_the_operators_and_names_parse_to_enums():
+    o = mhla.Options(LAYOUT)
+    assert o.masking == mhla.Masking.none and o.feature_map == mhla.FeatureMap.identity
+    assert o.normalize is True and o.eps == 1e-6 and o.scale is None
+    assert o.mixing == mhla.MixingForm.dense and o.layout == LAYOUT
+    c = mhla.Options(LAYOUT, masking="causal", feature_map=mhla.FeatureMap.elu1, mixing="toeplitz")
+    assert (c.masking, c.feature_map, c.mixing) == (mhla.Masking.causal, mhla.FeatureMap.elu1,
+                                                    mhla.MixingForm.toeplitz)
+    assert "masking=causal" in repr(c) and "mixing=toeplitz" in repr(c)
+    assert mhla.LinearOptions().eps == 1e-6
+
+
+def test_an_options_object_gives_the_same_results_as_keywords():
+    q, k, v, w = inputs()
+    opts = mhla.Options(LAYOUT, masking="block_causal", feature_map="elu1")
+    o1, _ = mhla.forward(q, k, v, w, options=opts)
+    o2, _ = mhla.forward(q, k, v, w, layout=LAYOUT, masking="block_causal", feature_map="elu1")
+    assert torch.equal(o1, o2)
+    g = torch.rand_like(o1)
+    for a, b in zip(mhla.backward(q, k, v, w, o1, g, options=opts),
+                    mhla.backward(q, k, v, w, o2, g, layout=LAYOUT, masking="block_causal",
+                                  feature_map="elu1")):
+        assert torch.equal(a, b)
+    lo = mhla.LinearOptions(masking="causal")
+    (l1,) = (mhla.linear_attention_forward(q, k, v, options=lo),)
+    assert torch.equal(l1, mhla.linear_attention_forward(q, k, v, masking="causal"))
+    # The autograd function builds one Options object for forward and backward.
+    leaves = [t.clone().requires_grad_() for t in (q, k, v, w)]
+    mt.mhla_attention(*leaves, LAYOUT, masking="block_causal", feature_map="elu1").backward(g)
+    assert torch.allclose(leaves[0].grad, mhla.backward(q, k, v, w, o1, g, options=opts)[0])
+
+
+def test_bad_options_are_named():
+    q, k, v, w = inputs()
+    with pytest.raises(TypeError, match="pass either options=mhla.Options"):
+        mhla.forward(q, k, v, w, options=mhla.Options(LAYOUT), masking="causal")
+    with pytest.raises(TypeError, match="masking must be a str or mhla.Masking, not int"):
+        mhla.Options(LAYOUT, masking=3)
+    with pytest.raises(TypeError, match="normalize must be a bool, not str"):
+        mhla.forward(q, k, v, w, layout=LAYOUT, normalize="yes")
+    with pytest.raises(ValueError, match="unknown feature map 'elu'"):
+        mhla.Options(LAYOUT, feature_map="elu")
+    with pytest.raises(ValueError, match="options.layout is not set"):
+        mhla.forward(q, k, v, w)
