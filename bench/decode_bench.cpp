@@ -51,8 +51,8 @@ double seconds_per_token(mhla::Decoder& dec, const Tokens& data, int64_t positio
         [&] {
           for (int64_t t = 0; t < steps; ++t) {
             const int64_t at = (position + t) * row;
-            dec.step({data.q.data() + at, ts}, {data.k.data() + at, ts},
-                     {data.v.data() + at, ts}, {o.data(), ts});
+            dec.step({data.q.data() + at, ts}, {data.k.data() + at, ts}, {data.v.data() + at, ts},
+                     {o.data(), ts});
           }
         },
         {1, 0.0, 1, false}));
@@ -113,15 +113,15 @@ int main(int argc, char** argv) {
   mhla::Decoder dec(options, {w.data(), w_shape});
   const Tokens data(max_tokens, 11);
 
-  json results = {{"block", block}, {"heads", kHeads}, {"dim", kDim}, {"steps", steps},
-                  {"mixing", mixing}};
+  json results = {
+      {"block", block}, {"heads", kHeads}, {"dim", kDim}, {"steps", steps}, {"mixing", mixing}};
   if (toeplitz) results["toeplitz_length"] = length;
   std::printf("streaming decoder, B=1 H=%lld D=%lld, block C=%lld, elu+1, normalized, %s mixing",
               (long long)kHeads, (long long)kDim, (long long)block, mixing.c_str());
   if (toeplitz) std::printf(" (L=%lld)", (long long)length);
   std::printf("\n");
-  std::printf("%10s %12s %14s %16s %10s\n", "position", "tokens/s", "state bytes",
-              "KV-cache bytes", "state/KV");
+  std::printf("%10s %12s %14s %16s %10s\n", "position", "tokens/s", "state bytes", "KV-cache bytes",
+              "state/KV");
   double first_rate = 0, last_rate = 0;
   for (int64_t p : positions) {
     const double rate = 1.0 / seconds_per_token(dec, data, p, steps);
@@ -145,9 +145,10 @@ int main(int argc, char** argv) {
   mhla::Decoder naive(options, {dense_w.data(), {m, m}});
   const double fast = seconds_per_token(dec, data, naive_position, steps);
   const double slow = seconds_per_token(naive, data, naive_position, naive_steps);
-  std::printf("at position %lld: %.1f us/token; recomputing the mix over all finished blocks "
-              "every token: %.1f us/token; speed-up %.1fx\n",
-              (long long)naive_position, fast * 1e6, slow * 1e6, slow / fast);
+  std::printf(
+      "at position %lld: %.1f us/token; recomputing the mix over all finished blocks "
+      "every token: %.1f us/token; speed-up %.1fx\n",
+      (long long)naive_position, fast * 1e6, slow * 1e6, slow / fast);
   results["speedup_over_recompute"] = {{"position", naive_position},
                                        {"seconds_per_token", fast},
                                        {"recompute_seconds_per_token", slow},

@@ -4,11 +4,11 @@
 // memory, and the sequence length where MHLA overtakes softmax.
 //
 //   mhla_bench [--json results.json] [--quick] [--softmax-max-n N]
+#include <omp.h>
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
-#include <omp.h>
 
 #include "common/child_process.hpp"
 #include "common/json_file.hpp"
@@ -59,20 +59,40 @@ Row measure(int64_t tokens, bool with_softmax, int repeats, int sgemm_size) {
   Workload wl(1, tokens, kHeads, kDim, m);
   mhla::tools::SgemmProbe sgemm(sgemm_size);
   const auto flops = mhla::mhla_flops(1, tokens, kHeads, kDim, kDim, m, mhla::Masking::none, 0);
-  const std::vector<double> t = mhla::tools::interleaved_medians(
-      {[&] { sgemm.run(); }, [&] { wl.mhla_forward(); },
-       [&] { wl.mhla_forward(); wl.mhla_backward(); },
-       [&] { wl.mhla_forward_saving(); wl.mhla_backward_saved(); }, [&] { wl.linear_forward(); },
-       [&] { wl.linear_forward(); wl.linear_backward(); }},
-      repeats);
-  Row r{tokens, m, t[0], t[1], t[2], t[3], t[4], t[5], -1,
-        flops.forward, flops.forward + flops.backward, sgemm.flops()};
+  const std::vector<double> t =
+      mhla::tools::interleaved_medians({[&] { sgemm.run(); }, [&] { wl.mhla_forward(); },
+                                        [&] {
+                                          wl.mhla_forward();
+                                          wl.mhla_backward();
+                                        },
+                                        [&] {
+                                          wl.mhla_forward_saving();
+                                          wl.mhla_backward_saved();
+                                        },
+                                        [&] { wl.linear_forward(); },
+                                        [&] {
+                                          wl.linear_forward();
+                                          wl.linear_backward();
+                                        }},
+                                       repeats);
+  Row r{tokens,
+        m,
+        t[0],
+        t[1],
+        t[2],
+        t[3],
+        t[4],
+        t[5],
+        -1,
+        flops.forward,
+        flops.forward + flops.backward,
+        sgemm.flops()};
   if (with_softmax) {
     // Quadratic and ~100x slower than MHLA at these sizes, so load drift does
     // not matter for its ratio: one timed call at the largest sizes.
     const TimingPolicy once{1, 0.0, 1, false};
-    r.softmax_fwd = median_seconds([&] { wl.softmax_forward(); },
-                                   tokens >= 16384 ? once : TimingPolicy{});
+    r.softmax_fwd =
+        median_seconds([&] { wl.softmax_forward(); }, tokens >= 16384 ? once : TimingPolicy{});
   }
   return r;
 }
@@ -86,7 +106,8 @@ int main(int argc, char** argv) {
   int64_t softmax_max_n = 65536;
   int64_t probe_tokens = 0;
   app.add_option("--json", json_path, "also write the results as JSON to this file");
-  app.add_flag("--quick", quick, "smaller sizes and fewer repeats (a smoke test, not a measurement)");
+  app.add_flag("--quick", quick,
+               "smaller sizes and fewer repeats (a smoke test, not a measurement)");
   app.add_option("--softmax-max-n", softmax_max_n,
                  "largest N at which softmax is timed (it is quadratic)")
       ->check(CLI::PositiveNumber);
@@ -99,51 +120,55 @@ int main(int argc, char** argv) {
   const int sgemm_size = quick ? 512 : 2048;
   json results;
   results["threads"] = omp_get_max_threads();
-  std::printf("threads: %d (OMP_NUM_THREADS); SGEMM yardstick: square %d, all threads, timed\n"
-              "interleaved with MHLA and linear attention (medians of %d rounds)\n\n",
-              omp_get_max_threads(), sgemm_size, repeats);
+  std::printf(
+      "threads: %d (OMP_NUM_THREADS); SGEMM yardstick: square %d, all threads, timed\n"
+      "interleaved with MHLA and linear attention (medians of %d rounds)\n\n",
+      omp_get_max_threads(), sgemm_size, repeats);
 
   // 1. Rates at B=1, H=8, D=64, M = sqrt(N).
   std::printf("B=1 H=8 D=64, non-causal, elu1, normalized, M = sqrt(N)\n");
-  std::printf("f+b recomputes the block summaries in backward (as the linear baseline does);\n"
-              "f+b saved keeps them from forward (forward(..., saved_summaries)).\n");
-  std::printf("%8s %5s %7s | %8s %7s %6s | %8s %7s %6s | %8s %7s %6s | %7s %7s | %10s %9s\n",
-              "N", "M", "SGEMM", "fwd ms", "GFLOP/s", "%SGEMM", "f+b ms", "GFLOP/s", "%SGEMM",
-              "f+b sav", "GFLOP/s", "%SGEMM", "fwd/lin", "f+b/lin", "softmax ms", "fwd/soft");
-  const std::vector<int64_t> sizes = quick ? std::vector<int64_t>{1024, 4096}
-                                           : std::vector<int64_t>{4096, 16384, 65536};
+  std::printf(
+      "f+b recomputes the block summaries in backward (as the linear baseline does);\n"
+      "f+b saved keeps them from forward (forward(..., saved_summaries)).\n");
+  std::printf("%8s %5s %7s | %8s %7s %6s | %8s %7s %6s | %8s %7s %6s | %7s %7s | %10s %9s\n", "N",
+              "M", "SGEMM", "fwd ms", "GFLOP/s", "%SGEMM", "f+b ms", "GFLOP/s", "%SGEMM", "f+b sav",
+              "GFLOP/s", "%SGEMM", "fwd/lin", "f+b/lin", "softmax ms", "fwd/soft");
+  const std::vector<int64_t> sizes =
+      quick ? std::vector<int64_t>{1024, 4096} : std::vector<int64_t>{4096, 16384, 65536};
   for (int64_t n : sizes) {
     const Row r = measure(n, n <= softmax_max_n, repeats, sgemm_size);
     const double sg = r.sgemm_flops / r.sgemm / 1e9;
     const double gf = r.flops_fwd / r.mhla_fwd / 1e9, gfb = r.flops_fwdbwd / r.mhla_fwdbwd / 1e9;
     const double gfs = r.flops_fwdbwd / r.mhla_fwdbwd_saved / 1e9;
-    std::printf("%8lld %5lld %7.1f | %8.2f %7.1f %5.0f%% | %8.2f %7.1f %5.0f%% | %8.2f %7.1f %5.0f%% "
-                "| %7.2f %7.2f | ",
-                (long long)n, (long long)r.blocks, sg, r.mhla_fwd * 1e3, gf, 100 * gf / sg,
-                r.mhla_fwdbwd * 1e3, gfb, 100 * gfb / sg, r.mhla_fwdbwd_saved * 1e3, gfs,
-                100 * gfs / sg, r.mhla_fwd / r.linear_fwd, r.mhla_fwdbwd / r.linear_fwdbwd);
+    std::printf(
+        "%8lld %5lld %7.1f | %8.2f %7.1f %5.0f%% | %8.2f %7.1f %5.0f%% | %8.2f %7.1f %5.0f%% "
+        "| %7.2f %7.2f | ",
+        (long long)n, (long long)r.blocks, sg, r.mhla_fwd * 1e3, gf, 100 * gf / sg,
+        r.mhla_fwdbwd * 1e3, gfb, 100 * gfb / sg, r.mhla_fwdbwd_saved * 1e3, gfs, 100 * gfs / sg,
+        r.mhla_fwd / r.linear_fwd, r.mhla_fwdbwd / r.linear_fwdbwd);
     if (r.softmax_fwd > 0)
       std::printf("%10.1f %9.4f\n", r.softmax_fwd * 1e3, r.mhla_fwd / r.softmax_fwd);
     else
       std::printf("%10s %9s\n", "-", "-");
     std::fflush(stdout);
-    results["rates"].push_back({{"tokens", n},
-                                {"blocks", r.blocks},
-                                {"sgemm_gflops", sg},
-                                {"mhla_forward_s", r.mhla_fwd},
-                                {"mhla_forward_backward_s", r.mhla_fwdbwd},
-                                {"mhla_forward_gflops", gf},
-                                {"mhla_forward_backward_gflops", gfb},
-                                {"mhla_forward_fraction_of_sgemm", gf / sg},
-                                {"mhla_forward_backward_fraction_of_sgemm", gfb / sg},
-                                {"mhla_forward_backward_saved_s", r.mhla_fwdbwd_saved},
-                                {"mhla_forward_backward_saved_gflops", gfs},
-                                {"mhla_forward_backward_saved_fraction_of_sgemm", gfs / sg},
-                                {"linear_forward_s", r.linear_fwd},
-                                {"linear_forward_backward_s", r.linear_fwdbwd},
-                                {"softmax_forward_s", r.softmax_fwd > 0 ? json(r.softmax_fwd) : json()},
-                                {"mhla_over_linear_forward", r.mhla_fwd / r.linear_fwd},
-                                {"mhla_over_linear_forward_backward", r.mhla_fwdbwd / r.linear_fwdbwd}});
+    results["rates"].push_back(
+        {{"tokens", n},
+         {"blocks", r.blocks},
+         {"sgemm_gflops", sg},
+         {"mhla_forward_s", r.mhla_fwd},
+         {"mhla_forward_backward_s", r.mhla_fwdbwd},
+         {"mhla_forward_gflops", gf},
+         {"mhla_forward_backward_gflops", gfb},
+         {"mhla_forward_fraction_of_sgemm", gf / sg},
+         {"mhla_forward_backward_fraction_of_sgemm", gfb / sg},
+         {"mhla_forward_backward_saved_s", r.mhla_fwdbwd_saved},
+         {"mhla_forward_backward_saved_gflops", gfs},
+         {"mhla_forward_backward_saved_fraction_of_sgemm", gfs / sg},
+         {"linear_forward_s", r.linear_fwd},
+         {"linear_forward_backward_s", r.linear_fwdbwd},
+         {"softmax_forward_s", r.softmax_fwd > 0 ? json(r.softmax_fwd) : json()},
+         {"mhla_over_linear_forward", r.mhla_fwd / r.linear_fwd},
+         {"mhla_over_linear_forward_backward", r.mhla_fwdbwd / r.linear_fwdbwd}});
   }
 
   // 2. Linear scaling: time per token at N = 16384 and N = 1,048,576 with the
@@ -153,11 +178,17 @@ int main(int argc, char** argv) {
   double per_token[2][2];
   {
     Workload ws(1, small, 1, kDim, blocks_for(small)), wl(1, large, 1, kDim, blocks_for(large));
-    const auto t = mhla::tools::interleaved_medians(
-        {[&] { ws.mhla_forward(); }, [&] { wl.mhla_forward(); },
-         [&] { ws.mhla_forward_saving(); ws.mhla_backward_saved(); },
-         [&] { wl.mhla_forward_saving(); wl.mhla_backward_saved(); }},
-        std::max(repeats, 3));
+    const auto t =
+        mhla::tools::interleaved_medians({[&] { ws.mhla_forward(); }, [&] { wl.mhla_forward(); },
+                                          [&] {
+                                            ws.mhla_forward_saving();
+                                            ws.mhla_backward_saved();
+                                          },
+                                          [&] {
+                                            wl.mhla_forward_saving();
+                                            wl.mhla_backward_saved();
+                                          }},
+                                         std::max(repeats, 3));
     per_token[0][0] = t[0] / double(small);
     per_token[1][0] = t[1] / double(large);
     per_token[0][1] = t[2] / double(small);
@@ -169,22 +200,25 @@ int main(int argc, char** argv) {
                 (long long)blocks_for(n), per_token[idx][0] * 1e9, per_token[idx][1] * 1e9);
   }
   std::printf("  per-token time ratio N=%lld / N=%lld: fwd %.2f, fwd+bwd %.2f\n", (long long)large,
-              (long long)small, per_token[1][0] / per_token[0][0], per_token[1][1] / per_token[0][1]);
-  results["scaling"] = {{"small_tokens", small},
-                        {"large_tokens", large},
-                        {"forward_ns_per_token", {per_token[0][0] * 1e9, per_token[1][0] * 1e9}},
-                        {"forward_backward_ns_per_token", {per_token[0][1] * 1e9, per_token[1][1] * 1e9}},
-                        {"forward_ratio", per_token[1][0] / per_token[0][0]},
-                        {"forward_backward_ratio", per_token[1][1] / per_token[0][1]}};
+              (long long)small, per_token[1][0] / per_token[0][0],
+              per_token[1][1] / per_token[0][1]);
+  results["scaling"] = {
+      {"small_tokens", small},
+      {"large_tokens", large},
+      {"forward_ns_per_token", {per_token[0][0] * 1e9, per_token[1][0] * 1e9}},
+      {"forward_backward_ns_per_token", {per_token[0][1] * 1e9, per_token[1][1] * 1e9}},
+      {"forward_ratio", per_token[1][0] / per_token[0][0]},
+      {"forward_backward_ratio", per_token[1][1] / per_token[0][1]}};
 
   // 3. Peak memory of one forward+backward at the large N, in a fresh process.
   const json mem = run_memory_probe(large);
   const double peak = mem["peak_rss_bytes"], tensors = mem["tensor_bytes"],
                before = mem["rss_before_tensors_bytes"];
-  std::printf("\npeak memory, fwd+bwd at N=%lld (B=1 H=1 D=64): peak RSS %.0f MiB, tensors "
-              "(q,k,v,o,grad_o,grad_q,grad_k,grad_v,w,grad_w) %.0f MiB, ratio %.3f "
-              "(process before tensors: %.0f MiB)\n",
-              (long long)large, peak / 1048576, tensors / 1048576, peak / tensors, before / 1048576);
+  std::printf(
+      "\npeak memory, fwd+bwd at N=%lld (B=1 H=1 D=64): peak RSS %.0f MiB, tensors "
+      "(q,k,v,o,grad_o,grad_q,grad_k,grad_v,w,grad_w) %.0f MiB, ratio %.3f "
+      "(process before tensors: %.0f MiB)\n",
+      (long long)large, peak / 1048576, tensors / 1048576, peak / tensors, before / 1048576);
   results["memory"] = mem;
   results["memory"]["peak_over_tensor_bytes"] = peak / tensors;
 
@@ -193,13 +227,13 @@ int main(int argc, char** argv) {
   int64_t crossover = -1;
   for (int64_t n = 128; n <= (quick ? 2048 : 16384); n *= 2) {
     Workload wl(1, n, kHeads, kDim, blocks_for(n));
-    const auto t = mhla::tools::interleaved_medians({[&] { wl.mhla_forward(); },
-                                                     [&] { wl.softmax_forward(); }},
-                                                    std::max(repeats, 3));
+    const auto t = mhla::tools::interleaved_medians(
+        {[&] { wl.mhla_forward(); }, [&] { wl.softmax_forward(); }}, std::max(repeats, 3));
     const double tm = t[0], ts = t[1];
     std::printf("  N=%6lld: MHLA %8.3f ms, softmax %8.3f ms%s\n", (long long)n, tm * 1e3, ts * 1e3,
                 tm < ts ? "  <- MHLA faster" : "");
-    results["crossover_sweep"].push_back({{"tokens", n}, {"mhla_forward_s", tm}, {"softmax_forward_s", ts}});
+    results["crossover_sweep"].push_back(
+        {{"tokens", n}, {"mhla_forward_s", tm}, {"softmax_forward_s", ts}});
     if (tm < ts && crossover < 0) crossover = n;
     if (crossover > 0 && n >= 4 * crossover) break;
   }

@@ -27,8 +27,7 @@ int main() {
                        {w.data(), w_shape}, {o.data(), shape});
 
   // Backward of L = sum(o): gradients for q, k, v and the mixing matrix.
-  std::vector<float> grad_o(o.size(), 1.0f), dq(q.size()), dk(k.size()), dv(v.size()),
-      dw(w.size());
+  std::vector<float> grad_o(o.size(), 1.0f), dq(q.size()), dk(k.size()), dv(v.size()), dw(w.size());
   mhla::backward<float>(opts, {q.data(), shape}, {k.data(), shape}, {v.data(), shape},
                         {w.data(), w_shape}, {o.data(), shape}, {grad_o.data(), shape},
                         {dq.data(), shape}, {dk.data(), shape}, {dv.data(), shape},

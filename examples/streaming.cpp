@@ -11,7 +11,7 @@ int main() {
   mhla::DecoderOptions opts;
   opts.heads = 4;
   opts.dk = opts.dv = 32;
-  opts.block = 64;  // C tokens per block
+  opts.block = 64;                // C tokens per block
   const int64_t max_blocks = 32;  // context: 32 * 64 = 2048 tokens
   mhla::MixingInit init;
   init.causal = true;  // lower-triangular, locality-biased
@@ -35,7 +35,8 @@ int main() {
               ot[0], (long long)decoder.state_bytes());
 
   // Save, resume (the file must hold a decoder with these options), continue.
-  const std::string path = (std::filesystem::temp_directory_path() / "mhla-streaming.mhlad").string();
+  const std::string path =
+      (std::filesystem::temp_directory_path() / "mhla-streaming.mhlad").string();
   decoder.save(path);
   mhla::Decoder resumed = mhla::Decoder::load(path, opts);
   std::filesystem::remove(path);

@@ -23,7 +23,8 @@ void load_and_step(std::span<const uint8_t> bytes) {
     std::vector<float> qk(size_t(o.batch * o.heads * o.dk)), v(size_t(o.batch * o.heads * o.dv)),
         out(v.size());
     decoder.step({qk.data(), {o.batch, 1, o.heads, o.dk}}, {qk.data(), {o.batch, 1, o.heads, o.dk}},
-                 {v.data(), {o.batch, 1, o.heads, o.dv}}, {out.data(), {o.batch, 1, o.heads, o.dv}});
+                 {v.data(), {o.batch, 1, o.heads, o.dv}},
+                 {out.data(), {o.batch, 1, o.heads, o.dv}});
   } catch (const mhla::Error&) {
   }
 }

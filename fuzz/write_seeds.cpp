@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "common/npy.hpp"
-#include "mhla_support/files.hpp"
 #include "mhla/decoder.hpp"
+#include "mhla_support/files.hpp"
 #include "train/checkpoint.hpp"
 #include "train/safetensors.hpp"
 #include "train/task.hpp"
@@ -41,10 +41,11 @@ int main(int argc, char** argv) {
         for (int64_t e : shape) count *= e;
         const std::vector<float> w(size_t(count), 0.5f);
         mhla::Decoder decoder(o, {w.data(), shape});
-        std::vector<float> q(size_t(o.batch * o.heads * o.dk), 0.25f), out(size_t(o.batch * o.heads));
+        std::vector<float> q(size_t(o.batch * o.heads * o.dk), 0.25f),
+            out(size_t(o.batch * o.heads));
         for (int64_t t = 0; t < tokens; ++t)
-          decoder.step({q.data(), {2, 1, 2, 2}}, {q.data(), {2, 1, 2, 2}}, {out.data(), {2, 1, 2, 1}},
-                       {out.data(), {2, 1, 2, 1}});
+          decoder.step({q.data(), {2, 1, 2, 2}}, {q.data(), {2, 1, 2, 2}},
+                       {out.data(), {2, 1, 2, 1}}, {out.data(), {2, 1, 2, 1}});
         decoder.save(dir + "/seed-" + std::to_string(written++) + ".mhlad");
       }
   std::printf("wrote %d seeds to %s\n", written, dir.c_str());
@@ -53,14 +54,15 @@ int main(int argc, char** argv) {
   std::filesystem::create_directories(npy_dir);
   int npy_written = 0;
   for (mhla::tools::DType dtype : {mhla::tools::DType::f32, mhla::tools::DType::f64})
-    for (const std::vector<int64_t>& shape : std::vector<std::vector<int64_t>>{{}, {3}, {2, 1, 2, 3}}) {
+    for (const std::vector<int64_t>& shape :
+         std::vector<std::vector<int64_t>>{{}, {3}, {2, 1, 2, 3}}) {
       std::vector<double> values(size_t(shape.empty() ? 1 : [&] {
         int64_t n = 1;
         for (int64_t e : shape) n *= e;
         return n;
       }()), 0.5);
-      mhla::tools::write_npy(npy_dir + "/seed-" + std::to_string(npy_written++) + ".npy", dtype, shape, values,
-                             true);
+      mhla::tools::write_npy(npy_dir + "/seed-" + std::to_string(npy_written++) + ".npy", dtype,
+                             shape, values, true);
     }
   std::printf("wrote %d seeds to %s\n", npy_written, npy_dir.c_str());
 
@@ -78,13 +80,15 @@ int main(int argc, char** argv) {
   config.block = 4;
   mhla::train::Model<float> model(mhla::train::make_task(config, "")->model_config(), 0);
   mhla::train::AdamW<float> optimizer(model.parameters(), {});
-  mhla::train::save_checkpoint(safetensors_dir + "/checkpoint.safetensors", config, model, optimizer, {});
+  mhla::train::save_checkpoint(safetensors_dir + "/checkpoint.safetensors", config, model,
+                               optimizer, {});
   mhla::io::write_file_atomically(safetensors_dir + "/empty.safetensors",
                                   mhla::train::encode_safetensors(mhla::train::SafeTensors{}));
   mhla::train::SafeTensors scalar;
   scalar.tensors["x"] = {{}, {1.5f}};
   scalar.metadata["k"] = "v";
-  mhla::io::write_file_atomically(safetensors_dir + "/scalar.safetensors", mhla::train::encode_safetensors(scalar));
+  mhla::io::write_file_atomically(safetensors_dir + "/scalar.safetensors",
+                                  mhla::train::encode_safetensors(scalar));
   std::printf("wrote 3 seeds to %s\n", safetensors_dir.c_str());
   return 0;
 }

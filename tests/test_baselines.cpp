@@ -15,8 +15,7 @@ TEST_P(LinearAttention, EqualsSingleBlockMhlaReference) {
   c.per_head = false;
   Inputs in = make_inputs(c, 5);
   in.w = {1.0};
-  std::vector<double> want_o(in.v.size()), gq(in.q.size()), gk(in.k.size()), gv(in.v.size()),
-      gw(1);
+  std::vector<double> want_o(in.v.size()), gq(in.q.size()), gk(in.k.size()), gv(in.v.size()), gw(1);
   reference::block_forward(c.options(), view(in.q, c.q_shape()), view(in.k, c.q_shape()),
                            view(in.v, c.v_shape()), view(in.w, {1, 1}), view(want_o, c.v_shape()));
   reference::block_backward(c.options(), view(in.q, c.q_shape()), view(in.k, c.q_shape()),
@@ -31,10 +30,9 @@ TEST_P(LinearAttention, EqualsSingleBlockMhlaReference) {
   linear_attention_forward<float>(opts, view(q, c.q_shape()), view(k, c.q_shape()),
                                   view(v, c.v_shape()), view(o, c.v_shape()));
   EXPECT_CLOSE(o, want_o, 2e-4, "forward");
-  linear_attention_backward<float>(opts, view(q, c.q_shape()), view(k, c.q_shape()),
-                                   view(v, c.v_shape()), view(o, c.v_shape()),
-                                   view(g, c.v_shape()), view(fq, c.q_shape()),
-                                   view(fk, c.q_shape()), view(fv, c.v_shape()));
+  linear_attention_backward<float>(
+      opts, view(q, c.q_shape()), view(k, c.q_shape()), view(v, c.v_shape()), view(o, c.v_shape()),
+      view(g, c.v_shape()), view(fq, c.q_shape()), view(fk, c.q_shape()), view(fv, c.v_shape()));
   EXPECT_CLOSE(fq, gq, 2e-4, "grad q");
   EXPECT_CLOSE(fk, gk, 2e-4, "grad k");
   EXPECT_CLOSE(fv, gv, 2e-4, "grad v");
@@ -50,8 +48,7 @@ std::vector<Case> linear_cases() {
           // (Appending rather than "n" + to_string(n) avoids GCC 12's false -Wrestrict.)
           std::string name = "n";
           name += std::to_string(n);
-          Case c{name, 2, 2, 7, 5, TokenLayout::sequence(n, n), masking, phi,
-                 normalize};
+          Case c{name, 2, 2, 7, 5, TokenLayout::sequence(n, n), masking, phi, normalize};
           out.push_back(c);
         }
   return out;
@@ -97,16 +94,15 @@ TEST_P(SoftmaxAttention, TiledMatchesDenseReference) {
   EXPECT_CLOSE(dv, gv, 1e-4, "grad v");
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, SoftmaxAttention,
-    testing::Values(SoftmaxCase{"one_token", 1, 1, 1, 3, 2, false},
-                    SoftmaxCase{"one_token_causal", 1, 1, 1, 3, 2, true},
-                    SoftmaxCase{"ragged", 2, 77, 3, 5, 7, false},
-                    SoftmaxCase{"ragged_causal", 2, 77, 3, 5, 7, true},
-                    // Several query and key tiles (64 x 256), odd head dims.
-                    SoftmaxCase{"multi_tile", 1, 600, 2, 59, 3, false},
-                    SoftmaxCase{"multi_tile_causal", 1, 600, 2, 3, 59, true}),
-    [](const auto& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(Shapes, SoftmaxAttention,
+                         testing::Values(SoftmaxCase{"one_token", 1, 1, 1, 3, 2, false},
+                                         SoftmaxCase{"one_token_causal", 1, 1, 1, 3, 2, true},
+                                         SoftmaxCase{"ragged", 2, 77, 3, 5, 7, false},
+                                         SoftmaxCase{"ragged_causal", 2, 77, 3, 5, 7, true},
+                                         // Several query and key tiles (64 x 256), odd head dims.
+                                         SoftmaxCase{"multi_tile", 1, 600, 2, 59, 3, false},
+                                         SoftmaxCase{"multi_tile_causal", 1, 600, 2, 3, 59, true}),
+                         [](const auto& info) { return info.param.name; });
 
 TEST(SoftmaxReference, GradientsMatchFiniteDifferences) {
   for (bool causal : {false, true}) {

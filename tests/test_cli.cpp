@@ -37,7 +37,9 @@ CliRun mhla_cli(const std::string& args) {
 class Cli : public testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("mhla-cli-" + std::string(testing::UnitTest::GetInstance()->current_test_info()->name()));
+    dir_ =
+        fs::temp_directory_path() /
+        ("mhla-cli-" + std::string(testing::UnitTest::GetInstance()->current_test_info()->name()));
     fs::remove_all(dir_);
     fs::create_directories(dir_);
   }
@@ -47,12 +49,14 @@ class Cli : public testing::Test {
 };
 
 // [B, N, H, D] -> [B, H, N, D]
-std::vector<double> heads_first(const std::vector<double>& x, int64_t b, int64_t n, int64_t h, int64_t d) {
+std::vector<double> heads_first(const std::vector<double>& x, int64_t b, int64_t n, int64_t h,
+                                int64_t d) {
   std::vector<double> out(x.size());
   for (int64_t i = 0; i < b; ++i)
     for (int64_t t = 0; t < n; ++t)
       for (int64_t j = 0; j < h; ++j)
-        for (int64_t e = 0; e < d; ++e) out[((i * h + j) * n + t) * d + e] = x[((i * n + t) * h + j) * d + e];
+        for (int64_t e = 0; e < d; ++e)
+          out[((i * h + j) * n + t) * d + e] = x[((i * n + t) * h + j) * d + e];
   return out;
 }
 
@@ -60,16 +64,20 @@ TEST_F(Cli, ForwardOnPyTorchOrderedFilesMatchesTheLibrary) {
   Case c{"2d", 2, 3, 4, 5, TokenLayout::grid2d(5, 6, 2, 3)};
   const Inputs in = make_inputs(c, 2);
   const int64_t b = c.batch, n = c.tokens(), h = c.heads;
-  tools::write_npy(path("q.npy"), DType::f64, {b, h, n, c.dk}, heads_first(in.q, b, n, h, c.dk), false);
-  tools::write_npy(path("k.npy"), DType::f64, {b, h, n, c.dk}, heads_first(in.k, b, n, h, c.dk), false);
-  tools::write_npy(path("v.npy"), DType::f64, {b, h, n, c.dv}, heads_first(in.v, b, n, h, c.dv), false);
+  tools::write_npy(path("q.npy"), DType::f64, {b, h, n, c.dk}, heads_first(in.q, b, n, h, c.dk),
+                   false);
+  tools::write_npy(path("k.npy"), DType::f64, {b, h, n, c.dk}, heads_first(in.k, b, n, h, c.dk),
+                   false);
+  tools::write_npy(path("v.npy"), DType::f64, {b, h, n, c.dv}, heads_first(in.v, b, n, h, c.dv),
+                   false);
   tools::write_npy(path("w.npy"), DType::f64, c.w_shape(), in.w, false);
-  const CliRun r = mhla_cli("forward --q " + path("q.npy") + " --k " + path("k.npy") + " --v " + path("v.npy") +
-                         " --w " + path("w.npy") + " --order bhnd --grid 5x6 --tile 2x3 --out-dir " + path("out"));
+  const CliRun r = mhla_cli("forward --q " + path("q.npy") + " --k " + path("k.npy") + " --v " +
+                            path("v.npy") + " --w " + path("w.npy") +
+                            " --order bhnd --grid 5x6 --tile 2x3 --out-dir " + path("out"));
   ASSERT_EQ(r.status, 0) << r.output;
   std::vector<double> want(in.v.size());
-  forward<double>(c.options(), view(in.q, c.q_shape()), view(in.k, c.q_shape()), view(in.v, c.v_shape()),
-                  view(in.w, c.w_shape()), view(want, c.v_shape()));
+  forward<double>(c.options(), view(in.q, c.q_shape()), view(in.k, c.q_shape()),
+                  view(in.v, c.v_shape()), view(in.w, c.w_shape()), view(want, c.v_shape()));
   const tools::NpyArray o = tools::read_npy(path("out/o.npy"));
   EXPECT_EQ(o.dtype, DType::f64);
   EXPECT_EQ(o.shape, (std::vector<int64_t>{b, h, n, c.dv}));
@@ -84,42 +92,48 @@ TEST_F(Cli, BackwardWithToeplitzMixingMatchesTheLibrary) {
     for (double& e : x) e = double(float(e));
     return x;
   };
-  in.q = f32(in.q), in.k = f32(in.k), in.v = f32(in.v), in.grad_o = f32(in.grad_o), in.w = f32(in.w);
+  in.q = f32(in.q), in.k = f32(in.k), in.v = f32(in.v), in.grad_o = f32(in.grad_o),
+  in.w = f32(in.w);
   tools::write_npy(path("q.npy"), DType::f32, c.q_shape(), in.q, false);
   tools::write_npy(path("k.npy"), DType::f32, c.q_shape(), in.k, false);
   tools::write_npy(path("v.npy"), DType::f32, c.v_shape(), in.v, false);
   tools::write_npy(path("g.npy"), DType::f32, c.v_shape(), in.grad_o, false);
   tools::write_npy(path("w.npy"), DType::f32, c.w_shape(), in.w, false);
-  const CliRun r = mhla_cli("backward --q " + path("q.npy") + " --k " + path("k.npy") + " --v " + path("v.npy") +
-                         " --grad-o " + path("g.npy") + " --w " + path("w.npy") +
-                         " --masking causal --block 4 --toeplitz-length 2 --out-dir " + path("out"));
+  const CliRun r =
+      mhla_cli("backward --q " + path("q.npy") + " --k " + path("k.npy") + " --v " + path("v.npy") +
+               " --grad-o " + path("g.npy") + " --w " + path("w.npy") +
+               " --masking causal --block 4 --toeplitz-length 2 --out-dir " + path("out"));
   ASSERT_EQ(r.status, 0) << r.output;
-  const auto q = cast<float>(in.q), k = cast<float>(in.k), v = cast<float>(in.v), g = cast<float>(in.grad_o),
-             w = cast<float>(in.w);
+  const auto q = cast<float>(in.q), k = cast<float>(in.k), v = cast<float>(in.v),
+             g = cast<float>(in.grad_o), w = cast<float>(in.w);
   std::vector<float> o(v.size()), gq(q.size()), gk(k.size()), gv(v.size()), gw(w.size());
   const Options opts = c.options();
-  forward<float>(opts, view(q, c.q_shape()), view(k, c.q_shape()), view(v, c.v_shape()), view(w, c.w_shape()),
-                 view(o, c.v_shape()));
-  backward<float>(opts, view(q, c.q_shape()), view(k, c.q_shape()), view(v, c.v_shape()), view(w, c.w_shape()),
-                  view(o, c.v_shape()), view(g, c.v_shape()), view(gq, c.q_shape()), view(gk, c.q_shape()),
-                  view(gv, c.v_shape()), view(gw, c.w_shape()));
+  forward<float>(opts, view(q, c.q_shape()), view(k, c.q_shape()), view(v, c.v_shape()),
+                 view(w, c.w_shape()), view(o, c.v_shape()));
+  backward<float>(opts, view(q, c.q_shape()), view(k, c.q_shape()), view(v, c.v_shape()),
+                  view(w, c.w_shape()), view(o, c.v_shape()), view(g, c.v_shape()),
+                  view(gq, c.q_shape()), view(gk, c.q_shape()), view(gv, c.v_shape()),
+                  view(gw, c.w_shape()));
   const std::pair<const char*, const std::vector<float>*> expected[] = {
       {"o", &o}, {"grad_q", &gq}, {"grad_k", &gk}, {"grad_v", &gv}, {"grad_w", &gw}};
   for (const auto& [name, want] : expected) {
     const tools::NpyArray got = tools::read_npy(path("out/" + std::string(name) + ".npy"));
     EXPECT_EQ(got.dtype, DType::f32) << name;
-    EXPECT_EQ(got.values, std::vector<double>(want->begin(), want->end())) << name;  // same kernel, bit-identical
+    EXPECT_EQ(got.values, std::vector<double>(want->begin(), want->end()))
+        << name;  // same kernel, bit-identical
   }
 }
 
 TEST_F(Cli, BadInputIsAOneLineErrorAndNothingIsOverwritten) {
   tools::write_npy(path("q.npy"), DType::f32, {1, 8, 1, 4}, std::vector<double>(32, 0.5), false);
-  const std::string qkv = " --q " + path("q.npy") + " --k " + path("q.npy") + " --v " + path("q.npy");
+  const std::string qkv =
+      " --q " + path("q.npy") + " --k " + path("q.npy") + " --v " + path("q.npy");
   ASSERT_EQ(mhla_cli("forward" + qkv + " --block 4 --out-dir " + path("out")).status, 0);
   const auto before = fs::last_write_time(path("out/o.npy"));
   const CliRun again = mhla_cli("forward" + qkv + " --block 4 --out-dir " + path("out"));
   EXPECT_NE(again.status, 0);
-  EXPECT_THAT(again.output, HasSubstr("o.npy: already exists; refusing to overwrite it (pass --force)"));
+  EXPECT_THAT(again.output,
+              HasSubstr("o.npy: already exists; refusing to overwrite it (pass --force)"));
   EXPECT_EQ(fs::last_write_time(path("out/o.npy")), before);
   EXPECT_EQ(mhla_cli("forward" + qkv + " --block 4 --force --out-dir " + path("out")).status, 0);
 
@@ -127,11 +141,12 @@ TEST_F(Cli, BadInputIsAOneLineErrorAndNothingIsOverwritten) {
   std::ifstream full(path("q.npy"), std::ios::binary);
   const std::string bytes((std::istreambuf_iterator<char>(full)), std::istreambuf_iterator<char>());
   std::ofstream(path("t.npy"), std::ios::binary) << bytes.substr(0, bytes.size() - 5);
-  const CliRun truncated = mhla_cli("forward --q " + path("t.npy") + " --k " + path("q.npy") + " --v " + path("q.npy") +
-                                 " --out-dir " + path("out2"));
+  const CliRun truncated = mhla_cli("forward --q " + path("t.npy") + " --k " + path("q.npy") +
+                                    " --v " + path("q.npy") + " --out-dir " + path("out2"));
   EXPECT_NE(truncated.status, 0);
   EXPECT_THAT(truncated.output, HasSubstr("error: " + path("t.npy") + ": data holds"));
-  EXPECT_EQ(std::count(truncated.output.begin(), truncated.output.end(), '\n'), 1) << truncated.output;
+  EXPECT_EQ(std::count(truncated.output.begin(), truncated.output.end(), '\n'), 1)
+      << truncated.output;
   const CliRun missing = mhla_cli("forward --q " + path("nope.npy") + " --k x --v y");
   EXPECT_NE(missing.status, 0);
   EXPECT_THAT(missing.output, HasSubstr("cannot open '" + path("nope.npy") + "'"));
@@ -140,7 +155,8 @@ TEST_F(Cli, BadInputIsAOneLineErrorAndNothingIsOverwritten) {
   EXPECT_THAT(layout.output, HasSubstr("has 9 tokens but q has N = 8"));
   const CliRun flag = mhla_cli("forward" + qkv + " --masking sideways --out-dir " + path("out3"));
   EXPECT_NE(flag.status, 0);
-  EXPECT_THAT(flag.output, HasSubstr("unknown masking 'sideways'; expected none, causal or block_causal"));
+  EXPECT_THAT(flag.output,
+              HasSubstr("unknown masking 'sideways'; expected none, causal or block_causal"));
 }
 
 // Each input file reaches the library with its own shape: a k whose shape
@@ -159,12 +175,14 @@ TEST_F(Cli, InconsistentShapesAndBadFlagsAreNamedErrors) {
   save("g.npy", DType::f32, {1, 16, 2, 4}, 0.5);
   const std::string q = " --q " + path("q.npy") + " --v " + path("q.npy") + " --block 4";
   for (const char* kind : {"forward", "backward"})
-    for (const auto& [file, shape] : {std::pair{"k3.npy", "[1, 16, 2, 3]"}, {"k5.npy", "[1, 16, 2, 5]"},
+    for (const auto& [file, shape] : {std::pair{"k3.npy", "[1, 16, 2, 3]"},
+                                      {"k5.npy", "[1, 16, 2, 5]"},
                                       {"k1.npy", "[1, 1, 1, 1]"}}) {
       SCOPED_TRACE(std::string(kind) + " " + file);
       const std::string out = path(std::string("out-") + kind + file);
       const std::string grad = kind == std::string("backward") ? " --grad-o " + path("g.npy") : "";
-      const CliRun r = mhla_cli(std::string(kind) + q + " --k " + path(file) + grad + " --out-dir " + out);
+      const CliRun r =
+          mhla_cli(std::string(kind) + q + " --k " + path(file) + grad + " --out-dir " + out);
       EXPECT_EQ(r.status, 1) << r.output;
       EXPECT_THAT(r.output, HasSubstr(std::string("error: mhla::forward: k has shape ") + shape +
                                       ", expected [1, 16, 2, 4]"));
@@ -181,8 +199,8 @@ TEST_F(Cli, InconsistentShapesAndBadFlagsAreNamedErrors) {
 
   // Finite float32 input whose normalized read-out overflows: named, nothing written.
   save("huge.npy", DType::f32, {1, 16, 2, 4}, 1e19);
-  const CliRun overflow = mhla_cli("forward --q " + path("huge.npy") + " --k " + path("huge.npy") + " --v " +
-                                   path("q.npy") + " --block 4 --out-dir " + path("o2"));
+  const CliRun overflow = mhla_cli("forward --q " + path("huge.npy") + " --k " + path("huge.npy") +
+                                   " --v " + path("q.npy") + " --block 4 --out-dir " + path("o2"));
   EXPECT_EQ(overflow.status, 1);
   EXPECT_THAT(overflow.output, HasSubstr("is not finite although every input is finite"));
   EXPECT_THAT(overflow.output, HasSubstr("overflows float32"));
@@ -207,7 +225,8 @@ TEST_F(Cli, AnalyzeWritesHeatmapsAndSummary) {
 }
 
 TEST_F(Cli, BenchWritesCsvJsonAndPlot) {
-  const CliRun r = mhla_cli("bench --tokens 64,256 --dims 8 --heads 2 --repeats 1 --out-dir " + path("b"));
+  const CliRun r =
+      mhla_cli("bench --tokens 64,256 --dims 8 --heads 2 --repeats 1 --out-dir " + path("b"));
   ASSERT_EQ(r.status, 0) << r.output;
   std::ifstream csv(path("b/bench.csv"));
   std::string line;
@@ -225,7 +244,8 @@ TEST_F(Cli, BenchWritesCsvJsonAndPlot) {
 
 // A tiny run's flags, shared by the train and resume steps below.
 const std::string kTinyTrain =
-    "train --task mqar --attention mhla,softmax --dim 8 --heads 2 --mlp 8 --conv 2 --steps 6 --warmup 1 --batch 2 "
+    "train --task mqar --attention mhla,softmax --dim 8 --heads 2 --mlp 8 --conv 2 --steps 6 "
+    "--warmup 1 --batch 2 "
     "--vocab 16 --seq-len 16 --kv-pairs 2 --block 4 --eval-samples 4 --threads 1 ";
 
 TEST_F(Cli, TrainStopsResumesAndWritesItsOutputs) {
@@ -238,7 +258,8 @@ TEST_F(Cli, TrainStopsResumesAndWritesItsOutputs) {
   const CliRun part = mhla_cli(kTinyTrain + "--stop-after 3 --out " + path("split"));
   ASSERT_EQ(part.status, 0) << part.output;
   EXPECT_THAT(part.output, HasSubstr("stopped early; continue with --resume"));
-  const CliRun rest = mhla_cli(kTinyTrain + "--out " + path("split") + " --resume " + path("split/checkpoint.safetensors"));
+  const CliRun rest = mhla_cli(kTinyTrain + "--out " + path("split") + " --resume " +
+                               path("split/checkpoint.safetensors"));
   ASSERT_EQ(rest.status, 0) << rest.output;
   auto history = [&](const std::string& dir) {
     std::ifstream in(path(dir + "/metrics.json"));
@@ -256,14 +277,16 @@ TEST_F(Cli, TrainStopsResumesAndWritesItsOutputs) {
     std::ofstream damaged(path("damaged.safetensors"), std::ios::binary);
     damaged.write("\x10\0\0\0\0\0\0\0{\"a\":", 13);  // promises a 16-byte header, holds 5
   }
-  const CliRun bad = mhla_cli(kTinyTrain + "--out " + path("bad") + " --resume " + path("damaged.safetensors"));
+  const CliRun bad =
+      mhla_cli(kTinyTrain + "--out " + path("bad") + " --resume " + path("damaged.safetensors"));
   EXPECT_EQ(bad.status, 1);
   EXPECT_THAT(bad.output, HasSubstr("damaged.safetensors"));
 }
 
 TEST_F(Cli, TrainOneKindFillsTheDepth) {
   const std::string tiny =
-      "train --dim 8 --heads 2 --mlp 8 --steps 2 --warmup 0 --batch 2 --vocab 16 --seq-len 16 --kv-pairs 2 "
+      "train --dim 8 --heads 2 --mlp 8 --steps 2 --warmup 0 --batch 2 --vocab 16 --seq-len 16 "
+      "--kv-pairs 2 "
       "--block 4 --eval-samples 2 --attention linear ";
   auto layers = [&](const std::string& extra, const std::string& dir) {
     const CliRun r = mhla_cli(tiny + extra + "--out " + path(dir));
@@ -282,7 +305,8 @@ TEST_F(Cli, TrainRejectsBadSettings) {
   const CliRun layers = mhla_cli("train --attention mhla,linear --layers 3 --out " + path("z"));
   EXPECT_EQ(layers.status, 1);
   EXPECT_THAT(layers.output, HasSubstr("--layers 3 but --attention lists 2 layers"));
-  const CliRun fm = mhla_cli("train --task fashion-mnist --data " + path("none") + " --steps 2 --warmup 0 --out " + path("y"));
+  const CliRun fm = mhla_cli("train --task fashion-mnist --data " + path("none") +
+                             " --steps 2 --warmup 0 --out " + path("y"));
   EXPECT_EQ(fm.status, 1);
   EXPECT_THAT(fm.output, HasSubstr("apt-get install dataset-fashion-mnist"));
 }

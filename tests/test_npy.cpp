@@ -13,7 +13,8 @@ using testing::HasSubstr;
 using tools::DType;
 
 // A hand-built .npy: magic, version, header (padded to 64 bytes with '\n'), data.
-std::vector<uint8_t> npy_bytes(int major, const std::string& dict, const std::vector<uint8_t>& data) {
+std::vector<uint8_t> npy_bytes(int major, const std::string& dict,
+                               const std::vector<uint8_t>& data) {
   std::string header = dict;
   const size_t prefix = major == 1 ? 10 : 12;
   header.append((64 - (prefix + header.size() + 1) % 64) % 64, ' ');
@@ -47,7 +48,8 @@ std::string error_of(const std::vector<uint8_t>& bytes) {
 
 TEST(Npy, RoundTripsShapesAndDtypes) {
   for (DType dtype : {DType::f32, DType::f64})
-    for (const std::vector<int64_t>& shape : std::vector<std::vector<int64_t>>{{}, {0}, {4}, {2, 3, 4}}) {
+    for (const std::vector<int64_t>& shape :
+         std::vector<std::vector<int64_t>>{{}, {0}, {4}, {2, 3, 4}}) {
       std::vector<double> values(size_t(numel(shape)));
       for (size_t i = 0; i < values.size(); ++i) values[i] = 0.25 * double(i) - 1.5;
       const std::vector<uint8_t> bytes = tools::encode_npy(dtype, shape, values);
@@ -78,7 +80,8 @@ TEST(Npy, MalformedOrUnsupportedInputsAreNamedErrors) {
   std::vector<uint8_t> bad_magic = npy_bytes(1, ok, two);
   bad_magic[1] = 'X';
   EXPECT_THAT(error_of(bad_magic), HasSubstr("x.npy: not a .npy file"));
-  EXPECT_THAT(error_of(npy_bytes(4, ok, two)), HasSubstr(".npy format version 4.0 is not supported"));
+  EXPECT_THAT(error_of(npy_bytes(4, ok, two)),
+              HasSubstr(".npy format version 4.0 is not supported"));
   const auto full = npy_bytes(1, ok, two);
   EXPECT_THAT(error_of({full.begin(), full.begin() + 30}), HasSubstr("truncated"));
   EXPECT_THAT(error_of({full.begin(), full.end() - 1}),
@@ -86,22 +89,30 @@ TEST(Npy, MalformedOrUnsupportedInputsAreNamedErrors) {
   std::vector<uint8_t> extra = full;
   extra.push_back(0);
   EXPECT_THAT(error_of(extra), HasSubstr("truncated or extra data"));
-  EXPECT_THAT(error_of(npy_bytes(1, "{'descr': '>f4', 'fortran_order': False, 'shape': (2,), }", two)),
-              HasSubstr("big-endian data ('>f4') is not supported"));
-  EXPECT_THAT(error_of(npy_bytes(1, "{'descr': '<i4', 'fortran_order': False, 'shape': (2,), }", two)),
-              HasSubstr("unsupported dtype '<i4' (need float32 '<f4' or float64 '<f8')"));
-  EXPECT_THAT(error_of(npy_bytes(1, "{'descr': '<f4', 'fortran_order': True, 'shape': (2,), }", two)),
-              HasSubstr("Fortran-order data is not supported"));
+  EXPECT_THAT(
+      error_of(npy_bytes(1, "{'descr': '>f4', 'fortran_order': False, 'shape': (2,), }", two)),
+      HasSubstr("big-endian data ('>f4') is not supported"));
+  EXPECT_THAT(
+      error_of(npy_bytes(1, "{'descr': '<i4', 'fortran_order': False, 'shape': (2,), }", two)),
+      HasSubstr("unsupported dtype '<i4' (need float32 '<f4' or float64 '<f8')"));
+  EXPECT_THAT(
+      error_of(npy_bytes(1, "{'descr': '<f4', 'fortran_order': True, 'shape': (2,), }", two)),
+      HasSubstr("Fortran-order data is not supported"));
   EXPECT_THAT(error_of(npy_bytes(1, "{'descr': '<f4', 'shape': (2,), }", two)),
               HasSubstr("lacks one of 'descr', 'fortran_order', 'shape'"));
-  EXPECT_THAT(error_of(npy_bytes(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), 'x': 1}", two)),
+  EXPECT_THAT(error_of(npy_bytes(
+                  1, "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), 'x': 1}", two)),
               HasSubstr("unexpected header key 'x'"));
   EXPECT_THAT(error_of(npy_bytes(1, "{'descr': '<f4, 'fortran_order': False, 'shape': (2,)}", two)),
               HasSubstr("malformed .npy header"));
-  EXPECT_THAT(error_of(npy_bytes(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999,)}", two)),
-              HasSubstr("overflows"));
-  EXPECT_THAT(error_of(npy_bytes(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (4294967296, 4294967296)}", two)),
-              HasSubstr("overflows"));
+  EXPECT_THAT(
+      error_of(npy_bytes(
+          1, "{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999,)}", two)),
+      HasSubstr("overflows"));
+  EXPECT_THAT(
+      error_of(npy_bytes(
+          1, "{'descr': '<f4', 'fortran_order': False, 'shape': (4294967296, 4294967296)}", two)),
+      HasSubstr("overflows"));
 }
 
 TEST(Npy, WriteRefusesToOverwriteUnlessAsked) {
@@ -114,7 +125,8 @@ TEST(Npy, WriteRefusesToOverwriteUnlessAsked) {
     tools::write_npy(path, DType::f64, {2}, {3, 4}, false);
     FAIL();
   } catch (const Error& e) {
-    EXPECT_THAT(std::string(e.what()), HasSubstr("already exists; refusing to overwrite it (pass --force)"));
+    EXPECT_THAT(std::string(e.what()),
+                HasSubstr("already exists; refusing to overwrite it (pass --force)"));
   }
   EXPECT_EQ(tools::read_npy(path).values, (std::vector<double>{1, 2}));
   tools::write_npy(path, DType::f64, {2}, {3, 4}, true);

@@ -115,13 +115,13 @@ double relative_error(const std::vector<T>& got, const std::vector<double>& want
 }
 
 // Each argument is evaluated once (got may be a call with side effects).
-#define EXPECT_CLOSE(got, want, tol, what)                                              \
-  do {                                                                                  \
-    const auto& mhla_got = (got);                                                       \
-    const auto& mhla_want = (want);                                                     \
-    ASSERT_EQ(mhla_got.size(), mhla_want.size()) << what;                               \
-    const double mhla_err = ::mhla::test::relative_error(mhla_got, mhla_want);          \
-    EXPECT_LE(mhla_err, (tol)) << what << ": relative error " << mhla_err;              \
+#define EXPECT_CLOSE(got, want, tol, what)                                     \
+  do {                                                                         \
+    const auto& mhla_got = (got);                                              \
+    const auto& mhla_want = (want);                                            \
+    ASSERT_EQ(mhla_got.size(), mhla_want.size()) << what;                      \
+    const double mhla_err = ::mhla::test::relative_error(mhla_got, mhla_want); \
+    EXPECT_LE(mhla_err, (tol)) << what << ": relative error " << mhla_err;     \
   } while (0)
 
 // The catalogue of awkward shapes the fast paths must match the references on.

@@ -3,38 +3,45 @@
 #include <algorithm>
 #include <cmath>
 
-#include "mhla_support/parse_enum.hpp"
 #include "mhla/baselines.hpp"
 #include "mhla/error.hpp"
 #include "mhla/operator.hpp"
 #include "mhla/reference.hpp"
+#include "mhla_support/parse_enum.hpp"
 #include "train/rotary.hpp"
 
 namespace mhla::train {
 
 const char* to_string(AttentionKind kind) {
   switch (kind) {
-    case AttentionKind::softmax: return "softmax";
-    case AttentionKind::linear: return "linear";
-    case AttentionKind::mhla: return "mhla";
+    case AttentionKind::softmax:
+      return "softmax";
+    case AttentionKind::linear:
+      return "linear";
+    case AttentionKind::mhla:
+      return "mhla";
   }
   return "?";
 }
 
 AttentionKind parse_attention_kind(const std::string& name) {
-  return detail::parse_enum(name, "attention", {AttentionKind::softmax, AttentionKind::linear, AttentionKind::mhla});
+  return detail::parse_enum(name, "attention",
+                            {AttentionKind::softmax, AttentionKind::linear, AttentionKind::mhla});
 }
 
 const char* to_string(MixingParam param) {
   switch (param) {
-    case MixingParam::softmax: return "softmax";
-    case MixingParam::clamp: return "clamp";
+    case MixingParam::softmax:
+      return "softmax";
+    case MixingParam::clamp:
+      return "clamp";
   }
   return "?";
 }
 
 MixingParam parse_mixing_param(const std::string& name) {
-  return detail::parse_enum(name, "mixing parametrisation", {MixingParam::softmax, MixingParam::clamp});
+  return detail::parse_enum(name, "mixing parametrisation",
+                            {MixingParam::softmax, MixingParam::clamp});
 }
 
 namespace {
@@ -53,12 +60,16 @@ T sigmoid(T g) {
 
 template <typename T>
 AttentionLayer<T>::AttentionLayer(const std::string& name, const AttentionConfig& c, Rng& rng)
-    : config(c), qkv(name + ".qkv", c.dim, 3 * c.dim, false, rng), out(name + ".out", c.dim, c.dim, true, rng) {
+    : config(c),
+      qkv(name + ".qkv", c.dim, 3 * c.dim, false, rng),
+      out(name + ".out", c.dim, c.dim, true, rng) {
   if (c.heads <= 0 || c.dim % c.heads != 0)
-    throw Error(name + ": dim " + std::to_string(c.dim) + " is not divisible by heads " + std::to_string(c.heads));
+    throw Error(name + ": dim " + std::to_string(c.dim) + " is not divisible by heads " +
+                std::to_string(c.heads));
   const AttentionDesign& d = c.design;
   if (d.rope && (c.dim / c.heads) % 2 != 0)
-    throw Error(name + ": rotary positions need an even head dimension, got " + std::to_string(c.dim / c.heads));
+    throw Error(name + ": rotary positions need an even head dimension, got " +
+                std::to_string(c.dim / c.heads));
   if (!(d.mixing_lr_scale > 0)) throw Error(name + ": the mixing learning-rate scale must be > 0");
   if (c.conv_kernel > 0) conv = ShortConv<T>(name + ".conv", c.dim, c.conv_kernel, rng);
   if (c.kind == AttentionKind::mhla) {
@@ -68,7 +79,8 @@ AttentionLayer<T>::AttentionLayer(const std::string& name, const AttentionConfig
     init.causal = c.causal;
     const std::vector<float> w0 = init_mixing(c.layout, init);
     const bool logits = d.mixing_param == MixingParam::softmax;
-    mixing_parameter = Parameter<T>(name + (logits ? ".mixing_logits" : ".mixing"), {heads, m, m}, /*decay=*/false);
+    mixing_parameter = Parameter<T>(name + (logits ? ".mixing_logits" : ".mixing"), {heads, m, m},
+                                    /*decay=*/false);
     mixing_parameter.lr_scale = d.mixing_lr_scale;
     if (!logits) {
       mixing_parameter.lower = kClampLow;
@@ -84,10 +96,12 @@ AttentionLayer<T>::AttentionLayer(const std::string& name, const AttentionConfig
   if (d.value_conv > 0) {
     const auto& grid = c.layout.grid();
     if (c.causal) {
-      if (grid[0] != 1 || grid[1] != 1) throw Error(name + ": a causal positional convolution needs a 1D sequence");
+      if (grid[0] != 1 || grid[1] != 1)
+        throw Error(name + ": a causal positional convolution needs a 1D sequence");
       value_conv_1d = ShortConv<T>(name + ".value_conv", c.dim, d.value_conv, rng);
     } else {
-      if (grid[0] != 1) throw Error(name + ": the positional convolution supports 1D and 2D layouts, not 3D");
+      if (grid[0] != 1)
+        throw Error(name + ": the positional convolution supports 1D and 2D layouts, not 3D");
       value_conv_2d = GridConv<T>(name + ".value_conv", c.dim, d.value_conv, rng);
     }
   }
@@ -128,7 +142,8 @@ Options AttentionLayer<T>::operator_options() const {
 template <typename T>
 std::vector<int64_t> AttentionLayer<T>::mixing_shape() const {
   const int64_t m = config.layout.num_blocks();
-  return config.design.mixing_shared ? std::vector<int64_t>{m, m} : std::vector<int64_t>{config.heads, m, m};
+  return config.design.mixing_shared ? std::vector<int64_t>{m, m}
+                                     : std::vector<int64_t>{config.heads, m, m};
 }
 
 template <typename T>
@@ -235,7 +250,8 @@ void AttentionLayer<T>::forward(const T* x, int64_t batch, T* y) {
     mixed_.resize(size_t(rows * d));
     head_norm.forward(attended, rows * h, normed_.data());
     gate.forward(input, rows, gate_pre_.data());
-    for (int64_t i = 0; i < rows * d; ++i) mixed_[size_t(i)] = normed_[size_t(i)] * gate_pre_[size_t(i)] * sigmoid(gate_pre_[size_t(i)]);
+    for (int64_t i = 0; i < rows * d; ++i)
+      mixed_[size_t(i)] = normed_[size_t(i)] * gate_pre_[size_t(i)] * sigmoid(gate_pre_[size_t(i)]);
     attended = mixed_.data();
   }
   out.forward(attended, rows, y);
@@ -263,12 +279,13 @@ void AttentionLayer<T>::backward(const T* x, const T* dy, int64_t batch, T* dx) 
   } else {
     out.backward(summed, dy, rows, grad_o_.data());
   }
-  TensorView<const T> q{q_.data(), shape}, k{k_.data(), shape}, v{v_.data(), shape}, o{o_.data(), shape},
-      go{grad_o_.data(), shape};
+  TensorView<const T> q{q_.data(), shape}, k{k_.data(), shape}, v{v_.data(), shape},
+      o{o_.data(), shape}, go{grad_o_.data(), shape};
   TensorView<T> gq{grad_q_.data(), shape}, gk{grad_k_.data(), shape}, gv{grad_v_.data(), shape};
   switch (config.kind) {
     case AttentionKind::softmax:
-      softmax_attention_backward<T>({config.causal, {}}, q, k, v, o, {lse_.data(), {batch, h, n}}, go, gq, gk, gv);
+      softmax_attention_backward<T>({config.causal, {}}, q, k, v, o, {lse_.data(), {batch, h, n}},
+                                    go, gq, gk, gv);
       break;
     case AttentionKind::linear:
       linear_attention_backward<T>(operator_options(), q, k, v, o, go, gq, gk, gv);
@@ -278,8 +295,8 @@ void AttentionLayer<T>::backward(const T* x, const T* dy, int64_t batch, T* dx) 
       const int64_t m = config.layout.num_blocks(), wh = mixing_heads();
       grad_w_.assign(size_t(wh * m * m), T(0));
       const std::vector<int64_t> saved_shape = saved_summaries_shape(options, shape, shape);
-      mhla::backward<T>(options, q, k, v, {w_.data(), mixing_shape()}, o, go, gq, gk, gv, {grad_w_.data(), mixing_shape()},
-                        {summaries_.data(), saved_shape});
+      mhla::backward<T>(options, q, k, v, {w_.data(), mixing_shape()}, o, go, gq, gk, gv,
+                        {grad_w_.data(), mixing_shape()}, {summaries_.data(), saved_shape});
       T* grad = mixing_parameter.grad.data();
       if (design.mixing_param == MixingParam::clamp) {
         for (size_t i = 0; i < grad_w_.size(); ++i) grad[i] += grad_w_[i];
@@ -326,9 +343,10 @@ void AttentionLayer<T>::backward(const T* x, const T* dy, int64_t batch, T* dx) 
 template <typename T>
 std::vector<double> AttentionLayer<T>::attention_matrix(int64_t sample, int64_t head) const {
   const int64_t n = tokens(), h = config.heads, dh = config.dim / h;
-  if (q_.empty() || sample < 0 || head < 0 || head >= h || (sample + 1) * n * config.dim > int64_t(q_.size()))
-    throw Error("attention_matrix: sample " + std::to_string(sample) + ", head " + std::to_string(head) +
-                " is not in the last forward pass");
+  if (q_.empty() || sample < 0 || head < 0 || head >= h ||
+      (sample + 1) * n * config.dim > int64_t(q_.size()))
+    throw Error("attention_matrix: sample " + std::to_string(sample) + ", head " +
+                std::to_string(head) + " is not in the last forward pass");
   const size_t first = size_t(sample * n * config.dim), count = size_t(n * config.dim);
   const std::vector<double> q(q_.begin() + long(first), q_.begin() + long(first + count)),
       k(k_.begin() + long(first), k_.begin() + long(first + count));
@@ -346,7 +364,8 @@ std::vector<double> AttentionLayer<T>::attention_matrix(int64_t sample, int64_t 
     }
     case AttentionKind::mhla: {
       const std::vector<double> w(w_.begin(), w_.end());
-      return reference::mhla_attention_matrix(operator_options(), qv, kv, {w.data(), mixing_shape()}, 0, head);
+      return reference::mhla_attention_matrix(operator_options(), qv, kv,
+                                              {w.data(), mixing_shape()}, 0, head);
     }
   }
   return {};

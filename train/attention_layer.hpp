@@ -21,7 +21,8 @@ AttentionKind parse_attention_kind(const std::string& name);  // mhla::Error lis
 // How MHLA's mixing matrix W is learned.
 enum class MixingParam {
   softmax,  // W = row softmax of free logits (masked to b <= i when causal): stochastic rows
-  clamp,    // W itself, clamped into [1e-5, 1] after every optimiser step (the authors' language models)
+  clamp,    // W itself, clamped into [1e-5, 1] after every optimiser step (the authors' language
+            // models)
 };
 const char* to_string(MixingParam param);
 MixingParam parse_mixing_param(const std::string& name);
@@ -32,16 +33,17 @@ MixingParam parse_mixing_param(const std::string& name);
 // alike, so the two still differ only in the block mixing.
 struct AttentionDesign {
   MixingParam mixing_param = MixingParam::softmax;
-  bool mixing_shared = false;     // one W per layer instead of one per head
-  double mixing_lr_scale = 1;     // the mixing parameters' learning rate / the others'
+  bool mixing_shared = false;  // one W per layer instead of one per head
+  double mixing_lr_scale = 1;  // the mixing parameters' learning rate / the others'
   MixingTransform mixing_init = MixingTransform::linear;  // W's start: locality (linear) or uniform
   FeatureMap feature_map = FeatureMap::elu1;
   // The authors' language-model head: linear attention and MHLA unnormalised
   // (scaled by Dk^-1/2), then for every kind a per-head RMSNorm and a swish
   // gate from the layer's input: o <- RMSNorm_head(o) * silu(x W_g).
   bool gated_head = false;
-  bool rope = false;        // rotary position embeddings on q and k (token index order)
-  int64_t value_conv = 0;   // > 0: o += depthwise conv of v with this kernel (causal 1D, or k x k on 2D grids)
+  bool rope = false;  // rotary position embeddings on q and k (token index order)
+  int64_t value_conv =
+      0;  // > 0: o += depthwise conv of v with this kernel (causal 1D, or k x k on 2D grids)
 };
 
 struct AttentionConfig {
@@ -88,9 +90,10 @@ class AttentionLayer {
   void value_term(const T* v, int64_t batch, T* out) const;
   void value_term_backward(const T* v, const T* grad, int64_t batch, T* grad_v);
 
-  std::vector<T> conv_out_, qkv_, q_, k_, v_, o_, lse_, w_, summaries_, position_, normed_, gate_pre_, mixed_;
-  std::vector<T> grad_o_, grad_q_, grad_k_, grad_v_, grad_w_, grad_qkv_, grad_conv_, grad_in_, grad_gate_,
-      grad_normed_, grad_position_;
+  std::vector<T> conv_out_, qkv_, q_, k_, v_, o_, lse_, w_, summaries_, position_, normed_,
+      gate_pre_, mixed_;
+  std::vector<T> grad_o_, grad_q_, grad_k_, grad_v_, grad_w_, grad_qkv_, grad_conv_, grad_in_,
+      grad_gate_, grad_normed_, grad_position_;
 };
 
 }  // namespace mhla::train

@@ -8,10 +8,10 @@
 namespace mhla::train {
 
 struct Batch {
-  int64_t size = 0;               // samples
-  std::vector<int32_t> tokens;    // [size, tokens] (token tasks)
-  std::vector<float> patches;     // [size, tokens, patch_dim] (image tasks)
-  std::vector<int32_t> targets;   // per token ([size, tokens]) or per sample ([size]); -1 = no label
+  int64_t size = 0;              // samples
+  std::vector<int32_t> tokens;   // [size, tokens] (token tasks)
+  std::vector<float> patches;    // [size, tokens, patch_dim] (image tasks)
+  std::vector<int32_t> targets;  // per token ([size, tokens]) or per sample ([size]); -1 = no label
 
   ModelInput<float> input() const {
     return {tokens.empty() ? nullptr : tokens.data(), patches.empty() ? nullptr : patches.data()};

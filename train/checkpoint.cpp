@@ -1,8 +1,8 @@
 #include "train/checkpoint.hpp"
 
-#include "mhla_support/files.hpp"
 #include "mhla/error.hpp"
 #include "mhla/tensor.hpp"
+#include "mhla_support/files.hpp"
 #include "train/safetensors.hpp"
 
 namespace mhla::train {
@@ -36,7 +36,8 @@ TrainingState load_checkpoint(const std::string& path, const RunConfig& config, 
   const SafeTensors file = decode_safetensors(bytes, path);
   auto meta = [&](const char* key) -> const std::string& {
     auto it = file.metadata.find(key);
-    if (it == file.metadata.end()) throw Error(path + ": not a training checkpoint (no '" + key + "' metadata)");
+    if (it == file.metadata.end())
+      throw Error(path + ": not a training checkpoint (no '" + key + "' metadata)");
     return it->second;
   };
   if (meta("format") != kFormat)
@@ -49,7 +50,8 @@ TrainingState load_checkpoint(const std::string& path, const RunConfig& config, 
   for (const auto& [key, value] : wanted.items()) {
     const json other = saved.contains(key) ? saved[key] : json();
     if (other != value)
-      differences.append(differences.empty() ? "" : ", ").append(key + " " + other.dump() + " vs " + value.dump());
+      differences.append(differences.empty() ? "" : ", ")
+          .append(key + " " + other.dump() + " vs " + value.dump());
   }
   if (!differences.empty())
     throw Error(path + " was written by a different run (checkpoint vs this run: " + differences +
@@ -62,13 +64,14 @@ TrainingState load_checkpoint(const std::string& path, const RunConfig& config, 
     throw Error(path + ": bad step '" + meta("step") + "'");
   }
   if (state.step < 0 || state.step > config.steps)
-    throw Error(path + ": step " + std::to_string(state.step) + " outside [0, " + std::to_string(config.steps) + "]");
+    throw Error(path + ": step " + std::to_string(state.step) + " outside [0, " +
+                std::to_string(config.steps) + "]");
   const json history = json::parse(meta("history"), nullptr, false);
   if (history.is_discarded()) throw Error(path + ": the stored history is not valid JSON");
   state.history = history_from_json(history);
   if (int64_t(state.history.train_loss.size()) != state.step)
-    throw Error(path + ": history has " + std::to_string(state.history.train_loss.size()) + " steps, checkpoint says " +
-                std::to_string(state.step));
+    throw Error(path + ": history has " + std::to_string(state.history.train_loss.size()) +
+                " steps, checkpoint says " + std::to_string(state.step));
 
   // Check every tensor before changing anything, so a bad file leaves the model untouched.
   const ParameterList<float>& params = model.parameters();
@@ -76,8 +79,8 @@ TrainingState load_checkpoint(const std::string& path, const RunConfig& config, 
     auto it = file.tensors.find(key);
     if (it == file.tensors.end()) throw Error(path + ": tensor '" + key + "' is missing");
     if (it->second.shape != p.shape)
-      throw Error(path + ": tensor '" + key + "' has shape " + shape_to_string(it->second.shape) + ", the model needs " +
-                  shape_to_string(p.shape));
+      throw Error(path + ": tensor '" + key + "' has shape " + shape_to_string(it->second.shape) +
+                  ", the model needs " + shape_to_string(p.shape));
     return it->second;
   };
   for (const Parameter<float>* p : params)

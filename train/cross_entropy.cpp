@@ -8,16 +8,17 @@
 namespace mhla::train {
 
 template <typename T>
-LossResult cross_entropy(const std::vector<T>& logits, const std::vector<int32_t>& targets, int64_t classes,
-                         std::vector<T>* grad) {
+LossResult cross_entropy(const std::vector<T>& logits, const std::vector<int32_t>& targets,
+                         int64_t classes, std::vector<T>* grad) {
   const int64_t rows = int64_t(targets.size());
   if (int64_t(logits.size()) != rows * classes)
-    throw Error("cross_entropy: " + std::to_string(logits.size()) + " logits for " + std::to_string(rows) +
-                " targets of " + std::to_string(classes) + " classes");
+    throw Error("cross_entropy: " + std::to_string(logits.size()) + " logits for " +
+                std::to_string(rows) + " targets of " + std::to_string(classes) + " classes");
   LossResult result;
   for (int32_t t : targets) {
-    if (t >= classes || t < -1) throw Error("cross_entropy: target " + std::to_string(t) + " outside [-1, " +
-                                            std::to_string(classes) + ")");
+    if (t >= classes || t < -1)
+      throw Error("cross_entropy: target " + std::to_string(t) + " outside [-1, " +
+                  std::to_string(classes) + ")");
     result.labelled += t >= 0;
   }
   if (grad) grad->assign(logits.size(), T(0));
@@ -44,7 +45,8 @@ LossResult cross_entropy(const std::vector<T>& logits, const std::vector<int32_t
   return result;
 }
 
-template LossResult cross_entropy(const std::vector<float>&, const std::vector<int32_t>&, int64_t, std::vector<float>*);
+template LossResult cross_entropy(const std::vector<float>&, const std::vector<int32_t>&, int64_t,
+                                  std::vector<float>*);
 template LossResult cross_entropy(const std::vector<double>&, const std::vector<int32_t>&, int64_t,
                                   std::vector<double>*);
 

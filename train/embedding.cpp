@@ -29,7 +29,8 @@ void TokenEmbedding<T>::backward(const int32_t* tokens, const T* dy, int64_t row
 }
 
 template <typename T>
-PositionEmbedding<T>::PositionEmbedding(const std::string& name, int64_t tokens_, int64_t dim_, Rng& rng)
+PositionEmbedding<T>::PositionEmbedding(const std::string& name, int64_t tokens_, int64_t dim_,
+                                        Rng& rng)
     : tokens(tokens_), dim(dim_), table(name + ".table", {tokens_, dim_}, /*decay=*/false) {
   fill_normal(table, 0.02, rng);
 }

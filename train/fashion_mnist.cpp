@@ -15,7 +15,9 @@ constexpr float kMean = 0.2860f, kStd = 0.3530f;
 
 std::vector<uint8_t> read_gzip(const std::string& path) {
   if (!std::filesystem::exists(path))
-    throw Error(path + ": not found (apt-get install dataset-fashion-mnist, or pass the folder with --data)");
+    throw Error(
+        path +
+        ": not found (apt-get install dataset-fashion-mnist, or pass the folder with --data)");
   std::unique_ptr<gzFile_s, int (*)(gzFile)> file(gzopen(path.c_str(), "rb"), gzclose);
   if (!file) throw Error(path + ": cannot open");
   std::vector<uint8_t> bytes;
@@ -33,17 +35,19 @@ std::vector<uint8_t> read_gzip(const std::string& path) {
 }
 
 uint32_t big_endian(const std::vector<uint8_t>& b, size_t at) {
-  return uint32_t(b[at]) << 24 | uint32_t(b[at + 1]) << 16 | uint32_t(b[at + 2]) << 8 | uint32_t(b[at + 3]);
+  return uint32_t(b[at]) << 24 | uint32_t(b[at + 1]) << 16 | uint32_t(b[at + 2]) << 8 |
+         uint32_t(b[at + 3]);
 }
 
 // An IDX file of unsigned bytes with `rank` dimensions: returns the dimensions.
-std::vector<int64_t> idx_header(const std::vector<uint8_t>& bytes, int rank, const std::string& path) {
+std::vector<int64_t> idx_header(const std::vector<uint8_t>& bytes, int rank,
+                                const std::string& path) {
   const size_t header = 4 + 4 * size_t(rank);
   if (bytes.size() < header) throw Error(path + ": truncated IDX header");
   const uint32_t magic = big_endian(bytes, 0);
   if (magic != (0x0800u | uint32_t(rank)))
-    throw Error(path + ": not an IDX file of " + std::to_string(rank) + "-D unsigned bytes (magic " +
-                std::to_string(magic) + ")");
+    throw Error(path + ": not an IDX file of " + std::to_string(rank) +
+                "-D unsigned bytes (magic " + std::to_string(magic) + ")");
   std::vector<int64_t> dims;
   int64_t total = 1;
   for (int i = 0; i < rank; ++i) {
@@ -51,8 +55,8 @@ std::vector<int64_t> idx_header(const std::vector<uint8_t>& bytes, int rank, con
     total *= dims.back();
   }
   if (bytes.size() != header + size_t(total))
-    throw Error(path + ": " + std::to_string(bytes.size() - header) + " data bytes, the header promises " +
-                std::to_string(total));
+    throw Error(path + ": " + std::to_string(bytes.size() - header) +
+                " data bytes, the header promises " + std::to_string(total));
   return dims;
 }
 
@@ -60,13 +64,14 @@ std::vector<int64_t> idx_header(const std::vector<uint8_t>& bytes, int rank, con
 
 ImageSet load_fashion_mnist(const std::string& dir, bool train) {
   const std::string prefix = dir + "/" + (train ? "train" : "t10k");
-  const std::string images_path = prefix + "-images-idx3-ubyte.gz", labels_path = prefix + "-labels-idx1-ubyte.gz";
+  const std::string images_path = prefix + "-images-idx3-ubyte.gz",
+                    labels_path = prefix + "-labels-idx1-ubyte.gz";
   const std::vector<uint8_t> images = read_gzip(images_path), labels = read_gzip(labels_path);
   const std::vector<int64_t> image_dims = idx_header(images, 3, images_path);
   const std::vector<int64_t> label_dims = idx_header(labels, 1, labels_path);
   if (image_dims[0] != label_dims[0])
-    throw Error(images_path + " holds " + std::to_string(image_dims[0]) + " images but " + labels_path + " " +
-                std::to_string(label_dims[0]) + " labels");
+    throw Error(images_path + " holds " + std::to_string(image_dims[0]) + " images but " +
+                labels_path + " " + std::to_string(label_dims[0]) + " labels");
   ImageSet set;
   set.count = image_dims[0];
   set.height = image_dims[1];
@@ -78,11 +83,11 @@ ImageSet load_fashion_mnist(const std::string& dir, bool train) {
   return set;
 }
 
-Batch make_image_batch(const ImageSet& set, const std::vector<int64_t>& order, int64_t first, int64_t size,
-                       int64_t patch) {
+Batch make_image_batch(const ImageSet& set, const std::vector<int64_t>& order, int64_t first,
+                       int64_t size, int64_t patch) {
   if (set.height % patch != 0 || set.width % patch != 0)
-    throw Error("patch size " + std::to_string(patch) + " does not divide the " + std::to_string(set.height) + " x " +
-                std::to_string(set.width) + " images");
+    throw Error("patch size " + std::to_string(patch) + " does not divide the " +
+                std::to_string(set.height) + " x " + std::to_string(set.width) + " images");
   const int64_t gh = set.height / patch, gw = set.width / patch, patch_dim = patch * patch;
   Batch batch;
   batch.size = size;
@@ -97,7 +102,9 @@ Batch make_image_batch(const ImageSet& set, const std::vector<int64_t>& order, i
       for (int64_t pw = 0; pw < gw; ++pw)
         for (int64_t y = 0; y < patch; ++y)
           for (int64_t x = 0; x < patch; ++x)
-            *out++ = (float(pixels[(ph * patch + y) * set.width + pw * patch + x]) / 255.0f - kMean) / kStd;
+            *out++ =
+                (float(pixels[(ph * patch + y) * set.width + pw * patch + x]) / 255.0f - kMean) /
+                kStd;
   }
   return batch;
 }

@@ -23,7 +23,7 @@ ImageSet load_fashion_mnist(const std::string& dir, bool train);
 // Samples order[first .. first + size) of `set` cut into patch x patch patches,
 // row-major over the patch grid, pixels scaled to zero mean and unit variance
 // (the training set's statistics): patches [size, tokens, patch * patch].
-Batch make_image_batch(const ImageSet& set, const std::vector<int64_t>& order, int64_t first, int64_t size,
-                       int64_t patch);
+Batch make_image_batch(const ImageSet& set, const std::vector<int64_t>& order, int64_t first,
+                       int64_t size, int64_t patch);
 
 }  // namespace mhla::train

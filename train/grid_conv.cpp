@@ -8,9 +8,12 @@ namespace mhla::train {
 
 template <typename T>
 GridConv<T>::GridConv(const std::string& name, int64_t channels_, int64_t kernel_, Rng& rng)
-    : channels(channels_), kernel(kernel_), weight(name + ".weight", {channels_, kernel_, kernel_}, /*decay=*/false) {
+    : channels(channels_),
+      kernel(kernel_),
+      weight(name + ".weight", {channels_, kernel_, kernel_}, /*decay=*/false) {
   if (kernel_ <= 0 || kernel_ % 2 == 0)
-    throw Error(name + ": the 2D positional convolution needs an odd kernel, got " + std::to_string(kernel_));
+    throw Error(name + ": the 2D positional convolution needs an odd kernel, got " +
+                std::to_string(kernel_));
   fill_uniform(weight, 1.0 / double(kernel), rng);
 }
 
@@ -31,14 +34,16 @@ void GridConv<T>::forward(const T* x, int64_t batch, int64_t rows, int64_t cols,
             const int64_t cc = c + j - half;
             if (cc < 0 || cc >= cols) continue;
             const T* xr = x + ((b * rows + rr) * cols + cc) * channels;
-            for (int64_t ch = 0; ch < channels; ++ch) yr[ch] += w[(ch * kernel + i) * kernel + j] * xr[ch];
+            for (int64_t ch = 0; ch < channels; ++ch)
+              yr[ch] += w[(ch * kernel + i) * kernel + j] * xr[ch];
           }
         }
       }
 }
 
 template <typename T>
-void GridConv<T>::backward(const T* x, const T* dy, int64_t batch, int64_t rows, int64_t cols, T* dx) {
+void GridConv<T>::backward(const T* x, const T* dy, int64_t batch, int64_t rows, int64_t cols,
+                           T* dx) {
   const int64_t half = kernel / 2;
   const T* w = weight.value.data();
   // dx[s] gathers the outputs that read s: output r = s - (i - half).
@@ -55,7 +60,8 @@ void GridConv<T>::backward(const T* x, const T* dy, int64_t batch, int64_t rows,
             const int64_t cc = c - j + half;
             if (cc < 0 || cc >= cols) continue;
             const T* dyr = dy + ((b * rows + rr) * cols + cc) * channels;
-            for (int64_t ch = 0; ch < channels; ++ch) dxr[ch] += w[(ch * kernel + i) * kernel + j] * dyr[ch];
+            for (int64_t ch = 0; ch < channels; ++ch)
+              dxr[ch] += w[(ch * kernel + i) * kernel + j] * dyr[ch];
           }
         }
       }
@@ -72,7 +78,8 @@ void GridConv<T>::backward(const T* x, const T* dy, int64_t batch, int64_t rows,
             const int64_t cc = c + j - half;
             if (cc < 0 || cc >= cols) continue;
             const T* xr = x + ((b * rows + rr) * cols + cc) * channels;
-            for (int64_t ch = 0; ch < channels; ++ch) dw[(ch * kernel + i) * kernel + j] += dyr[ch] * xr[ch];
+            for (int64_t ch = 0; ch < channels; ++ch)
+              dw[(ch * kernel + i) * kernel + j] += dyr[ch] * xr[ch];
           }
         }
       }

@@ -16,7 +16,7 @@ struct History {
   std::vector<double> train_loss;      // one per completed step
   std::vector<double> train_accuracy;  // of the step's own batch, on labelled positions
   std::vector<EvalPoint> eval;
-  double seconds = 0;                  // training time, summed over resumes
+  double seconds = 0;  // training time, summed over resumes
 };
 
 nlohmann::json to_json(const History& history);

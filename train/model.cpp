@@ -8,9 +8,14 @@ namespace mhla::train {
 
 template <typename T>
 Block<T>::Block(const std::string& name, const ModelConfig& c, AttentionKind kind, Rng& rng)
-    : norm1(name + ".norm1", c.dim), norm2(name + ".norm2", c.dim),
-      attention(name + ".attention", AttentionConfig{kind, c.dim, c.heads, c.causal, c.layout, c.conv_kernel, c.design}, rng),
-      mlp(name + ".mlp", c.dim, c.mlp_hidden, rng), tokens_(c.layout.num_tokens()), dim_(c.dim) {}
+    : norm1(name + ".norm1", c.dim),
+      norm2(name + ".norm2", c.dim),
+      attention(name + ".attention",
+                AttentionConfig{kind, c.dim, c.heads, c.causal, c.layout, c.conv_kernel, c.design},
+                rng),
+      mlp(name + ".mlp", c.dim, c.mlp_hidden, rng),
+      tokens_(c.layout.num_tokens()),
+      dim_(c.dim) {}
 
 template <typename T>
 void Block<T>::collect(ParameterList<T>& out) {
@@ -46,9 +51,11 @@ void Block<T>::backward(const T* x, const T* dy, int64_t batch, T* dx) {
 
 template <typename T>
 Model<T>::Model(const ModelConfig& c, uint64_t seed) : config_(c), tokens_(c.layout.num_tokens()) {
-  if ((c.vocab > 0) == (c.patch_dim > 0)) throw Error("model: exactly one of vocab and patch_dim must be set");
+  if ((c.vocab > 0) == (c.patch_dim > 0))
+    throw Error("model: exactly one of vocab and patch_dim must be set");
   if (c.attention.empty()) throw Error("model: at least one layer is needed");
-  if (c.classes <= 0 || c.dim <= 0 || c.mlp_hidden <= 0) throw Error("model: classes, dim and mlp_hidden must be positive");
+  if (c.classes <= 0 || c.dim <= 0 || c.mlp_hidden <= 0)
+    throw Error("model: classes, dim and mlp_hidden must be positive");
   Rng rng(seed);
   if (c.vocab > 0) {
     token_embedding_ = TokenEmbedding<T>("embed", c.vocab, c.dim, rng);
@@ -60,7 +67,8 @@ Model<T>::Model(const ModelConfig& c, uint64_t seed) : config_(c), tokens_(c.lay
   positions_ = PositionEmbedding<T>("positions", tokens_, c.dim, rng);
   positions_.collect(parameters_);
   for (size_t l = 0; l < c.attention.size(); ++l) {
-    blocks_.push_back(std::make_unique<Block<T>>("block" + std::to_string(l), c, c.attention[l], rng));
+    blocks_.push_back(
+        std::make_unique<Block<T>>("block" + std::to_string(l), c, c.attention[l], rng));
     blocks_.back()->collect(parameters_);
   }
   final_norm_ = RMSNorm<T>("final_norm", c.dim);
@@ -99,7 +107,8 @@ const std::vector<T>& Model<T>::forward(const ModelInput<T>& input, int64_t batc
     pooled_.assign(size_t(batch * d), T(0));
     for (int64_t b = 0; b < batch; ++b)
       for (int64_t t = 0; t < tokens_; ++t)
-        for (int64_t j = 0; j < d; ++j) pooled_[size_t(b * d + j)] += normed_[size_t((b * tokens_ + t) * d + j)];
+        for (int64_t j = 0; j < d; ++j)
+          pooled_[size_t(b * d + j)] += normed_[size_t((b * tokens_ + t) * d + j)];
     for (T& e : pooled_) e /= T(tokens_);
     logits_.resize(size_t(batch * config_.classes));
     head_.forward(pooled_.data(), batch, logits_.data());
@@ -121,7 +130,8 @@ void Model<T>::backward(const ModelInput<T>& input, const T* grad_logits, int64_
     for (int64_t b = 0; b < batch; ++b)
       for (int64_t t = 0; t < tokens_; ++t)
         for (int64_t j = 0; j < d; ++j)
-          grad_a_[size_t((b * tokens_ + t) * d + j)] = grad_head_in_[size_t(b * d + j)] / T(tokens_);
+          grad_a_[size_t((b * tokens_ + t) * d + j)] =
+              grad_head_in_[size_t(b * d + j)] / T(tokens_);
   } else {
     head_.backward(normed_.data(), grad_logits, rows, grad_a_.data());
   }

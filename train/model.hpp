@@ -18,9 +18,9 @@ struct ModelConfig {
   int64_t classes = 0;    // width of the head's output
   bool pool = false;      // mean over tokens before the head (one prediction per sample)
   bool causal = false;
-  TokenLayout layout;     // the token grid; MHLA's blocks are its tiles
+  TokenLayout layout;  // the token grid; MHLA's blocks are its tiles
   int64_t dim = 64, heads = 2, mlp_hidden = 256, conv_kernel = 0;
-  AttentionDesign design;  // every attention layer's options
+  AttentionDesign design;                // every attention layer's options
   std::vector<AttentionKind> attention;  // one per layer
 };
 

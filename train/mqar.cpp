@@ -11,11 +11,13 @@ namespace mhla::train {
 void check_mqar_config(const MqarConfig& c) {
   if (c.kv_pairs <= 0) throw Error("mqar: kv_pairs must be positive");
   if (c.vocab / 2 - 1 < c.kv_pairs)
-    throw Error("mqar: " + std::to_string(c.kv_pairs) + " distinct keys need a vocabulary of at least " +
+    throw Error("mqar: " + std::to_string(c.kv_pairs) +
+                " distinct keys need a vocabulary of at least " +
                 std::to_string(2 * c.kv_pairs + 2) + " (got " + std::to_string(c.vocab) + ")");
   if (c.seq_len < 4 * c.kv_pairs)
-    throw Error("mqar: " + std::to_string(c.kv_pairs) + " pairs and their queries need seq_len >= " +
-                std::to_string(4 * c.kv_pairs) + " (got " + std::to_string(c.seq_len) + ")");
+    throw Error("mqar: " + std::to_string(c.kv_pairs) +
+                " pairs and their queries need seq_len >= " + std::to_string(4 * c.kv_pairs) +
+                " (got " + std::to_string(c.seq_len) + ")");
 }
 
 Batch make_mqar_batch(const MqarConfig& c, int64_t size, uint64_t seed) {
@@ -25,7 +27,8 @@ Batch make_mqar_batch(const MqarConfig& c, int64_t size, uint64_t seed) {
   // Query slot g (0-based) sits at context + 2 g; its weight follows the power law.
   const int64_t slots = (n - context) / 2;
   std::vector<double> slot_weight(static_cast<size_t>(slots));
-  for (int64_t g = 0; g < slots; ++g) slot_weight[size_t(g)] = c.power_a * std::pow(double(g + 1), c.power_a - 1);
+  for (int64_t g = 0; g < slots; ++g)
+    slot_weight[size_t(g)] = c.power_a * std::pow(double(g + 1), c.power_a - 1);
 
   Batch batch;
   batch.size = size;

@@ -30,7 +30,8 @@ void AdamW<T>::step(double lr) {
       const double v = config_.beta2 * double(v_[i][j]) + (1 - config_.beta2) * g * g;
       m_[i][j] = T(m);
       v_[i][j] = T(v);
-      const double updated = double(p.value[j]) * decay - rate * (m / c1) / (std::sqrt(v / c2) + config_.eps);
+      const double updated =
+          double(p.value[j]) * decay - rate * (m / c1) / (std::sqrt(v / c2) + config_.eps);
       p.value[j] = T(std::clamp(updated, p.lower, p.upper));
     }
   }

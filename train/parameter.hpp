@@ -19,7 +19,8 @@ struct Parameter {
   // mixing learns too slowly at the shared rate), and each update is clamped
   // into [lower, upper] (the authors' raw mixing matrix lives in [1e-5, 1]).
   double lr_scale = 1;
-  double lower = -std::numeric_limits<double>::infinity(), upper = std::numeric_limits<double>::infinity();
+  double lower = -std::numeric_limits<double>::infinity(),
+         upper = std::numeric_limits<double>::infinity();
 
   Parameter() = default;
   Parameter(std::string name_, std::vector<int64_t> shape_, bool decay_ = true)

@@ -40,7 +40,8 @@ void RMSNorm<T>::backward(const T* x, const T* dy, int64_t rows, T* dx) {
   }
   // Serial over rows so the sum's order, and so the result, never depends on threads.
   for (int64_t r = 0; r < rows; ++r)
-    for (int64_t j = 0; j < dim; ++j) gain.grad[size_t(j)] += dy[r * dim + j] * x[r * dim + j] * inv_rms_[size_t(r)];
+    for (int64_t j = 0; j < dim; ++j)
+      gain.grad[size_t(j)] += dy[r * dim + j] * x[r * dim + j] * inv_rms_[size_t(r)];
 }
 
 template class RMSNorm<float>;

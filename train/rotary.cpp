@@ -8,12 +8,15 @@
 namespace mhla::train {
 
 template <typename T>
-void rotate_positions(T* x, int64_t batch, int64_t tokens, int64_t heads, int64_t head_dim, bool inverse) {
+void rotate_positions(T* x, int64_t batch, int64_t tokens, int64_t heads, int64_t head_dim,
+                      bool inverse) {
   if (head_dim % 2 != 0)
-    throw Error("rotary position embeddings need an even head dimension, got " + std::to_string(head_dim));
+    throw Error("rotary position embeddings need an even head dimension, got " +
+                std::to_string(head_dim));
   const int64_t pairs = head_dim / 2;
   std::vector<double> frequency(static_cast<size_t>(pairs));
-  for (int64_t j = 0; j < pairs; ++j) frequency[size_t(j)] = std::pow(10000.0, -2.0 * double(j) / double(head_dim));
+  for (int64_t j = 0; j < pairs; ++j)
+    frequency[size_t(j)] = std::pow(10000.0, -2.0 * double(j) / double(head_dim));
   const double sign = inverse ? -1.0 : 1.0;
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < tokens; ++t)

@@ -11,6 +11,7 @@ namespace mhla::train {
 // token index. inverse: turn by -angle (the gradient of the forward rotation).
 // head_dim must be even.
 template <typename T>
-void rotate_positions(T* x, int64_t batch, int64_t tokens, int64_t heads, int64_t head_dim, bool inverse);
+void rotate_positions(T* x, int64_t batch, int64_t tokens, int64_t heads, int64_t head_dim,
+                      bool inverse);
 
 }  // namespace mhla::train

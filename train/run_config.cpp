@@ -111,7 +111,8 @@ RunConfig run_config_from_json(const json& j) {
 
 void check_run_config(const RunConfig& c) {
   auto positive = [](const char* name, int64_t value) {
-    if (value <= 0) throw Error(std::string(name) + " must be positive (got " + std::to_string(value) + ")");
+    if (value <= 0)
+      throw Error(std::string(name) + " must be positive (got " + std::to_string(value) + ")");
   };
   if (c.task != "mqar" && c.task != "fashion-mnist" && c.task != "text")
     throw Error("unknown task '" + c.task + "'; expected mqar, fashion-mnist or text");
@@ -122,29 +123,36 @@ void check_run_config(const RunConfig& c) {
   positive("steps", c.steps);
   positive("batch", c.batch);
   if (c.dim % c.heads != 0)
-    throw Error("dim " + std::to_string(c.dim) + " is not divisible by heads " + std::to_string(c.heads));
+    throw Error("dim " + std::to_string(c.dim) + " is not divisible by heads " +
+                std::to_string(c.heads));
   if (c.conv_kernel < 0) throw Error("conv_kernel must be >= 0");
   if (!(c.design.mixing_lr_scale > 0)) throw Error("mixing_lr_scale must be > 0");
   if (c.design.value_conv < 0) throw Error("value_conv must be >= 0");
   if (c.design.feature_map == FeatureMap::identity)
-    throw Error("feature_map identity can make a normalised row's denominator vanish; use relu or elu1");
+    throw Error(
+        "feature_map identity can make a normalised row's denominator vanish; use relu or elu1");
   if (c.design.rope && (c.dim / c.heads) % 2 != 0)
-    throw Error("rope needs an even head dimension (dim / heads = " + std::to_string(c.dim / c.heads) + ")");
+    throw Error("rope needs an even head dimension (dim / heads = " +
+                std::to_string(c.dim / c.heads) + ")");
   if (c.warmup < 0 || c.warmup >= c.steps) throw Error("warmup must be in [0, steps)");
-  if (!(c.lr > 0) || !(c.clip >= 0) || !(c.weight_decay >= 0) || !(c.min_lr_ratio >= 0 && c.min_lr_ratio <= 1))
+  if (!(c.lr > 0) || !(c.clip >= 0) || !(c.weight_decay >= 0) ||
+      !(c.min_lr_ratio >= 0 && c.min_lr_ratio <= 1))
     throw Error("lr must be > 0, clip and weight_decay >= 0, min_lr_ratio in [0, 1]");
   if (c.task == "mqar" || c.task == "text") {
     if (c.block < 0) throw Error("block must be >= 0 (0: M = round(sqrt(seq_len)) blocks)");
     positive("seq_len", c.seq_len);
     positive("eval_samples", c.eval_samples);
-    if (c.task == "text" && c.vocab != 256) throw Error("the text task reads bytes: vocab must be 256");
+    if (c.task == "text" && c.vocab != 256)
+      throw Error("the text task reads bytes: vocab must be 256");
   } else {
     positive("patch", c.patch);
     positive("tile", c.tile);
-    if (c.conv_kernel > 0) throw Error("the short convolution is causal 1D; use conv_kernel 0 for fashion-mnist");
+    if (c.conv_kernel > 0)
+      throw Error("the short convolution is causal 1D; use conv_kernel 0 for fashion-mnist");
     if (c.design.value_conv > 0 && c.design.value_conv % 2 == 0)
       throw Error("value_conv on images is a centred k x k convolution: k must be odd");
-    if (c.train_images < 0 || c.eval_images < 0) throw Error("train_images and eval_images must be >= 0");
+    if (c.train_images < 0 || c.eval_images < 0)
+      throw Error("train_images and eval_images must be >= 0");
   }
 }
 

@@ -14,7 +14,8 @@ struct RunConfig {
   std::vector<AttentionKind> attention{AttentionKind::mhla, AttentionKind::mhla};  // one per layer
   int64_t dim = 64, heads = 2, mlp_hidden = 128, conv_kernel = 4;
   int64_t steps = 1000, batch = 32, warmup = 100;
-  AttentionDesign design;  // mixing parametrisation and init, feature map, head, rotary, positional term
+  AttentionDesign
+      design;  // mixing parametrisation and init, feature map, head, rotary, positional term
   double lr = 1e-3, min_lr_ratio = 0.1, weight_decay = 0.1, clip = 1.0;
   uint64_t seed = 0;
   // mqar and text (seq_len: the context; eval_samples: sequences per evaluation split);

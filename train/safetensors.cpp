@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
-#include "mhla_support/byte_stream.hpp"
 #include "mhla/error.hpp"
+#include "mhla_support/byte_stream.hpp"
 
 namespace mhla::train {
 
@@ -19,7 +19,9 @@ std::vector<uint8_t> encode_safetensors(const SafeTensors& file) {
     if (count != int64_t(tensor.data.size()))
       throw Error("safetensors: tensor '" + name + "' has " + std::to_string(tensor.data.size()) +
                   " values for shape of " + std::to_string(count));
-    header[name] = {{"dtype", "F32"}, {"shape", tensor.shape}, {"data_offsets", {offset, offset + 4 * uint64_t(count)}}};
+    header[name] = {{"dtype", "F32"},
+                    {"shape", tensor.shape},
+                    {"data_offsets", {offset, offset + 4 * uint64_t(count)}}};
     offset += 4 * uint64_t(count);
   }
   if (!file.metadata.empty()) header["__metadata__"] = file.metadata;
@@ -29,7 +31,8 @@ std::vector<uint8_t> encode_safetensors(const SafeTensors& file) {
   io::ByteWriter out;
   out.i64(int64_t(text.size()));
   out.raw(text.data(), text.size());
-  for (const auto& [name, tensor] : file.tensors) out.floats(tensor.data.data(), tensor.data.size());
+  for (const auto& [name, tensor] : file.tensors)
+    out.floats(tensor.data.data(), tensor.data.size());
   return std::move(out.bytes());
 }
 
@@ -56,37 +59,43 @@ SafeTensors decode_safetensors(std::span<const uint8_t> bytes, const std::string
       }
       continue;
     }
-    if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") || !entry.contains("data_offsets"))
+    if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") ||
+        !entry.contains("data_offsets"))
       fail(name, "needs dtype, shape and data_offsets");
-    if (entry["dtype"] != "F32") fail(name, "dtype " + entry["dtype"].dump() + " is not supported (only F32)");
+    if (entry["dtype"] != "F32")
+      fail(name, "dtype " + entry["dtype"].dump() + " is not supported (only F32)");
     const json& shape = entry["shape"];
     const json& offsets = entry["data_offsets"];
-    if (!shape.is_array() || !offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
-        !offsets[1].is_number_unsigned())
+    if (!shape.is_array() || !offsets.is_array() || offsets.size() != 2 ||
+        !offsets[0].is_number_unsigned() || !offsets[1].is_number_unsigned())
       fail(name, "malformed shape or data_offsets");
     SafeTensor tensor;
     uint64_t count = 1;
     for (const json& d : shape) {
-      if (!d.is_number_unsigned() || d.get<uint64_t>() > (uint64_t(1) << 40)) fail(name, "bad dimension " + d.dump());
+      if (!d.is_number_unsigned() || d.get<uint64_t>() > (uint64_t(1) << 40))
+        fail(name, "bad dimension " + d.dump());
       tensor.shape.push_back(d.get<int64_t>());
       count *= d.get<uint64_t>();
       if (count > data.size()) fail(name, "shape " + shape.dump() + " is larger than the file");
     }
     const uint64_t begin = offsets[0], end = offsets[1];
     if (begin > end || end > data.size())
-      fail(name, "data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) + "] outside the " +
-                     std::to_string(data.size()) + " data bytes (truncated file?)");
+      fail(name, "data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
+                     "] outside the " + std::to_string(data.size()) +
+                     " data bytes (truncated file?)");
     if (end - begin != 4 * count)
-      fail(name, "data_offsets span " + std::to_string(end - begin) + " bytes, shape " + shape.dump() + " needs " +
-                     std::to_string(4 * count));
-    io::ByteReader values(data.subspan(size_t(begin), size_t(end - begin)), source + ": tensor '" + name + "'");
+      fail(name, "data_offsets span " + std::to_string(end - begin) + " bytes, shape " +
+                     shape.dump() + " needs " + std::to_string(4 * count));
+    io::ByteReader values(data.subspan(size_t(begin), size_t(end - begin)),
+                          source + ": tensor '" + name + "'");
     tensor.data = values.floats(int64_t(count), "values");
     ranges.emplace_back(begin, end);
     file.tensors.emplace(name, std::move(tensor));
   }
   std::sort(ranges.begin(), ranges.end());
   for (size_t i = 1; i < ranges.size(); ++i)
-    if (ranges[i].first < ranges[i - 1].second) throw Error(source + ": tensors overlap in the data section");
+    if (ranges[i].first < ranges[i - 1].second)
+      throw Error(source + ": tensors overlap in the data section");
   return file;
 }
 

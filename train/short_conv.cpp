@@ -6,7 +6,9 @@ namespace mhla::train {
 
 template <typename T>
 ShortConv<T>::ShortConv(const std::string& name, int64_t channels_, int64_t kernel_, Rng& rng)
-    : channels(channels_), kernel(kernel_), weight(name + ".weight", {channels_, kernel_}, /*decay=*/false) {
+    : channels(channels_),
+      kernel(kernel_),
+      weight(name + ".weight", {channels_, kernel_}, /*decay=*/false) {
   fill_uniform(weight, 1.0 / std::sqrt(double(kernel)), rng);
 }
 

@@ -42,13 +42,16 @@ class MqarTask : public Task {
  public:
   explicit MqarTask(const RunConfig& c) : run_(c), data_{c.vocab, c.seq_len, c.kv_pairs} {
     check_mqar_config(data_);
-    for (auto [seed, batches] : {std::pair{kMqarValidationSeed, &validation_}, std::pair{kMqarTestSeed, &test_}})
+    for (auto [seed, batches] :
+         {std::pair{kMqarValidationSeed, &validation_}, std::pair{kMqarTestSeed, &test_}})
       for (int64_t first = 0; first < c.eval_samples; first += c.batch)
         batches->push_back(make_mqar_batch(data_, std::min(c.batch, c.eval_samples - first),
                                            stream_seed(seed, kEvalStream - uint64_t(first))));
   }
   ModelConfig model_config() const override { return causal_language_model(run_); }
-  Batch train_batch(int64_t step) override { return make_mqar_batch(data_, run_.batch, stream_seed(run_.seed, uint64_t(step))); }
+  Batch train_batch(int64_t step) override {
+    return make_mqar_batch(data_, run_.batch, stream_seed(run_.seed, uint64_t(step)));
+  }
   const std::vector<Batch>& validation_batches() const override { return validation_; }
   const std::vector<Batch>& test_batches() const override { return test_; }
   int64_t tokens_per_sample() const override { return run_.seq_len; }
@@ -63,25 +66,34 @@ class MqarTask : public Task {
 class TextTask : public Task {
  public:
   TextTask(const RunConfig& c, const std::string& path) : run_(c) {
-    corpus_ = split_bible_text(read_bible_text(path), path.empty() ? "from '" + std::string(kBibleCommand) + "'" : "'" + path + "'");
+    corpus_ = split_bible_text(
+        read_bible_text(path),
+        path.empty() ? "from '" + std::string(kBibleCommand) + "'" : "'" + path + "'");
     const int64_t span = c.seq_len + 1;
-    for (auto [text, batches] : {std::pair{&corpus_.validation, &validation_}, std::pair{&corpus_.test, &test_}}) {
+    for (auto [text, batches] :
+         {std::pair{&corpus_.validation, &validation_}, std::pair{&corpus_.test, &test_}}) {
       // eval_samples windows spread evenly over the held-out text.
       const int64_t room = int64_t(text->size()) - span;
-      if (room < 0) throw Error("text corpus: held-out text shorter than one window of " + std::to_string(span) + " bytes");
+      if (room < 0)
+        throw Error("text corpus: held-out text shorter than one window of " +
+                    std::to_string(span) + " bytes");
       std::vector<int64_t> starts;
-      for (int64_t i = 0; i < c.eval_samples; ++i) starts.push_back(c.eval_samples > 1 ? room * i / (c.eval_samples - 1) : 0);
+      for (int64_t i = 0; i < c.eval_samples; ++i)
+        starts.push_back(c.eval_samples > 1 ? room * i / (c.eval_samples - 1) : 0);
       for (size_t first = 0; first < starts.size(); first += size_t(c.batch)) {
         const size_t last = std::min(starts.size(), first + size_t(c.batch));
-        batches->push_back(windows(*text, {starts.begin() + long(first), starts.begin() + long(last)}));
+        batches->push_back(
+            windows(*text, {starts.begin() + long(first), starts.begin() + long(last)}));
       }
     }
-    if (int64_t(corpus_.train.size()) <= span) throw Error("text corpus: training text shorter than one window");
+    if (int64_t(corpus_.train.size()) <= span)
+      throw Error("text corpus: training text shorter than one window");
   }
   ModelConfig model_config() const override { return causal_language_model(run_); }
   Batch train_batch(int64_t step) override {
     Rng rng(stream_seed(run_.seed, uint64_t(step)));
-    std::uniform_int_distribution<int64_t> start(0, int64_t(corpus_.train.size()) - run_.seq_len - 1);
+    std::uniform_int_distribution<int64_t> start(0,
+                                                 int64_t(corpus_.train.size()) - run_.seq_len - 1);
     std::vector<int64_t> starts(size_t(run_.batch));
     for (int64_t& s : starts) s = start(rng);
     return windows(corpus_.train, starts);
@@ -115,16 +127,19 @@ class FashionMnistTask : public Task {
     const ImageSet test = load_fashion_mnist(dir, false);
     const int64_t trainable = train_.count - kFashionValidationImages;
     if (c.train_images > trainable)
-      throw Error("train_images " + std::to_string(c.train_images) + " exceeds the " + std::to_string(trainable) +
-                  " training images (the last " + std::to_string(kFashionValidationImages) + " are for validation)");
+      throw Error("train_images " + std::to_string(c.train_images) + " exceeds the " +
+                  std::to_string(trainable) + " training images (the last " +
+                  std::to_string(kFashionValidationImages) + " are for validation)");
     train_count_ = c.train_images > 0 ? c.train_images : trainable;
     if (train_count_ < c.batch) throw Error("fewer training images than one batch");
-    auto add = [&](const ImageSet& set, int64_t first_image, int64_t available, std::vector<Batch>& batches) {
+    auto add = [&](const ImageSet& set, int64_t first_image, int64_t available,
+                   std::vector<Batch>& batches) {
       const int64_t count = c.eval_images > 0 ? std::min(c.eval_images, available) : available;
       std::vector<int64_t> order(size_t(set.count));
       std::iota(order.begin(), order.end(), 0);
       for (int64_t first = 0; first < count; first += c.batch)
-        batches.push_back(make_image_batch(set, order, first_image + first, std::min(c.batch, count - first), c.patch));
+        batches.push_back(make_image_batch(set, order, first_image + first,
+                                           std::min(c.batch, count - first), c.patch));
     };
     add(train_, trainable, kFashionValidationImages, validation_);
     add(test, 0, test.count, test_);
@@ -149,7 +164,8 @@ class FashionMnistTask : public Task {
       std::shuffle(order_.begin(), order_.end(), rng);
       epoch_ = epoch;
     }
-    return make_image_batch(train_, order_, (step % per_epoch) * run_.batch, run_.batch, run_.patch);
+    return make_image_batch(train_, order_, (step % per_epoch) * run_.batch, run_.batch,
+                            run_.patch);
   }
   const std::vector<Batch>& validation_batches() const override { return validation_; }
   const std::vector<Batch>& test_batches() const override { return test_; }

@@ -5,8 +5,8 @@
 // settings such as the learning rate) and test (reported, never used to choose).
 #include <memory>
 
-#include "train/run_config.hpp"
 #include "train/batch.hpp"
+#include "train/run_config.hpp"
 
 namespace mhla::train {
 

@@ -13,13 +13,17 @@ namespace mhla::train {
 namespace {
 
 constexpr int64_t kBooks = 66;
-constexpr const char* kInstall = "install Debian's bible-kjv and bible-kjv-text (apt-get install bible-kjv bible-kjv-text)";
+constexpr const char* kInstall =
+    "install Debian's bible-kjv and bible-kjv-text (apt-get install bible-kjv bible-kjv-text)";
 
 // "1 Kings 1" -> "1 Kings"; "" when the line is not a chapter heading.
 std::string chapter_heading_book(const std::string& line) {
   const size_t space = line.rfind(' ');
-  if (line.empty() || line[0] == ' ' || space == std::string::npos || space + 1 == line.size()) return "";
-  if (!std::all_of(line.begin() + long(space) + 1, line.end(), [](char c) { return c >= '0' && c <= '9'; })) return "";
+  if (line.empty() || line[0] == ' ' || space == std::string::npos || space + 1 == line.size())
+    return "";
+  if (!std::all_of(line.begin() + long(space) + 1, line.end(),
+                   [](char c) { return c >= '0' && c <= '9'; }))
+    return "";
   const std::string book = line.substr(0, space);
   const bool letters = std::all_of(book.begin(), book.end(), [](char c) {
     return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '1' && c <= '3') || c == ' ';
@@ -29,16 +33,20 @@ std::string chapter_heading_book(const std::string& line) {
 
 std::string run_bible() {
   FILE* pipe = popen((std::string(kBibleCommand) + " 2>&1").c_str(), "r");
-  if (!pipe) throw Error("text corpus: cannot run '" + std::string(kBibleCommand) + "'; " + kInstall);
+  if (!pipe)
+    throw Error("text corpus: cannot run '" + std::string(kBibleCommand) + "'; " + kInstall);
   std::string text;
   char buffer[1 << 16];
-  for (size_t got; (got = std::fread(buffer, 1, sizeof buffer, pipe)) > 0;) text.append(buffer, got);
+  for (size_t got; (got = std::fread(buffer, 1, sizeof buffer, pipe)) > 0;)
+    text.append(buffer, got);
   const int status = pclose(pipe);
   const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  if (code == 127) throw Error("text corpus: the 'bible' program is not installed; " + std::string(kInstall));
+  if (code == 127)
+    throw Error("text corpus: the 'bible' program is not installed; " + std::string(kInstall));
   if (code != 0)
-    throw Error("text corpus: '" + std::string(kBibleCommand) + "' failed (exit " + std::to_string(code) +
-                "): " + text.substr(0, 200) + "; " + kInstall + ", or pass the text with --data FILE");
+    throw Error("text corpus: '" + std::string(kBibleCommand) + "' failed (exit " +
+                std::to_string(code) + "): " + text.substr(0, 200) + "; " + kInstall +
+                ", or pass the text with --data FILE");
   return text;
 }
 
@@ -57,7 +65,9 @@ const std::vector<std::string>& test_books() {
 std::string read_bible_text(const std::string& path) {
   if (path.empty()) return run_bible();
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error("text corpus: cannot open '" + path + "' (expected the text as '" + kBibleCommand + "' prints it)");
+  if (!in)
+    throw Error("text corpus: cannot open '" + path + "' (expected the text as '" + kBibleCommand +
+                "' prints it)");
   std::ostringstream text;
   text << in.rdbuf();
   return text.str();
@@ -95,8 +105,9 @@ TextCorpus split_bible_text(const std::string& text, const std::string& source) 
   corpus.books = int64_t(seen.size());
   const std::string what = "text corpus " + source + ": ";
   if (corpus.books != kBooks)
-    throw Error(what + "found " + std::to_string(corpus.books) + " books, expected " + std::to_string(kBooks) +
-                " (is it the text as '" + kBibleCommand + "' prints it? " + kInstall + ")");
+    throw Error(what + "found " + std::to_string(corpus.books) + " books, expected " +
+                std::to_string(kBooks) + " (is it the text as '" + kBibleCommand + "' prints it? " +
+                kInstall + ")");
   for (const auto* list : {&validation_books(), &test_books()})
     for (const std::string& book : *list)
       if (std::find(seen.begin(), seen.end(), book) == seen.end())

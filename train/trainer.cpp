@@ -21,13 +21,15 @@ EvalPoint evaluate(Model<float>& model, const std::vector<Batch>& batches, int64
   double loss = 0;
   int64_t labelled = 0, correct = 0;
   for (const Batch& batch : batches) {
-    const LossResult r = cross_entropy(model.forward(batch.input(), batch.size), batch.targets,
-                                       model.config().classes, static_cast<std::vector<float>*>(nullptr));
+    const LossResult r =
+        cross_entropy(model.forward(batch.input(), batch.size), batch.targets,
+                      model.config().classes, static_cast<std::vector<float>*>(nullptr));
     loss += r.loss * double(r.labelled);
     labelled += r.labelled;
     correct += r.correct;
   }
-  return {step, loss / double(std::max<int64_t>(labelled, 1)), double(correct) / double(std::max<int64_t>(labelled, 1))};
+  return {step, loss / double(std::max<int64_t>(labelled, 1)),
+          double(correct) / double(std::max<int64_t>(labelled, 1))};
 }
 
 // Flushes denormal floats to zero on every OpenMP thread while a run lasts.
@@ -72,7 +74,8 @@ RunResult run_training(const RunConfig& config, const RunOptions& options) {
 
   RunResult result;
   result.parameters = model.parameter_count();
-  const int64_t last = options.stop_after > 0 ? std::min(options.stop_after, config.steps) : config.steps;
+  const int64_t last =
+      options.stop_after > 0 ? std::min(options.stop_after, config.steps) : config.steps;
   std::vector<float> grad;
   double step_seconds = 0;
   int64_t tokens = 0;
@@ -83,34 +86,40 @@ RunResult run_training(const RunConfig& config, const RunOptions& options) {
     const LossResult r = cross_entropy(model.forward(batch.input(), batch.size), batch.targets,
                                        model.config().classes, &grad);
     if (!std::isfinite(r.loss))
-      throw Error("the training loss became " + std::to_string(r.loss) + " at step " + std::to_string(step) +
-                  "; lower --lr or raise --warmup");
+      throw Error("the training loss became " + std::to_string(r.loss) + " at step " +
+                  std::to_string(step) + "; lower --lr or raise --warmup");
     model.backward(batch.input(), grad.data(), batch.size);
     clip_grad_norm(model.parameters(), config.clip);
     optimizer.step(scheduled_lr(step, config.steps, config.warmup, config.lr, config.min_lr_ratio));
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     step_seconds += seconds;
     tokens += batch.size * task->tokens_per_sample();
     state.step = step + 1;
     state.history.train_loss.push_back(r.loss);
-    state.history.train_accuracy.push_back(double(r.correct) / double(std::max<int64_t>(r.labelled, 1)));
+    state.history.train_accuracy.push_back(double(r.correct) /
+                                           double(std::max<int64_t>(r.labelled, 1)));
     state.history.seconds += seconds;
     if (options.eval_every > 0 && state.step % options.eval_every == 0 && state.step < config.steps)
       state.history.eval.push_back(evaluate(model, task->validation_batches(), state.step));
-    if (options.on_step) options.on_step(state.step, config.steps, r.loss, double(tokens) / step_seconds);
-    if (!options.checkpoint.empty() && options.checkpoint_every > 0 && state.step % options.checkpoint_every == 0 &&
-        state.step < last)
+    if (options.on_step)
+      options.on_step(state.step, config.steps, r.loss, double(tokens) / step_seconds);
+    if (!options.checkpoint.empty() && options.checkpoint_every > 0 &&
+        state.step % options.checkpoint_every == 0 && state.step < last)
       save_checkpoint(options.checkpoint, config, model, optimizer, state);
   }
   result.finished = state.step == config.steps;
   if (result.finished) {
-    const bool evaluated = !state.history.eval.empty() && state.history.eval.back().step == config.steps;
-    if (!evaluated) state.history.eval.push_back(evaluate(model, task->validation_batches(), config.steps));
+    const bool evaluated =
+        !state.history.eval.empty() && state.history.eval.back().step == config.steps;
+    if (!evaluated)
+      state.history.eval.push_back(evaluate(model, task->validation_batches(), config.steps));
     result.final_eval = state.history.eval.back();
     result.final_test = evaluate(model, task->test_batches(), config.steps);
     if (options.on_finish) options.on_finish(model, *task);
   }
-  if (!options.checkpoint.empty()) save_checkpoint(options.checkpoint, config, model, optimizer, state);
+  if (!options.checkpoint.empty())
+    save_checkpoint(options.checkpoint, config, model, optimizer, state);
   result.history = state.history;
   result.steps_done = state.step;
   result.tokens_per_second = step_seconds > 0 ? double(tokens) / step_seconds : 0;

@@ -14,9 +14,9 @@ void linear_attention_forward(const LinearAttentionOptions& options, TensorView<
                               TensorView<const T> k, TensorView<const T> v, TensorView<T> o);
 template <typename T>
 void linear_attention_backward(const LinearAttentionOptions& options, TensorView<const T> q,
-                               TensorView<const T> k, TensorView<const T> v,
-                               TensorView<const T> o, TensorView<const T> grad_o,
-                               TensorView<T> grad_q, TensorView<T> grad_k, TensorView<T> grad_v);
+                               TensorView<const T> k, TensorView<const T> v, TensorView<const T> o,
+                               TensorView<const T> grad_o, TensorView<T> grad_q,
+                               TensorView<T> grad_k, TensorView<T> grad_v);
 
 struct SoftmaxOptions {
   bool causal = false;
@@ -32,10 +32,9 @@ void softmax_attention_forward(const SoftmaxOptions& options, TensorView<const T
                                TensorView<T> lse);
 template <typename T>
 void softmax_attention_backward(const SoftmaxOptions& options, TensorView<const T> q,
-                                TensorView<const T> k, TensorView<const T> v,
-                                TensorView<const T> o, TensorView<const T> lse,
-                                TensorView<const T> grad_o, TensorView<T> grad_q,
-                                TensorView<T> grad_k, TensorView<T> grad_v);
+                                TensorView<const T> k, TensorView<const T> v, TensorView<const T> o,
+                                TensorView<const T> lse, TensorView<const T> grad_o,
+                                TensorView<T> grad_q, TensorView<T> grad_k, TensorView<T> grad_v);
 
 double linear_attention_flops_forward(int64_t batch, int64_t tokens, int64_t heads, int64_t dk,
                                       int64_t dv);

@@ -3,11 +3,10 @@
 //
 // Per sequence and head the state holds the summaries [S_b | z_b] of the
 // finished blocks (Toeplitz mixing: only the last L - 1 of them, plus the sum of
-// all older ones, so the state stays bounded), the mixed prefix sum_{b<i} W[i,b] [S_b | z_b] of the current
-// block i (computed once, when block i begins: O(i Dk Dv)), and the running
-// in-block sums (updated per token: O(Dk Dv)). Outputs equal the chunkwise
-// causal forward on the whole sequence, in both normalized and unnormalized
-// modes (the normalizer's key sums are part of the state).
+// all older ones, so the state stays bounded), the mixed prefix sum_{b<i} W[i,b] [S_b | z_b] of the
+// current block i (computed once, when block i begins: O(i Dk Dv)), and the running in-block sums
+// (updated per token: O(Dk Dv)). Outputs equal the chunkwise causal forward on the whole sequence,
+// in both normalized and unnormalized modes (the normalizer's key sums are part of the state).
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -96,10 +95,10 @@ class Decoder {
   DecoderOptions options_;
   double scale_;
   bool toeplitz_;
-  int64_t blocks_ = 0;         // dense: M
-  int64_t length_ = 0;         // Toeplitz: L
-  int64_t window_ = 0;         // Toeplitz: finished blocks kept one by one, max(L, 1) - 1
-  std::vector<float> w_;       // copy of w
+  int64_t blocks_ = 0;    // dense: M
+  int64_t length_ = 0;    // Toeplitz: L
+  int64_t window_ = 0;    // Toeplitz: finished blocks kept one by one, max(L, 1) - 1
+  std::vector<float> w_;  // copy of w
   bool per_head_;
   std::vector<int64_t> positions_;
   std::vector<HeadState> states_;  // [B, H]

@@ -42,8 +42,7 @@ template <typename T>
 void backward(const Options& options, TensorView<const T> q, TensorView<const T> k,
               TensorView<const T> v, TensorView<const T> w, TensorView<const T> o,
               TensorView<const T> grad_o, TensorView<T> grad_q, TensorView<T> grad_k,
-              TensorView<T> grad_v, TensorView<T> grad_w,
-              TensorView<const T> saved_summaries = {});
+              TensorView<T> grad_v, TensorView<T> grad_w, TensorView<const T> saved_summaries = {});
 
 // [B, H, M, Dk, Dv + 1] for q [B, N, H, Dk] and v [B, N, H, Dv]: per block,
 // S_b = sum phi(k) v^T in the first Dv columns and z_b = sum phi(k) in the last.

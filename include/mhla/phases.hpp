@@ -55,9 +55,9 @@ void read_out(const Options& options, TensorView<const T> q, TensorView<const T>
 
 // Backward of phase 1: adds the gradients of sum(grad_summaries * summaries).
 template <typename T>
-void block_summaries_backward(const Options& options, TensorView<const T> k,
-                              TensorView<const T> v, TensorView<const T> grad_summaries,
-                              TensorView<T> grad_k, TensorView<T> grad_v);
+void block_summaries_backward(const Options& options, TensorView<const T> k, TensorView<const T> v,
+                              TensorView<const T> grad_summaries, TensorView<T> grad_k,
+                              TensorView<T> grad_v);
 
 // Backward of phase 2: adds dS_b = sum_i W[i, b] dmixed_i to grad_summaries
 // [B, H, Ms, Dk, Dv + 1] and dW[i, b] = sum <dmixed_i, S_b> (over the batch,

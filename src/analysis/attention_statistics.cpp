@@ -13,8 +13,7 @@ extern "C" void dgesdd_(const char* jobz, const int* m, const int* n, double* a,
 
 namespace mhla {
 
-std::vector<double> singular_values(const std::vector<double>& matrix, int64_t rows,
-                                    int64_t cols) {
+std::vector<double> singular_values(const std::vector<double>& matrix, int64_t rows, int64_t cols) {
   if (rows <= 0 || cols <= 0 || int64_t(matrix.size()) != rows * cols)
     throw Error("singular_values: matrix has " + std::to_string(matrix.size()) +
                 " entries, expected rows * cols = " + std::to_string(rows) + " * " +
@@ -32,8 +31,8 @@ std::vector<double> singular_values(const std::vector<double>& matrix, int64_t r
           iwork.data(), &info, 1);
   lwork = int(query);
   std::vector<double> work(size_t(std::max(lwork, 1)));
-  dgesdd_("N", &m, &n, a.data(), &lda, s.data(), nullptr, &one, nullptr, &one, work.data(),
-          &lwork, iwork.data(), &info, 1);
+  dgesdd_("N", &m, &n, a.data(), &lda, s.data(), nullptr, &one, nullptr, &one, work.data(), &lwork,
+          iwork.data(), &info, 1);
   if (info != 0)
     throw Error("singular_values: LAPACK dgesdd failed (info = " + std::to_string(info) + ")");
   return s;

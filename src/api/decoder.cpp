@@ -36,10 +36,12 @@ Decoder::Decoder(const DecoderOptions& options, TensorView<const float> w) : opt
                             std::string(fn) + ": state size");
   check_options_and_mixing(fn, w);
   const size_t summary = size_t(options.dk * (options.dv + 1));
-  const double state_bytes = double(options.batch) * double(options.heads) *
-                             (sizeof(HeadState) + double(summary) * (toeplitz_ ? 3 : 2) * sizeof(float));
-  detail::allocating(fn, "the decoding state of " + std::to_string(options.batch) + " x " +
-                             std::to_string(options.heads) + " heads of [Dk, Dv + 1] summaries",
+  const double state_bytes =
+      double(options.batch) * double(options.heads) *
+      (sizeof(HeadState) + double(summary) * (toeplitz_ ? 3 : 2) * sizeof(float));
+  detail::allocating(fn,
+                     "the decoding state of " + std::to_string(options.batch) + " x " +
+                         std::to_string(options.heads) + " heads of [Dk, Dv + 1] summaries",
                      state_bytes, [&] {
                        w_.assign(w.data, w.data + detail::checked_product(w.shape, "w"));
                        positions_.assign(options.batch, 0);
@@ -173,10 +175,10 @@ void Decoder::prefill(int64_t seq, TensorView<const float> q, TensorView<const f
   check_seq(fn, seq);
   if (positions_[seq] != 0)
     fail(fn, "sequence " + std::to_string(seq) + " already holds " +
-                 std::to_string(positions_[seq]) + " tokens; prefill needs an empty sequence "
+                 std::to_string(positions_[seq]) +
+                 " tokens; prefill needs an empty sequence "
                  "(reset it, or continue with step)");
-  const detail::AttentionDims d =
-      detail::check_qkv(fn, q, k, v);
+  const detail::AttentionDims d = detail::check_qkv(fn, q, k, v);
   detail::check_shape_equals(fn, "q", q.shape, {1, d.tokens, options_.heads, options_.dk},
                              "(one sequence: [1, L, H, Dk])");
   detail::check_shape_equals(fn, "v", v.shape, {1, d.tokens, options_.heads, options_.dv},
@@ -205,7 +207,7 @@ void Decoder::prefill(int64_t seq, TensorView<const float> q, TensorView<const f
       [&] { return std::vector<float>(size_t(heads * m) * x); });
   const auto mixer = cpu::make_mixer(p, w_.data());
   if (!cpu::ChunkedAttention<float>(p, *mixer).forward(q.data, k.data, v.data, o.data,
-                                                        saved.data()))
+                                                       saved.data()))
     detail::report_non_finite_output(fn, p, q, k, v, o);
 
   // Blocks before the last are finished; the last one is the running block.
@@ -219,11 +221,11 @@ void Decoder::prefill(int64_t seq, TensorView<const float> q, TensorView<const f
   positions_[seq] = d.tokens;
 }
 
-void Decoder::step(TensorView<const float> q, TensorView<const float> k,
-                   TensorView<const float> v, TensorView<float> o) {
+void Decoder::step(TensorView<const float> q, TensorView<const float> k, TensorView<const float> v,
+                   TensorView<float> o) {
   const char* fn = "mhla::Decoder::step";
-  const int64_t batch = options_.batch, heads = options_.heads, dk = options_.dk,
-                dv = options_.dv, x1 = dv + 1;
+  const int64_t batch = options_.batch, heads = options_.heads, dk = options_.dk, dv = options_.dv,
+                x1 = dv + 1;
   detail::check_qkv(fn, q, k, v);
   detail::check_shape_equals(fn, "q", q.shape, {batch, 1, heads, dk}, "(one token per sequence)");
   detail::check_shape_equals(fn, "v", v.shape, {batch, 1, heads, dv}, "(one token per sequence)");

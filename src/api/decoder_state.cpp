@@ -6,10 +6,10 @@
 
 #include <cmath>
 
+#include "mhla/decoder.hpp"
 #include "mhla_support/byte_stream.hpp"
 #include "mhla_support/checked_math.hpp"
 #include "mhla_support/files.hpp"
-#include "mhla/decoder.hpp"
 
 namespace mhla {
 namespace {
@@ -60,12 +60,14 @@ int64_t checked_count(io::ByteReader& in, const std::vector<int64_t>& sizes, con
 void check_expected(const std::string& source, const DecoderOptions& got,
                     const DecoderOptions& want) {
   const auto mismatch = [&](const char* field, const std::string& g, const std::string& w) {
-    throw Error(source + ": holds a decoder with " + field + " = " + g + " but " + field +
-                " = " + w + " was expected");
+    throw Error(source + ": holds a decoder with " + field + " = " + g + " but " + field + " = " +
+                w + " was expected");
   };
   const std::pair<const char*, std::pair<int64_t, int64_t>> sizes[] = {
-      {"batch", {got.batch, want.batch}}, {"heads", {got.heads, want.heads}},
-      {"dk", {got.dk, want.dk}},          {"dv", {got.dv, want.dv}},
+      {"batch", {got.batch, want.batch}},
+      {"heads", {got.heads, want.heads}},
+      {"dk", {got.dk, want.dk}},
+      {"dv", {got.dv, want.dv}},
       {"block", {got.block, want.block}}};
   for (const auto& [field, values] : sizes)
     if (values.first != values.second)
@@ -74,8 +76,7 @@ void check_expected(const std::string& source, const DecoderOptions& got,
     mismatch("feature_map", to_string(got.feature_map), to_string(want.feature_map));
   if (got.normalize != want.normalize)
     mismatch("normalize", got.normalize ? "true" : "false", want.normalize ? "true" : "false");
-  if (got.mixing != want.mixing)
-    mismatch("mixing", to_string(got.mixing), to_string(want.mixing));
+  if (got.mixing != want.mixing) mismatch("mixing", to_string(got.mixing), to_string(want.mixing));
 }
 
 }  // namespace
@@ -151,8 +152,8 @@ Decoder Decoder::deserialize(std::span<const uint8_t> bytes,
   const bool per_head = read_bool(in, "per_head");
   const int64_t width = in.i64("w width");
   const bool toeplitz = options.mixing == MixingForm::toeplitz;
-  std::vector<int64_t> w_shape = toeplitz ? std::vector<int64_t>{width}
-                                          : std::vector<int64_t>{width, width};
+  std::vector<int64_t> w_shape =
+      toeplitz ? std::vector<int64_t>{width} : std::vector<int64_t>{width, width};
   if (per_head) w_shape.insert(w_shape.begin(), options.heads);
   // Sizes come from the input: before anything is allocated, bound them by
   // the bytes present (w, one position per sequence, at least one running

@@ -18,8 +18,9 @@ detail::Problem validate(const char* fn, const LinearAttentionOptions& options,
                          const TensorView<const T>& v) {
   const detail::AttentionDims dims = detail::check_qkv(fn, q, k, v);
   if (options.masking == Masking::block_causal)
-    detail::fail(fn, "block_causal masking needs MHLA's block layout; linear attention has one "
-                     "global summary (use none or causal)");
+    detail::fail(fn,
+                 "block_causal masking needs MHLA's block layout; linear attention has one "
+                 "global summary (use none or causal)");
   return detail::check_linear_options(fn, options, dims);
 }
 
@@ -41,9 +42,9 @@ void linear_attention_forward(const LinearAttentionOptions& options, TensorView<
 
 template <typename T>
 void linear_attention_backward(const LinearAttentionOptions& options, TensorView<const T> q,
-                               TensorView<const T> k, TensorView<const T> v,
-                               TensorView<const T> o, TensorView<const T> grad_o,
-                               TensorView<T> grad_q, TensorView<T> grad_k, TensorView<T> grad_v) {
+                               TensorView<const T> k, TensorView<const T> v, TensorView<const T> o,
+                               TensorView<const T> grad_o, TensorView<T> grad_q,
+                               TensorView<T> grad_k, TensorView<T> grad_v) {
   const char* fn = "mhla::linear_attention_backward";
   detail::Problem p = validate(fn, options, q, k, v);
   detail::check_output(fn, "o", o, detail::v_shape(p.dims));

@@ -1,10 +1,10 @@
 // Public MHLA entry points: validate once, then run the CPU backend's chunked
 // kernel with the mixer (dense or Toeplitz W) the options ask for.
+#include "mhla/operator.hpp"
 #include "core/finite_results.hpp"
 #include "core/saved_summaries_check.hpp"
 #include "cpu/chunked_attention.hpp"
 #include "cpu/workspace.hpp"
-#include "mhla/operator.hpp"
 
 #include <algorithm>
 
@@ -71,7 +71,8 @@ void backward(const Options& options, TensorView<const T> q, TensorView<const T>
       q.data, k.data, v.data, o.data, grad_o.data, grad_q.data, grad_k.data, grad_v.data,
       grad_w.data, saved ? saved_summaries.data : nullptr);
   // grad_w is small ([H,] M, M) and written by the mixer: scanned here.
-  if (!finite || detail::first_non_finite(grad_w.data, detail::checked_product(grad_w.shape, "grad_w")) >= 0)
+  if (!finite ||
+      detail::first_non_finite(grad_w.data, detail::checked_product(grad_w.shape, "grad_w")) >= 0)
     detail::report_non_finite_gradients(fn, p, q, k, v, o, grad_o, grad_q, grad_k, grad_v, grad_w);
 }
 
@@ -97,7 +98,7 @@ FlopCount mhla_flops(int64_t batch, int64_t tokens, int64_t heads, int64_t dk, i
   return {fwd, 2 * fwd};
 }
 
-#define MHLA_INSTANTIATE_OPERATOR(T)                                                           \
+#define MHLA_INSTANTIATE_OPERATOR(T)                                                          \
   template void forward<T>(const Options&, TensorView<const T>, TensorView<const T>,          \
                            TensorView<const T>, TensorView<const T>, TensorView<T>,           \
                            TensorView<T>);                                                    \

@@ -69,9 +69,10 @@ void check_call_mixing(const char* fn, const Options& options, const TensorView<
                    " blocks); the mix reads one summary per column of W");
   }
   if (first_block + m > p.mixing_blocks)
-    fail(fn, "blocks " + std::to_string(first_block) + " .. " + std::to_string(first_block + m - 1) +
-                 " (first_block " + std::to_string(first_block) + ", M = " + std::to_string(m) +
-                 ") exceed the " + std::to_string(p.mixing_blocks) + " blocks that " +
+    fail(fn, "blocks " + std::to_string(first_block) + " .. " +
+                 std::to_string(first_block + m - 1) + " (first_block " +
+                 std::to_string(first_block) + ", M = " + std::to_string(m) + ") exceed the " +
+                 std::to_string(p.mixing_blocks) + " blocks that " +
                  (sources >= 0 ? "the summaries hold" : "w covers"));
   p.first_block = first_block;
   detail::check_mixing_values(fn, p, w.data);
@@ -160,14 +161,14 @@ void read_out(const Options& options, TensorView<const T> q, TensorView<const T>
   detail::check_output(fn, "o", o, detail::v_shape(p.dims));
   const auto mixer = cpu::make_mixer(p, w.data);
   if (!cpu::ChunkedAttention<T>(p, *mixer).compute_outputs(q.data, k.data, v.data, mixed.data,
-                                                            o.data))
+                                                           o.data))
     detail::report_non_finite_output(fn, p, q, k, v, o);
 }
 
 template <typename T>
-void block_summaries_backward(const Options& options, TensorView<const T> k,
-                              TensorView<const T> v, TensorView<const T> grad_summaries,
-                              TensorView<T> grad_k, TensorView<T> grad_v) {
+void block_summaries_backward(const Options& options, TensorView<const T> k, TensorView<const T> v,
+                              TensorView<const T> grad_summaries, TensorView<T> grad_k,
+                              TensorView<T> grad_v) {
   const char* fn = "mhla::block_summaries_backward";
   const Problem p = summaries_problem(fn, options, k, v);
   detail::check_output(fn, "grad_summaries", grad_summaries, summary_shape(p.dims, p.blocks));
@@ -219,9 +220,9 @@ void read_out_backward(const Options& options, TensorView<const T> q, TensorView
   std::vector<T> dk(p.causal ? dq.size() : 0);
   std::vector<T> dv(p.causal ? size_t(detail::checked_product(grad_v.shape, "grad_v")) : 0);
   std::vector<T> diagonal(p.causal ? size_t(p.dims.batch * p.dims.heads * p.blocks) : 0);
-  const bool finite = kernel.output_gradients(q.data, k.data, v.data, o.data, grad_o.data,
-                                              dmixed.data(), diagonal.data(), dq.data(), dk.data(),
-                                              dv.data(), false);
+  const bool finite =
+      kernel.output_gradients(q.data, k.data, v.data, o.data, grad_o.data, dmixed.data(),
+                              diagonal.data(), dq.data(), dk.data(), dv.data(), false);
   add_to(dq, grad_q.data);
   add_to(dmixed, grad_mixed.data);
   if (p.causal) {
@@ -250,10 +251,10 @@ void forward_piece(const Options& options, TensorView<const T> q, TensorView<con
                    TensorView<T> o, TensorView<T> state_out) {
   const char* fn = "mhla::forward_piece";
   if (options.masking == Masking::none)
-    fail(fn, "a piece of a sequence needs causal or block_causal masking (with masking none, "
-             "every block reads the blocks after it too)");
-  const AttentionDims dims =
-      detail::check_qkv(fn, q, k, v);
+    fail(fn,
+         "a piece of a sequence needs causal or block_causal masking (with masking none, "
+         "every block reads the blocks after it too)");
+  const AttentionDims dims = detail::check_qkv(fn, q, k, v);
   Problem p = check_tokens(fn, options, dims);
   // The state before the piece: [B, H, P, Dk, Dv + 1]; P = 0 is the empty state.
   detail::check_device(fn, "state_in", state_in.device);
@@ -278,7 +279,8 @@ void forward_piece(const Options& options, TensorView<const T> q, TensorView<con
   kernel.compute_summaries(k.data, v.data, piece.data());
   for (int64_t bh = 0; bh < slices; ++bh) {
     T* dst = state_out.data + bh * total * x;
-    if (before > 0) std::memcpy(dst, state_in.data + bh * before * x, size_t(before * x) * sizeof(T));
+    if (before > 0)
+      std::memcpy(dst, state_in.data + bh * before * x, size_t(before * x) * sizeof(T));
     std::memcpy(dst + before * x, piece.data() + bh * m * x, size_t(m * x) * sizeof(T));
   }
   std::vector<T> mixed(piece.size());
@@ -287,28 +289,27 @@ void forward_piece(const Options& options, TensorView<const T> q, TensorView<con
     detail::report_non_finite_output(fn, p, q, k, v, o);
 }
 
-#define MHLA_INSTANTIATE_PHASES(T)                                                             \
-  template void block_summaries<T>(const Options&, TensorView<const T>, TensorView<const T>,   \
-                                   TensorView<T>);                                             \
-  template void mix_summaries<T>(const Options&, TensorView<const T>, TensorView<const T>,     \
-                                 TensorView<T>, int64_t);                                      \
-  template void read_out<T>(const Options&, TensorView<const T>, TensorView<const T>,          \
-                            TensorView<const T>, TensorView<const T>, TensorView<const T>,     \
-                            TensorView<T>, int64_t);                                           \
-  template void block_summaries_backward<T>(const Options&, TensorView<const T>,               \
-                                            TensorView<const T>, TensorView<const T>,          \
-                                            TensorView<T>, TensorView<T>);                     \
-  template void mix_summaries_backward<T>(const Options&, TensorView<const T>,                 \
-                                          TensorView<const T>, TensorView<const T>,            \
-                                          TensorView<T>, TensorView<T>, int64_t);              \
-  template void read_out_backward<T>(const Options&, TensorView<const T>, TensorView<const T>, \
-                                     TensorView<const T>, TensorView<const T>,                 \
-                                     TensorView<const T>, TensorView<const T>,                 \
-                                     TensorView<const T>, TensorView<T>, TensorView<T>,        \
-                                     TensorView<T>, TensorView<T>, TensorView<T>, int64_t);    \
-  template void forward_piece<T>(const Options&, TensorView<const T>, TensorView<const T>,     \
-                                 TensorView<const T>, TensorView<const T>,                     \
-                                 TensorView<const T>, TensorView<T>, TensorView<T>);
+#define MHLA_INSTANTIATE_PHASES(T)                                                                 \
+  template void block_summaries<T>(const Options&, TensorView<const T>, TensorView<const T>,       \
+                                   TensorView<T>);                                                 \
+  template void mix_summaries<T>(const Options&, TensorView<const T>, TensorView<const T>,         \
+                                 TensorView<T>, int64_t);                                          \
+  template void read_out<T>(const Options&, TensorView<const T>, TensorView<const T>,              \
+                            TensorView<const T>, TensorView<const T>, TensorView<const T>,         \
+                            TensorView<T>, int64_t);                                               \
+  template void block_summaries_backward<T>(const Options&, TensorView<const T>,                   \
+                                            TensorView<const T>, TensorView<const T>,              \
+                                            TensorView<T>, TensorView<T>);                         \
+  template void mix_summaries_backward<T>(const Options&, TensorView<const T>,                     \
+                                          TensorView<const T>, TensorView<const T>, TensorView<T>, \
+                                          TensorView<T>, int64_t);                                 \
+  template void read_out_backward<T>(                                                              \
+      const Options&, TensorView<const T>, TensorView<const T>, TensorView<const T>,               \
+      TensorView<const T>, TensorView<const T>, TensorView<const T>, TensorView<const T>,          \
+      TensorView<T>, TensorView<T>, TensorView<T>, TensorView<T>, TensorView<T>, int64_t);         \
+  template void forward_piece<T>(const Options&, TensorView<const T>, TensorView<const T>,         \
+                                 TensorView<const T>, TensorView<const T>, TensorView<const T>,    \
+                                 TensorView<T>, TensorView<T>);
 MHLA_INSTANTIATE_PHASES(float)
 MHLA_INSTANTIATE_PHASES(double)
 #undef MHLA_INSTANTIATE_PHASES

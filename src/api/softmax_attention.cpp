@@ -9,8 +9,9 @@ namespace mhla {
 namespace {
 
 template <typename T>
-cpu::SoftmaxProblem validate(const char* fn, const SoftmaxOptions& options, const TensorView<const T>& q,
-              const TensorView<const T>& k, const TensorView<const T>& v) {
+cpu::SoftmaxProblem validate(const char* fn, const SoftmaxOptions& options,
+                             const TensorView<const T>& q, const TensorView<const T>& k,
+                             const TensorView<const T>& v) {
   const detail::AttentionDims d = detail::check_qkv(fn, q, k, v);
   const double scale = options.scale.value_or(1.0 / std::sqrt(double(d.dk)));
   if (!std::isfinite(scale)) detail::fail(fn, "options.scale must be finite");
@@ -32,10 +33,9 @@ void softmax_attention_forward(const SoftmaxOptions& options, TensorView<const T
 
 template <typename T>
 void softmax_attention_backward(const SoftmaxOptions& options, TensorView<const T> q,
-                                TensorView<const T> k, TensorView<const T> v,
-                                TensorView<const T> o, TensorView<const T> lse,
-                                TensorView<const T> grad_o, TensorView<T> grad_q,
-                                TensorView<T> grad_k, TensorView<T> grad_v) {
+                                TensorView<const T> k, TensorView<const T> v, TensorView<const T> o,
+                                TensorView<const T> lse, TensorView<const T> grad_o,
+                                TensorView<T> grad_q, TensorView<T> grad_k, TensorView<T> grad_v) {
   const char* fn = "mhla::softmax_attention_backward";
   const cpu::SoftmaxProblem x = validate(fn, options, q, k, v);
   detail::check_output(fn, "o", o, detail::v_shape(x.d));
@@ -52,14 +52,14 @@ double softmax_flops_forward(int64_t batch, int64_t tokens, int64_t heads, int64
   return double(batch) * double(heads) * 2.0 * pairs * double(dk + dv);
 }
 
-#define MHLA_INSTANTIATE_SOFTMAX(T)                                                              \
-  template void softmax_attention_forward<T>(const SoftmaxOptions&, TensorView<const T>,        \
-                                             TensorView<const T>, TensorView<const T>,          \
-                                             TensorView<T>, TensorView<T>);                     \
-  template void softmax_attention_backward<T>(                                                  \
-      const SoftmaxOptions&, TensorView<const T>, TensorView<const T>, TensorView<const T>,     \
-      TensorView<const T>, TensorView<const T>, TensorView<const T>, TensorView<T>,             \
-      TensorView<T>, TensorView<T>);
+#define MHLA_INSTANTIATE_SOFTMAX(T)                                                                \
+  template void softmax_attention_forward<T>(const SoftmaxOptions&, TensorView<const T>,           \
+                                             TensorView<const T>, TensorView<const T>,             \
+                                             TensorView<T>, TensorView<T>);                        \
+  template void softmax_attention_backward<T>(                                                     \
+      const SoftmaxOptions&, TensorView<const T>, TensorView<const T>, TensorView<const T>,        \
+      TensorView<const T>, TensorView<const T>, TensorView<const T>, TensorView<T>, TensorView<T>, \
+      TensorView<T>);
 MHLA_INSTANTIATE_SOFTMAX(float)
 MHLA_INSTANTIATE_SOFTMAX(double)
 #undef MHLA_INSTANTIATE_SOFTMAX

@@ -28,11 +28,10 @@ Packing check_packing(const char* fn, const VarlenOptions& options,
                       const TensorView<const T>& k, const TensorView<const T>& v,
                       const TensorView<const T>& w) {
   Packing p;
-  const detail::AttentionDims dims =
-      detail::check_qkv(fn, q, k, v);
+  const detail::AttentionDims dims = detail::check_qkv(fn, q, k, v);
   if (dims.batch != 1)
-    fail(fn, "packed q must have batch 1 ([1, total, H, Dk]), got shape " +
-                 shape_to_string(q.shape));
+    fail(fn,
+         "packed q must have batch 1 ([1, total, H, Dk]), got shape " + shape_to_string(q.shape));
   if (options.block <= 0)
     fail(fn, "options.block must be positive, got " + std::to_string(options.block));
   detail::check_device(fn, "cu_seqlens", cu.device);
@@ -98,8 +97,8 @@ void for_sequence(const char* fn, const Packing& p, int64_t s, Fn&& body) {
   try {
     body();
   } catch (const Error& e) {
-    fail(fn, "sequence " + std::to_string(s) + " (tokens " + std::to_string(p.offsets[s]) +
-                 ".." + std::to_string(p.offsets[s + 1] - 1) + "): " + e.what());
+    fail(fn, "sequence " + std::to_string(s) + " (tokens " + std::to_string(p.offsets[s]) + ".." +
+                 std::to_string(p.offsets[s + 1] - 1) + "): " + e.what());
   }
 }
 
@@ -119,8 +118,8 @@ void varlen_forward(const VarlenOptions& options, TensorView<const int64_t> cu_s
     const detail::Problem seq = sequence_problem(p, layout);
     const auto mixer = cpu::make_mixer(seq, w.data);
     const auto seq_rows = [&](const auto& t) { return rows(t, first, tokens); };
-    if (!cpu::ChunkedAttention<T>(seq, *mixer).forward(seq_rows(q).data, seq_rows(k).data,
-                                                        seq_rows(v).data, seq_rows(o).data))
+    if (!cpu::ChunkedAttention<T>(seq, *mixer)
+             .forward(seq_rows(q).data, seq_rows(k).data, seq_rows(v).data, seq_rows(o).data))
       for_sequence(fn, p, s, [&] {
         detail::report_non_finite_output("mhla::forward", seq, seq_rows(q), seq_rows(k),
                                          seq_rows(v), seq_rows(o));
@@ -148,10 +147,11 @@ void varlen_backward(const VarlenOptions& options, TensorView<const int64_t> cu_
     const detail::Problem seq = sequence_problem(p, layout);
     const auto mixer = cpu::make_mixer(seq, w.data);
     const auto seq_rows = [&](const auto& t) { return rows(t, first, tokens); };
-    const bool finite = cpu::ChunkedAttention<T>(seq, *mixer).backward(
-        seq_rows(q).data, seq_rows(k).data, seq_rows(v).data, seq_rows(o).data,
-        seq_rows(grad_o).data, seq_rows(grad_q).data, seq_rows(grad_k).data,
-        seq_rows(grad_v).data, grad_w.data);
+    const bool finite =
+        cpu::ChunkedAttention<T>(seq, *mixer)
+            .backward(seq_rows(q).data, seq_rows(k).data, seq_rows(v).data, seq_rows(o).data,
+                      seq_rows(grad_o).data, seq_rows(grad_q).data, seq_rows(grad_k).data,
+                      seq_rows(grad_v).data, grad_w.data);
     if (!finite)
       for_sequence(fn, p, s, [&] {
         detail::report_non_finite_gradients("mhla::backward", seq, seq_rows(q), seq_rows(k),
@@ -161,21 +161,22 @@ void varlen_backward(const VarlenOptions& options, TensorView<const int64_t> cu_
   }
   if (detail::first_non_finite(grad_w.data, detail::checked_product(w.shape, "w")) >= 0)
     detail::report_non_finite<T>(fn, p.problem, {{"grad_w", grad_w.data, w.shape}},
-                                 {{"q", q.data, q.shape}, {"k", k.data, k.shape},
-                                  {"v", v.data, v.shape}, {"o", o.data, o.shape},
+                                 {{"q", q.data, q.shape},
+                                  {"k", k.data, k.shape},
+                                  {"v", v.data, v.shape},
+                                  {"o", o.data, o.shape},
                                   {"grad_o", grad_o.data, grad_o.shape}},
                                  detail::FlagCovers::results_maybe_more);
 }
 
-#define MHLA_INSTANTIATE_VARLEN(T)                                                             \
-  template void varlen_forward<T>(const VarlenOptions&, TensorView<const int64_t>,             \
-                                  TensorView<const T>, TensorView<const T>,                    \
-                                  TensorView<const T>, TensorView<const T>, TensorView<T>);    \
-  template void varlen_backward<T>(const VarlenOptions&, TensorView<const int64_t>,            \
-                                   TensorView<const T>, TensorView<const T>,                   \
-                                   TensorView<const T>, TensorView<const T>,                   \
-                                   TensorView<const T>, TensorView<const T>, TensorView<T>,    \
-                                   TensorView<T>, TensorView<T>, TensorView<T>);
+#define MHLA_INSTANTIATE_VARLEN(T)                                                                \
+  template void varlen_forward<T>(const VarlenOptions&, TensorView<const int64_t>,                \
+                                  TensorView<const T>, TensorView<const T>, TensorView<const T>,  \
+                                  TensorView<const T>, TensorView<T>);                            \
+  template void varlen_backward<T>(const VarlenOptions&, TensorView<const int64_t>,               \
+                                   TensorView<const T>, TensorView<const T>, TensorView<const T>, \
+                                   TensorView<const T>, TensorView<const T>, TensorView<const T>, \
+                                   TensorView<T>, TensorView<T>, TensorView<T>, TensorView<T>);
 MHLA_INSTANTIATE_VARLEN(float)
 MHLA_INSTANTIATE_VARLEN(double)
 #undef MHLA_INSTANTIATE_VARLEN

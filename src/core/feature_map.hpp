@@ -3,8 +3,8 @@
 // both apply exactly the same function.
 #include <algorithm>
 
-#include "mhla_support/vector_math.hpp"
 #include "mhla/options.hpp"
+#include "mhla_support/vector_math.hpp"
 
 namespace mhla::detail {
 
@@ -46,9 +46,12 @@ inline T derivative_from_feature(T y) {
 template <typename Fn>
 inline decltype(auto) dispatch_feature(FeatureMap phi, Fn&& fn) {
   switch (phi) {
-    case FeatureMap::relu: return fn.template operator()<FeatureMap::relu>();
-    case FeatureMap::elu1: return fn.template operator()<FeatureMap::elu1>();
-    case FeatureMap::identity: break;
+    case FeatureMap::relu:
+      return fn.template operator()<FeatureMap::relu>();
+    case FeatureMap::elu1:
+      return fn.template operator()<FeatureMap::elu1>();
+    case FeatureMap::identity:
+      break;
   }
   return fn.template operator()<FeatureMap::identity>();
 }

@@ -27,7 +27,8 @@ std::string non_finite_reason(const Problem& problem, bool single_precision) {
     zero_denominator += std::string(zero_denominator.empty() ? "" : "; ") +
                         "the identity feature map's signed sums phi(q)^T z~ can cancel to -eps";
   return "the normalized read-out phi(q)^T S~ / (phi(q)^T z~ + eps) has a zero denominator or "
-         "overflows " + type + (zero_denominator.empty() ? "" : " (" + zero_denominator + ")") +
+         "overflows " +
+         type + (zero_denominator.empty() ? "" : " (" + zero_denominator + ")") +
          "; rescale q and k" + (single_precision ? ", compute in float64" : "") +
          (phi == FeatureMap::identity ? ", use a positive feature map (relu, elu1)" : "") +
          (eps == 0 ? ", or use eps > 0" : "");

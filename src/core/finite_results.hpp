@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "mhla_support/checked_math.hpp"
 #include "core/validate.hpp"
 #include "mhla/tensor.hpp"
+#include "mhla_support/checked_math.hpp"
 
 namespace mhla::detail {
 
@@ -90,8 +90,8 @@ void report_non_finite(const char* fn, const Problem& problem,
   for (const NamedTensor<T>& in : inputs) {
     const int64_t n = checked_product(in.shape, in.name);
     if (first_non_finite(in.data, n) >= 0) return;  // NaN or inf in, NaN or inf out
-    magnitudes += std::string(magnitudes.empty() ? "" : ", ") + "|" + in.name + "| <= " +
-                  format_number(largest_magnitude(in.data, n));
+    magnitudes += std::string(magnitudes.empty() ? "" : ", ") + "|" + in.name +
+                  "| <= " + format_number(largest_magnitude(in.data, n));
   }
   fail(fn, what + " is not finite although every input is finite (" + magnitudes +
                "): " + non_finite_reason(problem, sizeof(T) == 4));
@@ -121,8 +121,11 @@ void report_non_finite_gradients(const char* fn, const Problem& problem,
                                          {"grad_v", grad_v.data, grad_v.shape}};
   if (grad_w.data) results.push_back({"grad_w", grad_w.data, grad_w.shape});
   report_non_finite<T>(fn, problem, results,
-                       {{"q", q.data, q.shape}, {"k", k.data, k.shape}, {"v", v.data, v.shape},
-                        {"o", o.data, o.shape}, {"grad_o", grad_o.data, grad_o.shape}},
+                       {{"q", q.data, q.shape},
+                        {"k", k.data, k.shape},
+                        {"v", v.data, v.shape},
+                        {"o", o.data, o.shape},
+                        {"grad_o", grad_o.data, grad_o.shape}},
                        FlagCovers::results_maybe_more);
 }
 

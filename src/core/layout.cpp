@@ -2,8 +2,8 @@
 
 #include <sstream>
 
-#include "mhla_support/checked_math.hpp"
 #include "mhla/error.hpp"
+#include "mhla_support/checked_math.hpp"
 
 namespace mhla {
 namespace {
@@ -59,7 +59,9 @@ int64_t TokenLayout::block_of(int64_t token) const {
 std::string TokenLayout::describe() const {
   std::ostringstream out;
   switch (rank_) {
-    case 0: out << "empty layout"; break;
+    case 0:
+      out << "empty layout";
+      break;
     case 1:
       out << "1D: " << grid_[2] << " tokens in blocks of " << tile_[2];
       break;

@@ -5,9 +5,9 @@
 #include <numbers>
 
 #include "core/allocation.hpp"
+#include "mhla/error.hpp"
 #include "mhla_support/checked_math.hpp"
 #include "mhla_support/parse_enum.hpp"
-#include "mhla/error.hpp"
 
 namespace mhla {
 namespace {
@@ -15,8 +15,7 @@ namespace {
 // Centre of block b on the block grid, in block units.
 std::array<double, 3> block_centre(const TokenLayout& layout, int64_t b) {
   const auto& g = layout.block_grid();
-  return {double(b / (g[1] * g[2])) + 0.5, double((b / g[2]) % g[1]) + 0.5,
-          double(b % g[2]) + 0.5};
+  return {double(b / (g[1] * g[2])) + 0.5, double((b / g[2]) % g[1]) + 0.5, double(b % g[2]) + 0.5};
 }
 
 double distance(const std::array<double, 3>& a, const std::array<double, 3>& b) {
@@ -28,16 +27,21 @@ double transform(const MixingInit& init, double d, double dmax) {
   // With one block dmax is 0; every transform then gives the single weight 1.
   const double ratio = dmax > 0 ? d / dmax : 0.0;
   switch (init.transform) {
-    case MixingTransform::linear: return 1.0 - ratio;
-    case MixingTransform::cosine: return std::cos(ratio * std::numbers::pi / 4);
-    case MixingTransform::exp: return std::exp(-d / init.sigma);
+    case MixingTransform::linear:
+      return 1.0 - ratio;
+    case MixingTransform::cosine:
+      return std::cos(ratio * std::numbers::pi / 4);
+    case MixingTransform::exp:
+      return std::exp(-d / init.sigma);
     case MixingTransform::gaussian: {
       if (dmax == 0) return 1.0;
       const double s = dmax / 3;
       return std::exp(-d * d / (2 * s * s));
     }
-    case MixingTransform::local: return d <= init.threshold ? 1.0 : 0.0;
-    case MixingTransform::uniform: return 1.0;
+    case MixingTransform::local:
+      return d <= init.threshold ? 1.0 : 0.0;
+    case MixingTransform::uniform:
+      return 1.0;
   }
   return 1.0;
 }
@@ -58,9 +62,12 @@ std::vector<float> init_mixing(const TokenLayout& layout, const MixingInit& init
   check_transform("init_mixing", init);
   const int64_t m = layout.num_blocks();
   if (m > kMaxDenseMixingBlocks)
-    throw Error("init_mixing: " + layout.describe() + ": a dense M x M mixing matrix is limited to M <= " +
-                std::to_string(kMaxDenseMixingBlocks) + " (256 MiB in float32; the paper keeps M^2 <= N, "
-                "so that covers 67M tokens). Use larger blocks, or Toeplitz mixing, which has no such limit");
+    throw Error("init_mixing: " + layout.describe() +
+                ": a dense M x M mixing matrix is limited to M <= " +
+                std::to_string(kMaxDenseMixingBlocks) +
+                " (256 MiB in float32; the paper keeps M^2 <= N, "
+                "so that covers 67M tokens). Use larger blocks, or Toeplitz mixing, which has no "
+                "such limit");
 
   double dmax = 0;
   for (int64_t i = 0; i < m; ++i)
@@ -69,7 +76,8 @@ std::vector<float> init_mixing(const TokenLayout& layout, const MixingInit& init
 
   std::vector<float> w = detail::allocating(
       "init_mixing", "the [" + std::to_string(m) + ", " + std::to_string(m) + "] mixing matrix",
-      double(m) * double(m) * sizeof(float), [&] { return std::vector<float>(size_t(m * m), 0.0f); });
+      double(m) * double(m) * sizeof(float),
+      [&] { return std::vector<float>(size_t(m * m), 0.0f); });
   std::vector<double> row(static_cast<size_t>(m));
   for (int64_t i = 0; i < m; ++i) {
     const int64_t last = init.causal ? i : m - 1;
@@ -89,7 +97,8 @@ std::vector<float> init_toeplitz_mixing(int64_t length, const MixingInit& init) 
   if (length < 0)
     throw Error("init_toeplitz_mixing: length L must be >= 0, got " + std::to_string(length));
   std::vector<float> w = detail::allocating(
-      "init_toeplitz_mixing", "the Toeplitz mixing vector of L + 1 = " + std::to_string(length) + " + 1 entries",
+      "init_toeplitz_mixing",
+      "the Toeplitz mixing vector of L + 1 = " + std::to_string(length) + " + 1 entries",
       (double(length) + 1) * sizeof(float), [&] { return std::vector<float>(size_t(length) + 1); });
   for (int64_t d = 0; d <= length; ++d) w[d] = float(transform(init, double(d), double(length)));
   return w;
@@ -101,15 +110,18 @@ std::vector<float> toeplitz_to_dense(TensorView<const float> w, int64_t blocks) 
     throw Error(std::string(fn) + ": w must have shape [L + 1] or [H, L + 1], got " +
                 shape_to_string(w.shape));
   if (w.data == nullptr || w.shape.back() <= 0 || w.shape.front() <= 0)
-    throw Error(std::string(fn) + ": w of shape " + shape_to_string(w.shape) +
-                " is empty or null");
+    throw Error(std::string(fn) + ": w of shape " + shape_to_string(w.shape) + " is empty or null");
   if (blocks <= 0 || blocks > kMaxDenseMixingBlocks)
-    throw Error(std::string(fn) + ": blocks must be in [1, " + std::to_string(kMaxDenseMixingBlocks) +
-                "] (the dense mixing limit), got " + std::to_string(blocks));
+    throw Error(std::string(fn) + ": blocks must be in [1, " +
+                std::to_string(kMaxDenseMixingBlocks) + "] (the dense mixing limit), got " +
+                std::to_string(blocks));
   const int64_t copies = w.shape.size() == 2 ? w.shape[0] : 1, length = w.shape.back() - 1;
-  const int64_t count = detail::checked_product({copies, blocks, blocks}, std::string(fn) + ": the dense matrix");
+  const int64_t count =
+      detail::checked_product({copies, blocks, blocks}, std::string(fn) + ": the dense matrix");
   std::vector<float> dense = detail::allocating(
-      fn, "the dense mixing matrix of " + shape_to_string(w.shape) + " over " + std::to_string(blocks) + " blocks",
+      fn,
+      "the dense mixing matrix of " + shape_to_string(w.shape) + " over " + std::to_string(blocks) +
+          " blocks",
       double(count) * sizeof(float), [&] { return std::vector<float>(size_t(count), 0.0f); });
   for (int64_t c = 0; c < copies; ++c)
     for (int64_t i = 0; i < blocks; ++i)
@@ -119,19 +131,26 @@ std::vector<float> toeplitz_to_dense(TensorView<const float> w, int64_t blocks) 
 }
 
 MixingTransform parse_mixing_transform(const std::string& name) {
-  return detail::parse_enum(name, "mixing transform",
-                            {MixingTransform::linear, MixingTransform::cosine, MixingTransform::exp,
-                             MixingTransform::gaussian, MixingTransform::local, MixingTransform::uniform});
+  return detail::parse_enum(
+      name, "mixing transform",
+      {MixingTransform::linear, MixingTransform::cosine, MixingTransform::exp,
+       MixingTransform::gaussian, MixingTransform::local, MixingTransform::uniform});
 }
 
 const char* to_string(MixingTransform transform) {
   switch (transform) {
-    case MixingTransform::linear: return "linear";
-    case MixingTransform::cosine: return "cos";
-    case MixingTransform::exp: return "exp";
-    case MixingTransform::gaussian: return "gaussian";
-    case MixingTransform::local: return "local";
-    case MixingTransform::uniform: return "uniform";
+    case MixingTransform::linear:
+      return "linear";
+    case MixingTransform::cosine:
+      return "cos";
+    case MixingTransform::exp:
+      return "exp";
+    case MixingTransform::gaussian:
+      return "gaussian";
+    case MixingTransform::local:
+      return "local";
+    case MixingTransform::uniform:
+      return "uniform";
   }
   return "?";
 }

@@ -22,7 +22,8 @@ void check_saved_summaries_match(const char* fn, const Problem& p, const T* k, c
   const AttentionDims& d = p.dims;
   const int64_t m = p.blocks, x1 = d.dv + 1;
 #ifdef NDEBUG
-  const std::vector<int64_t> blocks = m > 1 ? std::vector<int64_t>{0, m - 1} : std::vector<int64_t>{0};
+  const std::vector<int64_t> blocks =
+      m > 1 ? std::vector<int64_t>{0, m - 1} : std::vector<int64_t>{0};
 #else
   std::vector<int64_t> blocks(static_cast<size_t>(m));
   for (int64_t b = 0; b < m; ++b) blocks[b] = b;
@@ -41,7 +42,8 @@ void check_saved_summaries_match(const char* fn, const Problem& p, const T* k, c
             const T* kt = k + ((batch * d.tokens + t) * d.heads + h) * d.dk;
             const T* vt = v + ((batch * d.tokens + t) * d.heads + h) * d.dv;
             double v_sum = 0, v_abs = 0;
-            for (int64_t e = 0; e < d.dv; ++e) v_sum += double(vt[e]), v_abs += std::abs(double(vt[e]));
+            for (int64_t e = 0; e < d.dv; ++e)
+              v_sum += double(vt[e]), v_abs += std::abs(double(vt[e]));
             for (int64_t a = 0; a < d.dk; ++a) {
               const double f = double(feature(p.phi, kt[a]));
               z[a] += f, z_abs[a] += std::abs(f);
@@ -54,19 +56,22 @@ void check_saved_summaries_match(const char* fn, const Problem& p, const T* k, c
           double saved_row = 0;
           for (int64_t e = 0; e < d.dv; ++e) saved_row += double(s[a * x1 + e]);
           const double saved_z = double(s[a * x1 + d.dv]);
-          if (!std::isfinite(z[a]) || !std::isfinite(row[a])) continue;  // non-finite k or v propagate
+          if (!std::isfinite(z[a]) || !std::isfinite(row[a]))
+            continue;  // non-finite k or v propagate
           // Below T's smallest normal number the relative bound no longer holds
           // (subnormal products keep few digits): an absolute floor covers it.
           const double floor = double(rows + d.dv + 1) * double(std::numeric_limits<T>::min());
           const double z_tol = unit * double(rows + 1) * z_abs[a] + floor;
           const double row_tol = unit * double(rows + d.dv + 1) * row_abs[a] + floor;
-          if (std::abs(saved_z - z[a]) <= z_tol && std::abs(saved_row - row[a]) <= row_tol) continue;
-          fail(fn, "saved_summaries do not belong to these k and v: block " + std::to_string(blk) +
-                       " of batch " + std::to_string(batch) + ", head " + std::to_string(h) +
-                       " holds z[" + std::to_string(a) + "] = " + format_number(saved_z) +
-                       " and sum_e S[" + std::to_string(a) + ", e] = " + format_number(saved_row) +
-                       " but k and v give " + format_number(z[a]) + " and " + format_number(row[a]) +
-                       "; pass the summaries that forward() saved for the same q, k, v and w, or none");
+          if (std::abs(saved_z - z[a]) <= z_tol && std::abs(saved_row - row[a]) <= row_tol)
+            continue;
+          fail(fn,
+               "saved_summaries do not belong to these k and v: block " + std::to_string(blk) +
+                   " of batch " + std::to_string(batch) + ", head " + std::to_string(h) +
+                   " holds z[" + std::to_string(a) + "] = " + format_number(saved_z) +
+                   " and sum_e S[" + std::to_string(a) + ", e] = " + format_number(saved_row) +
+                   " but k and v give " + format_number(z[a]) + " and " + format_number(row[a]) +
+                   "; pass the summaries that forward() saved for the same q, k, v and w, or none");
         }
       }
 }

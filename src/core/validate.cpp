@@ -71,8 +71,9 @@ Problem check_linear_options(const char* fn, const LinearAttentionOptions& optio
   if (!std::isfinite(problem.scale))
     fail(fn, "options.scale must be finite, got " + std::to_string(problem.scale));
   if (options.scale && options.normalize)
-    fail(fn, "options.scale applies to the unnormalized mode only; set normalize = false or "
-             "leave scale unset");
+    fail(fn,
+         "options.scale applies to the unnormalized mode only; set normalize = false or "
+         "leave scale unset");
   return problem;
 }
 
@@ -81,28 +82,31 @@ void check_layout_tokens(const char* fn, const TokenLayout& layout, int64_t toke
     fail(fn, "options.layout is not set; use TokenLayout::sequence, grid2d or grid3d");
   if (layout.num_tokens() != tokens)
     fail(fn, "options.layout (" + layout.describe() + ") has " +
-                 std::to_string(layout.num_tokens()) + " tokens but q has N = " +
-                 std::to_string(tokens));
+                 std::to_string(layout.num_tokens()) +
+                 " tokens but q has N = " + std::to_string(tokens));
 }
 
 void check_toeplitz_shape(const char* fn, Masking masking, const std::vector<int64_t>& w_shape,
                           const void* w, Problem& problem) {
   if (masking == Masking::none)
-    fail(fn, "Toeplitz mixing W[i, b] = w[min(i - b, L)] needs causal or block_causal masking "
-             "(it defines b <= i only); use MixingForm::dense for masking none");
+    fail(fn,
+         "Toeplitz mixing W[i, b] = w[min(i - b, L)] needs causal or block_causal masking "
+         "(it defines b <= i only); use MixingForm::dense for masking none");
   if (w_shape.size() == 1) {
     check_tensor(fn, "w", w, w_shape, 1, "[L + 1]");
     problem.per_head_mixing = false;
   } else if (w_shape.size() == 2) {
     check_tensor(fn, "w", w, w_shape, 2, "[H, L + 1]");
-    check_shape_equals(fn, "w", w_shape, {problem.dims.heads, w_shape[1]},
-                       ("(per-head Toeplitz [H, L + 1] with H = " +
-                        std::to_string(problem.dims.heads) + ")")
-                           .c_str());
+    check_shape_equals(
+        fn, "w", w_shape, {problem.dims.heads, w_shape[1]},
+        ("(per-head Toeplitz [H, L + 1] with H = " + std::to_string(problem.dims.heads) + ")")
+            .c_str());
     problem.per_head_mixing = true;
   } else {
-    fail(fn, "Toeplitz w must have shape [L + 1] or [H, L + 1] (distances 0..L-1, then the "
-             "tail), got " + shape_to_string(w_shape));
+    fail(fn,
+         "Toeplitz w must have shape [L + 1] or [H, L + 1] (distances 0..L-1, then the "
+         "tail), got " +
+             shape_to_string(w_shape));
   }
   problem.toeplitz = true;
   problem.toeplitz_length = w_shape.back() - 1;
@@ -140,9 +144,9 @@ void check_layout_and_mixing_shape(const char* fn, const Options& options,
   }
   if (w_shape.size() == 2) {
     check_tensor(fn, "w", w, w_shape, 2, "[M, M]");
-    check_shape_equals(fn, "w", w_shape, {m, m},
-                       ("(M = " + std::to_string(m) + " blocks of " + layout.describe() + ")")
-                           .c_str());
+    check_shape_equals(
+        fn, "w", w_shape, {m, m},
+        ("(M = " + std::to_string(m) + " blocks of " + layout.describe() + ")").c_str());
     problem.per_head_mixing = false;
   } else if (w_shape.size() == 3) {
     check_tensor(fn, "w", w, w_shape, 3, "[H, M, M]");
@@ -152,8 +156,8 @@ void check_layout_and_mixing_shape(const char* fn, const Options& options,
                            .c_str());
     problem.per_head_mixing = true;
   } else {
-    fail(fn, "w must have shape [M, M] or [H, M, M] with M = " + std::to_string(m) +
-                 ", got " + shape_to_string(w_shape));
+    fail(fn, "w must have shape [M, M] or [H, M, M] with M = " + std::to_string(m) + ", got " +
+                 shape_to_string(w_shape));
   }
 }
 

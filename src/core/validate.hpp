@@ -5,10 +5,10 @@
 #include <string>
 #include <vector>
 
-#include "mhla_support/checked_math.hpp"
 #include "mhla/error.hpp"
 #include "mhla/options.hpp"
 #include "mhla/tensor.hpp"
+#include "mhla_support/checked_math.hpp"
 
 namespace mhla::detail {
 
@@ -34,8 +34,8 @@ struct Problem {
   // Toeplitz mixing: w holds L + 1 entries per copy, W[i, b] = w[min(i - b, L)].
   bool toeplitz = false;
   int64_t toeplitz_length = 0;  // L
-  bool causal = false;        // token-level causal (1D)
-  bool block_causal = false;  // causal across blocks, full inside a block
+  bool causal = false;          // token-level causal (1D)
+  bool block_causal = false;    // causal across blocks, full inside a block
   // Whether only W[i, b] with b <= i is read.
   bool lower_triangular() const { return causal || block_causal; }
   FeatureMap phi = FeatureMap::identity;
@@ -116,12 +116,14 @@ void check_mixing_values(const char* fn, const Problem& problem, const T* w) {
                    "(use normalize = false, or keep w non-negative)");
     };
     if (problem.toeplitz) {
-      for (int64_t d = 0; d <= length; ++d) check(w[h * (length + 1) + d], [&] { return std::to_string(d); });
+      for (int64_t d = 0; d <= length; ++d)
+        check(w[h * (length + 1) + d], [&] { return std::to_string(d); });
       continue;
     }
     for (int64_t i = 0; i < m; ++i)
       for (int64_t b = 0; b < (problem.lower_triangular() ? i + 1 : m); ++b)
-        check(w[(h * stride + i) * stride + b], [&] { return std::to_string(i) + ", " + std::to_string(b); });
+        check(w[(h * stride + i) * stride + b],
+              [&] { return std::to_string(i) + ", " + std::to_string(b); });
   }
 }
 

@@ -89,7 +89,8 @@ bool scatter_through_feature(const TokenLayout& layout, int64_t block, FeatureMa
       prefetch_ahead(out, s.stride, width);
       if (!accumulate) {
 #pragma omp simd
-        for (int64_t d = 0; d < width; ++d) out[d] = mhla::detail::derivative_from_feature<Phi>(y[d]) * g[d];
+        for (int64_t d = 0; d < width; ++d)
+          out[d] = mhla::detail::derivative_from_feature<Phi>(y[d]) * g[d];
         return;
       }
       T row_probe = 0;

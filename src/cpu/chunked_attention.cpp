@@ -3,9 +3,9 @@
 #include <vector>
 
 #include "core/finite_results.hpp"
-#include "mhla_support/blas.hpp"
 #include "cpu/block_rows.hpp"
 #include "cpu/workspace.hpp"
+#include "mhla_support/blas.hpp"
 
 namespace mhla::cpu {
 namespace {
@@ -71,8 +71,8 @@ bool ChunkedAttention<T>::forward(const T* q, const T* k, const T* v, T* o,
 }
 
 template <typename T>
-bool ChunkedAttention<T>::backward(const T* q, const T* k, const T* v, const T* o,
-                                   const T* grad_o, T* grad_q, T* grad_k, T* grad_v, T* grad_w,
+bool ChunkedAttention<T>::backward(const T* q, const T* k, const T* v, const T* o, const T* grad_o,
+                                   T* grad_q, T* grad_k, T* grad_v, T* grad_w,
                                    const T* saved_summaries) const {
   const size_t total = size_t(task_count() * x_);
   const T* summaries = saved_summaries;
@@ -222,14 +222,13 @@ bool ChunkedAttention<T>::output_gradients(const T* q, const T* k, const T* v, c
         }
       }
       // y = phi(Q) mixed_i:  dphi(Q) = dy mixed_i^T
-      gemm(false, true, rows, d.dk, x1_, T(1), dy.data(), x1_, mixed_i, x1_, T(0), du.data(),
-           d.dk);
+      gemm(false, true, rows, d.dk, x1_, T(1), dy.data(), x1_, mixed_i, x1_, T(0), du.data(), d.dk);
       if (p_.causal) {
         // y += W[i,i] A [V|1], A = mask(phi(Q) phi(K)^T):
         //   dA = W[i,i] mask(dy [V|1]^T),  dW[i,i] = <mask(dy [V|1]^T), A>,
         //   dphi(Q) += dA phi(K),  dphi(K) = dA^T phi(Q),  d[V|1] = W[i,i] A^T dy.
-        gemm(false, true, rows, rows, x1_, T(1), dy.data(), x1_, vals.data(), x1_, T(0),
-             da.data(), rows);
+        gemm(false, true, rows, rows, x1_, T(1), dy.data(), x1_, vals.data(), x1_, T(0), da.data(),
+             rows);
         mask_future(da.data(), rows);
         T dw = 0;
         for (int64_t e = 0; e < rows * rows; ++e) {
@@ -241,8 +240,8 @@ bool ChunkedAttention<T>::output_gradients(const T* q, const T* k, const T* v, c
              du.data(), d.dk);
         gemm(true, false, rows, d.dk, rows, T(1), da.data(), rows, u.data(), d.dk, T(0),
              dkap.data(), d.dk);
-        gemm(true, false, rows, x1_, rows, wii, a.data(), rows, dy.data(), x1_, T(0),
-             dvals.data(), x1_);
+        gemm(true, false, rows, x1_, rows, wii, a.data(), rows, dy.data(), x1_, T(0), dvals.data(),
+             x1_);
         // Park the in-block key/value gradients in the outputs, where
         // key_value_gradients adds the inter-block part and applies phi'; or
         // finish them here.
@@ -251,8 +250,8 @@ bool ChunkedAttention<T>::output_gradients(const T* q, const T* k, const T* v, c
         } else {
           finite = finite && mhla::detail::first_non_finite(dkap.data(), rows * d.dk) < 0 &&
                    mhla::detail::first_non_finite(dvals.data(), rows * x1_) < 0;
-          scatter_through_feature(*p_.layout, t.block, p_.phi, kap.data(), dkap.data(), d.dk,
-                                  t.qk, d.dk, false, grad_k);
+          scatter_through_feature(*p_.layout, t.block, p_.phi, kap.data(), dkap.data(), d.dk, t.qk,
+                                  d.dk, false, grad_k);
         }
         scatter_rows(*p_.layout, t.block, dvals.data(), x1_, t.v, d.dv, false, grad_v);
       }
@@ -291,13 +290,14 @@ bool ChunkedAttention<T>::key_value_gradients(const T* k, const T* v, const T* s
       // scatters check the sums); otherwise the tiles are the gradients,
       // checked whole. dvals' last column (the gradient of the ones) can only
       // raise a false alarm, which costs a search of the results.
-      const bool finite_k = scatter_through_feature(*p_.layout, t.block, p_.phi, kap.data(),
-                                                    dkap.data(), d.dk, t.qk, d.dk, add_to_parked, grad_k);
+      const bool finite_k =
+          scatter_through_feature(*p_.layout, t.block, p_.phi, kap.data(), dkap.data(), d.dk, t.qk,
+                                  d.dk, add_to_parked, grad_k);
       const bool finite_v =
           scatter_rows(*p_.layout, t.block, dvals.data(), x1_, t.v, d.dv, add_to_parked, grad_v);
       finite = finite && finite_k && finite_v &&
                (add_to_parked || (mhla::detail::first_non_finite(dkap.data(), t.rows * d.dk) < 0 &&
-                        mhla::detail::first_non_finite(dvals.data(), t.rows * x1_) < 0));
+                                  mhla::detail::first_non_finite(dvals.data(), t.rows * x1_) < 0));
     }
   }
   return finite;

@@ -45,13 +45,12 @@ class ChunkedAttention {
   // dW[i,i] per slice and block into diagonal_grad [B*H, M]. With `park`, the
   // in-block key gradient is left before phi' for key_value_gradients to
   // finish (one pass over grad_k instead of two).
-  bool output_gradients(const T* q, const T* k, const T* v, const T* o, const T* grad_o,
-                        T* mixed, T* diagonal_grad, T* grad_q, T* grad_k, T* grad_v,
-                        bool park) const;
+  bool output_gradients(const T* q, const T* k, const T* v, const T* o, const T* grad_o, T* mixed,
+                        T* diagonal_grad, T* grad_q, T* grad_k, T* grad_v, bool park) const;
   // Backward of 1: writes grad_k and grad_v, or with `add_to_parked` adds the
   // inter-block part to what output_gradients parked there.
-  bool key_value_gradients(const T* k, const T* v, const T* summaries_grad, T* grad_k,
-                           T* grad_v, bool add_to_parked) const;
+  bool key_value_gradients(const T* k, const T* v, const T* summaries_grad, T* grad_k, T* grad_v,
+                           bool add_to_parked) const;
 
  private:
   // One block of one (batch, head) slice. Tasks run heads innermost: a thread
@@ -72,9 +71,9 @@ class ChunkedAttention {
 
   mhla::detail::Problem p_;
   const Mixer<T>& mixer_;
-  int64_t x1_;         // Dv + 1 columns of [V | 1]
-  int64_t x_;          // Dk * (Dv + 1): one summary
-  int64_t max_rows_;   // largest block
+  int64_t x1_;        // Dv + 1 columns of [V | 1]
+  int64_t x_;         // Dk * (Dv + 1): one summary
+  int64_t max_rows_;  // largest block
 };
 
 }  // namespace mhla::cpu

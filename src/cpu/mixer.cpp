@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
-#include "mhla_support/blas.hpp"
 #include "cpu/panels.hpp"
+#include "mhla_support/blas.hpp"
 
 namespace mhla::cpu {
 namespace {
@@ -126,7 +126,8 @@ void UniformMixer<T>::mix(const T* summaries, T* mixed) const {
     if (p_.causal) {  // mixed_i = sum_{b<i} S_b
       std::fill(out, out + cols, T(0));
       for (int64_t i = 1; i < m; ++i)
-        for (int64_t c = 0; c < cols; ++c) out[i * x_ + c] = out[(i - 1) * x_ + c] + s[(i - 1) * x_ + c];
+        for (int64_t c = 0; c < cols; ++c)
+          out[i * x_ + c] = out[(i - 1) * x_ + c] + s[(i - 1) * x_ + c];
     } else {  // mixed_i = sum_b S_b for every i
       std::copy(s, s + cols, out);
       for (int64_t b = 1; b < m; ++b)
@@ -146,7 +147,8 @@ void UniformMixer<T>::mix_backward(const T* mixed_grad, const T*, const T*, T* s
     if (p_.causal) {  // dS_b = sum_{i>b} dmixed_i
       std::fill(out + (m - 1) * x_, out + (m - 1) * x_ + cols, T(0));
       for (int64_t b = m - 2; b >= 0; --b)
-        for (int64_t c = 0; c < cols; ++c) out[b * x_ + c] = out[(b + 1) * x_ + c] + g[(b + 1) * x_ + c];
+        for (int64_t c = 0; c < cols; ++c)
+          out[b * x_ + c] = out[(b + 1) * x_ + c] + g[(b + 1) * x_ + c];
     } else {  // dS_b = sum_i dmixed_i for every b
       std::copy(g, g + cols, out);
       for (int64_t i = 1; i < m; ++i)

@@ -57,8 +57,9 @@ class DenseMixer final : public Mixer<T> {
 
   mhla::detail::Problem p_;
   const T* w_;
-  int64_t x_;              // Dk * (Dv + 1)
-  std::vector<T> masked_;  // masked modes: the call's rows [copies, M, Ms] with unread entries zeroed
+  int64_t x_;  // Dk * (Dv + 1)
+  std::vector<T>
+      masked_;  // masked modes: the call's rows [copies, M, Ms] with unread entries zeroed
 };
 
 // Toeplitz W[i, b] = w[min(i - b, L)] (b <= i), shared [L + 1] or per head
@@ -80,7 +81,8 @@ class ToeplitzMixer final : public Mixer<T> {
   mhla::detail::Problem p_;
   const T* w_;
   int64_t length_;      // L: the tail w[L] covers distances >= L
-  int64_t nearest_;     // smallest distance the mix applies: 1 causal (W[i,i] acts in-block), 0 block-causal
+  int64_t nearest_;     // smallest distance the mix applies: 1 causal (W[i,i] acts in-block), 0
+                        // block-causal
   int64_t tail_start_;  // smallest distance covered by the running sum: max(L, nearest_)
   int64_t x_;
 };

@@ -1,15 +1,14 @@
-// The softmax baseline's kernel: softmax attention in tiles with an online softmax (the FlashAttention
-// algorithm on CPU): a query tile streams over key tiles keeping a running
-// row max m, row sum l and unnormalised accumulator; memory is O(tile^2 + N D).
-// q, k and v are read in place: a head's rows are strided by H * D, which the
-// GEMMs take as their leading dimension.
+// The softmax baseline's kernel: softmax attention in tiles with an online softmax (the
+// FlashAttention algorithm on CPU): a query tile streams over key tiles keeping a running row max
+// m, row sum l and unnormalised accumulator; memory is O(tile^2 + N D). q, k and v are read in
+// place: a head's rows are strided by H * D, which the GEMMs take as their leading dimension.
 #include <cmath>
 #include <limits>
 #include <vector>
 
 #include "cpu/softmax_kernel.hpp"
-#include "mhla_support/vector_math.hpp"
 #include "mhla_support/blas.hpp"
+#include "mhla_support/vector_math.hpp"
 
 namespace mhla::cpu {
 namespace {
@@ -24,8 +23,8 @@ int64_t key_end(const SoftmaxProblem& x, int64_t t1) { return x.causal ? t1 : x.
 
 // s[r, c] = logit of query t0+r and key s0+c, -inf where masked.
 template <typename T>
-void scores(const SoftmaxProblem& x, const T* q, const T* k, int64_t base_q, int64_t base_k, int64_t t0,
-            int64_t rows, int64_t s0, int64_t cols, T* s) {
+void scores(const SoftmaxProblem& x, const T* q, const T* k, int64_t base_q, int64_t base_k,
+            int64_t t0, int64_t rows, int64_t s0, int64_t cols, T* s) {
   const int64_t ld = x.d.heads * x.d.dk;
   gemm(false, true, rows, cols, x.d.dk, T(x.scale), q + base_q + t0 * ld, ld, k + base_k + s0 * ld,
        ld, T(0), s, cols);
@@ -44,7 +43,6 @@ void exponentiate(const T* s, T shift, int64_t n, T* p) {
 }
 
 }  // namespace
-
 
 template <typename T>
 void softmax_forward(const SoftmaxProblem& x, const T* q, const T* k, const T* v, T* o, T* lse) {
@@ -85,8 +83,8 @@ void softmax_forward(const SoftmaxProblem& x, const T* q, const T* k, const T* v
           for (int64_t e = 0; e < d.dv; ++e) acc[r * d.dv + e] *= correction;
         }
         // acc += P V_tile
-        gemm(false, false, rows, d.dv, cols, T(1), s.data(), cols, v + base_v + s0 * ldv, ldv,
-             T(1), acc.data(), d.dv);
+        gemm(false, false, rows, d.dv, cols, T(1), s.data(), cols, v + base_v + s0 * ldv, ldv, T(1),
+             acc.data(), d.dv);
       }
       for (int64_t r = 0; r < rows; ++r) {
         T* out = o + base_v + (t0 + r) * ldv;
@@ -118,8 +116,8 @@ void softmax_backward(const SoftmaxProblem& x, const T* q, const T* k, const T* 
 
   // dlogits of one (query tile, key tile) pair: P = exp(s - lse), dP = dO V^T,
   // dS = P (dP - delta) * scale.  Leaves P in p and dS in ds.
-  auto tile_gradients = [&](int64_t bh, int64_t t0, int64_t rows, int64_t s0, int64_t cols,
-                            T* p, T* ds) {
+  auto tile_gradients = [&](int64_t bh, int64_t t0, int64_t rows, int64_t s0, int64_t cols, T* p,
+                            T* ds) {
     const int64_t base_q = ((bh / d.heads) * d.tokens * d.heads + bh % d.heads) * d.dk;
     const int64_t base_v = ((bh / d.heads) * d.tokens * d.heads + bh % d.heads) * d.dv;
     scores(x, q, k, base_q, base_q, t0, rows, s0, cols, p);
@@ -149,8 +147,8 @@ void softmax_backward(const SoftmaxProblem& x, const T* q, const T* k, const T* 
       for (int64_t s0 = 0; s0 < key_end(x, t0 + rows); s0 += kKeyTile) {
         const int64_t cols = std::min(kKeyTile, key_end(x, t0 + rows) - s0);
         tile_gradients(bh, t0, rows, s0, cols, p.data(), ds.data());
-        gemm(false, false, rows, d.dk, cols, T(1), ds.data(), cols, k + base_q + s0 * ldk,
-             ldk, T(1), dq.data(), d.dk);
+        gemm(false, false, rows, d.dk, cols, T(1), ds.data(), cols, k + base_q + s0 * ldk, ldk,
+             T(1), dq.data(), d.dk);
       }
       for (int64_t r = 0; r < rows; ++r)
         std::copy(dq.begin() + r * d.dk, dq.begin() + (r + 1) * d.dk,
@@ -174,10 +172,10 @@ void softmax_backward(const SoftmaxProblem& x, const T* q, const T* k, const T* 
       for (int64_t t0 = first_tile * kQueryTile; t0 < d.tokens; t0 += kQueryTile) {
         const int64_t rows = std::min(kQueryTile, d.tokens - t0);
         tile_gradients(bh, t0, rows, s0, cols, p.data(), ds.data());
-        gemm(true, false, cols, d.dv, rows, T(1), p.data(), cols,
-             grad_o + base_v + t0 * ldv, ldv, T(1), dv.data(), d.dv);
-        gemm(true, false, cols, d.dk, rows, T(1), ds.data(), cols, q + base_q + t0 * ldk,
-             ldk, T(1), dk.data(), d.dk);
+        gemm(true, false, cols, d.dv, rows, T(1), p.data(), cols, grad_o + base_v + t0 * ldv, ldv,
+             T(1), dv.data(), d.dv);
+        gemm(true, false, cols, d.dk, rows, T(1), ds.data(), cols, q + base_q + t0 * ldk, ldk, T(1),
+             dk.data(), d.dk);
       }
       for (int64_t c = 0; c < cols; ++c) {
         std::copy(dk.begin() + c * d.dk, dk.begin() + (c + 1) * d.dk,

@@ -58,8 +58,8 @@ void ToeplitzMixer<T>::mix(const T* summaries, T* mixed) const {
 }
 
 template <typename T>
-void ToeplitzMixer<T>::mix_backward(const T* mixed_grad, const T* summaries,
-                                    const T* diagonal_grad, T* summaries_grad, T* grad_w) const {
+void ToeplitzMixer<T>::mix_backward(const T* mixed_grad, const T* summaries, const T* diagonal_grad,
+                                    T* summaries_grad, T* grad_w) const {
   const int64_t m = p_.blocks, ms = p_.mixing_blocks, first = p_.first_block;
   const int64_t heads = p_.dims.heads, slices = p_.dims.batch * heads;
   const int64_t entries = length_ + 1, panels = count_panels(x_, kPanel);
@@ -82,7 +82,8 @@ void ToeplitzMixer<T>::mix_backward(const T* mixed_grad, const T* summaries,
         add_scaled(cols, T(1), g + (b + tail_start_ - first) * x_, far.data());
       for (int64_t c = 0; c < cols; ++c) out_b[c] = w[length_] * far[c];
       dw[length_] += dot(cols, s + b * x_, far.data());
-      for (int64_t d = std::max(nearest_, first - b); d <= std::min(length_ - 1, first + m - 1 - b); ++d) {
+      for (int64_t d = std::max(nearest_, first - b); d <= std::min(length_ - 1, first + m - 1 - b);
+           ++d) {
         add_scaled(cols, w[d], g + (b + d - first) * x_, out_b);
         dw[d] += dot(cols, g + (b + d - first) * x_, s + b * x_);
       }

@@ -34,8 +34,12 @@ Head load_head(const Problem& p, const double* q, const double* k, const double*
                int64_t h) {
   const auto& d = p.dims;
   const Indexer at{d.tokens, d.heads};
-  Head head{d.tokens, d.dk, d.dv, std::vector<double>(d.tokens * d.dk),
-            std::vector<double>(d.tokens * d.dk), std::vector<double>(d.tokens * d.dv)};
+  Head head{d.tokens,
+            d.dk,
+            d.dv,
+            std::vector<double>(d.tokens * d.dk),
+            std::vector<double>(d.tokens * d.dk),
+            std::vector<double>(d.tokens * d.dv)};
   for (int64_t t = 0; t < d.tokens; ++t) {
     for (int64_t i = 0; i < d.dk; ++i) {
       head.u[t * d.dk + i] = feature(p.phi, q[at(b, t, h, d.dk) + i]);
@@ -73,9 +77,8 @@ bool reads_full_block(const Problem& p, int64_t i, int64_t b) {
 }
 
 // Sr_t, zr_t as defined at the top of the file.
-void read_summary(const Problem& p, const double* w, int64_t h, const Head& x,
-                  const Summaries& sum, int64_t t, std::vector<double>& sr,
-                  std::vector<double>& zr) {
+void read_summary(const Problem& p, const double* w, int64_t h, const Head& x, const Summaries& sum,
+                  int64_t t, std::vector<double>& sr, std::vector<double>& zr) {
   std::fill(sr.begin(), sr.end(), 0.0);
   std::fill(zr.begin(), zr.end(), 0.0);
   const int64_t i = p.layout->block_of(t);
@@ -124,11 +127,11 @@ void block_forward(const Options& options, TensorView<const double> q, TensorVie
     }
 }
 
-void block_backward(const Options& options, TensorView<const double> q,
-                    TensorView<const double> k, TensorView<const double> v,
-                    TensorView<const double> w, TensorView<const double> grad_o,
-                    TensorView<double> grad_q, TensorView<double> grad_k,
-                    TensorView<double> grad_v, TensorView<double> grad_w) {
+void block_backward(const Options& options, TensorView<const double> q, TensorView<const double> k,
+                    TensorView<const double> v, TensorView<const double> w,
+                    TensorView<const double> grad_o, TensorView<double> grad_q,
+                    TensorView<double> grad_k, TensorView<double> grad_v,
+                    TensorView<double> grad_w) {
   const char* fn = "mhla::reference::block_backward";
   const Problem p = detail::validate_mhla(fn, options, q, k, v, w);
   const auto& d = p.dims;
@@ -143,8 +146,10 @@ void block_backward(const Options& options, TensorView<const double> q,
     for (int64_t h = 0; h < d.heads; ++h) {
       const Head x = load_head(p, q.data, k.data, v.data, b, h);
       const Summaries sum = block_summaries(p, x);
-      Summaries dsum{std::vector<double>(sum.s.size(), 0.0), std::vector<double>(sum.z.size(), 0.0)};
-      std::vector<double> du(d.tokens * dk, 0.0), dkap(d.tokens * dk, 0.0), dval(d.tokens * dv, 0.0);
+      Summaries dsum{std::vector<double>(sum.s.size(), 0.0),
+                     std::vector<double>(sum.z.size(), 0.0)};
+      std::vector<double> du(d.tokens * dk, 0.0), dkap(d.tokens * dk, 0.0),
+          dval(d.tokens * dv, 0.0);
 
       for (int64_t t = 0; t < d.tokens; ++t) {
         const int64_t i = p.layout->block_of(t);
@@ -163,7 +168,8 @@ void block_backward(const Options& options, TensorView<const double> q,
         // o = num / den:  dnum = g / den,  dden = -(g . o) / den.   o = scale num: dnum = scale g.
         for (int64_t e = 0; e < dv; ++e) a[e] = p.normalize ? g[e] / den : p.scale * g[e];
         const double c = p.normalize ? -g_dot_o / den : 0.0;
-        // num = u^T Sr, den = u . zr + eps:  du = Sr dnum + zr dden,  dSr = u dnum^T,  dzr = u dden.
+        // num = u^T Sr, den = u . zr + eps:  du = Sr dnum + zr dden,  dSr = u dnum^T,  dzr = u
+        // dden.
         for (int64_t r = 0; r < dk; ++r) {
           double acc = zr[r] * c;
           for (int64_t e = 0; e < dv; ++e) acc += sr[r * dv + e] * a[e];

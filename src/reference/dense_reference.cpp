@@ -26,7 +26,8 @@ std::vector<double> scores(const Problem& p, const double* q, const double* k, c
   const auto& d = p.dims;
   const Indexer at{d.tokens, d.heads};
   std::vector<double> a = detail::allocating(
-      "mhla::reference", "the N x N attention matrix of N = " + std::to_string(d.tokens) + " tokens",
+      "mhla::reference",
+      "the N x N attention matrix of N = " + std::to_string(d.tokens) + " tokens",
       double(d.tokens) * double(d.tokens) * sizeof(double),
       [&] { return std::vector<double>(size_t(d.tokens) * size_t(d.tokens), 0.0); });
   for (int64_t t = 0; t < d.tokens; ++t)
@@ -35,8 +36,7 @@ std::vector<double> scores(const Problem& p, const double* q, const double* k, c
       double dot = 0;
       for (int64_t r = 0; r < d.dk; ++r)
         dot += feature(p.phi, q[at(b, t, h, d.dk) + r]) * feature(p.phi, k[at(b, s, h, d.dk) + r]);
-      a[t * d.tokens + s] =
-          mixing(p, w, h, p.layout->block_of(t), p.layout->block_of(s)) * dot;
+      a[t * d.tokens + s] = mixing(p, w, h, p.layout->block_of(t), p.layout->block_of(s)) * dot;
     }
   return a;
 }
@@ -94,11 +94,11 @@ void dense_forward(const Options& options, TensorView<const double> q, TensorVie
     }
 }
 
-void dense_backward(const Options& options, TensorView<const double> q,
-                    TensorView<const double> k, TensorView<const double> v,
-                    TensorView<const double> w, TensorView<const double> grad_o,
-                    TensorView<double> grad_q, TensorView<double> grad_k,
-                    TensorView<double> grad_v, TensorView<double> grad_w) {
+void dense_backward(const Options& options, TensorView<const double> q, TensorView<const double> k,
+                    TensorView<const double> v, TensorView<const double> w,
+                    TensorView<const double> grad_o, TensorView<double> grad_q,
+                    TensorView<double> grad_k, TensorView<double> grad_v,
+                    TensorView<double> grad_w) {
   const char* fn = "mhla::reference::dense_backward";
   const Problem p = detail::validate_mhla(fn, options, q, k, v, w);
   const auto& d = p.dims;
@@ -136,7 +136,8 @@ void dense_backward(const Options& options, TensorView<const double> q,
           }
           const double da = f[t] * (g_dot_v - g_dot_o);
           // A[t,s] = W[bt,bs] phi(q_t) . phi(k_s):
-          //   dW[bt,bs] += dA phi(q_t).phi(k_s), dphi(q_t) += dA W phi(k_s), dphi(k_s) += dA W phi(q_t)
+          //   dW[bt,bs] += dA phi(q_t).phi(k_s), dphi(q_t) += dA W phi(k_s), dphi(k_s) += dA W
+          //   phi(q_t)
           const int64_t bt = p.layout->block_of(t), bs = p.layout->block_of(s);
           const double wts = mixing(p, w.data, h, bt, bs);
           double dot = 0;

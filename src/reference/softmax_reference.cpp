@@ -28,7 +28,8 @@ std::vector<double> probabilities(const SoftmaxOptions& options, const detail::A
   const int64_t n = d.tokens;
   std::vector<double> p = detail::allocating(
       "mhla::reference", "the N x N softmax matrix of N = " + std::to_string(n) + " tokens",
-      double(n) * double(n) * sizeof(double), [&] { return std::vector<double>(size_t(n) * size_t(n), 0.0); });
+      double(n) * double(n) * sizeof(double),
+      [&] { return std::vector<double>(size_t(n) * size_t(n), 0.0); });
   for (int64_t t = 0; t < n; ++t) {
     const int64_t last = options.causal ? t : n - 1;
     double max_logit = -std::numeric_limits<double>::infinity();
@@ -48,9 +49,8 @@ std::vector<double> probabilities(const SoftmaxOptions& options, const detail::A
 }  // namespace
 
 std::vector<double> softmax_attention_matrix(const SoftmaxOptions& options,
-                                             TensorView<const double> q,
-                                             TensorView<const double> k, int64_t batch,
-                                             int64_t head) {
+                                             TensorView<const double> q, TensorView<const double> k,
+                                             int64_t batch, int64_t head) {
   const char* fn = "mhla::reference::softmax_attention_matrix";
   const auto d = validate(fn, options, q, k, q);
   if (batch < 0 || batch >= d.batch || head < 0 || head >= d.heads)

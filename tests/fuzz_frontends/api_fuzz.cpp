@@ -35,20 +35,23 @@ std::string run(const RandomCall& c) {
   std::vector<T> o(size_t(element_count(c.o_shape))), saved(size_t(element_count(c.saved_shape)));
   const TensorView<const T> qv{q.data(), c.q_shape}, kv{c.null_k ? nullptr : k.data(), c.k_shape},
       vv{v.data(), c.v_shape}, wv{w.data(), c.w_shape};
-  const TensorView<T> saved_view = c.save_summaries ? TensorView<T>{saved.data(), c.saved_shape} : TensorView<T>{};
+  const TensorView<T> saved_view =
+      c.save_summaries ? TensorView<T>{saved.data(), c.saved_shape} : TensorView<T>{};
   forward<T>(opt, qv, kv, vv, wv, {o.data(), c.o_shape}, saved_view);
-  std::vector<T> gq(size_t(element_count(c.grad_q_shape))), gk(k.size()), gv(v.size()), gw(w.size());
+  std::vector<T> gq(size_t(element_count(c.grad_q_shape))), gk(k.size()), gv(v.size()),
+      gw(w.size());
   if (c.backward)
-    backward<T>(opt, qv, kv, vv, wv, {o.data(), c.o_shape}, {g.data(), c.o_shape}, {gq.data(), c.grad_q_shape},
-                {gk.data(), c.k_shape}, {gv.data(), c.v_shape}, {gw.data(), c.w_shape}, saved_view);
+    backward<T>(opt, qv, kv, vv, wv, {o.data(), c.o_shape}, {g.data(), c.o_shape},
+                {gq.data(), c.grad_q_shape}, {gk.data(), c.k_shape}, {gv.data(), c.v_shape},
+                {gw.data(), c.w_shape}, saved_view);
   if (!c.flaw.empty()) return "flawed input was accepted";
 
   // make_random_call rounds float32 inputs, so the reference sees the kernel's values.
   const std::vector<std::vector<T>*> got = {&o, &gq, &gk, &gv, &gw};
   const std::vector<NamedResult> want = reference_results(c);
   for (size_t r = 0; r < want.size(); ++r) {
-    const std::string problem =
-        compare_result(want[r], std::vector<double>(got[r]->begin(), got[r]->end()), sizeof(T) == 4);
+    const std::string problem = compare_result(
+        want[r], std::vector<double>(got[r]->begin(), got[r]->end()), sizeof(T) == 4);
     if (!problem.empty()) return problem;
   }
   return "";
@@ -70,8 +73,10 @@ int main(int argc, char** argv) {
     const RandomCall c = make_random_call(first + uint64_t(i));
     try {
       const std::string problem = c.single_precision ? run<float>(c) : run<double>(c);
-      if (problem.empty()) outcomes.success(c.flaw.empty() ? "consistent" : c.flaw);
-      else outcomes.failure(c.describe() + ": " + problem);
+      if (problem.empty())
+        outcomes.success(c.flaw.empty() ? "consistent" : c.flaw);
+      else
+        outcomes.failure(c.describe() + ": " + problem);
     } catch (const mhla::Error& e) {
       outcomes.named_error(c, e.what());
     } catch (const std::exception& e) {

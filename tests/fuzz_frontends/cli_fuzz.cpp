@@ -46,7 +46,8 @@ std::vector<double> swap_axes_1_2(const std::vector<double>& x, const std::vecto
   for (int64_t i = 0; i < s[0]; ++i)
     for (int64_t j = 0; j < s[1]; ++j)
       for (int64_t k = 0; k < s[2]; ++k)
-        for (int64_t e = 0; e < s[3]; ++e) out[((i * s[2] + k) * s[1] + j) * s[3] + e] = x[((i * s[1] + j) * s[2] + k) * s[3] + e];
+        for (int64_t e = 0; e < s[3]; ++e)
+          out[((i * s[2] + k) * s[1] + j) * s[3] + e] = x[((i * s[1] + j) * s[2] + k) * s[3] + e];
   return out;
 }
 
@@ -81,18 +82,22 @@ class CliCase {
     if (o.layout.rank() == 1 && c.flaw != "layout tokens" && !std::bernoulli_distribution(0.3)(rng))
       flags_ += " --block " + std::to_string(o.layout.tile()[2]);
     else
-      flags_ += " --grid " + dims(o.layout.grid(), o.layout.rank()) + " --tile " + dims(o.layout.tile(), o.layout.rank());
-    flags_ += std::string(" --masking ") + to_string(o.masking) + " --feature-map " + to_string(o.feature_map);
+      flags_ += " --grid " + dims(o.layout.grid(), o.layout.rank()) + " --tile " +
+                dims(o.layout.tile(), o.layout.rank());
+    flags_ += std::string(" --masking ") + to_string(o.masking) + " --feature-map " +
+              to_string(o.feature_map);
     if (!o.normalize) flags_ += " --unnormalized";
     if (o.scale) flags_ += " --scale " + exact(*o.scale);
     if (o.eps != 1e-6) flags_ += " --eps " + exact(o.eps);
-    if (o.mixing == MixingForm::toeplitz) flags_ += " --toeplitz-length " + std::to_string(c.w_shape.back() - 1);
+    if (o.mixing == MixingForm::toeplitz)
+      flags_ += " --toeplitz-length " + std::to_string(c.w_shape.back() - 1);
     if (heads_first_) flags_ += " --order bhnd";
     write_inputs(rng);
   }
 
   std::string command(const std::string& program, const std::string& out) const {
-    return "timeout 30 " + program + (c_.backward ? " backward" : " forward") + files_ + flags_ + " --out-dir " + out;
+    return "timeout 30 " + program + (c_.backward ? " backward" : " forward") + files_ + flags_ +
+           " --out-dir " + out;
   }
 
   // "" if the outputs in `out` equal the reference, else what differs.
@@ -100,7 +105,7 @@ class CliCase {
     for (const NamedResult& want : reference_results(c_)) {
       const tools::NpyArray got = tools::read_npy((out / (want.name + ".npy")).string());
       std::vector<double> values = got.values;
-      std::vector<int64_t> shape = want.name == "o" ? c_.v_shape
+      std::vector<int64_t> shape = want.name == "o"        ? c_.v_shape
                                    : want.name == "grad_v" ? c_.v_shape
                                    : want.name == "grad_w" ? c_.w_shape
                                                            : c_.q_shape;
@@ -108,7 +113,8 @@ class CliCase {
         shape = {shape[0], shape[2], shape[1], shape[3]};
         values = swap_axes_1_2(values, shape);
       }
-      if (got.dtype != dtype_ || got.shape != shape) return want.name + ".npy has the wrong dtype or shape";
+      if (got.dtype != dtype_ || got.shape != shape)
+        return want.name + ".npy has the wrong dtype or shape";
       const std::string problem = compare_result(want, values, dtype_ == DType::f32);
       if (!problem.empty()) return problem;
     }
@@ -118,7 +124,8 @@ class CliCase {
   const std::string& flaw() const { return flaw_; }
 
  private:
-  void write(const std::string& name, DType dtype, std::vector<int64_t> shape, std::vector<double> values) {
+  void write(const std::string& name, DType dtype, std::vector<int64_t> shape,
+             std::vector<double> values) {
     values = sized(std::move(values), shape);
     if (heads_first_ && shape.size() == 4) {
       values = swap_axes_1_2(values, shape);
@@ -153,7 +160,8 @@ class CliCase {
       fs::resize_file(v, fs::file_size(v) - 3);
     }
     if (c_.flaw == "saved summaries shape") {
-      const char* bad_flags[] = {" --block 0", " --masking sideways", " --eps abc", " --feature-map softmax",
+      const char* bad_flags[] = {" --block 0",  " --masking sideways",
+                                 " --eps abc",  " --feature-map softmax",
                                  " --tile 0x1", " --grid 3x3x3x3"};
       const std::string bad = bad_flags[std::uniform_int_distribution<int>(0, 5)(rng)];
       flaw_ = "bad flag value:" + bad;
@@ -192,7 +200,8 @@ int main(int argc, char** argv) {
     const fs::path out = work / "out";
     const std::string command = cli.command(program, out.string());
     const Run r = run_command(command);
-    const std::string context = c.describe() + "\n    " + command + "\n    exit " + std::to_string(r.status) + ": " + r.output;
+    const std::string context = c.describe() + "\n    " + command + "\n    exit " +
+                                std::to_string(r.status) + ": " + r.output;
     if (r.output.find("Sanitizer") != std::string::npos || r.status >= 124 || r.status < 0) {
       outcomes.failure(context);
     } else if (r.status == 0) {
@@ -202,8 +211,10 @@ int main(int argc, char** argv) {
       }
       try {
         const std::string problem = cli.compare(out);
-        if (problem.empty()) outcomes.success("consistent");
-        else outcomes.failure(context + problem);
+        if (problem.empty())
+          outcomes.success("consistent");
+        else
+          outcomes.failure(context + problem);
       } catch (const std::exception& e) {
         outcomes.failure(context + "reading the outputs: " + e.what());
       }

@@ -43,10 +43,14 @@ class Outcomes {
     for (const auto& [kind, n] : successes_) ok += n;
     for (const auto& [kind, n] : errors_) named += n;
     const int total = ok + named + int(failures_.size());
-    std::printf("%s fuzzing: %d cases: %d succeeded and matched the reference, %d named errors, %zu failures\n",
-                front_end_.c_str(), total, ok, named, failures_.size());
-    for (const auto& [kind, n] : successes_) std::printf("  success       %-40s %d\n", kind.c_str(), n);
-    for (const auto& [kind, n] : errors_) std::printf("  named error   %-40s %d\n", kind.c_str(), n);
+    std::printf(
+        "%s fuzzing: %d cases: %d succeeded and matched the reference, %d named errors, %zu "
+        "failures\n",
+        front_end_.c_str(), total, ok, named, failures_.size());
+    for (const auto& [kind, n] : successes_)
+      std::printf("  success       %-40s %d\n", kind.c_str(), n);
+    for (const auto& [kind, n] : errors_)
+      std::printf("  named error   %-40s %d\n", kind.c_str(), n);
     return failures_.empty() ? 0 : 1;
   }
 

@@ -54,12 +54,15 @@ RandomCall make_random_call(uint64_t seed) {
   o.layout = random_layout(rng, int(pick(rng, 1, 3)));
   const int64_t rank = o.layout.rank();
   const int64_t masking = pick(rng, 0, rank == 1 ? 2 : 1);
-  o.masking = masking == 0 ? Masking::none : (masking == 1 ? Masking::block_causal : Masking::causal);
+  o.masking =
+      masking == 0 ? Masking::none : (masking == 1 ? Masking::block_causal : Masking::causal);
   o.feature_map = static_cast<FeatureMap>(pick(rng, 0, 2));
   o.normalize = chance(rng, 0.75);
   if (o.normalize && chance(rng, 0.1)) o.eps = 0;  // defined unless a denominator is 0
-  if (!o.normalize && chance(rng, 0.3)) o.scale = std::uniform_real_distribution<double>(0.1, 2)(rng);
-  o.mixing = o.masking != Masking::none && chance(rng, 0.3) ? MixingForm::toeplitz : MixingForm::dense;
+  if (!o.normalize && chance(rng, 0.3))
+    o.scale = std::uniform_real_distribution<double>(0.1, 2)(rng);
+  o.mixing =
+      o.masking != Masking::none && chance(rng, 0.3) ? MixingForm::toeplitz : MixingForm::dense;
   c.single_precision = chance(rng, 0.5);
   c.backward = chance(rng, 0.5);
   c.save_summaries = chance(rng, 0.3);
@@ -104,26 +107,46 @@ RandomCall make_random_call(uint64_t seed) {
 
 const char* to_string(CallFlaw flaw) {
   switch (flaw) {
-    case CallFlaw::none: return "none";
-    case CallFlaw::k_head_dim: return "k head dim";
-    case CallFlaw::k_tokens: return "k tokens";
-    case CallFlaw::v_batch_tokens_or_heads: return "v batch/tokens/heads";
-    case CallFlaw::w_blocks: return "w size";
-    case CallFlaw::w_rank: return "w rank";
-    case CallFlaw::zero_extent: return "zero extent";
-    case CallFlaw::layout_tokens: return "layout tokens";
-    case CallFlaw::negative_w: return "negative w";
-    case CallFlaw::nan_w: return "NaN in w";
-    case CallFlaw::o_shape: return "o shape";
-    case CallFlaw::grad_q_shape: return "grad_q shape";
-    case CallFlaw::saved_shape: return "saved summaries shape";
-    case CallFlaw::causal_2d: return "causal on a grid";
-    case CallFlaw::scale_when_normalized: return "scale with normalize";
-    case CallFlaw::bad_eps: return "negative or NaN eps";
-    case CallFlaw::toeplitz_without_mask: return "Toeplitz without masking";
-    case CallFlaw::null_k: return "null k";
-    case CallFlaw::q_rank: return "q rank";
-    case CallFlaw::count: break;
+    case CallFlaw::none:
+      return "none";
+    case CallFlaw::k_head_dim:
+      return "k head dim";
+    case CallFlaw::k_tokens:
+      return "k tokens";
+    case CallFlaw::v_batch_tokens_or_heads:
+      return "v batch/tokens/heads";
+    case CallFlaw::w_blocks:
+      return "w size";
+    case CallFlaw::w_rank:
+      return "w rank";
+    case CallFlaw::zero_extent:
+      return "zero extent";
+    case CallFlaw::layout_tokens:
+      return "layout tokens";
+    case CallFlaw::negative_w:
+      return "negative w";
+    case CallFlaw::nan_w:
+      return "NaN in w";
+    case CallFlaw::o_shape:
+      return "o shape";
+    case CallFlaw::grad_q_shape:
+      return "grad_q shape";
+    case CallFlaw::saved_shape:
+      return "saved summaries shape";
+    case CallFlaw::causal_2d:
+      return "causal on a grid";
+    case CallFlaw::scale_when_normalized:
+      return "scale with normalize";
+    case CallFlaw::bad_eps:
+      return "negative or NaN eps";
+    case CallFlaw::toeplitz_without_mask:
+      return "Toeplitz without masking";
+    case CallFlaw::null_k:
+      return "null k";
+    case CallFlaw::q_rank:
+      return "q rank";
+    case CallFlaw::count:
+      break;
   }
   return "?";
 }
@@ -137,9 +160,12 @@ bool apply_flaw(RandomCall& c, CallFlaw flaw, std::mt19937_64& rng) {
     return true;
   };
   switch (flaw) {
-    case CallFlaw::k_head_dim: return off_by_one(c.k_shape, 3);
-    case CallFlaw::k_tokens: return off_by_one(c.k_shape, 1);
-    case CallFlaw::v_batch_tokens_or_heads: return off_by_one(c.v_shape, size_t(pick(rng, 0, 2)));
+    case CallFlaw::k_head_dim:
+      return off_by_one(c.k_shape, 3);
+    case CallFlaw::k_tokens:
+      return off_by_one(c.k_shape, 1);
+    case CallFlaw::v_batch_tokens_or_heads:
+      return off_by_one(c.v_shape, size_t(pick(rng, 0, 2)));
     case CallFlaw::w_blocks:
       if (o.mixing == MixingForm::toeplitz) {
         // Any length L is valid Toeplitz input; only a per-head copy count can be wrong.
@@ -164,10 +190,15 @@ bool apply_flaw(RandomCall& c, CallFlaw flaw, std::mt19937_64& rng) {
       // Entry [.., 0] of the last row is read in every masking mode.
       c.w[c.w.size() - (o.mixing == MixingForm::dense ? size_t(c.w_shape.back()) : 1)] = -0.5;
       return true;
-    case CallFlaw::nan_w: c.w[0] = std::numeric_limits<double>::quiet_NaN(); return true;
-    case CallFlaw::o_shape: return off_by_one(c.o_shape, 3);
-    case CallFlaw::grad_q_shape: return c.backward && off_by_one(c.grad_q_shape, 3);
-    case CallFlaw::saved_shape: return c.save_summaries && off_by_one(c.saved_shape, 4);
+    case CallFlaw::nan_w:
+      c.w[0] = std::numeric_limits<double>::quiet_NaN();
+      return true;
+    case CallFlaw::o_shape:
+      return off_by_one(c.o_shape, 3);
+    case CallFlaw::grad_q_shape:
+      return c.backward && off_by_one(c.grad_q_shape, 3);
+    case CallFlaw::saved_shape:
+      return c.save_summaries && off_by_one(c.saved_shape, 4);
     case CallFlaw::causal_2d:
       if (o.layout.rank() == 1) return false;
       o.masking = Masking::causal;
@@ -183,10 +214,15 @@ bool apply_flaw(RandomCall& c, CallFlaw flaw, std::mt19937_64& rng) {
       if (o.mixing != MixingForm::toeplitz) return false;
       o.masking = Masking::none;
       return true;
-    case CallFlaw::null_k: c.null_k = true; return true;
-    case CallFlaw::q_rank: c.q_shape.erase(c.q_shape.begin()); return true;
+    case CallFlaw::null_k:
+      c.null_k = true;
+      return true;
+    case CallFlaw::q_rank:
+      c.q_shape.erase(c.q_shape.begin());
+      return true;
     case CallFlaw::none:
-    case CallFlaw::count: break;
+    case CallFlaw::count:
+      break;
   }
   return false;
 }
@@ -194,12 +230,14 @@ bool apply_flaw(RandomCall& c, CallFlaw flaw, std::mt19937_64& rng) {
 std::vector<NamedResult> reference_results(const RandomCall& c) {
   const Options& opt = c.options;
   std::vector<NamedResult> results = {{"o", std::vector<double>(size_t(element_count(c.v_shape)))}};
-  reference::block_forward(opt, {c.q.data(), c.q_shape}, {c.k.data(), c.k_shape}, {c.v.data(), c.v_shape},
-                           {c.w.data(), c.w_shape}, {results[0].values.data(), c.v_shape});
+  reference::block_forward(opt, {c.q.data(), c.q_shape}, {c.k.data(), c.k_shape},
+                           {c.v.data(), c.v_shape}, {c.w.data(), c.w_shape},
+                           {results[0].values.data(), c.v_shape});
   if (!c.backward) return results;
   std::vector<double> gq(c.q.size()), gk(c.k.size()), gv(c.v.size()), gw(c.w.size());
-  reference::block_backward(opt, {c.q.data(), c.q_shape}, {c.k.data(), c.k_shape}, {c.v.data(), c.v_shape},
-                            {c.w.data(), c.w_shape}, {c.grad_o.data(), c.v_shape}, {gq.data(), c.q_shape},
+  reference::block_backward(opt, {c.q.data(), c.q_shape}, {c.k.data(), c.k_shape},
+                            {c.v.data(), c.v_shape}, {c.w.data(), c.w_shape},
+                            {c.grad_o.data(), c.v_shape}, {gq.data(), c.q_shape},
                             {gk.data(), c.k_shape}, {gv.data(), c.v_shape}, {gw.data(), c.w_shape});
   results.push_back({"grad_q", std::move(gq)});
   results.push_back({"grad_k", std::move(gk)});
@@ -208,7 +246,8 @@ std::vector<NamedResult> reference_results(const RandomCall& c) {
   return results;
 }
 
-std::string compare_result(const NamedResult& want, const std::vector<double>& got, bool single_precision) {
+std::string compare_result(const NamedResult& want, const std::vector<double>& got,
+                           bool single_precision) {
   if (got.size() != want.values.size()) return want.name + " has the wrong size";
   double scale = 1, err = 0;
   for (double x : got)
@@ -220,17 +259,20 @@ std::string compare_result(const NamedResult& want, const std::vector<double>& g
   for (size_t i = 0; i < got.size(); ++i) err = std::max(err, std::abs(got[i] - want.values[i]));
   const double tolerance = (single_precision ? 2e-3 : 1e-8) * (want.name == "o" ? 1 : 10);
   if (err / scale > tolerance)
-    return want.name + " differs from the reference by " + std::to_string(err / scale) + " (relative)";
+    return want.name + " differs from the reference by " + std::to_string(err / scale) +
+           " (relative)";
   return "";
 }
 
 std::string RandomCall::describe() const {
-  std::string text = "seed " + std::to_string(seed) + ": " + options.layout.describe() + ", masking " +
-                     to_string(options.masking) + ", " + to_string(options.feature_map) +
-                     (options.normalize ? ", normalized" : ", unnormalized") + ", " + to_string(options.mixing) +
-                     " mixing, " + (single_precision ? "float32" : "float64") + (backward ? ", backward" : "") +
-                     (save_summaries ? ", saved summaries" : "") + "; q " + shape_to_string(q_shape) + " k " +
-                     shape_to_string(k_shape) + " v " + shape_to_string(v_shape) + " w " + shape_to_string(w_shape);
+  std::string text =
+      "seed " + std::to_string(seed) + ": " + options.layout.describe() + ", masking " +
+      to_string(options.masking) + ", " + to_string(options.feature_map) +
+      (options.normalize ? ", normalized" : ", unnormalized") + ", " + to_string(options.mixing) +
+      " mixing, " + (single_precision ? "float32" : "float64") + (backward ? ", backward" : "") +
+      (save_summaries ? ", saved summaries" : "") + "; q " + shape_to_string(q_shape) + " k " +
+      shape_to_string(k_shape) + " v " + shape_to_string(v_shape) + " w " +
+      shape_to_string(w_shape);
   return text + (flaw.empty() ? "" : "; flaw: " + flaw);
 }
 

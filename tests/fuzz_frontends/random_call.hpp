@@ -37,9 +37,24 @@ RandomCall make_random_call(uint64_t seed);
 // the command-line fuzzer draws from its own, file-level list.
 enum class CallFlaw {
   none,
-  k_head_dim, k_tokens, v_batch_tokens_or_heads, w_blocks, w_rank, zero_extent, layout_tokens,
-  negative_w, nan_w, o_shape, grad_q_shape, saved_shape, causal_2d, scale_when_normalized,
-  bad_eps, toeplitz_without_mask, null_k, q_rank,
+  k_head_dim,
+  k_tokens,
+  v_batch_tokens_or_heads,
+  w_blocks,
+  w_rank,
+  zero_extent,
+  layout_tokens,
+  negative_w,
+  nan_w,
+  o_shape,
+  grad_q_shape,
+  saved_shape,
+  causal_2d,
+  scale_when_normalized,
+  bad_eps,
+  toeplitz_without_mask,
+  null_k,
+  q_rank,
   count
 };
 const char* to_string(CallFlaw flaw);
@@ -60,6 +75,7 @@ std::vector<NamedResult> reference_results(const RandomCall& call);
 // "" if `got` is finite and within `tolerance` of `want` relative to
 // max(max |want|, 1) (gradients get 10x: they sum more terms), else what is
 // wrong. A reference that itself overflowed is not compared.
-std::string compare_result(const NamedResult& want, const std::vector<double>& got, bool single_precision);
+std::string compare_result(const NamedResult& want, const std::vector<double>& got,
+                           bool single_precision);
 
 }  // namespace mhla::fuzz

@@ -46,8 +46,9 @@ TEST(BadInput, Float32OverflowIsANamedErrorWhileFloat64IsFinite) {
   Tiny<float> small_v(16, 4, 4, 1e19f, 1e19f, 1e-3f);
   small_v.options.feature_map = FeatureMap::elu1;
   EXPECT_THAT([&] { small_v.forward(); },
-              ThrowsMessage<Error>(HasSubstr("mhla::forward: the read-out's denominator phi(q)^T z~ + eps is not "
-                                             "finite although every input is finite")));
+              ThrowsMessage<Error>(
+                  HasSubstr("mhla::forward: the read-out's denominator phi(q)^T z~ + eps is not "
+                            "finite although every input is finite")));
   Tiny<double> d(16, 4, 4, 1e19, 1e19, 0.5);
   d.options.feature_map = FeatureMap::elu1;
   d.forward();
@@ -85,9 +86,9 @@ TEST(BadInput, NonFiniteGradientsFromFiniteInputAreNamedErrors) {
   std::vector<double> g = {1e200}, gq(1), gk(1), gv(1), gw(1);
   EXPECT_THAT(
       [&] {
-        backward<double>(t.options, view(t.q, t.qs), view(t.k, t.qs), view(t.v, t.vs), view(t.w, {1, 1}),
-                         view(t.o, t.vs), view(g, t.vs), view(gq, t.qs), view(gk, t.qs), view(gv, t.vs),
-                         view(gw, {1, 1}));
+        backward<double>(t.options, view(t.q, t.qs), view(t.k, t.qs), view(t.v, t.vs),
+                         view(t.w, {1, 1}), view(t.o, t.vs), view(g, t.vs), view(gq, t.qs),
+                         view(gk, t.qs), view(gv, t.vs), view(gw, {1, 1}));
       },
       ThrowsMessage<Error>(AllOf(HasSubstr("mhla::backward: grad_"), HasSubstr("not finite"))));
 }
@@ -104,7 +105,10 @@ TEST(BadInput, LinearAttentionAndDecoderNameNonFiniteResultsToo) {
   LinearAttentionOptions lin;
   lin.feature_map = FeatureMap::elu1;
   EXPECT_THAT(
-      [&] { linear_attention_forward<float>(lin, view(t.q, t.qs), view(t.k, t.qs), view(t.v, t.vs), view(t.o, t.vs)); },
+      [&] {
+        linear_attention_forward<float>(lin, view(t.q, t.qs), view(t.k, t.qs), view(t.v, t.vs),
+                                        view(t.o, t.vs));
+      },
       ThrowsMessage<Error>(HasSubstr("mhla::linear_attention_forward: o[")));
 
   DecoderOptions d;
@@ -112,8 +116,14 @@ TEST(BadInput, LinearAttentionAndDecoderNameNonFiniteResultsToo) {
   const std::vector<float> w = {1.0f};
   Decoder decoder(d, view(w, {1, 1}));
   std::vector<float> q(4, 1e19f), v(4, 0.5f), o(4);
-  EXPECT_THAT([&] { decoder.step(view(q, {1, 1, 1, 4}), view(q, {1, 1, 1, 4}), view(v, {1, 1, 1, 4}), view(o, {1, 1, 1, 4})); },
-              ThrowsMessage<Error>(AllOf(HasSubstr("mhla::Decoder::step: "), HasSubstr("is not finite although every input is finite"), HasSubstr("reset the sequence"))));
+  EXPECT_THAT(
+      [&] {
+        decoder.step(view(q, {1, 1, 1, 4}), view(q, {1, 1, 1, 4}), view(v, {1, 1, 1, 4}),
+                     view(o, {1, 1, 1, 4}));
+      },
+      ThrowsMessage<Error>(AllOf(HasSubstr("mhla::Decoder::step: "),
+                                 HasSubstr("is not finite although every input is finite"),
+                                 HasSubstr("reset the sequence"))));
 }
 
 TEST(BadInput, SummariesSavedForOtherInputsAreRejected) {
@@ -123,19 +133,21 @@ TEST(BadInput, SummariesSavedForOtherInputsAreRejected) {
     const Inputs a = make_inputs(c, 1), b = make_inputs(c, 2);
     const auto ss = saved_summaries_shape(c.options(), c.q_shape(), c.v_shape());
     std::vector<double> o(a.v.size()), saved(size_t(numel(ss)));
-    forward<double>(c.options(), view(a.q, c.q_shape()), view(a.k, c.q_shape()), view(a.v, c.v_shape()),
-                    view(a.w, c.w_shape()), view(o, c.v_shape()), view(saved, ss));
+    forward<double>(c.options(), view(a.q, c.q_shape()), view(a.k, c.q_shape()),
+                    view(a.v, c.v_shape()), view(a.w, c.w_shape()), view(o, c.v_shape()),
+                    view(saved, ss));
     std::vector<double> gq(a.q.size()), gk(a.k.size()), gv(a.v.size()), gw(a.w.size());
     auto run_backward = [&](const Inputs& in) {
-      backward<double>(c.options(), view(in.q, c.q_shape()), view(in.k, c.q_shape()), view(in.v, c.v_shape()),
-                       view(in.w, c.w_shape()), view(o, c.v_shape()), view(a.grad_o, c.v_shape()),
-                       view(gq, c.q_shape()), view(gk, c.q_shape()), view(gv, c.v_shape()),
-                       view(gw, c.w_shape()), view(saved, ss));
+      backward<double>(c.options(), view(in.q, c.q_shape()), view(in.k, c.q_shape()),
+                       view(in.v, c.v_shape()), view(in.w, c.w_shape()), view(o, c.v_shape()),
+                       view(a.grad_o, c.v_shape()), view(gq, c.q_shape()), view(gk, c.q_shape()),
+                       view(gv, c.v_shape()), view(gw, c.w_shape()), view(saved, ss));
     };
     EXPECT_NO_THROW(run_backward(a));
     EXPECT_THAT([&] { run_backward(b); },
-                ThrowsMessage<Error>(AllOf(HasSubstr("mhla::backward: saved_summaries do not belong to these k and v"),
-                                           HasSubstr("pass the summaries that forward() saved"))));
+                ThrowsMessage<Error>(AllOf(
+                    HasSubstr("mhla::backward: saved_summaries do not belong to these k and v"),
+                    HasSubstr("pass the summaries that forward() saved"))));
     // Only v differs: the row sums of S_b catch it.
     Inputs v_only = a;
     v_only.v = b.v;
@@ -144,17 +156,20 @@ TEST(BadInput, SummariesSavedForOtherInputsAreRejected) {
 }
 
 TEST(BadInput, DenseMixingIsBoundedAndSaysSo) {
-  EXPECT_THAT([] { init_mixing(TokenLayout::sequence(65536, 1)); },
-              ThrowsMessage<Error>(AllOf(HasSubstr("limited to M <= 8192"), HasSubstr("Toeplitz mixing"))));
+  EXPECT_THAT(
+      [] { init_mixing(TokenLayout::sequence(65536, 1)); },
+      ThrowsMessage<Error>(AllOf(HasSubstr("limited to M <= 8192"), HasSubstr("Toeplitz mixing"))));
   const std::vector<float> t = {1.0f, 0.5f};
-  EXPECT_THAT([&] { toeplitz_to_dense(view(t, {2}), 8193); }, ThrowsMessage<Error>(HasSubstr("[1, 8192]")));
+  EXPECT_THAT([&] { toeplitz_to_dense(view(t, {2}), 8193); },
+              ThrowsMessage<Error>(HasSubstr("[1, 8192]")));
 }
 
 TEST(BadInput, ImpossibleAllocationsAreNamedWithTheirBytes) {
   // Beyond what std::vector can hold: refused before any memory is asked for.
   EXPECT_THAT([] { init_toeplitz_mixing(std::numeric_limits<int64_t>::max() - 1); },
-              ThrowsMessage<OutOfMemory>(AllOf(HasSubstr("init_toeplitz_mixing: cannot allocate 3.68935e+19 bytes"),
-                                               HasSubstr("Toeplitz mixing vector"))));
+              ThrowsMessage<OutOfMemory>(
+                  AllOf(HasSubstr("init_toeplitz_mixing: cannot allocate 3.68935e+19 bytes"),
+                        HasSubstr("Toeplitz mixing vector"))));
 #if defined(__SANITIZE_ADDRESS__)
   GTEST_SKIP() << "AddressSanitizer reports a failed operator new itself instead of throwing";
 #else
@@ -162,9 +177,12 @@ TEST(BadInput, ImpossibleAllocationsAreNamedWithTheirBytes) {
   DecoderOptions d;
   d.batch = 1 << 20, d.heads = 1 << 10, d.dk = 1, d.dv = 1, d.block = 4;
   const std::vector<float> w = {1.0f};
-  EXPECT_THAT([&] { Decoder decoder(d, view(w, {1, 1})); },
-              ThrowsMessage<OutOfMemory>(AllOf(HasSubstr("mhla::Decoder: cannot allocate 1.2"), HasSubstr("e+11 bytes"),
-                                               HasSubstr("decoding state"))));
+  EXPECT_THAT(
+      [&] {
+        Decoder decoder(d, view(w, {1, 1}));
+      },
+      ThrowsMessage<OutOfMemory>(AllOf(HasSubstr("mhla::Decoder: cannot allocate 1.2"),
+                                       HasSubstr("e+11 bytes"), HasSubstr("decoding state"))));
 #endif
 }
 

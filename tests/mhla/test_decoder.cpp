@@ -28,8 +28,8 @@ Sequence make_sequence(int64_t n, int64_t heads, int64_t dk, int64_t dv, uint64_
 
 // The chunkwise causal forward over the whole sequence: Toeplitz w as it is,
 // dense w through its top-left corner.
-std::vector<float> chunkwise(const DecoderOptions& d, const Sequence& s, const std::vector<float>& w,
-                             int64_t w_blocks, bool per_head) {
+std::vector<float> chunkwise(const DecoderOptions& d, const Sequence& s,
+                             const std::vector<float>& w, int64_t w_blocks, bool per_head) {
   Options o;
   o.masking = Masking::causal;
   o.feature_map = d.feature_map;
@@ -98,8 +98,8 @@ TEST(Decoder, PrefillPlusStepsEqualsChunkwiseForward) {
             per_head ? std::vector<int64_t>{heads, m, m} : std::vector<int64_t>{m, m};
         const auto want = as_double(chunkwise(d, s, w, m, per_head));
         // Prompts ending before, on and after block boundaries, empty and full.
-        for (int64_t prompt : {int64_t(0), int64_t(1), block - 1, block, block + 1, 2 * block,
-                               n - 1, n}) {
+        for (int64_t prompt :
+             {int64_t(0), int64_t(1), block - 1, block, block + 1, 2 * block, n - 1, n}) {
           if (prompt < 0 || prompt > n) continue;
           SCOPED_TRACE("block " + std::to_string(block) + " prompt " + std::to_string(prompt) +
                        (normalize ? " normalized" : " unnormalized") +
@@ -127,8 +127,8 @@ TEST(Decoder, ToeplitzPrefillPlusStepsEqualsChunkwiseForward) {
         d.mixing = MixingForm::toeplitz;
         std::mt19937_64 rng(length);
         const auto w = cast<float>(uniform((per_head ? heads : 1) * (length + 1), 0.05, 1.0, rng));
-        const std::vector<int64_t> ws = per_head ? std::vector<int64_t>{heads, length + 1}
-                                                 : std::vector<int64_t>{length + 1};
+        const std::vector<int64_t> ws =
+            per_head ? std::vector<int64_t>{heads, length + 1} : std::vector<int64_t>{length + 1};
         const auto want = as_double(chunkwise(d, s, w, 0, per_head));
         for (int64_t prompt : {int64_t(0), int64_t(1), block, 2 * block + 1, n - 1, n}) {
           SCOPED_TRACE("block " + std::to_string(block) + " L " + std::to_string(length) +
@@ -204,15 +204,15 @@ TEST(Decoder, BatchedSequencesAtTheirOwnPositions) {
     std::vector<float> q, k, v;
     for (int64_t b = 0; b < 3; ++b) {
       const Sequence& s = seqs[b];
-      for (auto [dst, src, width] : {std::tuple{&q, &s.q, dk}, std::tuple{&k, &s.k, dk},
-                                     std::tuple{&v, &s.v, dv}}) {
+      for (auto [dst, src, width] :
+           {std::tuple{&q, &s.q, dk}, std::tuple{&k, &s.k, dk}, std::tuple{&v, &s.v, dv}}) {
         const auto row = s.slice(*src, width, prompts[b] + t, 1);
         dst->insert(dst->end(), row.begin(), row.end());
       }
     }
     std::vector<float> o(3 * heads * dv);
-    batched.step(view(q, {3, 1, heads, dk}), view(k, {3, 1, heads, dk}),
-                 view(v, {3, 1, heads, dv}), view(o, {3, 1, heads, dv}));
+    batched.step(view(q, {3, 1, heads, dk}), view(k, {3, 1, heads, dk}), view(v, {3, 1, heads, dv}),
+                 view(o, {3, 1, heads, dv}));
     for (int64_t b = 0; b < 3; ++b)
       got[b].insert(got[b].end(), o.begin() + b * heads * dv, o.begin() + (b + 1) * heads * dv);
   }
@@ -256,16 +256,20 @@ TEST(Decoder, ErrorsNameTheProblem) {
                 view(o, {1, 5, 1, 2}));
     FAIL();
   } catch (const Error& e) {
-    EXPECT_THAT(std::string(e.what()), testing::HasSubstr("prompt of 5 tokens exceeds the context of 4"));
+    EXPECT_THAT(std::string(e.what()),
+                testing::HasSubstr("prompt of 5 tokens exceeds the context of 4"));
   }
   std::vector<float> o(2);
   for (int t = 0; t < 4; ++t)
-    dec.step(view(q1, {1, 1, 1, 2}), view(q1, {1, 1, 1, 2}), view(q1, {1, 1, 1, 2}), view(o, {1, 1, 1, 2}));
+    dec.step(view(q1, {1, 1, 1, 2}), view(q1, {1, 1, 1, 2}), view(q1, {1, 1, 1, 2}),
+             view(o, {1, 1, 1, 2}));
   try {
-    dec.step(view(q1, {1, 1, 1, 2}), view(q1, {1, 1, 1, 2}), view(q1, {1, 1, 1, 2}), view(o, {1, 1, 1, 2}));
+    dec.step(view(q1, {1, 1, 1, 2}), view(q1, {1, 1, 1, 2}), view(q1, {1, 1, 1, 2}),
+             view(o, {1, 1, 1, 2}));
     FAIL();
   } catch (const Error& e) {
-    EXPECT_THAT(std::string(e.what()), testing::HasSubstr("sequence 0 is full: its context holds 4 tokens"));
+    EXPECT_THAT(std::string(e.what()),
+                testing::HasSubstr("sequence 0 is full: its context holds 4 tokens"));
   }
   try {
     dec.prefill(0, view(q1, {1, 1, 1, 2}), view(q1, {1, 1, 1, 2}), view(q1, {1, 1, 1, 2}),

@@ -20,8 +20,13 @@ struct Tokens {
 Tokens make_tokens(int64_t batch, int64_t heads, int64_t dk, int64_t dv, uint64_t seed) {
   std::mt19937_64 rng(seed);
   const int64_t n = batch * heads;
-  return {batch, heads, dk, dv, cast<float>(uniform(n * dk, -1, 1, rng)),
-          cast<float>(uniform(n * dk, -1, 1, rng)), cast<float>(uniform(n * dv, -1, 1, rng))};
+  return {batch,
+          heads,
+          dk,
+          dv,
+          cast<float>(uniform(n * dk, -1, 1, rng)),
+          cast<float>(uniform(n * dk, -1, 1, rng)),
+          cast<float>(uniform(n * dv, -1, 1, rng))};
 }
 
 std::vector<float> step(Decoder& dec, const Tokens& t) {
@@ -48,8 +53,8 @@ Fixture fixture(MixingForm mixing, bool normalize) {
   f.options.mixing = mixing;
   f.options.normalize = normalize;
   std::mt19937_64 rng(4);
-  f.w_shape = mixing == MixingForm::toeplitz ? std::vector<int64_t>{2, 3}
-                                             : std::vector<int64_t>{2, 12, 12};
+  f.w_shape =
+      mixing == MixingForm::toeplitz ? std::vector<int64_t>{2, 3} : std::vector<int64_t>{2, 12, 12};
   f.w = cast<float>(uniform(numel(f.w_shape), 0.05, 1.0, rng));
   return f;
 }
@@ -147,7 +152,8 @@ TEST(DecoderState, HeaderVersionAndExpectations) {
   EXPECT_THAT(error_of(other), HasSubstr("not an mhla decoder state"));
   other = bytes;
   other[8] = 2;  // version field, CRC left as is: the version is reported first
-  EXPECT_THAT(error_of(other), HasSubstr("format version 2 is not supported (this build reads version 1)"));
+  EXPECT_THAT(error_of(other),
+              HasSubstr("format version 2 is not supported (this build reads version 1)"));
   DecoderOptions expect = f.options;
   expect.heads = 3;
   EXPECT_THAT(error_of(bytes, expect),
@@ -157,7 +163,8 @@ TEST(DecoderState, HeaderVersionAndExpectations) {
   EXPECT_THAT(error_of(bytes, expect), HasSubstr("mixing = dense but mixing = toeplitz"));
   std::vector<uint8_t> trailing = bytes;
   trailing.insert(trailing.end() - 4, {0, 0, 0, 0});
-  EXPECT_THAT(error_of(with_checksum(trailing)), HasSubstr("4 unexpected bytes after the last state"));
+  EXPECT_THAT(error_of(with_checksum(trailing)),
+              HasSubstr("4 unexpected bytes after the last state"));
 }
 
 // Inputs whose checksum is right but whose content is not: sizes that would
@@ -175,7 +182,8 @@ TEST(DecoderState, InconsistentContentIsAnError) {
   // dv = INT64_MAX: dv + 1 must not be formed before dv is bounded (found by fuzzing).
   EXPECT_THAT(error_of(patched(36, INT64_MAX)), HasSubstr("overflows"));
   EXPECT_THAT(error_of(patched(12, 0)), HasSubstr("invalid states sizes"));
-  EXPECT_THAT(error_of(patched(44, 0)), HasSubstr("inconsistent decoder: mhla::Decoder: options.block"));
+  EXPECT_THAT(error_of(patched(44, 0)),
+              HasSubstr("inconsistent decoder: mhla::Decoder: options.block"));
   std::vector<uint8_t> b = bytes;
   b[52] = 7;  // feature map
   EXPECT_THAT(error_of(with_checksum(b)), HasSubstr("invalid 'feature_map' value 7"));

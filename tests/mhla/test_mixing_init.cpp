@@ -97,11 +97,10 @@ TEST(MixingInit, ToeplitzInitAndExpansion) {
   EXPECT_THROW(init_toeplitz_mixing(-1), Error);
 
   const std::vector<float> t = {3, 2, 1};  // L = 2: distances 0, 1, then the tail
-  EXPECT_EQ(toeplitz_to_dense({t.data(), {3}}, 4),
-            (std::vector<float>{3, 0, 0, 0,  //
-                                2, 3, 0, 0,  //
-                                1, 2, 3, 0,  //
-                                1, 1, 2, 3}));
+  EXPECT_EQ(toeplitz_to_dense({t.data(), {3}}, 4), (std::vector<float>{3, 0, 0, 0,  //
+                                                                       2, 3, 0, 0,  //
+                                                                       1, 2, 3, 0,  //
+                                                                       1, 1, 2, 3}));
   const std::vector<float> per_head = {1, 5, 2, 6};  // [H = 2, L + 1 = 2]
   EXPECT_EQ(toeplitz_to_dense({per_head.data(), {2, 2}}, 2),
             (std::vector<float>{1, 0, 5, 1, 2, 0, 6, 2}));

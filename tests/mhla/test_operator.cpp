@@ -14,12 +14,12 @@ Expected reference_results(const Case& c, const Inputs& in) {
              std::vector<double>(in.k.size()), std::vector<double>(in.v.size()),
              std::vector<double>(in.w.size())};
   reference::block_forward(c.options(), view(in.q, c.q_shape()), view(in.k, c.q_shape()),
-                           view(in.v, c.v_shape()), view(in.w, c.w_shape()), view(e.o, c.v_shape()));
-  reference::block_backward(c.options(), view(in.q, c.q_shape()), view(in.k, c.q_shape()),
-                            view(in.v, c.v_shape()), view(in.w, c.w_shape()),
-                            view(in.grad_o, c.v_shape()), view(e.gq, c.q_shape()),
-                            view(e.gk, c.q_shape()), view(e.gv, c.v_shape()),
-                            view(e.gw, c.w_shape()));
+                           view(in.v, c.v_shape()), view(in.w, c.w_shape()),
+                           view(e.o, c.v_shape()));
+  reference::block_backward(
+      c.options(), view(in.q, c.q_shape()), view(in.k, c.q_shape()), view(in.v, c.v_shape()),
+      view(in.w, c.w_shape()), view(in.grad_o, c.v_shape()), view(e.gq, c.q_shape()),
+      view(e.gk, c.q_shape()), view(e.gv, c.v_shape()), view(e.gw, c.w_shape()));
   return e;
 }
 
@@ -62,12 +62,16 @@ TEST(FastOperator, RandomShapes) {
   for (int trial = 0; trial < 24; ++trial) {
     Case c{"random", pick(1, 2), pick(1, 3), pick(1, 24), pick(1, 24), TokenLayout()};
     switch (trial % 4) {
-      case 0: c.layout = TokenLayout::sequence(pick(1, 150), pick(1, 40)); break;
+      case 0:
+        c.layout = TokenLayout::sequence(pick(1, 150), pick(1, 40));
+        break;
       case 1:
         c.layout = TokenLayout::sequence(pick(1, 150), pick(1, 40));
         c.masking = Masking::causal;
         break;
-      case 2: c.layout = TokenLayout::grid2d(pick(1, 12), pick(1, 12), pick(1, 5), pick(1, 5)); break;
+      case 2:
+        c.layout = TokenLayout::grid2d(pick(1, 12), pick(1, 12), pick(1, 5), pick(1, 5));
+        break;
       default:
         c.layout = TokenLayout::grid3d(pick(1, 5), pick(1, 6), pick(1, 6), pick(1, 3), pick(1, 3),
                                        pick(1, 3));
@@ -98,10 +102,11 @@ namespace {
 // backward() with the summaries saved by forward() skips their recomputation;
 // the gradients must be bit-identical to recomputing them.
 TEST(SavedSummaries, BackwardGivesIdenticalGradients) {
-  for (const Case& c : {Case{"1d", 2, 3, 8, 5, TokenLayout::sequence(45, 8)},
-                        Case{"1d-causal", 1, 2, 6, 7, TokenLayout::sequence(45, 8), Masking::causal},
-                        Case{"2d-per-head", 1, 2, 5, 4, TokenLayout::grid2d(7, 6, 3, 4),
-                             Masking::none, FeatureMap::relu, true, true}}) {
+  for (const Case& c :
+       {Case{"1d", 2, 3, 8, 5, TokenLayout::sequence(45, 8)},
+        Case{"1d-causal", 1, 2, 6, 7, TokenLayout::sequence(45, 8), Masking::causal},
+        Case{"2d-per-head", 1, 2, 5, 4, TokenLayout::grid2d(7, 6, 3, 4), Masking::none,
+             FeatureMap::relu, true, true}}) {
     SCOPED_TRACE(c.label());
     const Inputs in = make_inputs(c, 31);
     const auto q = cast<float>(in.q), k = cast<float>(in.k), v = cast<float>(in.v),
@@ -113,10 +118,10 @@ TEST(SavedSummaries, BackwardGivesIdenticalGradients) {
                    view(w, c.w_shape()), view(o, c.v_shape()), view(saved, ss));
     auto run_backward = [&](bool use_saved) {
       std::vector<float> gq(q.size()), gk(k.size()), gv(v.size()), gw(w.size());
-      backward<float>(c.options(), view(q, c.q_shape()), view(k, c.q_shape()),
-                      view(v, c.v_shape()), view(w, c.w_shape()), view(o, c.v_shape()),
-                      view(g, c.v_shape()), view(gq, c.q_shape()), view(gk, c.q_shape()),
-                      view(gv, c.v_shape()), view(gw, c.w_shape()),
+      backward<float>(c.options(), view(q, c.q_shape()), view(k, c.q_shape()), view(v, c.v_shape()),
+                      view(w, c.w_shape()), view(o, c.v_shape()), view(g, c.v_shape()),
+                      view(gq, c.q_shape()), view(gk, c.q_shape()), view(gv, c.v_shape()),
+                      view(gw, c.w_shape()),
                       use_saved ? view(saved, ss) : TensorView<const float>{});
       return std::vector<std::vector<float>>{gq, gk, gv, gw};
     };
@@ -154,8 +159,9 @@ TEST(SavedSummaries, WrongShapeIsRejected) {
                    view(w, c.w_shape()), view(o, c.v_shape()), view(saved, {1, 2, 2, 4, 3}));
     FAIL();
   } catch (const Error& e) {
-    EXPECT_THAT(std::string(e.what()),
-                testing::HasSubstr("saved_summaries has shape [1, 2, 2, 4, 3], expected [1, 2, 2, 4, 4]"));
+    EXPECT_THAT(
+        std::string(e.what()),
+        testing::HasSubstr("saved_summaries has shape [1, 2, 2, 4, 3], expected [1, 2, 2, 4, 4]"));
   }
   EXPECT_THROW(saved_summaries_shape(c.options(), {1, 9, 2, 4}, {1, 9, 2, 3}), Error);
 }

@@ -17,9 +17,12 @@ std::vector<int64_t> summary_shape(const Case& c, int64_t blocks) {
 
 double feature(FeatureMap phi, double x) {
   switch (phi) {
-    case FeatureMap::identity: return x;
-    case FeatureMap::relu: return std::max(x, 0.0);
-    case FeatureMap::elu1: return x > 0 ? x + 1 : std::exp(x);
+    case FeatureMap::identity:
+      return x;
+    case FeatureMap::relu:
+      return std::max(x, 0.0);
+    case FeatureMap::elu1:
+      return x > 0 ? x + 1 : std::exp(x);
   }
   return x;
 }
@@ -45,8 +48,7 @@ std::vector<double> summaries_by_definition(const Case& c, const Inputs& in) {
 
 // W[i, b] of head h, 0 where the masking does not let block i read block b
 // (causal: the diagonal acts in the read-out, not in the mix).
-double mixing_weight(const Case& c, const std::vector<double>& w, int64_t h, int64_t i,
-                     int64_t b) {
+double mixing_weight(const Case& c, const std::vector<double>& w, int64_t h, int64_t i, int64_t b) {
   if (c.masking == Masking::causal && b >= i) return 0;
   if (c.masking == Masking::block_causal && b > i) return 0;
   if (c.toeplitz_length >= 0) {
@@ -65,7 +67,8 @@ std::vector<double> mix_by_definition(const Case& c, const std::vector<double>& 
     for (int64_t i = 0; i < m; ++i)
       for (int64_t b = 0; b < m; ++b) {
         const double wib = mixing_weight(c, w, bh % c.heads, i, b);
-        for (int64_t e = 0; e < x; ++e) mixed[(bh * m + i) * x + e] += wib * s[(bh * m + b) * x + e];
+        for (int64_t e = 0; e < x; ++e)
+          mixed[(bh * m + i) * x + e] += wib * s[(bh * m + b) * x + e];
       }
   return mixed;
 }
@@ -98,9 +101,8 @@ TEST_P(Phases, BackwardPhasesChainToBackward) {
   std::vector<double> o(in.v.size()), gq(in.q.size()), gk(in.k.size()), gv(in.v.size()),
       gw(in.w.size());
   forward<double>(opt, view(in.q, qs), view(in.k, qs), view(in.v, vs), view(in.w, ws), view(o, vs));
-  backward<double>(opt, view(in.q, qs), view(in.k, qs), view(in.v, vs), view(in.w, ws),
-                   view(o, vs), view(in.grad_o, vs), view(gq, qs), view(gk, qs), view(gv, vs),
-                   view(gw, ws));
+  backward<double>(opt, view(in.q, qs), view(in.k, qs), view(in.v, vs), view(in.w, ws), view(o, vs),
+                   view(in.grad_o, vs), view(gq, qs), view(gk, qs), view(gv, vs), view(gw, ws));
 
   std::vector<double> s(numel(ss)), mixed(numel(ss));
   block_summaries<double>(opt, view(in.k, qs), view(in.v, vs), view(s, ss));
@@ -265,11 +267,10 @@ TEST_P(Pieces, BackwardInPiecesEqualsOneCall) {
                               view(po, pvs), view(g, pvs), view(dq, pqs), view(dk, pqs),
                               view(dv, pvs), view(dmixed, summary_shape(c, p.blocks)),
                               view(dw, p.w_shape), p.first_block);
-    mix_summaries_backward<double>(p.options, view(p.w, p.w_shape),
-                                   view(prefix, summary_shape(c, end)),
-                                   view(dmixed, summary_shape(c, p.blocks)),
-                                   view(dprefix, summary_shape(c, end)), view(dw, p.w_shape),
-                                   p.first_block);
+    mix_summaries_backward<double>(
+        p.options, view(p.w, p.w_shape), view(prefix, summary_shape(c, end)),
+        view(dmixed, summary_shape(c, p.blocks)), view(dprefix, summary_shape(c, end)),
+        view(dw, p.w_shape), p.first_block);
     add_rows(dq, c, c.dk, p.first_token, p.tokens, pq);
     add_rows(dk, c, c.dk, p.first_token, p.tokens, pk);
     add_rows(dv, c, c.dv, p.first_token, p.tokens, pv);
@@ -335,10 +336,10 @@ TEST(PhaseErrors, NameTheArgumentAndTheProblem) {
               }),
               HasSubstr("mhla::forward_piece: a piece of a sequence needs causal or block_causal"));
   EXPECT_THAT(message([&] {
-                forward_piece<double>(c.options(), view(in.q, c.q_shape()),
-                                      view(in.k, c.q_shape()), view(in.v, c.v_shape()),
-                                      view(in.w, c.w_shape()), view(empty, {1, 2, 0, 3}),
-                                      view(o, c.v_shape()), view(next, ss));
+                forward_piece<double>(c.options(), view(in.q, c.q_shape()), view(in.k, c.q_shape()),
+                                      view(in.v, c.v_shape()), view(in.w, c.w_shape()),
+                                      view(empty, {1, 2, 0, 3}), view(o, c.v_shape()),
+                                      view(next, ss));
               }),
               HasSubstr("state_in must have rank 5 [B, H, P, Dk, Dv + 1], got shape [1, 2, 0, 3]"));
 }

@@ -37,11 +37,10 @@ TEST_P(ReferenceAgreement, BlockAndDenseFormsAgree) {
   const Gradients gb = block_gradients(c, in);
   Gradients gd{std::vector<double>(in.q.size()), std::vector<double>(in.k.size()),
                std::vector<double>(in.v.size()), std::vector<double>(in.w.size())};
-  reference::dense_backward(c.options(), view(in.q, c.q_shape()), view(in.k, c.q_shape()),
-                            view(in.v, c.v_shape()), view(in.w, c.w_shape()),
-                            view(in.grad_o, c.v_shape()), view(gd.q, c.q_shape()),
-                            view(gd.k, c.q_shape()), view(gd.v, c.v_shape()),
-                            view(gd.w, c.w_shape()));
+  reference::dense_backward(
+      c.options(), view(in.q, c.q_shape()), view(in.k, c.q_shape()), view(in.v, c.v_shape()),
+      view(in.w, c.w_shape()), view(in.grad_o, c.v_shape()), view(gd.q, c.q_shape()),
+      view(gd.k, c.q_shape()), view(gd.v, c.v_shape()), view(gd.w, c.w_shape()));
   EXPECT_CLOSE(gb.q, gd.q, 1e-11, "grad q");
   EXPECT_CLOSE(gb.k, gd.k, 1e-11, "grad k");
   EXPECT_CLOSE(gb.v, gd.v, 1e-11, "grad v");
@@ -78,9 +77,8 @@ TEST(ReferenceAgreement, MaskedUpperTriangleIsIgnoredAndGetsNoGradient) {
 TEST(ReferenceAgreement, BlockCausalReadsWholeOwnBlockOnly) {
   Case c{"block-causal", 1, 1, 2, 2, TokenLayout::sequence(6, 3), Masking::block_causal};
   const Inputs in = make_inputs(c, 8);
-  const auto a = reference::mhla_attention_matrix(c.options(), view(in.q, c.q_shape()),
-                                                  view(in.k, c.q_shape()),
-                                                  view(in.w, c.w_shape()), 0, 0);
+  const auto a = reference::mhla_attention_matrix(
+      c.options(), view(in.q, c.q_shape()), view(in.k, c.q_shape()), view(in.w, c.w_shape()), 0, 0);
   EXPECT_GT(a[0 * 6 + 2], 0.0);  // token 0 reads token 2 of its block
   EXPECT_EQ(a[2 * 6 + 3], 0.0);  // token 2 does not read token 3 (next block)
   EXPECT_GT(a[3 * 6 + 0], 0.0);  // token 3 reads the earlier block
@@ -96,7 +94,8 @@ TEST_P(FiniteDifferences, BlockReferenceGradientsMatch) {
   auto loss = [&]() {
     std::vector<double> o(in.v.size());
     reference::block_forward(c.options(), view(in.q, c.q_shape()), view(in.k, c.q_shape()),
-                             view(in.v, c.v_shape()), view(in.w, c.w_shape()), view(o, c.v_shape()));
+                             view(in.v, c.v_shape()), view(in.w, c.w_shape()),
+                             view(o, c.v_shape()));
     double l = 0;
     for (size_t i = 0; i < o.size(); ++i) l += o[i] * in.grad_o[i];
     return l;
@@ -119,7 +118,8 @@ TEST_P(FiniteDifferences, BlockReferenceGradientsMatch) {
   EXPECT_CLOSE(numeric(in.k), analytic.k, 1e-6, "grad k");
   EXPECT_CLOSE(numeric(in.v), analytic.v, 1e-6, "grad v");
   std::vector<double> fd_w = numeric(in.w);
-  if (c.masking != Masking::none && c.toeplitz_length < 0) {  // the upper triangle is unused: its FD is 0 too
+  if (c.masking != Masking::none &&
+      c.toeplitz_length < 0) {  // the upper triangle is unused: its FD is 0 too
     const int64_t m = c.blocks();
     for (size_t e = 0; e < fd_w.size(); ++e)
       if ((int64_t(e) % (m * m)) % m > (int64_t(e) % (m * m)) / m) {

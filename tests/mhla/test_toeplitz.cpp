@@ -25,8 +25,8 @@ struct Results {
 
 Results run_fast(const Case& c, const Inputs& in, const std::vector<double>& w) {
   Results r{std::vector<double>(in.v.size()), std::vector<double>(in.q.size()),
-        std::vector<double>(in.k.size()), std::vector<double>(in.v.size()),
-        std::vector<double>(w.size())};
+            std::vector<double>(in.k.size()), std::vector<double>(in.v.size()),
+            std::vector<double>(w.size())};
   const Options o = c.options();
   forward<double>(o, view(in.q, c.q_shape()), view(in.k, c.q_shape()), view(in.v, c.v_shape()),
                   view(w, c.w_shape()), view(r.o, c.v_shape()));

@@ -40,16 +40,21 @@ std::string error_of(Call& call) {
 }
 
 TEST(Validation, OptionNamesParseBackAndUnknownNamesListTheChoices) {
-  for (auto m : {Masking::none, Masking::causal, Masking::block_causal}) EXPECT_EQ(parse_masking(to_string(m)), m);
+  for (auto m : {Masking::none, Masking::causal, Masking::block_causal})
+    EXPECT_EQ(parse_masking(to_string(m)), m);
   for (auto f : {FeatureMap::identity, FeatureMap::relu, FeatureMap::elu1})
     EXPECT_EQ(parse_feature_map(to_string(f)), f);
-  for (auto f : {MixingForm::dense, MixingForm::toeplitz}) EXPECT_EQ(parse_mixing_form(to_string(f)), f);
+  for (auto f : {MixingForm::dense, MixingForm::toeplitz})
+    EXPECT_EQ(parse_mixing_form(to_string(f)), f);
   EXPECT_THAT([] { parse_masking("Causal"); },
-              ThrowsMessage<Error>(HasSubstr("unknown masking 'Causal'; expected none, causal or block_causal")));
-  EXPECT_THAT([] { parse_feature_map(""); },
-              ThrowsMessage<Error>(HasSubstr("unknown feature map ''; expected identity, relu or elu1")));
-  EXPECT_THAT([] { parse_mixing_form("sparse"); },
-              ThrowsMessage<Error>(HasSubstr("unknown mixing form 'sparse'; expected dense or toeplitz")));
+              ThrowsMessage<Error>(
+                  HasSubstr("unknown masking 'Causal'; expected none, causal or block_causal")));
+  EXPECT_THAT(
+      [] { parse_feature_map(""); },
+      ThrowsMessage<Error>(HasSubstr("unknown feature map ''; expected identity, relu or elu1")));
+  EXPECT_THAT(
+      [] { parse_mixing_form("sparse"); },
+      ThrowsMessage<Error>(HasSubstr("unknown mixing form 'sparse'; expected dense or toeplitz")));
 }
 
 TEST(Validation, ValidCallSucceeds) {
@@ -60,7 +65,8 @@ TEST(Validation, ValidCallSucceeds) {
 TEST(Validation, MismatchedShapesNameTheArgument) {
   Call c1;
   c1.ks = {1, 8, 2, 5};
-  EXPECT_THAT(error_of(c1), HasSubstr("mhla::forward: k has shape [1, 8, 2, 5], expected [1, 8, 2, 4]"));
+  EXPECT_THAT(error_of(c1),
+              HasSubstr("mhla::forward: k has shape [1, 8, 2, 5], expected [1, 8, 2, 4]"));
   Call c2;
   c2.vs = {1, 7, 2, 3};
   EXPECT_THAT(error_of(c2), HasSubstr("v has shape [1, 7, 2, 3], expected [1, 8, 2, 3]"));
@@ -81,19 +87,27 @@ TEST(Validation, TensorsOnAnotherDeviceAreRefusedByName) {
   };
   const std::string expected =
       "mhla::forward: k is on the cuda device, but this build of mhla has only the CPU backend";
-  EXPECT_THAT([&] {
-    forward<float>(call.options, {call.q.data(), call.qs}, on_cuda(call.k.data(), call.ks),
-                   {call.v.data(), call.vs}, {call.w.data(), call.ws}, {call.o.data(), call.os});
-  }, ThrowsMessage<Error>(HasSubstr(expected)));
-  EXPECT_THAT([&] {
-    forward<float>(call.options, {call.q.data(), call.qs}, {call.k.data(), call.ks},
-                   {call.v.data(), call.vs}, {call.w.data(), call.ws}, on_cuda(call.o.data(), call.os));
-  }, ThrowsMessage<Error>(HasSubstr("mhla::forward: o is on the cuda device")));
+  EXPECT_THAT(
+      [&] {
+        forward<float>(call.options, {call.q.data(), call.qs}, on_cuda(call.k.data(), call.ks),
+                       {call.v.data(), call.vs}, {call.w.data(), call.ws},
+                       {call.o.data(), call.os});
+      },
+      ThrowsMessage<Error>(HasSubstr(expected)));
+  EXPECT_THAT(
+      [&] {
+        forward<float>(call.options, {call.q.data(), call.qs}, {call.k.data(), call.ks},
+                       {call.v.data(), call.vs}, {call.w.data(), call.ws},
+                       on_cuda(call.o.data(), call.os));
+      },
+      ThrowsMessage<Error>(HasSubstr("mhla::forward: o is on the cuda device")));
   std::vector<float> summaries(2 * 2 * 4 * 4);
-  EXPECT_THAT([&] {
-    block_summaries<float>(call.options, on_cuda(call.k.data(), call.ks), {call.v.data(), call.vs},
-                           {summaries.data(), {1, 2, 2, 4, 4}});
-  }, ThrowsMessage<Error>(HasSubstr("mhla::block_summaries: k is on the cuda device")));
+  EXPECT_THAT(
+      [&] {
+        block_summaries<float>(call.options, on_cuda(call.k.data(), call.ks),
+                               {call.v.data(), call.vs}, {summaries.data(), {1, 2, 2, 4, 4}});
+      },
+      ThrowsMessage<Error>(HasSubstr("mhla::block_summaries: k is on the cuda device")));
   EXPECT_EQ(std::string(to_string(Device::cpu)), "cpu");
 }
 
@@ -231,9 +245,10 @@ TEST(Validation, BackwardChecksGradientShapes) {
 
 TEST(Validation, BaselinesValidateToo) {
   std::vector<float> q(64), o(48), lse(2 * 8);
-  EXPECT_THROW(linear_attention_forward<float>({}, {q.data(), {1, 8, 2, 4}}, {q.data(), {1, 8, 2, 4}},
-                                               {q.data(), {1, 9, 2, 3}}, {o.data(), {1, 8, 2, 3}}),
-               Error);
+  EXPECT_THROW(
+      linear_attention_forward<float>({}, {q.data(), {1, 8, 2, 4}}, {q.data(), {1, 8, 2, 4}},
+                                      {q.data(), {1, 9, 2, 3}}, {o.data(), {1, 8, 2, 3}}),
+      Error);
   try {
     softmax_attention_forward<float>({}, {q.data(), {1, 8, 2, 4}}, {q.data(), {1, 8, 2, 4}},
                                      {q.data(), {1, 8, 2, 3}}, {o.data(), {1, 8, 2, 3}},

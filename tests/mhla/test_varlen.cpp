@@ -165,8 +165,8 @@ TEST(Varlen, BadPackingIsAClearError) {
                       std::vector<int64_t> qs) -> std::string {
     const std::vector<int64_t> vs = {qs[0], qs[1], qs[2], p.dv};
     try {
-      varlen_forward<double>(vo, {cu.data(), {int64_t(cu.size())}}, view(p.q, qs),
-                             view(p.k, qs), view(p.v, vs), view(w, ws), view(o, vs));
+      varlen_forward<double>(vo, {cu.data(), {int64_t(cu.size())}}, view(p.q, qs), view(p.k, qs),
+                             view(p.v, vs), view(w, ws), view(o, vs));
     } catch (const Error& e) {
       return e.what();
     }
@@ -175,16 +175,16 @@ TEST(Varlen, BadPackingIsAClearError) {
   const std::vector<int64_t> ws = {2, 2};
   EXPECT_EQ(error_of({0, 5, 12}, ws, p.qs()), "no error");
   EXPECT_THAT(error_of({1, 5, 12}, ws, p.qs()), HasSubstr("cu_seqlens[0] must be 0, got 1"));
-  EXPECT_THAT(error_of({0, 7, 5, 12}, ws, p.qs()),
-              HasSubstr("cu_seqlens must be non-decreasing, but cu_seqlens[2] = 5 < cu_seqlens[1] = 7"));
+  EXPECT_THAT(
+      error_of({0, 7, 5, 12}, ws, p.qs()),
+      HasSubstr("cu_seqlens must be non-decreasing, but cu_seqlens[2] = 5 < cu_seqlens[1] = 7"));
   EXPECT_THAT(error_of({0, 5, 11}, ws, p.qs()),
               HasSubstr("cu_seqlens ends at 11 but the packed tensors hold N = 12 tokens"));
   EXPECT_THAT(error_of({0}, ws, p.qs()), HasSubstr("cu_seqlens needs S + 1 >= 2 offsets"));
   EXPECT_THAT(error_of({0, 5, 12}, {1, 1}, p.qs()),
               HasSubstr("w covers 1 blocks (4 tokens in blocks of 4) but the longest sequence "
                         "has 7 tokens = 2 blocks"));
-  EXPECT_THAT(error_of({0, 5, 12}, ws, {2, 6, 1, 2}),
-              HasSubstr("packed q must have batch 1"));
+  EXPECT_THAT(error_of({0, 5, 12}, ws, {2, 6, 1, 2}), HasSubstr("packed q must have batch 1"));
   std::vector<double> negative = {0.5, 0.5, -1.0, 0.5};
   std::vector<int64_t> cu = {0, 5, 12};
   try {

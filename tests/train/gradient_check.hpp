@@ -28,7 +28,8 @@ inline double dot(const std::vector<double>& a, const std::vector<double>& b) {
 // For up to `samples` entries of `x` (all when fewer), perturbs x[i] by +-h,
 // evaluates `loss`, and expects (L+ - L-) / 2h to match analytic[i].
 inline void expect_gradient(std::vector<double>& x, const std::vector<double>& analytic,
-                            const std::function<double()>& loss, const std::string& what, size_t samples = 48) {
+                            const std::function<double()>& loss, const std::string& what,
+                            size_t samples = 48) {
   ASSERT_EQ(x.size(), analytic.size()) << what;
   std::vector<size_t> indices(x.size());
   for (size_t i = 0; i < x.size(); ++i) indices[i] = i;
@@ -45,7 +46,8 @@ inline void expect_gradient(std::vector<double>& x, const std::vector<double>& a
     const double minus = loss();
     x[i] = saved;
     const double numeric = (plus - minus) / (2 * h);
-    EXPECT_NEAR(analytic[i], numeric, 1e-6 * scale + 1e-6 * std::abs(numeric)) << what << " entry " << i;
+    EXPECT_NEAR(analytic[i], numeric, 1e-6 * scale + 1e-6 * std::abs(numeric))
+        << what << " entry " << i;
   }
 }
 

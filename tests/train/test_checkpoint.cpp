@@ -6,8 +6,8 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "mhla_support/files.hpp"
 #include "mhla/error.hpp"
+#include "mhla_support/files.hpp"
 #include "small_runs.hpp"
 #include "train/checkpoint.hpp"
 #include "train/safetensors.hpp"
@@ -55,14 +55,17 @@ std::vector<uint8_t> with_header(const std::string& header, size_t data_bytes) {
 
 TEST(TrainSafetensors, CorruptFilesAreNamedErrors) {
   std::vector<uint8_t> bytes = encode_safetensors(sample());
-  auto decode = [](std::vector<uint8_t> b) { return [b] { decode_safetensors(b, "ck.safetensors"); }; };
+  auto decode = [](std::vector<uint8_t> b) {
+    return [b] { decode_safetensors(b, "ck.safetensors"); };
+  };
   EXPECT_THAT(decode({1, 2, 3}), ThrowsMessage<Error>(HasSubstr("ck.safetensors: truncated")));
   EXPECT_THAT(decode(std::vector<uint8_t>(bytes.begin(), bytes.end() - 4)),
               ThrowsMessage<Error>(HasSubstr("truncated file?")));
   std::vector<uint8_t> huge = bytes;
   huge[7] = 0x7f;
   EXPECT_THAT(decode(huge), ThrowsMessage<Error>(HasSubstr("'header' needs")));
-  EXPECT_THAT(decode(with_header("{not json", 0)), ThrowsMessage<Error>(HasSubstr("not a JSON object")));
+  EXPECT_THAT(decode(with_header("{not json", 0)),
+              ThrowsMessage<Error>(HasSubstr("not a JSON object")));
   EXPECT_THAT(decode(with_header(R"({"x":{"dtype":"F16","shape":[1],"data_offsets":[0,2]}})", 2)),
               ThrowsMessage<Error>(HasSubstr("tensor 'x': dtype \"F16\" is not supported")));
   EXPECT_THAT(decode(with_header(R"({"x":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8)),
@@ -78,7 +81,8 @@ TEST(TrainSafetensors, CorruptFilesAreNamedErrors) {
 }
 
 TEST(TrainCheckpoint, RoundTripRestoresModelOptimizerAndHistory) {
-  const std::string path = (std::filesystem::temp_directory_path() / "mhla_ck_roundtrip.safetensors").string();
+  const std::string path =
+      (std::filesystem::temp_directory_path() / "mhla_ck_roundtrip.safetensors").string();
   const RunConfig c = small_mqar({AttentionKind::mhla, AttentionKind::softmax});
   const ModelConfig m = make_task(c, "")->model_config();
   Model<float> a(m, 1), b(m, 2);
@@ -94,7 +98,8 @@ TEST(TrainCheckpoint, RoundTripRestoresModelOptimizerAndHistory) {
   EXPECT_EQ(back.step, 3);
   EXPECT_EQ(back.history.train_loss, state.history.train_loss);
   EXPECT_EQ(back.history.eval[0].accuracy, 0.25);
-  for (size_t i = 0; i < a.parameters().size(); ++i) EXPECT_EQ(a.parameters()[i]->value, b.parameters()[i]->value);
+  for (size_t i = 0; i < a.parameters().size(); ++i)
+    EXPECT_EQ(a.parameters()[i]->value, b.parameters()[i]->value);
   EXPECT_EQ(ob.first_moments()[0][0], 0.25f);
   EXPECT_EQ(ob.steps_taken(), 3);
 
@@ -103,7 +108,8 @@ TEST(TrainCheckpoint, RoundTripRestoresModelOptimizerAndHistory) {
   other.kv_pairs = 3;
   other.lr = 0.5;
   EXPECT_THAT([&] { load_checkpoint(path, other, b, ob); },
-              ThrowsMessage<Error>(AllOf(HasSubstr("different run"), HasSubstr("kv_pairs 4 vs 3"), HasSubstr("lr "))));
+              ThrowsMessage<Error>(AllOf(HasSubstr("different run"), HasSubstr("kv_pairs 4 vs 3"),
+                                         HasSubstr("lr "))));
 
   // A truncated file: named, and the model is left as it was.
   std::vector<uint8_t> bytes = io::read_file(path);
@@ -115,7 +121,8 @@ TEST(TrainCheckpoint, RoundTripRestoresModelOptimizerAndHistory) {
 
   // A safetensors file that is not a checkpoint.
   io::write_file_atomically(path, encode_safetensors(SafeTensors{}));
-  EXPECT_THAT([&] { load_checkpoint(path, c, b, ob); }, ThrowsMessage<Error>(HasSubstr("not a training checkpoint")));
+  EXPECT_THAT([&] { load_checkpoint(path, c, b, ob); },
+              ThrowsMessage<Error>(HasSubstr("not a training checkpoint")));
   std::filesystem::remove(path);
   EXPECT_THAT([&] { load_checkpoint(path, c, b, ob); }, ThrowsMessage<Error>(HasSubstr(path)));
 }

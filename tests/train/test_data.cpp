@@ -27,7 +27,7 @@ TEST(TrainData, MqarSequencesFollowTheDefinition) {
     std::map<int32_t, int32_t> value_of;
     for (int p = 0; p < 8; ++p) {
       EXPECT_GE(t[2 * p], 1);
-      EXPECT_LT(t[2 * p], 32);  // keys: lower half
+      EXPECT_LT(t[2 * p], 32);      // keys: lower half
       EXPECT_GE(t[2 * p + 1], 32);  // values: upper half
       EXPECT_TRUE(value_of.emplace(t[2 * p], t[2 * p + 1]).second) << "keys are distinct";
     }
@@ -71,8 +71,16 @@ TEST(TrainData, MqarQueriesClusterNearTheContext) {
 }
 
 TEST(TrainData, MqarRejectsImpossibleSettings) {
-  EXPECT_THAT([] { make_mqar_batch({16, 256, 16, 0.01}, 1, 0); }, ThrowsMessage<Error>(HasSubstr("vocabulary")));
-  EXPECT_THAT([] { make_mqar_batch({256, 32, 16, 0.01}, 1, 0); }, ThrowsMessage<Error>(HasSubstr("seq_len >= 64")));
+  EXPECT_THAT(
+      [] {
+        make_mqar_batch({16, 256, 16, 0.01}, 1, 0);
+      },
+      ThrowsMessage<Error>(HasSubstr("vocabulary")));
+  EXPECT_THAT(
+      [] {
+        make_mqar_batch({256, 32, 16, 0.01}, 1, 0);
+      },
+      ThrowsMessage<Error>(HasSubstr("seq_len >= 64")));
 }
 
 void write_gzip(const std::string& path, const std::vector<uint8_t>& bytes) {
@@ -111,11 +119,14 @@ TEST(TrainData, FashionMnistReaderAndPatches) {
 
   // Broken files are named errors.
   write_gzip(dir + "/t10k-labels-idx1-ubyte.gz", idx(0x801, {3}, 3, 1));
-  EXPECT_THAT([&] { load_fashion_mnist(dir, false); }, ThrowsMessage<Error>(HasSubstr("2 images but")));
+  EXPECT_THAT([&] { load_fashion_mnist(dir, false); },
+              ThrowsMessage<Error>(HasSubstr("2 images but")));
   write_gzip(dir + "/t10k-labels-idx1-ubyte.gz", idx(0x801, {2}, 1, 1));
-  EXPECT_THAT([&] { load_fashion_mnist(dir, false); }, ThrowsMessage<Error>(HasSubstr("header promises 2")));
+  EXPECT_THAT([&] { load_fashion_mnist(dir, false); },
+              ThrowsMessage<Error>(HasSubstr("header promises 2")));
   write_gzip(dir + "/t10k-labels-idx1-ubyte.gz", idx(0x803, {2}, 2, 1));
-  EXPECT_THAT([&] { load_fashion_mnist(dir, false); }, ThrowsMessage<Error>(HasSubstr("not an IDX file")));
+  EXPECT_THAT([&] { load_fashion_mnist(dir, false); },
+              ThrowsMessage<Error>(HasSubstr("not an IDX file")));
   EXPECT_THAT([&] { load_fashion_mnist(dir, true); },
               ThrowsMessage<Error>(HasSubstr("apt-get install dataset-fashion-mnist")));
   std::filesystem::remove_all(dir);

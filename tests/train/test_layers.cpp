@@ -22,7 +22,8 @@ TEST(TrainLayers, LinearGradients) {
   for (bool bias : {true, false}) {
     Linear<double> layer("l", 5, 3, bias, rng);
     const int64_t rows = 7;
-    std::vector<double> x = random_vector(rows * 5, 2), probe = random_vector(rows * 3, 3), y(rows * 3), dx(rows * 5);
+    std::vector<double> x = random_vector(rows * 5, 2), probe = random_vector(rows * 3, 3),
+                        y(rows * 3), dx(rows * 5);
     auto loss = [&] {
       layer.forward(x.data(), rows, y.data());
       return dot(y, probe);
@@ -40,7 +41,8 @@ TEST(TrainLayers, RMSNormGradients) {
   RMSNorm<double> norm("n", 6);
   norm.gain.value = random_vector(6, 4);
   const int64_t rows = 5;
-  std::vector<double> x = random_vector(rows * 6, 5), probe = random_vector(rows * 6, 6), y(rows * 6), dx(rows * 6);
+  std::vector<double> x = random_vector(rows * 6, 5), probe = random_vector(rows * 6, 6),
+                      y(rows * 6), dx(rows * 6);
   auto loss = [&] {
     norm.forward(x.data(), rows, y.data());
     return dot(y, probe);
@@ -73,14 +75,16 @@ TEST(TrainLayers, MLPGradients) {
   Rng rng(8);
   MLP<double> mlp("m", 4, 9, rng);
   const int64_t rows = 3;
-  std::vector<double> x = random_vector(rows * 4, 9), probe = random_vector(rows * 4, 10), y(rows * 4), dx(rows * 4);
+  std::vector<double> x = random_vector(rows * 4, 9), probe = random_vector(rows * 4, 10),
+                      y(rows * 4), dx(rows * 4);
   auto loss = [&] {
     mlp.forward(x.data(), rows, y.data());
     return dot(y, probe);
   };
   loss();
   mlp.backward(x.data(), probe.data(), rows, dx.data());
-  const std::vector<double> up = mlp.up.weight.grad, up_b = mlp.up.bias.grad, down = mlp.down.weight.grad;
+  const std::vector<double> up = mlp.up.weight.grad, up_b = mlp.up.bias.grad,
+                            down = mlp.down.weight.grad;
   expect_gradient(x, dx, loss, "mlp dx");
   expect_gradient(mlp.up.weight.value, up, loss, "mlp up dW");
   expect_gradient(mlp.up.bias.value, up_b, loss, "mlp up db");
@@ -91,8 +95,8 @@ TEST(TrainLayers, ShortConvGradientsAndCausality) {
   Rng rng(11);
   ShortConv<double> conv("c", 3, 4, rng);
   const int64_t batch = 2, tokens = 6;
-  std::vector<double> x = random_vector(batch * tokens * 3, 12), probe = random_vector(x.size(), 13), y(x.size()),
-                      dx(x.size());
+  std::vector<double> x = random_vector(batch * tokens * 3, 12),
+                      probe = random_vector(x.size(), 13), y(x.size()), dx(x.size());
   auto loss = [&] {
     conv.forward(x.data(), batch, tokens, y.data());
     return dot(y, probe);
@@ -118,7 +122,8 @@ TEST(TrainLayers, EmbeddingGradientsAndRangeCheck) {
   Rng rng(14);
   TokenEmbedding<double> embed("e", 5, 3, rng);
   PositionEmbedding<double> positions("p", 4, 3, rng);
-  const std::vector<int32_t> tokens{0, 4, 4, 2, 1, 1, 3, 0};  // batch 2 x 4 tokens, repeats on purpose
+  const std::vector<int32_t> tokens{0, 4, 4, 2,
+                                    1, 1, 3, 0};  // batch 2 x 4 tokens, repeats on purpose
   std::vector<double> probe = random_vector(8 * 3, 15), y(8 * 3);
   auto loss = [&] {
     embed.forward(tokens.data(), 8, y.data());
@@ -143,13 +148,16 @@ TEST(TrainLayers, CrossEntropyGradientIgnoresUnlabelledRows) {
   const LossResult r = cross_entropy(logits, targets, classes, &grad);
   EXPECT_EQ(r.labelled, 2);
   for (int64_t c = 0; c < classes; ++c) EXPECT_EQ(grad[size_t(classes + c)], 0.0);
-  auto loss = [&] { return cross_entropy(logits, targets, classes, static_cast<std::vector<double>*>(nullptr)).loss; };
+  auto loss = [&] {
+    return cross_entropy(logits, targets, classes, static_cast<std::vector<double>*>(nullptr)).loss;
+  };
   expect_gradient(logits, grad, loss, "cross-entropy");
   // Uniform logits: loss log(C), no row correct unless argmax ties pick the target.
   std::vector<double> flat(2 * classes, 0.0);
-  EXPECT_NEAR(cross_entropy(flat, {1, 3}, classes, static_cast<std::vector<double>*>(nullptr)).loss, std::log(4.0),
-              1e-12);
-  EXPECT_THROW(cross_entropy(flat, {1, 4}, classes, static_cast<std::vector<double>*>(nullptr)), Error);
+  EXPECT_NEAR(cross_entropy(flat, {1, 3}, classes, static_cast<std::vector<double>*>(nullptr)).loss,
+              std::log(4.0), 1e-12);
+  EXPECT_THROW(cross_entropy(flat, {1, 4}, classes, static_cast<std::vector<double>*>(nullptr)),
+               Error);
 }
 
 struct AttentionCase {
@@ -162,7 +170,8 @@ struct AttentionCase {
   int64_t dim = 6;  // 2 heads; rotary positions need an even head dimension
 };
 
-AttentionDesign design(MixingParam param, bool shared, FeatureMap phi, bool gated, bool rope, int64_t value_conv) {
+AttentionDesign design(MixingParam param, bool shared, FeatureMap phi, bool gated, bool rope,
+                       int64_t value_conv) {
   AttentionDesign d;
   d.mixing_param = param;
   d.mixing_shared = shared;
@@ -189,8 +198,8 @@ TEST_P(AttentionGradients, MatchFiniteDifferences) {
       for (double& w : layer.mixing_parameter.value) w = 0.1 + std::abs(w);
   }
   const int64_t batch = 2, n = c.layout.num_tokens();
-  std::vector<double> x = random_vector(size_t(batch * n * c.dim), 19), probe = random_vector(x.size(), 20),
-                      y(x.size()), dx(x.size());
+  std::vector<double> x = random_vector(size_t(batch * n * c.dim), 19),
+                      probe = random_vector(x.size(), 20), y(x.size()), dx(x.size());
   auto loss = [&] {
     layer.forward(x.data(), batch, y.data());
     return dot(y, probe);
@@ -202,36 +211,45 @@ TEST_P(AttentionGradients, MatchFiniteDifferences) {
   std::vector<std::vector<double>> grads;
   for (Parameter<double>* p : params) grads.push_back(p->grad);
   expect_gradient(x, dx, loss, "attention dx");
-  for (size_t i = 0; i < params.size(); ++i) expect_gradient(params[i]->value, grads[i], loss, params[i]->name);
+  for (size_t i = 0; i < params.size(); ++i)
+    expect_gradient(params[i]->value, grads[i], loss, params[i]->name);
 }
 
 INSTANTIATE_TEST_SUITE_P(
     TrainLayers, AttentionGradients,
-    ::testing::Values(AttentionCase{"softmax", AttentionKind::softmax, false, TokenLayout::sequence(7, 3), 0},
-                      AttentionCase{"softmax_causal_conv", AttentionKind::softmax, true, TokenLayout::sequence(7, 3), 3},
-                      AttentionCase{"linear", AttentionKind::linear, false, TokenLayout::sequence(7, 3), 0},
-                      AttentionCase{"linear_causal", AttentionKind::linear, true, TokenLayout::sequence(7, 3), 2},
-                      AttentionCase{"mhla_ragged", AttentionKind::mhla, false, TokenLayout::sequence(7, 3), 0},
-                      AttentionCase{"mhla_causal_conv", AttentionKind::mhla, true, TokenLayout::sequence(8, 3), 3},
-                      AttentionCase{"mhla_grid2d", AttentionKind::mhla, false, TokenLayout::grid2d(3, 5, 2, 2), 0},
-                      // The paper's and the authors' options, each on at least once.
-                      AttentionCase{"mhla_clamp_shared_causal", AttentionKind::mhla, true, TokenLayout::sequence(8, 3), 0,
-                                    design(MixingParam::clamp, true, FeatureMap::elu1, false, false, 0)},
-                      AttentionCase{"mhla_authors_lm_head", AttentionKind::mhla, true, TokenLayout::sequence(7, 3), 2,
-                                    design(MixingParam::clamp, false, FeatureMap::relu, true, true, 0), 8},
-                      AttentionCase{"linear_gated_value_conv", AttentionKind::linear, true, TokenLayout::sequence(7, 3), 0,
-                                    design(MixingParam::softmax, false, FeatureMap::elu1, true, false, 3)},
-                      AttentionCase{"mhla_grid2d_value_conv_shared", AttentionKind::mhla, false,
-                                    TokenLayout::grid2d(3, 5, 2, 2), 0,
-                                    design(MixingParam::softmax, true, FeatureMap::relu, false, false, 3)},
-                      AttentionCase{"softmax_rope_gated_value_conv", AttentionKind::softmax, false,
-                                    TokenLayout::grid2d(3, 4, 2, 2), 0,
-                                    design(MixingParam::softmax, false, FeatureMap::elu1, true, true, 3), 8}),
+    ::testing::Values(
+        AttentionCase{"softmax", AttentionKind::softmax, false, TokenLayout::sequence(7, 3), 0},
+        AttentionCase{"softmax_causal_conv", AttentionKind::softmax, true,
+                      TokenLayout::sequence(7, 3), 3},
+        AttentionCase{"linear", AttentionKind::linear, false, TokenLayout::sequence(7, 3), 0},
+        AttentionCase{"linear_causal", AttentionKind::linear, true, TokenLayout::sequence(7, 3), 2},
+        AttentionCase{"mhla_ragged", AttentionKind::mhla, false, TokenLayout::sequence(7, 3), 0},
+        AttentionCase{"mhla_causal_conv", AttentionKind::mhla, true, TokenLayout::sequence(8, 3),
+                      3},
+        AttentionCase{"mhla_grid2d", AttentionKind::mhla, false, TokenLayout::grid2d(3, 5, 2, 2),
+                      0},
+        // The paper's and the authors' options, each on at least once.
+        AttentionCase{"mhla_clamp_shared_causal", AttentionKind::mhla, true,
+                      TokenLayout::sequence(8, 3), 0,
+                      design(MixingParam::clamp, true, FeatureMap::elu1, false, false, 0)},
+        AttentionCase{"mhla_authors_lm_head", AttentionKind::mhla, true,
+                      TokenLayout::sequence(7, 3), 2,
+                      design(MixingParam::clamp, false, FeatureMap::relu, true, true, 0), 8},
+        AttentionCase{"linear_gated_value_conv", AttentionKind::linear, true,
+                      TokenLayout::sequence(7, 3), 0,
+                      design(MixingParam::softmax, false, FeatureMap::elu1, true, false, 3)},
+        AttentionCase{"mhla_grid2d_value_conv_shared", AttentionKind::mhla, false,
+                      TokenLayout::grid2d(3, 5, 2, 2), 0,
+                      design(MixingParam::softmax, true, FeatureMap::relu, false, false, 3)},
+        AttentionCase{"softmax_rope_gated_value_conv", AttentionKind::softmax, false,
+                      TokenLayout::grid2d(3, 4, 2, 2), 0,
+                      design(MixingParam::softmax, false, FeatureMap::elu1, true, true, 3), 8}),
     [](const auto& info) { return std::string(info.param.name); });
 
 TEST(TrainLayers, MixingIsRowStochasticAndCausal) {
   Rng rng(21);
-  AttentionLayer<double> layer("a", {AttentionKind::mhla, 4, 2, true, TokenLayout::sequence(10, 3), 0}, rng);
+  AttentionLayer<double> layer(
+      "a", {AttentionKind::mhla, 4, 2, true, TokenLayout::sequence(10, 3), 0}, rng);
   layer.mixing_parameter.value = random_vector(layer.mixing_parameter.value.size(), 22, 30.0);
   const std::vector<double> w = layer.mixing();
   const int64_t m = 4;
@@ -251,7 +269,8 @@ TEST(TrainLayers, MixingIsRowStochasticAndCausal) {
 
 TEST(TrainLayers, MixingStartsAtTheLocalityInit) {
   Rng rng(23);
-  AttentionLayer<double> layer("a", {AttentionKind::mhla, 4, 1, false, TokenLayout::grid2d(4, 4, 2, 2), 0}, rng);
+  AttentionLayer<double> layer(
+      "a", {AttentionKind::mhla, 4, 1, false, TokenLayout::grid2d(4, 4, 2, 2), 0}, rng);
   const std::vector<double> w = layer.mixing();
   for (int64_t i = 0; i < 4; ++i)
     for (int64_t b = 0; b < 4; ++b)
@@ -312,11 +331,13 @@ TEST(TrainLayers, RotaryPositionsAreRelativeAndInvertible) {
   for (int64_t j = 0; j < heads * dh; ++j) EXPECT_DOUBLE_EQ(r[size_t(j)], x[size_t(j)]);
   // The same vector at positions t and s: the rotated dot product depends on t - s only.
   std::vector<double> same(size_t(tokens * heads * dh));
-  for (int64_t t = 0; t < tokens; ++t) std::copy(x.begin(), x.begin() + dh, same.begin() + t * heads * dh);
+  for (int64_t t = 0; t < tokens; ++t)
+    std::copy(x.begin(), x.begin() + dh, same.begin() + t * heads * dh);
   rotate_positions(same.data(), 1, tokens, heads, dh, false);
   auto dot_at = [&](int64_t t, int64_t s) {
     double d = 0;
-    for (int64_t j = 0; j < dh; ++j) d += same[size_t(t * heads * dh + j)] * same[size_t(s * heads * dh + j)];
+    for (int64_t j = 0; j < dh; ++j)
+      d += same[size_t(t * heads * dh + j)] * same[size_t(s * heads * dh + j)];
     return d;
   };
   EXPECT_NEAR(dot_at(3, 1), dot_at(7, 5), 1e-12);
@@ -366,7 +387,8 @@ TEST(TrainLayers, ModelGradientsTokensAndPatches) {
     } else {
       for (int64_t i = 0; i < batch * n; ++i) tokens.push_back(int32_t((i * 5 + 1) % 7));
     }
-    const ModelInput<double> input{patches ? nullptr : tokens.data(), patches ? patch_values.data() : nullptr};
+    const ModelInput<double> input{patches ? nullptr : tokens.data(),
+                                   patches ? patch_values.data() : nullptr};
     const std::vector<double> probe = random_vector(size_t((patches ? batch : batch * n) * 4), 26);
     auto loss = [&] { return dot(model.forward(input, batch), probe); };
     loss();
@@ -375,7 +397,8 @@ TEST(TrainLayers, ModelGradientsTokensAndPatches) {
     std::vector<std::vector<double>> grads;
     for (Parameter<double>* p : model.parameters()) grads.push_back(p->grad);
     for (size_t i = 0; i < grads.size(); ++i)
-      expect_gradient(model.parameters()[i]->value, grads[i], loss, model.parameters()[i]->name, 12);
+      expect_gradient(model.parameters()[i]->value, grads[i], loss, model.parameters()[i]->name,
+                      12);
   }
 }
 

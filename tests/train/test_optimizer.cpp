@@ -27,7 +27,8 @@ TEST(TrainOptimizer, AdamWFirstStepsMatchTheFormula) {
   adam.step(0.1);
   // Step 2 with zero gradient: m = 0.9*0.02*... ; the moments still move the weight.
   const double m = 0.9 * 0.1 * 0.2, v = 0.99 * 0.01 * 0.04;
-  const double expected = before * (1 - 0.05) - 0.1 * (m / (1 - 0.81)) / (std::sqrt(v / (1 - 0.9801)) + 1e-8);
+  const double expected =
+      before * (1 - 0.05) - 0.1 * (m / (1 - 0.81)) / (std::sqrt(v / (1 - 0.9801)) + 1e-8);
   EXPECT_NEAR(w.value[0], expected, 1e-9);
   EXPECT_EQ(adam.steps_taken(), 2);
 }
@@ -62,7 +63,8 @@ TEST(TrainOptimizer, WarmupThenCosine) {
   // Half way through the decay: the mean of peak and floor.
   const double mid = scheduled_lr(10 + 89 / 2, 100, 10, 1.0, 0.1);
   EXPECT_NEAR(mid, 0.1 + 0.9 * 0.5 * (1 + std::cos(std::numbers::pi * 44.0 / 89.0)), 1e-12);
-  for (int64_t s = 11; s < 100; ++s) EXPECT_LE(scheduled_lr(s, 100, 10, 1.0, 0.1), scheduled_lr(s - 1, 100, 10, 1.0, 0.1));
+  for (int64_t s = 11; s < 100; ++s)
+    EXPECT_LE(scheduled_lr(s, 100, 10, 1.0, 0.1), scheduled_lr(s - 1, 100, 10, 1.0, 0.1));
 }
 
 TEST(TrainOptimizer, ClippingScalesToTheNormAndOnlyAboveIt) {

@@ -26,13 +26,15 @@ std::string synthetic_bible(int64_t books = 66) {
   std::vector<std::string> names = validation_books();
   names.insert(names.end(), test_books().begin(), test_books().end());
   for (char a = 'A'; int64_t(names.size()) < 66; ++a)
-    for (char b = 'a'; b <= 'z' && int64_t(names.size()) < 66; ++b) names.push_back(std::string("Book ") + a + b);
+    for (char b = 'a'; b <= 'z' && int64_t(names.size()) < 66; ++b)
+      names.push_back(std::string("Book ") + a + b);
   std::string text = "\n";
   for (int64_t i = 0; i < books; ++i)
     for (int chapter = 1; chapter <= 2; ++chapter) {
       text += names[size_t(i)] + " " + std::to_string(chapter) + "\n\n";
       for (int verse = 1; verse <= 6; ++verse)
-        text += "  " + std::to_string(verse) + " In " + names[size_t(i)] + " a verse of some length.\n";
+        text +=
+            "  " + std::to_string(verse) + " In " + names[size_t(i)] + " a verse of some length.\n";
     }
   return text;
 }
@@ -53,25 +55,30 @@ TEST(TrainText, SplitsByBookWithoutLeaks) {
     EXPECT_EQ(c.train.find("In " + book + " "), std::string::npos) << book;
     EXPECT_EQ(c.test.find("In " + book + " "), std::string::npos) << book;
   }
-  for (const std::string& book : test_books()) EXPECT_EQ(c.train.find("In " + book + " "), std::string::npos) << book;
-  EXPECT_EQ(c.train.size() + c.validation.size() + c.test.size() + 1, synthetic_bible().size());  // all but the leading blank line
+  for (const std::string& book : test_books())
+    EXPECT_EQ(c.train.find("In " + book + " "), std::string::npos) << book;
+  EXPECT_EQ(c.train.size() + c.validation.size() + c.test.size() + 1,
+            synthetic_bible().size());  // all but the leading blank line
 }
 
 TEST(TrainText, MissingOrDamagedCorpusIsANamedError) {
   EXPECT_THAT([] { read_bible_text("/nonexistent/kjv.txt"); },
               ThrowsMessage<Error>(HasSubstr("cannot open '/nonexistent/kjv.txt'")));
-  EXPECT_THAT([] { split_bible_text(synthetic_bible(10), "'cut.txt'"); },
-              ThrowsMessage<Error>(HasSubstr("text corpus 'cut.txt': found 10 books, expected 66")));
+  EXPECT_THAT(
+      [] { split_bible_text(synthetic_bible(10), "'cut.txt'"); },
+      ThrowsMessage<Error>(HasSubstr("text corpus 'cut.txt': found 10 books, expected 66")));
   std::string renamed = synthetic_bible();
   for (size_t at; (at = renamed.find("Ruth")) != std::string::npos;) renamed.replace(at, 4, "Rath");
   EXPECT_THAT([&] { split_bible_text(renamed, "'renamed.txt'"); },
               ThrowsMessage<Error>(HasSubstr("the held-out book 'Ruth' is missing")));
-  EXPECT_THAT([] { split_bible_text("", "'empty.txt'"); }, ThrowsMessage<Error>(HasSubstr("found 0 books")));
+  EXPECT_THAT([] { split_bible_text("", "'empty.txt'"); },
+              ThrowsMessage<Error>(HasSubstr("found 0 books")));
   // Without the `bible` program (here: not on PATH) the message names the packages.
   const std::string path = std::getenv("PATH") ? std::getenv("PATH") : "";
   setenv("PATH", "/nonexistent", 1);
   EXPECT_THAT([] { read_bible_text(""); },
-              ThrowsMessage<Error>(HasSubstr("the 'bible' program is not installed; install Debian's bible-kjv")));
+              ThrowsMessage<Error>(
+                  HasSubstr("the 'bible' program is not installed; install Debian's bible-kjv")));
   setenv("PATH", path.c_str(), 1);
 }
 

@@ -31,9 +31,9 @@ TEST(TrainTrainer, ResumeContinuesTheSameRunExactly) {
   for (AttentionKind kind : {AttentionKind::mhla, AttentionKind::linear, AttentionKind::softmax}) {
     const RunConfig c = small_mqar({kind, kind});
     const RunResult whole = run_training(c, {});
-    const std::string path =
-        (std::filesystem::temp_directory_path() / (std::string("mhla_resume_") + to_string(kind) + ".safetensors"))
-            .string();
+    const std::string path = (std::filesystem::temp_directory_path() /
+                              (std::string("mhla_resume_") + to_string(kind) + ".safetensors"))
+                                 .string();
     RunOptions first;
     first.checkpoint = path;
     first.stop_after = 5;
@@ -56,7 +56,8 @@ TEST(TrainTrainer, ResumeContinuesTheSameRunExactly) {
 }
 
 TEST(TrainTrainer, ResumeRefusesAnotherRunsCheckpoint) {
-  const std::string path = (std::filesystem::temp_directory_path() / "mhla_resume_other.safetensors").string();
+  const std::string path =
+      (std::filesystem::temp_directory_path() / "mhla_resume_other.safetensors").string();
   RunOptions save;
   save.checkpoint = path;
   save.stop_after = 2;
@@ -87,19 +88,22 @@ TEST(TrainTrainer, LearnsToRecallAShortSequence) {
 TEST(TrainTrainer, BadSettingsAreNamedErrors) {
   RunConfig c = small_mqar({AttentionKind::mhla});
   c.dim = 15;
-  EXPECT_THAT([&] { run_training(c, {}); }, ThrowsMessage<Error>(HasSubstr("dim 15 is not divisible by heads 2")));
+  EXPECT_THAT([&] { run_training(c, {}); },
+              ThrowsMessage<Error>(HasSubstr("dim 15 is not divisible by heads 2")));
   c = small_mqar({AttentionKind::mhla});
   c.kv_pairs = 20;
   EXPECT_THAT([&] { run_training(c, {}); }, ThrowsMessage<Error>(HasSubstr("vocabulary")));
   c = small_mqar({AttentionKind::mhla});
   c.task = "cifar";
-  EXPECT_THAT([&] { run_training(c, {}); }, ThrowsMessage<Error>(HasSubstr("unknown task 'cifar'")));
+  EXPECT_THAT([&] { run_training(c, {}); },
+              ThrowsMessage<Error>(HasSubstr("unknown task 'cifar'")));
   c = small_mqar({AttentionKind::mhla});
   c.task = "fashion-mnist";
   c.conv_kernel = 0;
   RunOptions missing;
   missing.data_dir = "/nonexistent";
-  EXPECT_THAT([&] { run_training(c, missing); }, ThrowsMessage<Error>(HasSubstr("/nonexistent/train-images")));
+  EXPECT_THAT([&] { run_training(c, missing); },
+              ThrowsMessage<Error>(HasSubstr("/nonexistent/train-images")));
 }
 
 }  // namespace

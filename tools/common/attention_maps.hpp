@@ -10,11 +10,11 @@
 namespace mhla::tools {
 
 struct AttentionMap {
-  std::string method;       // "softmax", "linear", "mhla"
-  std::string description;  // e.g. "MHLA, elu1, 16 blocks"
+  std::string method;          // "softmax", "linear", "mhla"
+  std::string description;     // e.g. "MHLA, elu1, 16 blocks"
   std::vector<double> matrix;  // row-major [N, N]
   int64_t rank = 0;
-  double entropy = 0;       // mean row entropy, nats
+  double entropy = 0;  // mean row entropy, nats
 };
 
 // q, k: [B, N, H, D] in double. Linear attention uses MHLA's feature map and

@@ -9,11 +9,13 @@
 
 namespace mhla::tools {
 
-void draw_png_with_gnuplot(const std::string& png, int width, int height, const std::string& commands) {
+void draw_png_with_gnuplot(const std::string& png, int width, int height,
+                           const std::string& commands) {
   const std::string partial = png + ".partial", script = png + ".gp";
   {
     std::ofstream out(script);
-    out << "set terminal pngcairo size " << width << "," << height << "\nset output '" << partial << "'\n"
+    out << "set terminal pngcairo size " << width << "," << height << "\nset output '" << partial
+        << "'\n"
         << commands << "\n";
     if (!out) throw Error(script + ": cannot write");
   }
@@ -24,7 +26,8 @@ void draw_png_with_gnuplot(const std::string& png, int width, int height, const 
   std::filesystem::rename(partial, png);
 }
 
-std::string gnuplot_data_block(const std::string& name, const std::vector<std::pair<double, double>>& points) {
+std::string gnuplot_data_block(const std::string& name,
+                               const std::vector<std::pair<double, double>>& points) {
   std::string block = name + " << EOD\n";
   char line[64];
   for (const auto& [x, y] : points) {

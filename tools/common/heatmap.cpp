@@ -14,11 +14,8 @@ namespace mhla::tools {
 namespace {
 
 // Samples of the viridis colour map at 0, 0.25, 0.5, 0.75 and 1.
-constexpr std::array<std::array<double, 3>, 5> kStops = {{{68, 1, 84},
-                                                          {59, 82, 139},
-                                                          {33, 145, 140},
-                                                          {94, 201, 98},
-                                                          {253, 231, 37}}};
+constexpr std::array<std::array<double, 3>, 5> kStops = {
+    {{68, 1, 84}, {59, 82, 139}, {33, 145, 140}, {94, 201, 98}, {253, 231, 37}}};
 
 std::array<uint8_t, 3> colour(double t) {
   t = std::clamp(t, 0.0, 1.0) * double(kStops.size() - 1);

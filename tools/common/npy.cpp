@@ -7,11 +7,11 @@
 #include <filesystem>
 #include <memory>
 
-#include "mhla_support/checked_math.hpp"
-#include "mhla_support/byte_stream.hpp"
-#include "mhla_support/files.hpp"
 #include "mhla/error.hpp"
 #include "mhla/tensor.hpp"
+#include "mhla_support/byte_stream.hpp"
+#include "mhla_support/checked_math.hpp"
+#include "mhla_support/files.hpp"
 
 namespace mhla::tools {
 namespace {
@@ -95,7 +95,8 @@ class HeaderParser {
     while (true) {
       skip_space();
       if (peek() == ')') break;
-      if (!std::isdigit(static_cast<unsigned char>(peek()))) fail("expected a dimension in 'shape'");
+      if (!std::isdigit(static_cast<unsigned char>(peek())))
+        fail("expected a dimension in 'shape'");
       int64_t value = 0;
       while (std::isdigit(static_cast<unsigned char>(peek()))) {
         if (__builtin_mul_overflow(value, int64_t(10), &value) ||
@@ -156,8 +157,9 @@ NpyArray parse_npy(std::span<const uint8_t> bytes, const std::string& source) {
   HeaderParser(header, source).parse(descr, fortran, array.shape);
   array.dtype = dtype_of(descr, source);
   if (fortran)
-    throw Error(source + ": Fortran-order data is not supported; save a C-order array "
-                         "(np.ascontiguousarray)");
+    throw Error(source +
+                ": Fortran-order data is not supported; save a C-order array "
+                "(np.ascontiguousarray)");
   int64_t count = 0;
   try {
     count = detail::checked_product(array.shape, "shape " + shape_to_string(array.shape));
@@ -172,8 +174,7 @@ NpyArray parse_npy(std::span<const uint8_t> bytes, const std::string& source) {
                 std::to_string(uint64_t(count) * uint64_t(width)) + " (truncated or extra data)");
   array.values.resize(size_t(count));
   for (double& v : array.values)
-    v = array.dtype == DType::f32 ? double(std::bit_cast<float>(in.u32("data")))
-                                  : in.f64("data");
+    v = array.dtype == DType::f32 ? double(std::bit_cast<float>(in.u32("data"))) : in.f64("data");
   return array;
 }
 
@@ -194,8 +195,8 @@ std::map<std::string, NpyArray> read_npz(const std::string& path) {
   const zip_int64_t entries = zip_get_num_entries(archive.get(), 0);
   for (zip_int64_t i = 0; i < entries; ++i) {
     zip_stat_t st;
-    if (zip_stat_index(archive.get(), zip_uint64_t(i), 0, &st) != 0 || !(st.valid & ZIP_STAT_SIZE) ||
-        !(st.valid & ZIP_STAT_NAME))
+    if (zip_stat_index(archive.get(), zip_uint64_t(i), 0, &st) != 0 ||
+        !(st.valid & ZIP_STAT_SIZE) || !(st.valid & ZIP_STAT_NAME))
       throw Error(path + ": unreadable entry " + std::to_string(i) + " in the archive");
     std::string name = st.name;
     const std::string where = path + "[" + name + "]";
@@ -205,8 +206,8 @@ std::map<std::string, NpyArray> read_npz(const std::string& path) {
     // than 2^31 bytes here (a tool for attention tensors, not a data lake).
     if (st.size > (zip_uint64_t(1) << 31))
       throw Error(where + ": member of " + std::to_string(st.size) + " bytes is too large");
-    std::unique_ptr<zip_file_t, decltype(&zip_fclose)> file(zip_fopen_index(archive.get(), zip_uint64_t(i), 0),
-                                                            &zip_fclose);
+    std::unique_ptr<zip_file_t, decltype(&zip_fclose)> file(
+        zip_fopen_index(archive.get(), zip_uint64_t(i), 0), &zip_fclose);
     if (!file) throw Error(where + ": cannot read: " + zip_strerror(archive.get()));
     std::vector<uint8_t> bytes(size_t(st.size));
     if (zip_fread(file.get(), bytes.data(), st.size) != zip_int64_t(st.size))

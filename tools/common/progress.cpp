@@ -18,7 +18,8 @@ std::string clock_text(double seconds) {
 }  // namespace
 
 ProgressBar::ProgressBar(double total)
-    : total_(std::max(total, 1e-300)), enabled_(isatty(fileno(stderr)) != 0),
+    : total_(std::max(total, 1e-300)),
+      enabled_(isatty(fileno(stderr)) != 0),
       start_(std::chrono::steady_clock::now()) {}
 
 ProgressBar::~ProgressBar() {

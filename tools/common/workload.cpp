@@ -84,19 +84,17 @@ void Workload::linear_backward() {
 void Workload::softmax_forward() {
   SoftmaxOptions s;
   s.causal = options.masking == Masking::causal;
-  softmax_attention_forward<float>(s, {q.data(), shape()}, {k.data(), shape()},
-                                   {v.data(), shape()}, {o.data(), shape()},
-                                   {lse.data(), {batch, heads, tokens}});
+  softmax_attention_forward<float>(s, {q.data(), shape()}, {k.data(), shape()}, {v.data(), shape()},
+                                   {o.data(), shape()}, {lse.data(), {batch, heads, tokens}});
 }
 
 void Workload::softmax_backward() {
   SoftmaxOptions s;
   s.causal = options.masking == Masking::causal;
-  softmax_attention_backward<float>(s, {q.data(), shape()}, {k.data(), shape()},
-                                    {v.data(), shape()}, {o.data(), shape()},
-                                    {lse.data(), {batch, heads, tokens}}, {grad_o.data(), shape()},
-                                    {grad_q.data(), shape()}, {grad_k.data(), shape()},
-                                    {grad_v.data(), shape()});
+  softmax_attention_backward<float>(
+      s, {q.data(), shape()}, {k.data(), shape()}, {v.data(), shape()}, {o.data(), shape()},
+      {lse.data(), {batch, heads, tokens}}, {grad_o.data(), shape()}, {grad_q.data(), shape()},
+      {grad_k.data(), shape()}, {grad_v.data(), shape()});
 }
 
 int64_t blocks_for(int64_t tokens) {

@@ -11,7 +11,7 @@ namespace mhla::tools {
 struct BenchCommand {
   std::vector<int64_t> tokens = {1024, 4096, 16384, 65536};
   std::vector<int64_t> dims = {64};
-  std::vector<int> threads;  // default: the current OpenMP maximum
+  std::vector<int> threads;       // default: the current OpenMP maximum
   int64_t heads = 8, blocks = 0;  // blocks 0: M = round(sqrt(N))
   int64_t softmax_max_tokens = 16384;
   int repeats = 5;

@@ -46,10 +46,16 @@ bool self_check() {
     return o;
   };
   const std::vector<CheckCase> cases = {
-      {"1D, 203 tokens in blocks of 16, elu+1", opts(TokenLayout::sequence(203, 16), Masking::none, FeatureMap::elu1, true), 2, 3, 32, 24},
-      {"1D causal, 203 tokens in blocks of 16, relu", opts(TokenLayout::sequence(203, 16), Masking::causal, FeatureMap::relu, true), 2, 3, 32, 24},
-      {"2D 14x15 grid in 4x4 tiles, unnormalized", opts(TokenLayout::grid2d(14, 15, 4, 4), Masking::none, FeatureMap::elu1, false), 1, 2, 17, 33},
-      {"3D 5x6x7 grid in 2x3x3 tiles, elu+1", opts(TokenLayout::grid3d(5, 6, 7, 2, 3, 3), Masking::none, FeatureMap::elu1, true), 1, 2, 16, 16},
+      {"1D, 203 tokens in blocks of 16, elu+1",
+       opts(TokenLayout::sequence(203, 16), Masking::none, FeatureMap::elu1, true), 2, 3, 32, 24},
+      {"1D causal, 203 tokens in blocks of 16, relu",
+       opts(TokenLayout::sequence(203, 16), Masking::causal, FeatureMap::relu, true), 2, 3, 32, 24},
+      {"2D 14x15 grid in 4x4 tiles, unnormalized",
+       opts(TokenLayout::grid2d(14, 15, 4, 4), Masking::none, FeatureMap::elu1, false), 1, 2, 17,
+       33},
+      {"3D 5x6x7 grid in 2x3x3 tiles, elu+1",
+       opts(TokenLayout::grid3d(5, 6, 7, 2, 3, 3), Masking::none, FeatureMap::elu1, true), 1, 2, 16,
+       16},
   };
   bool ok = true;
   std::mt19937_64 rng(7);
@@ -80,13 +86,13 @@ bool self_check() {
     std::vector<float> fo(v.size()), dq(q.size()), dk(k.size()), dv(v.size()), dw(w.size());
     forward<float>(c.options, {fq.data(), qs}, {fk.data(), qs}, {fv.data(), vs}, {wf.data(), ws},
                    {fo.data(), vs});
-    backward<float>(c.options, {fq.data(), qs}, {fk.data(), qs}, {fv.data(), vs},
-                    {wf.data(), ws}, {fo.data(), vs}, {fg.data(), vs}, {dq.data(), qs},
-                    {dk.data(), qs}, {dv.data(), vs}, {dw.data(), ws});
+    backward<float>(c.options, {fq.data(), qs}, {fk.data(), qs}, {fv.data(), vs}, {wf.data(), ws},
+                    {fo.data(), vs}, {fg.data(), vs}, {dq.data(), qs}, {dk.data(), qs},
+                    {dv.data(), vs}, {dw.data(), ws});
     double worst = 0;
-    for (double e : {max_relative_error(fo, o), max_relative_error(dq, gq),
-                     max_relative_error(dk, gk), max_relative_error(dv, gv),
-                     max_relative_error(dw, gw)})
+    for (double e :
+         {max_relative_error(fo, o), max_relative_error(dq, gq), max_relative_error(dk, gk),
+          max_relative_error(dv, gv), max_relative_error(dw, gw)})
       worst = std::max(worst, e);
     const bool pass = worst <= 2e-4;
     ok = ok && pass;
@@ -118,18 +124,19 @@ void speed_table(const DemoOptions& options) {
     Workload wl(1, n, heads, dim, blocks_for(n));
     // Linear attention and MHLA interleaved (their ratio stays fair under load);
     // softmax once at large N, where it is quadratic and 10-100x slower.
-    const auto t = interleaved_medians({[&] { wl.linear_forward(); }, [&] { wl.mhla_forward(); }},
-                                       rounds);
+    const auto t =
+        interleaved_medians({[&] { wl.linear_forward(); }, [&] { wl.mhla_forward(); }}, rounds);
     const double tl = t[0], tm = t[1];
-    const double ts = median_seconds([&] { wl.softmax_forward(); },
-                                     n >= 4096 ? TimingPolicy{1, 0.0, 1, false}
-                                               : TimingPolicy{rounds, 0.0, rounds, true});
+    const double ts = median_seconds(
+        [&] { wl.softmax_forward(); },
+        n >= 4096 ? TimingPolicy{1, 0.0, 1, false} : TimingPolicy{rounds, 0.0, rounds, true});
     if (tm < ts && crossover < 0) crossover = n;
     std::printf("   %7lld %5lld %12.3f %12.3f %12.3f %14.3f   \n", (long long)n,
                 (long long)blocks_for(n), ts * 1e3, tl * 1e3, tm * 1e3, tm / ts);
   }
   if (crossover > 0)
-    std::printf("   MHLA is faster than softmax attention from N = %lld on.\n", (long long)crossover);
+    std::printf("   MHLA is faster than softmax attention from N = %lld on.\n",
+                (long long)crossover);
   else
     std::printf("   MHLA did not overtake softmax attention up to N = %lld.\n",
                 (long long)sizes.back());
@@ -157,13 +164,15 @@ void collapse_diagnosis() {
   std::printf("   %-44s %6s %14s\n", "attention matrix (N x N)", "rank", "row entropy");
   for (const AttentionMap& a :
        attention_maps(mh, {q.data(), qs}, {k.data(), qs}, {w.data(), {m, m}}, 0, 0))
-    std::printf("   %-44s %6lld %14.3f\n",
-                (a.method == "mhla" ? a.description + ", linear-locality W" : a.description).c_str(),
-                (long long)a.rank, a.entropy);
-  std::printf("   (rank: singular values above N * eps * sigma_max; entropy in nats, a uniform\n"
-              "    row has ln N = %.3f. Linear attention's rank is capped at D = %lld; MHLA's\n"
-              "    blocks lift the cap and concentrate each row on nearby blocks.)\n",
-              std::log(double(n)), (long long)d);
+    std::printf(
+        "   %-44s %6lld %14.3f\n",
+        (a.method == "mhla" ? a.description + ", linear-locality W" : a.description).c_str(),
+        (long long)a.rank, a.entropy);
+  std::printf(
+      "   (rank: singular values above N * eps * sigma_max; entropy in nats, a uniform\n"
+      "    row has ln N = %.3f. Linear attention's rank is capped at D = %lld; MHLA's\n"
+      "    blocks lift the cap and concentrate each row on nearby blocks.)\n",
+      std::log(double(n)), (long long)d);
 }
 
 }  // namespace
@@ -174,7 +183,8 @@ int run_demo(const DemoOptions& options) {
   speed_table(options);
   collapse_diagnosis();
   if (!ok) {
-    std::fprintf(stderr, "\nerror: the self-check failed; the fast kernel disagrees with the reference\n");
+    std::fprintf(stderr,
+                 "\nerror: the self-check failed; the fast kernel disagrees with the reference\n");
     return 1;
   }
   return 0;

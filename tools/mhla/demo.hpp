@@ -5,7 +5,7 @@
 namespace mhla::tools {
 
 struct DemoOptions {
-  bool quick = false;     // smaller sizes, for smoke tests
+  bool quick = false;  // smaller sizes, for smoke tests
   int64_t max_tokens = 16384;
 };
 

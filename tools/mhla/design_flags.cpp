@@ -38,22 +38,28 @@ struct DesignFlag {
 };
 
 const DesignFlag kDesignFlags[] = {
-    {"--mixing-init", "MHLA's initial W: linear (the paper's locality init), cos, exp, gaussian, local or uniform "
-                      "(causal: 1/(i+1) over b <= i, the authors' language-model init)",
+    {"--mixing-init",
+     "MHLA's initial W: linear (the paper's locality init), cos, exp, gaussian, local or uniform "
+     "(causal: 1/(i+1) over b <= i, the authors' language-model init)",
      [](AttentionDesign& d, const std::string& t) { d.mixing_init = parse_mixing_transform(t); }},
-    {"--mixing-param", "softmax (W = row softmax of logits) or clamp (W learned directly, clamped to [1e-5, 1])",
-     [](AttentionDesign& d, const std::string& t) { d.mixing_param = train::parse_mixing_param(t); }},
+    {"--mixing-param",
+     "softmax (W = row softmax of logits) or clamp (W learned directly, clamped to [1e-5, 1])",
+     [](AttentionDesign& d, const std::string& t) {
+       d.mixing_param = train::parse_mixing_param(t);
+     }},
     {"--mixing-shared", "on: one W per layer shared by its heads; off: one per head",
      [](AttentionDesign& d, const std::string& t) { d.mixing_shared = parse_switch(t); }},
     {"--mixing-lr-scale", "learning rate of the mixing parameters / the others'",
      [](AttentionDesign& d, const std::string& t) { d.mixing_lr_scale = parse_positive(t); }},
     {"--feature-map", "phi of linear attention and MHLA: relu or elu1",
      [](AttentionDesign& d, const std::string& t) { d.feature_map = parse_feature_map(t); }},
-    {"--gated-head", "on: the authors' language-model head (unnormalised, per-head RMSNorm, swish gate)",
+    {"--gated-head",
+     "on: the authors' language-model head (unnormalised, per-head RMSNorm, swish gate)",
      [](AttentionDesign& d, const std::string& t) { d.gated_head = parse_switch(t); }},
     {"--rope", "on: rotary position embeddings on q and k",
      [](AttentionDesign& d, const std::string& t) { d.rope = parse_switch(t); }},
-    {"--value-conv", "kernel of the depthwise positional convolution added from v (CPE/LePE; 0: none)",
+    {"--value-conv",
+     "kernel of the depthwise positional convolution added from v (CPE/LePE; 0: none)",
      [](AttentionDesign& d, const std::string& t) { d.value_conv = parse_count(t); }},
 };
 
@@ -63,7 +69,8 @@ void add_design_flags(CLI::App& command, DesignFlagValues& values) {
   for (const DesignFlag& f : kDesignFlags) command.add_option(f.flag, values[f.flag], f.help);
 }
 
-void apply_design_flags(const CLI::App& command, const DesignFlagValues& values, AttentionDesign& design) {
+void apply_design_flags(const CLI::App& command, const DesignFlagValues& values,
+                        AttentionDesign& design) {
   for (const DesignFlag& f : kDesignFlags) {
     if (command.count(f.flag) == 0) continue;
     try {

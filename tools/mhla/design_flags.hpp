@@ -15,6 +15,7 @@ using DesignFlagValues = std::map<std::string, std::string>;
 
 void add_design_flags(CLI::App& command, DesignFlagValues& values);
 // Applies every flag given on `command`; a bad value is an mhla::Error naming the flag.
-void apply_design_flags(const CLI::App& command, const DesignFlagValues& values, train::AttentionDesign& design);
+void apply_design_flags(const CLI::App& command, const DesignFlagValues& values,
+                        train::AttentionDesign& design);
 
 }  // namespace mhla::tools

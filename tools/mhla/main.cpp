@@ -16,8 +16,9 @@ int main(int argc, char** argv) {
 
   mhla::tools::DemoOptions demo;
   CLI::App* demo_cmd = app.add_subcommand(
-      "demo", "Self-check, speed table (softmax vs linear vs MHLA) and rank/entropy diagnosis "
-              "on built-in synthetic data.\nExample: mhla demo --max-n 8192");
+      "demo",
+      "Self-check, speed table (softmax vs linear vs MHLA) and rank/entropy diagnosis "
+      "on built-in synthetic data.\nExample: mhla demo --max-n 8192");
   demo_cmd->add_flag("--quick", demo.quick, "small sizes and single repeats (smoke test)");
   demo_cmd->add_option("--max-n", demo.max_tokens, "largest sequence length in the speed table")
       ->check(CLI::Range(int64_t(256), int64_t(1) << 22));

@@ -1,13 +1,13 @@
 #include "operator_command.hpp"
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <cmath>
 #include <map>
 #include <random>
 
-#include "common/cli_checks.hpp"
 #include "common/attention_maps.hpp"
+#include "common/cli_checks.hpp"
 #include "common/heatmap.hpp"
 #include "common/json_file.hpp"
 #include "common/npy.hpp"
@@ -25,23 +25,28 @@ std::vector<int64_t> parse_dims(const std::string& text, const char* flag) {
   size_t start = 0;
   while (start <= text.size()) {
     const size_t end = text.find('x', start);
-    const std::string part = text.substr(start, end == std::string::npos ? std::string::npos : end - start);
+    const std::string part =
+        text.substr(start, end == std::string::npos ? std::string::npos : end - start);
     const std::optional<int64_t> value = parse_whole_number(part);
     if (!value || *value <= 0)
-      throw Error(std::string(flag) + " '" + text + "' must be positive sizes joined by 'x', e.g. 14x14");
+      throw Error(std::string(flag) + " '" + text +
+                  "' must be positive sizes joined by 'x', e.g. 14x14");
     dims.push_back(*value);
     if (end == std::string::npos) break;
     start = end + 1;
   }
-  if (dims.size() > 3) throw Error(std::string(flag) + " '" + text + "' has more than 3 dimensions");
+  if (dims.size() > 3)
+    throw Error(std::string(flag) + " '" + text + "' has more than 3 dimensions");
   return dims;
 }
 
 TokenLayout make_layout(const OperatorCommand& c, int64_t tokens) {
   if (c.grid.empty()) return TokenLayout::sequence(tokens, c.block);
-  const std::vector<int64_t> g = parse_dims(c.grid, "--grid"), t = parse_dims(c.tile.empty() ? c.grid : c.tile, "--tile");
+  const std::vector<int64_t> g = parse_dims(c.grid, "--grid"),
+                             t = parse_dims(c.tile.empty() ? c.grid : c.tile, "--tile");
   if (g.size() != t.size())
-    throw Error("--grid " + c.grid + " and --tile " + c.tile + " must have the same number of dimensions");
+    throw Error("--grid " + c.grid + " and --tile " + c.tile +
+                " must have the same number of dimensions");
   if (g.size() == 1) return TokenLayout::sequence(g[0], t[0]);
   if (g.size() == 2) return TokenLayout::grid2d(g[0], g[1], t[0], t[1]);
   return TokenLayout::grid3d(g[0], g[1], g[2], t[0], t[1], t[2]);
@@ -52,7 +57,8 @@ TokenLayout make_layout(const OperatorCommand& c, int64_t tokens) {
 std::map<std::string, std::pair<std::string, NpyArray>> load_inputs(const OperatorCommand& c) {
   std::map<std::string, std::pair<std::string, NpyArray>> arrays;
   if (!c.inputs.empty())
-    for (auto& [name, array] : read_npz(c.inputs)) arrays[name] = {c.inputs + "[" + name + ".npy]", std::move(array)};
+    for (auto& [name, array] : read_npz(c.inputs))
+      arrays[name] = {c.inputs + "[" + name + ".npy]", std::move(array)};
   const std::pair<const char*, const std::string*> files[] = {
       {"q", &c.q}, {"k", &c.k}, {"v", &c.v}, {"w", &c.w}, {"grad_o", &c.grad_o}};
   for (const auto& [name, path] : files)
@@ -74,7 +80,8 @@ std::vector<double> swap_axes_1_2(const std::vector<double>& x, const std::vecto
   for (int64_t i = 0; i < a; ++i)
     for (int64_t j = 0; j < b; ++j)
       for (int64_t k = 0; k < c; ++k)
-        for (int64_t e = 0; e < d; ++e) out[((i * c + k) * b + j) * d + e] = x[((i * b + j) * c + k) * d + e];
+        for (int64_t e = 0; e < d; ++e)
+          out[((i * c + k) * b + j) * d + e] = x[((i * b + j) * c + k) * d + e];
   return out;
 }
 
@@ -86,7 +93,8 @@ struct Tensor {
 Tensor attention_tensor(const std::string& source, const NpyArray& a, bool heads_first) {
   if (a.shape.size() != 4)
     throw Error(source + ": shape " + shape_to_string(a.shape) + " is not rank 4; expected " +
-                (heads_first ? "[B, H, N, D] (--order bhnd)" : "[B, N, H, D] (or [B, H, N, D] with --order bhnd)"));
+                (heads_first ? "[B, H, N, D] (--order bhnd)"
+                             : "[B, N, H, D] (or [B, H, N, D] with --order bhnd)"));
   if (!heads_first) return {a.values, a.shape};
   return {swap_axes_1_2(a.values, a.shape), {a.shape[0], a.shape[2], a.shape[1], a.shape[3]}};
 }
@@ -114,7 +122,8 @@ int run(const OperatorCommand& c, const Options& options, DType dtype,
         const std::vector<int64_t>& w_shape) {
   const bool heads_first = c.order == "bhnd";
   const Tensor &tq = in["q"], &tk = in["k"], &tv = in["v"];
-  const std::vector<T> q = as<T>(tq.values), k = as<T>(tk.values), v = as<T>(tv.values), wt = as<T>(w);
+  const std::vector<T> q = as<T>(tq.values), k = as<T>(tk.values), v = as<T>(tv.values),
+                       wt = as<T>(w);
   const TensorView<const T> w_view{wt.data(), w_shape};
   std::vector<T> o(v.size());
   forward<T>(options, view_of(q, tq), view_of(k, tk), view_of(v, tv), w_view, {o.data(), tv.shape});
@@ -123,9 +132,9 @@ int run(const OperatorCommand& c, const Options& options, DType dtype,
     const Tensor& tg = in["grad_o"];
     const std::vector<T> g = as<T>(tg.values);
     std::vector<T> gq(q.size()), gk(k.size()), gv(v.size()), gw(wt.size());
-    mhla::backward<T>(options, view_of(q, tq), view_of(k, tk), view_of(v, tv), w_view, {o.data(), tv.shape},
-                      view_of(g, tg), {gq.data(), tq.shape}, {gk.data(), tk.shape}, {gv.data(), tv.shape},
-                      {gw.data(), w_shape});
+    mhla::backward<T>(options, view_of(q, tq), view_of(k, tk), view_of(v, tv), w_view,
+                      {o.data(), tv.shape}, view_of(g, tg), {gq.data(), tq.shape},
+                      {gk.data(), tk.shape}, {gv.data(), tv.shape}, {gw.data(), w_shape});
     outputs.push_back({"grad_q", {widen(gq), tq.shape}});
     outputs.push_back({"grad_k", {widen(gk), tk.shape}});
     outputs.push_back({"grad_v", {widen(gv), tv.shape}});
@@ -139,7 +148,8 @@ int run(const OperatorCommand& c, const Options& options, DType dtype,
       t.shape = {t.shape[0], t.shape[2], t.shape[1], t.shape[3]};
     }
     write_npy(path, dtype, t.shape, t.values, c.force);
-    std::printf("wrote %s %s %s\n", path.c_str(), shape_to_string(t.shape).c_str(), to_string(dtype));
+    std::printf("wrote %s %s %s\n", path.c_str(), shape_to_string(t.shape).c_str(),
+                to_string(dtype));
   }
   return 0;
 }
@@ -154,7 +164,8 @@ CLI::App* add_operator_command(CLI::App& app, OperatorCommand& c) {
           "forward",
           "MHLA forward on .npy tensors: writes o.npy.\n"
           "Example: mhla forward --inputs qkv.npz --masking causal --block 64 --out-dir out/\n"
-          "Example: mhla forward --q q.npy --k k.npy --v v.npy --order bhnd --grid 14x14 --tile 7x7");
+          "Example: mhla forward --q q.npy --k k.npy --v v.npy --order bhnd --grid 14x14 --tile "
+          "7x7");
       break;
     case OperatorCommand::Kind::backward:
       cmd = app.add_subcommand(
@@ -169,44 +180,54 @@ CLI::App* add_operator_command(CLI::App& app, OperatorCommand& c) {
           "Softmax vs linear attention vs MHLA on one (batch, head) of q, k: the explicit N x N\n"
           "attention matrices as PNG heatmaps, their numerical rank (singular values above\n"
           "N * eps * sigma_max) and mean row entropy in summary.json. N <= 4096.\n"
-          "Example: mhla analyze --q q.npy --k k.npy --order bhnd --grid 14x14 --tile 7x7 --out-dir maps/\n"
+          "Example: mhla analyze --q q.npy --k k.npy --order bhnd --grid 14x14 --tile 7x7 "
+          "--out-dir maps/\n"
           "Example: mhla analyze --out-dir maps/   (built-in random sample, N = 256)");
       break;
   }
   cmd->add_option("--q", c.q, "queries .npy [B, N, H, Dk] (float32 or float64, C order)");
   cmd->add_option("--k", c.k, "keys .npy, q's shape");
   if (!analyze(c)) cmd->add_option("--v", c.v, "values .npy [B, N, H, Dv]");
-  cmd->add_option("--w", c.w, "mixing weights .npy ([M, M], [H, M, M]; Toeplitz [L+1], [H, L+1]); "
-                              "default: --mixing-init");
+  cmd->add_option("--w", c.w,
+                  "mixing weights .npy ([M, M], [H, M, M]; Toeplitz [L+1], [H, L+1]); "
+                  "default: --mixing-init");
   if (backward(c)) cmd->add_option("--grad-o", c.grad_o, "upstream gradient .npy, v's shape");
-  cmd->add_option("--inputs", c.inputs, ".npz archive with q, k, v (and w, grad_o); flags override members");
-  cmd->add_option("--out-dir", c.out_dir, "directory for the outputs (created if missing)")->capture_default_str();
+  cmd->add_option("--inputs", c.inputs,
+                  ".npz archive with q, k, v (and w, grad_o); flags override members");
+  cmd->add_option("--out-dir", c.out_dir, "directory for the outputs (created if missing)")
+      ->capture_default_str();
   cmd->add_flag("--force", c.force, "overwrite existing output files");
-  cmd->add_option("--order", c.order, "axis order of the 4D tensors: bnhd or bhnd (PyTorch's usual)")
+  cmd->add_option("--order", c.order,
+                  "axis order of the 4D tensors: bnhd or bhnd (PyTorch's usual)")
       ->capture_default_str()
       ->check(CLI::IsMember({"bnhd", "bhnd"}));
   // --block and --grid describe the layout two ways; silently ignoring one of
   // them would compute something the user did not ask for.
-  CLI::Option* grid = cmd->add_option("--grid", c.grid, "token grid, e.g. 14x14 or 8x14x14 (default: 1D of N tokens)");
+  CLI::Option* grid = cmd->add_option(
+      "--grid", c.grid, "token grid, e.g. 14x14 or 8x14x14 (default: 1D of N tokens)");
   cmd->add_option("--tile", c.tile, "block tile, e.g. 7x7 (default: the whole grid)")->needs(grid);
   cmd->add_option("--block", c.block, "1D block size when --grid is not given")
       ->capture_default_str()
       ->check(positive_integer())
       ->excludes(grid);
-  cmd->add_option("--masking", c.masking, "none, causal (1D) or block_causal")->capture_default_str();
+  cmd->add_option("--masking", c.masking, "none, causal (1D) or block_causal")
+      ->capture_default_str();
   cmd->add_option("--feature-map", c.feature_map, "identity, relu or elu1")->capture_default_str();
-  cmd->add_flag("--unnormalized", c.unnormalized, "o = scale * phi(q)^T S~ instead of the normalized form");
+  cmd->add_flag("--unnormalized", c.unnormalized,
+                "o = scale * phi(q)^T S~ instead of the normalized form");
   cmd->add_option("--eps", c.eps, "normalizer epsilon")->capture_default_str();
   cmd->add_option("--scale", c.scale, "unnormalized scale (default Dk^-1/2)");
   cmd->add_option("--mixing-init", c.mixing_init, "linear, cos, exp, gaussian, local or uniform")
       ->capture_default_str();
   cmd->add_option("--sigma", c.sigma, "exp init: decay length in blocks")->capture_default_str();
-  cmd->add_option("--threshold", c.threshold, "local init: radius in blocks")->capture_default_str();
+  cmd->add_option("--threshold", c.threshold, "local init: radius in blocks")
+      ->capture_default_str();
   cmd->add_option("--toeplitz-length", c.toeplitz_length,
                   "use Toeplitz mixing w[min(i-b, L)] with this L >= 0 (causal/block_causal)")
       ->check(non_negative_integer());
   if (analyze(c)) {
-    cmd->add_option("--batch-index", c.batch_index, "which batch entry to analyse")->capture_default_str();
+    cmd->add_option("--batch-index", c.batch_index, "which batch entry to analyse")
+        ->capture_default_str();
     cmd->add_option("--head-index", c.head_index, "which head to analyse")->capture_default_str();
     cmd->add_option("--sample-tokens", c.sample_tokens, "N of the built-in sample (without --q)")
         ->capture_default_str()
@@ -247,11 +268,12 @@ Prepared prepare(const OperatorCommand& c) {
   p.dtype = q_array.dtype;
   for (const auto& [name, entry] : arrays)
     if (entry.second.dtype != p.dtype)
-      throw Error(entry.first + " is " + to_string(entry.second.dtype) + " but " + q_source + " is " +
-                  to_string(p.dtype) + "; give every input the same dtype");
+      throw Error(entry.first + " is " + to_string(entry.second.dtype) + " but " + q_source +
+                  " is " + to_string(p.dtype) + "; give every input the same dtype");
   const bool heads_first = c.order == "bhnd" && !sample;
   for (const char* name : {"q", "k", "v", "grad_o"})
-    if (arrays.count(name)) p.in[name] = attention_tensor(arrays[name].first, arrays[name].second, heads_first);
+    if (arrays.count(name))
+      p.in[name] = attention_tensor(arrays[name].first, arrays[name].second, heads_first);
 
   Options& options = p.options;
   options.masking = parse_masking(c.masking);
@@ -260,7 +282,8 @@ Prepared prepare(const OperatorCommand& c) {
   options.eps = c.eps;
   options.scale = c.scale;
   const int64_t tokens = p.in["q"].shape[1];
-  options.layout = sample && c.grid.empty() ? TokenLayout::sequence(tokens, 16) : make_layout(c, tokens);
+  options.layout =
+      sample && c.grid.empty() ? TokenLayout::sequence(tokens, 16) : make_layout(c, tokens);
   options.mixing = c.toeplitz_length ? MixingForm::toeplitz : MixingForm::dense;
 
   if (arrays.count("w")) {
@@ -272,11 +295,13 @@ Prepared prepare(const OperatorCommand& c) {
     init.sigma = c.sigma;
     init.threshold = c.threshold;
     init.causal = options.masking != Masking::none;
-    const std::vector<float> w32 = c.toeplitz_length ? init_toeplitz_mixing(*c.toeplitz_length, init)
-                                                     : init_mixing(options.layout, init);
+    const std::vector<float> w32 = c.toeplitz_length
+                                       ? init_toeplitz_mixing(*c.toeplitz_length, init)
+                                       : init_mixing(options.layout, init);
     p.w.assign(w32.begin(), w32.end());
     const int64_t m = options.layout.num_blocks();
-    p.w_shape = c.toeplitz_length ? std::vector<int64_t>{*c.toeplitz_length + 1} : std::vector<int64_t>{m, m};
+    p.w_shape = c.toeplitz_length ? std::vector<int64_t>{*c.toeplitz_length + 1}
+                                  : std::vector<int64_t>{m, m};
   }
   return p;
 }
@@ -298,14 +323,16 @@ int run_analyze(const OperatorCommand& c, Prepared& p) {
   const auto& qs = p.in["q"].shape;
   const int64_t n = qs[1];
   if (n > 4096)
-    throw Error("analyze builds N x N matrices; N = " + std::to_string(n) + " exceeds 4096 (slice the sequence)");
+    throw Error("analyze builds N x N matrices; N = " + std::to_string(n) +
+                " exceeds 4096 (slice the sequence)");
   if (c.batch_index < 0 || c.batch_index >= qs[0] || c.head_index < 0 || c.head_index >= qs[2])
     throw Error("--batch-index " + std::to_string(c.batch_index) + " / --head-index " +
-                std::to_string(c.head_index) + " out of range for q " + shape_to_string(qs) + " [B, N, H, D]");
+                std::to_string(c.head_index) + " out of range for q " + shape_to_string(qs) +
+                " [B, N, H, D]");
   prepare_outputs(c, {"softmax.png", "linear.png", "mhla.png", "summary.json"});
-  const std::vector<AttentionMap> maps =
-      attention_maps(p.options, {p.in["q"].values.data(), qs}, {p.in["k"].values.data(), p.in["k"].shape},
-                     {p.w.data(), p.w_shape}, c.batch_index, c.head_index);
+  const std::vector<AttentionMap> maps = attention_maps(
+      p.options, {p.in["q"].values.data(), qs}, {p.in["k"].values.data(), p.in["k"].shape},
+      {p.w.data(), p.w_shape}, c.batch_index, c.head_index);
   nlohmann::json summary = {{"tokens", n},
                             {"head_dim", qs[3]},
                             {"layout", p.options.layout.describe()},
@@ -317,14 +344,18 @@ int run_analyze(const OperatorCommand& c, Prepared& p) {
   for (const AttentionMap& m : maps) {
     const std::string png = (std::filesystem::path(c.out_dir) / (m.method + ".png")).string();
     write_heatmap_png(png, m.matrix, n, n, c.force);
-    std::printf("%-40s %6lld %12.3f  %s\n", m.description.c_str(), (long long)m.rank, m.entropy, png.c_str());
-    summary["methods"].push_back(
-        {{"method", m.method}, {"description", m.description}, {"rank", m.rank}, {"mean_row_entropy", m.entropy}, {"heatmap", png}});
+    std::printf("%-40s %6lld %12.3f  %s\n", m.description.c_str(), (long long)m.rank, m.entropy,
+                png.c_str());
+    summary["methods"].push_back({{"method", m.method},
+                                  {"description", m.description},
+                                  {"rank", m.rank},
+                                  {"mean_row_entropy", m.entropy},
+                                  {"heatmap", png}});
   }
   const std::string json_path = (std::filesystem::path(c.out_dir) / "summary.json").string();
   if (!write_json_file(json_path, summary)) return 1;
-  std::printf("wrote %s (N = %lld; a uniform row has entropy ln N = %.3f)\n", json_path.c_str(), (long long)n,
-              std::log(double(n)));
+  std::printf("wrote %s (N = %lld; a uniform row has entropy ln N = %.3f)\n", json_path.c_str(),
+              (long long)n, std::log(double(n)));
   return 0;
 }
 
@@ -334,11 +365,13 @@ int run_operator_command(const OperatorCommand& c) {
   Prepared p = prepare(c);
   if (analyze(c)) return run_analyze(c, p);
   std::vector<std::string> outputs = {"o.npy"};
-  if (backward(c)) outputs.insert(outputs.end(), {"grad_q.npy", "grad_k.npy", "grad_v.npy", "grad_w.npy"});
+  if (backward(c))
+    outputs.insert(outputs.end(), {"grad_q.npy", "grad_k.npy", "grad_v.npy", "grad_w.npy"});
   prepare_outputs(c, outputs);
   std::printf("MHLA %s: %s, masking %s, %s, %s, %s mixing\n", backward(c) ? "backward" : "forward",
-              p.options.layout.describe().c_str(), to_string(p.options.masking), to_string(p.options.feature_map),
-              p.options.normalize ? "normalized" : "unnormalized", to_string(p.options.mixing));
+              p.options.layout.describe().c_str(), to_string(p.options.masking),
+              to_string(p.options.feature_map), p.options.normalize ? "normalized" : "unnormalized",
+              to_string(p.options.mixing));
   return p.dtype == DType::f32 ? run<float>(c, p.options, p.dtype, p.in, p.w, p.w_shape)
                                : run<double>(c, p.options, p.dtype, p.in, p.w, p.w_shape);
 }

@@ -10,7 +10,8 @@ using train::AttentionKind;
 using train::RunConfig;
 
 RunConfig preset_config(const std::string& task, const std::string& preset) {
-  if (preset != "quick" && preset != "full") throw Error("unknown preset '" + preset + "'; expected quick or full");
+  if (preset != "quick" && preset != "full")
+    throw Error("unknown preset '" + preset + "'; expected quick or full");
   const bool quick = preset == "quick";
   RunConfig c;
   c.task = task;
@@ -31,7 +32,8 @@ RunConfig preset_config(const std::string& task, const std::string& preset) {
     c.warmup = c.steps / 10;
     c.lr = 1e-2;
     c.eval_samples = quick ? 128 : 512;
-    c.design.mixing_init = MixingTransform::uniform;  // causal: 1/(i+1), the authors' language-model init
+    c.design.mixing_init =
+        MixingTransform::uniform;  // causal: 1/(i+1), the authors' language-model init
   } else if (task == "text") {
     c.conv_kernel = 4;
     c.vocab = 256;
@@ -60,25 +62,31 @@ RunConfig preset_config(const std::string& task, const std::string& preset) {
   return c;
 }
 
-std::vector<ComparisonEntry> comparison_entries(const std::string& tasks, const std::string& preset) {
+std::vector<ComparisonEntry> comparison_entries(const std::string& tasks,
+                                                const std::string& preset) {
   const bool quick = preset == "quick", all = tasks == "all";
   std::vector<ComparisonEntry> entries;
-  auto rates = [&](double lr) { return quick ? std::vector<double>{lr} : std::vector<double>{lr / 2, lr}; };
+  auto rates = [&](double lr) {
+    return quick ? std::vector<double>{lr} : std::vector<double>{lr / 2, lr};
+  };
   if (all || tasks == "text") {
     const RunConfig c = preset_config("text", preset);
-    entries.push_back({"text KJV N=512", c, {"softmax", "linear", "mhla", "mhla/softmax"}, rates(c.lr)});
+    entries.push_back(
+        {"text KJV N=512", c, {"softmax", "linear", "mhla", "mhla/softmax"}, rates(c.lr)});
   }
   if (all || tasks == "fashion-mnist") {
     RunConfig c = preset_config("fashion-mnist", preset);
     entries.push_back({"fashion-mnist 784 tokens", c, {"linear", "mhla"}, rates(c.lr)});
     c.design.value_conv = 3;
-    if (!quick) entries.push_back({"fashion-mnist 784 tokens + conv(v)", c, {"linear", "mhla"}, rates(c.lr)});
+    if (!quick)
+      entries.push_back({"fashion-mnist 784 tokens + conv(v)", c, {"linear", "mhla"}, rates(c.lr)});
   }
   if (all || tasks == "mqar") {
     const RunConfig c = preset_config("mqar", preset);
     entries.push_back({"mqar N=256 kv=8", c, {"linear", "mhla"}, rates(c.lr)});
   }
-  if (entries.empty()) throw Error("unknown tasks '" + tasks + "'; expected text, fashion-mnist, mqar or all");
+  if (entries.empty())
+    throw Error("unknown tasks '" + tasks + "'; expected text, fashion-mnist, mqar or all");
   return entries;
 }
 

@@ -23,6 +23,7 @@ struct ComparisonEntry {
   std::vector<double> learning_rates;
 };
 // tasks: text, fashion-mnist, mqar or all.
-std::vector<ComparisonEntry> comparison_entries(const std::string& tasks, const std::string& preset);
+std::vector<ComparisonEntry> comparison_entries(const std::string& tasks,
+                                                const std::string& preset);
 
 }  // namespace mhla::tools

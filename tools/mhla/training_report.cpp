@@ -17,8 +17,8 @@ train::RunResult run_with_progress(const train::RunConfig& config, train::RunOpt
   int64_t shown = 0;
   options.on_step = [&](int64_t done, int64_t total, double loss, double tokens_per_second) {
     char label[160];
-    std::snprintf(label, sizeof label, "%s  step %lld/%lld  loss %.4f  %.0f tok/s", title.c_str(), (long long)done,
-                  (long long)total, loss, tokens_per_second);
+    std::snprintf(label, sizeof label, "%s  step %lld/%lld  loss %.4f  %.0f tok/s", title.c_str(),
+                  (long long)done, (long long)total, loss, tokens_per_second);
     bar.advance(double(done - shown), label);
     shown = done;
     // Logs and pipes get a line every tenth of the run instead of the bar.
@@ -31,8 +31,8 @@ train::RunResult run_with_progress(const train::RunConfig& config, train::RunOpt
   return train::run_training(config, options);
 }
 
-void write_run_metrics(const std::string& path, const train::RunConfig& config, const train::RunResult& r,
-                       int threads) {
+void write_run_metrics(const std::string& path, const train::RunConfig& config,
+                       const train::RunResult& r, int threads) {
   json j = {{"config", train::to_json(config)},
             {"threads", threads},
             {"parameters", r.parameters},
@@ -42,13 +42,16 @@ void write_run_metrics(const std::string& path, const train::RunConfig& config, 
             {"tokens_per_second", r.tokens_per_second},
             {"history", train::to_json(r.history)}};
   if (r.finished) {
-    j["final_eval"] = {{"split", "validation"}, {"loss", r.final_eval.loss}, {"accuracy", r.final_eval.accuracy}};
-    j["final_test"] = {{"split", "test"}, {"loss", r.final_test.loss}, {"accuracy", r.final_test.accuracy}};
+    j["final_eval"] = {
+        {"split", "validation"}, {"loss", r.final_eval.loss}, {"accuracy", r.final_eval.accuracy}};
+    j["final_test"] = {
+        {"split", "test"}, {"loss", r.final_test.loss}, {"accuracy", r.final_test.accuracy}};
   }
   if (!write_json_file(path, j)) throw Error(path + ": cannot write");
 }
 
-void write_loss_png(const std::string& png, const std::string& title, const std::vector<LossSeries>& series) {
+void write_loss_png(const std::string& png, const std::string& title,
+                    const std::vector<LossSeries>& series) {
   std::string data, plot;
   for (size_t i = 0; i < series.size(); ++i) {
     const LossSeries& s = series[i];
@@ -64,13 +67,15 @@ void write_loss_png(const std::string& png, const std::string& title, const std:
     const std::string name = "$t" + std::to_string(i), eval_name = "$e" + std::to_string(i);
     const std::string colour = " lc " + std::to_string(i + 1);
     data += gnuplot_data_block(name, smooth) + gnuplot_data_block(eval_name, eval);
-    plot += std::string(plot.empty() ? "plot " : ", ") + name + " using 1:2 with lines lw 2" + colour + " title '" +
-            s.title + " (train)', " + eval_name + " using 1:2 with points pt 7" + colour + " title '" + s.title +
-            " (eval)'";
+    plot += std::string(plot.empty() ? "plot " : ", ") + name + " using 1:2 with lines lw 2" +
+            colour + " title '" + s.title + " (train)', " + eval_name +
+            " using 1:2 with points pt 7" + colour + " title '" + s.title + " (eval)'";
   }
   draw_png_with_gnuplot(png, 900, 600,
-                        data + "set logscale y\nset grid\nset key top right\nset xlabel 'step'\n"
-                               "set ylabel 'cross-entropy loss'\nset title '" + title + "'\n" + plot);
+                        data +
+                            "set logscale y\nset grid\nset key top right\nset xlabel 'step'\n"
+                            "set ylabel 'cross-entropy loss'\nset title '" +
+                            title + "'\n" + plot);
 }
 
 }  // namespace mhla::tools

@@ -12,8 +12,8 @@ train::RunResult run_with_progress(const train::RunConfig& config, train::RunOpt
                                    const std::string& title);
 
 // metrics.json: config, threads, final evaluation, run time, throughput, history.
-void write_run_metrics(const std::string& path, const train::RunConfig& config, const train::RunResult& result,
-                       int threads);
+void write_run_metrics(const std::string& path, const train::RunConfig& config,
+                       const train::RunResult& result, int threads);
 
 struct LossSeries {
   std::string title;
@@ -22,6 +22,7 @@ struct LossSeries {
 };
 // Training loss (exponential moving average) and evaluation loss against step,
 // one colour per series; log-scale loss.
-void write_loss_png(const std::string& png, const std::string& title, const std::vector<LossSeries>& series);
+void write_loss_png(const std::string& png, const std::string& title,
+                    const std::vector<LossSeries>& series);
 
 }  // namespace mhla::tools
