@@ -3,10 +3,30 @@
 #include <cmath>
 
 #include "mhla/error.hpp"
+#include "mhla_support/parse_enum.hpp"
 
 namespace mhla::train {
 
 using nlohmann::json;
+
+const char* to_string(TaskKind task) {
+  switch (task) {
+    case TaskKind::mqar:
+      return "mqar";
+    case TaskKind::fashion_mnist:
+      return "fashion-mnist";
+    case TaskKind::text:
+      return "text";
+  }
+  return "?";
+}
+
+TaskKind parse_task(const std::string& name) {
+  return detail::parse_enum(name, "task",
+                            {TaskKind::mqar, TaskKind::fashion_mnist, TaskKind::text});
+}
+
+bool is_sequence_task(TaskKind task) { return task != TaskKind::fashion_mnist; }
 
 std::vector<AttentionKind> parse_attention_list(const std::string& text) {
   std::vector<AttentionKind> kinds;
@@ -26,7 +46,7 @@ std::string attention_list_name(const std::vector<AttentionKind>& kinds) {
 }
 
 json to_json(const RunConfig& c) {
-  return {{"task", c.task},
+  return {{"task", to_string(c.task)},
           {"attention", attention_list_name(c.attention)},
           {"dim", c.dim},
           {"heads", c.heads},
@@ -69,8 +89,9 @@ RunConfig run_config_from_json(const json& j) {
       throw Error(std::string("run config: '") + key + "' has the wrong type: " + j.at(key).dump());
     }
   };
-  std::string attention;
-  get("task", c.task);
+  std::string task, attention;
+  get("task", task);
+  c.task = parse_task(task);
   get("attention", attention);
   c.attention = parse_attention_list(attention);
   get("dim", c.dim);
@@ -114,8 +135,6 @@ void check_run_config(const RunConfig& c) {
     if (value <= 0)
       throw Error(std::string(name) + " must be positive (got " + std::to_string(value) + ")");
   };
-  if (c.task != "mqar" && c.task != "fashion-mnist" && c.task != "text")
-    throw Error("unknown task '" + c.task + "'; expected mqar, fashion-mnist or text");
   if (c.attention.empty()) throw Error("at least one attention layer is needed");
   positive("dim", c.dim);
   positive("heads", c.heads);
@@ -138,11 +157,11 @@ void check_run_config(const RunConfig& c) {
   if (!(c.lr > 0) || !(c.clip >= 0) || !(c.weight_decay >= 0) ||
       !(c.min_lr_ratio >= 0 && c.min_lr_ratio <= 1))
     throw Error("lr must be > 0, clip and weight_decay >= 0, min_lr_ratio in [0, 1]");
-  if (c.task == "mqar" || c.task == "text") {
+  if (is_sequence_task(c.task)) {
     if (c.block < 0) throw Error("block must be >= 0 (0: M = round(sqrt(seq_len)) blocks)");
     positive("seq_len", c.seq_len);
     positive("eval_samples", c.eval_samples);
-    if (c.task == "text" && c.vocab != 256)
+    if (c.task == TaskKind::text && c.vocab != 256)
       throw Error("the text task reads bytes: vocab must be 256");
   } else {
     positive("patch", c.patch);

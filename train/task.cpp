@@ -183,8 +183,14 @@ class FashionMnistTask : public Task {
 
 std::unique_ptr<Task> make_task(const RunConfig& config, const std::string& data_dir) {
   check_run_config(config);
-  if (config.task == "mqar") return std::make_unique<MqarTask>(config);
-  if (config.task == "text") return std::make_unique<TextTask>(config, data_dir);
+  switch (config.task) {
+    case TaskKind::mqar:
+      return std::make_unique<MqarTask>(config);
+    case TaskKind::text:
+      return std::make_unique<TextTask>(config, data_dir);
+    case TaskKind::fashion_mnist:
+      break;
+  }
   return std::make_unique<FashionMnistTask>(config, data_dir.empty() ? kFashionMnistDir : data_dir);
 }
 

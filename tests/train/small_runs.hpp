@@ -7,7 +7,7 @@ namespace mhla::train::test {
 
 inline RunConfig small_mqar(const std::vector<AttentionKind>& attention) {
   RunConfig c;
-  c.task = "mqar";
+  c.task = TaskKind::mqar;
   c.attention = attention;
   c.dim = 16;
   c.heads = 2;

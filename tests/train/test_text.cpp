@@ -84,7 +84,7 @@ TEST(TrainText, MissingOrDamagedCorpusIsANamedError) {
 
 RunConfig small_text() {
   RunConfig c = test::small_mqar({AttentionKind::mhla, AttentionKind::linear});
-  c.task = "text";
+  c.task = TaskKind::text;
   c.vocab = 256;
   c.seq_len = 24;
   c.block = 0;

@@ -93,12 +93,13 @@ TEST(TrainTrainer, BadSettingsAreNamedErrors) {
   c = small_mqar({AttentionKind::mhla});
   c.kv_pairs = 20;
   EXPECT_THAT([&] { run_training(c, {}); }, ThrowsMessage<Error>(HasSubstr("vocabulary")));
+  EXPECT_THAT([] { parse_task("cifar"); },
+              ThrowsMessage<Error>(
+                  HasSubstr("unknown task 'cifar'; expected mqar, fashion-mnist or text")));
+  for (TaskKind t : {TaskKind::mqar, TaskKind::fashion_mnist, TaskKind::text})
+    EXPECT_EQ(parse_task(to_string(t)), t);
   c = small_mqar({AttentionKind::mhla});
-  c.task = "cifar";
-  EXPECT_THAT([&] { run_training(c, {}); },
-              ThrowsMessage<Error>(HasSubstr("unknown task 'cifar'")));
-  c = small_mqar({AttentionKind::mhla});
-  c.task = "fashion-mnist";
+  c.task = TaskKind::fashion_mnist;
   c.conv_kernel = 0;
   RunOptions missing;
   missing.data_dir = "/nonexistent";

@@ -200,7 +200,7 @@ int run_compare_command(const CompareCommand& c) {
       {"preset", c.preset}, {"threads", threads}, {"seeds", seeds}, {"entries", json::array()}};
   std::string table, diagnostics_table;
   for (const ComparisonEntry& entry : entries) {
-    const Metric metric{entry.config.task == "text"};
+    const Metric metric{entry.config.task == train::TaskKind::text};
     std::printf("== %s: %lld steps of %lld per run, %zu learning rate(s), seeds",
                 entry.label.c_str(), (long long)entry.config.steps, (long long)entry.config.batch,
                 entry.learning_rates.size());
@@ -230,7 +230,7 @@ int run_compare_command(const CompareCommand& c) {
                              (slug(model) + "-lr" + lr_text + "-seed" + std::to_string(seed));
         fs::create_directories(dir);
         train::RunOptions options;
-        options.data_dir = config.task == "fashion-mnist" ? c.data_dir : "";
+        options.data_dir = config.task == train::TaskKind::fashion_mnist ? c.data_dir : "";
         options.eval_every = std::max<int64_t>(1, config.steps / 8);
         json diagnostics;
         if (first_seed)

@@ -8,8 +8,9 @@ namespace mhla::tools {
 
 using train::AttentionKind;
 using train::RunConfig;
+using train::TaskKind;
 
-RunConfig preset_config(const std::string& task, const std::string& preset) {
+RunConfig preset_config(TaskKind task, const std::string& preset) {
   if (preset != "quick" && preset != "full")
     throw Error("unknown preset '" + preset + "'; expected quick or full");
   const bool quick = preset == "quick";
@@ -21,7 +22,7 @@ RunConfig preset_config(const std::string& task, const std::string& preset) {
   c.mlp_hidden = 128;
   // MHLA's mixing learns too slowly at the shared rate (see docs/training.md).
   c.design.mixing_lr_scale = 10;
-  if (task == "mqar") {
+  if (task == TaskKind::mqar) {
     c.conv_kernel = 4;
     c.vocab = 256;
     c.seq_len = 256;
@@ -34,7 +35,7 @@ RunConfig preset_config(const std::string& task, const std::string& preset) {
     c.eval_samples = quick ? 128 : 512;
     c.design.mixing_init =
         MixingTransform::uniform;  // causal: 1/(i+1), the authors' language-model init
-  } else if (task == "text") {
+  } else if (task == TaskKind::text) {
     c.conv_kernel = 4;
     c.vocab = 256;
     c.seq_len = 512;
@@ -45,7 +46,7 @@ RunConfig preset_config(const std::string& task, const std::string& preset) {
     c.lr = 3e-3;
     c.eval_samples = quick ? 16 : 128;
     c.design.mixing_init = MixingTransform::uniform;
-  } else if (task == "fashion-mnist") {
+  } else {
     c.conv_kernel = 0;
     c.patch = 1;  // 28 x 28 = 784 tokens
     c.tile = 7;   // 4 x 4 = 16 blocks
@@ -56,8 +57,6 @@ RunConfig preset_config(const std::string& task, const std::string& preset) {
     c.warmup = c.steps / 10;
     c.lr = 2e-3;
     c.design.mixing_init = MixingTransform::linear;  // the paper's locality init
-  } else {
-    throw Error("unknown task '" + task + "'; expected mqar, fashion-mnist or text");
   }
   return c;
 }
@@ -70,19 +69,19 @@ std::vector<ComparisonEntry> comparison_entries(const std::string& tasks,
     return quick ? std::vector<double>{lr} : std::vector<double>{lr / 2, lr};
   };
   if (all || tasks == "text") {
-    const RunConfig c = preset_config("text", preset);
+    const RunConfig c = preset_config(TaskKind::text, preset);
     entries.push_back(
         {"text KJV N=512", c, {"softmax", "linear", "mhla", "mhla/softmax"}, rates(c.lr)});
   }
   if (all || tasks == "fashion-mnist") {
-    RunConfig c = preset_config("fashion-mnist", preset);
+    RunConfig c = preset_config(TaskKind::fashion_mnist, preset);
     entries.push_back({"fashion-mnist 784 tokens", c, {"linear", "mhla"}, rates(c.lr)});
     c.design.value_conv = 3;
     if (!quick)
       entries.push_back({"fashion-mnist 784 tokens + conv(v)", c, {"linear", "mhla"}, rates(c.lr)});
   }
   if (all || tasks == "mqar") {
-    const RunConfig c = preset_config("mqar", preset);
+    const RunConfig c = preset_config(TaskKind::mqar, preset);
     entries.push_back({"mqar N=256 kv=8", c, {"linear", "mhla"}, rates(c.lr)});
   }
   if (entries.empty())

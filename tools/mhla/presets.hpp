@@ -11,7 +11,7 @@
 
 namespace mhla::tools {
 
-train::RunConfig preset_config(const std::string& task, const std::string& preset);
+train::RunConfig preset_config(train::TaskKind task, const std::string& preset);
 
 // One row of a comparison: every model is trained once per seed; with more
 // than one learning rate, the first seed picks each model's rate on the

@@ -118,7 +118,7 @@ CLI::App* add_train_command(CLI::App& app, TrainCommand& c) {
 }
 
 int run_train_command(const TrainCommand& c) {
-  RunConfig config = preset_config(c.task, c.preset);
+  RunConfig config = preset_config(train::parse_task(c.task), c.preset);
   for_each_flag([&](const auto& f) {
     if (c.app->count(f.flag)) config.*f.field = c.overrides.*f.field;
   });
@@ -142,7 +142,8 @@ int run_train_command(const TrainCommand& c) {
   options.eval_every = c.eval_every;
   options.checkpoint_every = c.checkpoint_every;
   options.stop_after = c.stop_after;
-  const std::string name = config.task + " " + train::attention_list_name(config.attention);
+  const std::string name =
+      std::string(to_string(config.task)) + " " + train::attention_list_name(config.attention);
   std::printf("training %s: %lld steps of %lld, seed %llu, %d threads\n", name.c_str(),
               (long long)config.steps, (long long)config.batch, (unsigned long long)config.seed,
               threads);
