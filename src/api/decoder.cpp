@@ -195,6 +195,8 @@ void Decoder::prefill(int64_t seq, TensorView<const float> q, TensorView<const f
   const TokenLayout layout = TokenLayout::sequence(d.tokens, options_.block);
   detail::Problem p = detail::check_linear_options(fn, options_as_linear(), d);
   p.layout = &layout;
+  const detail::BlockTable table(layout);
+  p.table = table.view();
   p.blocks = p.mixing_blocks = layout.num_blocks();
   p.w_stride = blocks_;
   p.per_head_mixing = per_head_;

@@ -34,6 +34,8 @@ void linear_attention_forward(const LinearAttentionOptions& options, TensorView<
   detail::check_output(fn, "o", o, detail::v_shape(p.dims));
   const TokenLayout chunks = TokenLayout::sequence(p.dims.tokens, chunk_size(p.causal));
   p.layout = &chunks;
+  const detail::BlockTable table(chunks);
+  p.table = table.view();
   p.blocks = p.mixing_blocks = p.w_stride = chunks.num_blocks();
   const cpu::UniformMixer<T> mixer(p);
   if (!cpu::ChunkedAttention<T>(p, mixer).forward(q.data, k.data, v.data, o.data))
@@ -51,6 +53,8 @@ void linear_attention_backward(const LinearAttentionOptions& options, TensorView
   detail::check_gradients(fn, p.dims, grad_o, grad_q, grad_k, grad_v);
   const TokenLayout chunks = TokenLayout::sequence(p.dims.tokens, chunk_size(p.causal));
   p.layout = &chunks;
+  const detail::BlockTable table(chunks);
+  p.table = table.view();
   p.blocks = p.mixing_blocks = p.w_stride = chunks.num_blocks();
   const cpu::UniformMixer<T> mixer(p);
   if (!cpu::ChunkedAttention<T>(p, mixer).backward(q.data, k.data, v.data, o.data, grad_o.data,

@@ -43,7 +43,9 @@ void forward(const Options& options, TensorView<const T> q, TensorView<const T> 
              TensorView<const T> v, TensorView<const T> w, TensorView<T> o,
              TensorView<T> saved_summaries) {
   const char* fn = "mhla::forward";
-  const detail::Problem p = detail::validate_mhla(fn, options, q, k, v, w);
+  detail::Problem p = detail::validate_mhla(fn, options, q, k, v, w);
+  const detail::BlockTable table(options.layout);
+  p.table = table.view();
   detail::check_output(fn, "o", o, detail::v_shape(p.dims));
   const bool save = check_saved_summaries(fn, p, saved_summaries);
   const auto mixer = cpu::make_mixer(p, w.data);
@@ -58,7 +60,9 @@ void backward(const Options& options, TensorView<const T> q, TensorView<const T>
               TensorView<const T> grad_o, TensorView<T> grad_q, TensorView<T> grad_k,
               TensorView<T> grad_v, TensorView<T> grad_w, TensorView<const T> saved_summaries) {
   const char* fn = "mhla::backward";
-  const detail::Problem p = detail::validate_mhla(fn, options, q, k, v, w);
+  detail::Problem p = detail::validate_mhla(fn, options, q, k, v, w);
+  const detail::BlockTable table(options.layout);
+  p.table = table.view();
   detail::check_output(fn, "o", o, detail::v_shape(p.dims));
   detail::check_gradients(fn, p.dims, grad_o, grad_q, grad_k, grad_v);
   detail::check_output(fn, "grad_w", grad_w, w.shape);

@@ -138,7 +138,9 @@ template <typename T>
 void block_summaries(const Options& options, TensorView<const T> k, TensorView<const T> v,
                      TensorView<T> summaries) {
   const char* fn = "mhla::block_summaries";
-  const Problem p = summaries_problem(fn, options, k, v);
+  Problem p = summaries_problem(fn, options, k, v);
+  const detail::BlockTable table(options.layout);
+  p.table = table.view();
   detail::check_output(fn, "summaries", summaries, summary_shape(p.dims, p.blocks));
   const cpu::UniformMixer<T> unused(p);
   cpu::ChunkedAttention<T>(p, unused).compute_summaries(k.data, v.data, summaries.data);
@@ -157,7 +159,9 @@ void read_out(const Options& options, TensorView<const T> q, TensorView<const T>
               TensorView<const T> v, TensorView<const T> w, TensorView<const T> mixed,
               TensorView<T> o, int64_t first_block) {
   const char* fn = "mhla::read_out";
-  const Problem p = read_out_problem(fn, options, q, k, v, w, mixed, first_block);
+  Problem p = read_out_problem(fn, options, q, k, v, w, mixed, first_block);
+  const detail::BlockTable table(options.layout);
+  p.table = table.view();
   detail::check_output(fn, "o", o, detail::v_shape(p.dims));
   const auto mixer = cpu::make_mixer(p, w.data);
   if (!cpu::ChunkedAttention<T>(p, *mixer).compute_outputs(q.data, k.data, v.data, mixed.data,
@@ -170,7 +174,9 @@ void block_summaries_backward(const Options& options, TensorView<const T> k, Ten
                               TensorView<const T> grad_summaries, TensorView<T> grad_k,
                               TensorView<T> grad_v) {
   const char* fn = "mhla::block_summaries_backward";
-  const Problem p = summaries_problem(fn, options, k, v);
+  Problem p = summaries_problem(fn, options, k, v);
+  const detail::BlockTable table(options.layout);
+  p.table = table.view();
   detail::check_output(fn, "grad_summaries", grad_summaries, summary_shape(p.dims, p.blocks));
   detail::check_output(fn, "grad_k", grad_k, detail::q_shape(p.dims));
   detail::check_output(fn, "grad_v", grad_v, detail::v_shape(p.dims));
@@ -207,7 +213,9 @@ void read_out_backward(const Options& options, TensorView<const T> q, TensorView
                        TensorView<T> grad_k, TensorView<T> grad_v, TensorView<T> grad_mixed,
                        TensorView<T> grad_w, int64_t first_block) {
   const char* fn = "mhla::read_out_backward";
-  const Problem p = read_out_problem(fn, options, q, k, v, w, mixed, first_block);
+  Problem p = read_out_problem(fn, options, q, k, v, w, mixed, first_block);
+  const detail::BlockTable table(options.layout);
+  p.table = table.view();
   detail::check_output(fn, "o", o, detail::v_shape(p.dims));
   detail::check_gradients(fn, p.dims, grad_o, grad_q, grad_k, grad_v);
   detail::check_output(fn, "grad_mixed", grad_mixed, mixed.shape);
@@ -256,6 +264,8 @@ void forward_piece(const Options& options, TensorView<const T> q, TensorView<con
          "every block reads the blocks after it too)");
   const AttentionDims dims = detail::check_qkv(fn, q, k, v);
   Problem p = check_tokens(fn, options, dims);
+  const detail::BlockTable table(options.layout);
+  p.table = table.view();
   // The state before the piece: [B, H, P, Dk, Dv + 1]; P = 0 is the empty state.
   detail::check_device(fn, "state_in", state_in.device);
   if (state_in.shape.size() != 5 || state_in.shape[2] < 0)

@@ -74,12 +74,14 @@ Packing check_packing(const char* fn, const VarlenOptions& options,
   return p;
 }
 
-// Sequence s's problem: its layout (which must outlive the problem), its
-// tokens, and the top-left corner of a dense w.
-detail::Problem sequence_problem(const Packing& p, const TokenLayout& layout) {
+// Sequence s's problem: its layout and block table (which must outlive the
+// problem), its tokens, and the top-left corner of a dense w.
+detail::Problem sequence_problem(const Packing& p, const TokenLayout& layout,
+                                 const detail::BlockTable& table) {
   detail::Problem seq = p.problem;
   seq.dims.tokens = layout.num_tokens();
   seq.layout = &layout;
+  seq.table = table.view();
   seq.blocks = seq.mixing_blocks = layout.num_blocks();
   return seq;
 }
@@ -115,7 +117,8 @@ void varlen_forward(const VarlenOptions& options, TensorView<const int64_t> cu_s
     const int64_t first = p.offsets[s], tokens = p.offsets[s + 1] - first;
     if (tokens == 0) continue;
     const TokenLayout layout = TokenLayout::sequence(tokens, options.block);
-    const detail::Problem seq = sequence_problem(p, layout);
+    const detail::BlockTable table(layout);
+    const detail::Problem seq = sequence_problem(p, layout, table);
     const auto mixer = cpu::make_mixer(seq, w.data);
     const auto seq_rows = [&](const auto& t) { return rows(t, first, tokens); };
     if (!cpu::ChunkedAttention<T>(seq, *mixer)
@@ -144,7 +147,8 @@ void varlen_backward(const VarlenOptions& options, TensorView<const int64_t> cu_
     const int64_t first = p.offsets[s], tokens = p.offsets[s + 1] - first;
     if (tokens == 0) continue;
     const TokenLayout layout = TokenLayout::sequence(tokens, options.block);
-    const detail::Problem seq = sequence_problem(p, layout);
+    const detail::BlockTable table(layout);
+    const detail::Problem seq = sequence_problem(p, layout, table);
     const auto mixer = cpu::make_mixer(seq, w.data);
     const auto seq_rows = [&](const auto& t) { return rows(t, first, tokens); };
     const bool finite =

@@ -37,7 +37,7 @@ void check_saved_summaries_match(const char* fn, const Problem& p, const T* k, c
         std::fill(z.begin(), z.end(), 0.0), std::fill(z_abs.begin(), z_abs.end(), 0.0);
         std::fill(row.begin(), row.end(), 0.0), std::fill(row_abs.begin(), row_abs.end(), 0.0);
         int64_t rows = 0;
-        p.layout->for_each_run(blk, [&](int64_t first, int64_t len) {
+        p.table.for_each_run(blk, [&](int64_t first, int64_t len) {
           for (int64_t t = first; t < first + len; ++t, ++rows) {
             const T* kt = k + ((batch * d.tokens + t) * d.heads + h) * d.dk;
             const T* vt = v + ((batch * d.tokens + t) * d.heads + h) * d.dv;

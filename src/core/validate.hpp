@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "core/block_table.hpp"
 #include "mhla/error.hpp"
 #include "mhla/options.hpp"
 #include "mhla/tensor.hpp"
@@ -20,8 +21,13 @@ struct AttentionDims {
 // Everything a kernel needs to know about a validated MHLA (or linear) call.
 struct Problem {
   AttentionDims dims;
-  const TokenLayout* layout = nullptr;  // nullptr for the linear-attention baseline
-  int64_t blocks = 1;                   // this call's blocks
+  // The token layout (what the references and messages read; nullptr for the
+  // linear-attention baseline) and the same blocks as the flat table that the
+  // kernels read, set by the entry point, which owns the BlockTable, right
+  // before it runs the backend.
+  const TokenLayout* layout = nullptr;
+  BlockTableView table;
+  int64_t blocks = 1;  // this call's blocks
   // The part of W this call reads: rows first_block .. first_block + blocks - 1
   // (its own blocks) against mixing_blocks summaries (the columns). An ordinary
   // call reads all of W (first_block 0, mixing_blocks = blocks); a piece of a

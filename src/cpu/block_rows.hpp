@@ -7,8 +7,8 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "core/block_table.hpp"
 #include "core/feature_map.hpp"
-#include "mhla/layout.hpp"
 
 namespace mhla::cpu {
 
@@ -36,7 +36,7 @@ inline void prefetch_ahead(const T* row, int64_t stride, int64_t width) {
 
 // Calls fn(row, element_offset) for each row of the block, in block order.
 template <typename Fn>
-void for_each_row(const TokenLayout& layout, int64_t block, HeadSlice s, Fn&& fn) {
+void for_each_row(const mhla::detail::BlockTableView& layout, int64_t block, HeadSlice s, Fn&& fn) {
   int64_t row = 0;
   layout.for_each_run(block, [&](int64_t first, int64_t len) {
     for (int64_t t = first; t < first + len; ++t, ++row) fn(row, s.offset + t * s.stride);
@@ -45,8 +45,8 @@ void for_each_row(const TokenLayout& layout, int64_t block, HeadSlice s, Fn&& fn
 
 // tile[row, 0:width] = phi(src[token of row, 0:width]).
 template <typename T>
-void gather_rows(const TokenLayout& layout, int64_t block, FeatureMap phi, const T* src,
-                 HeadSlice s, int64_t width, T* tile, int64_t ld) {
+void gather_rows(const mhla::detail::BlockTableView& layout, int64_t block, FeatureMap phi,
+                 const T* src, HeadSlice s, int64_t width, T* tile, int64_t ld) {
   // Two passes: a plain strided copy (memory-bound; nothing else in the loop,
   // so many loads stay in flight), then phi on the tile while it sits in L1/L2.
   // Fusing the exp of elu+1 into the copy loop made the MHLA forward 1.35x
@@ -77,9 +77,9 @@ void gather_rows(const TokenLayout& layout, int64_t block, FeatureMap phi, const
 // phi' is finite and in [0, 1], so without accumulation the result is finite
 // exactly where grad is.
 template <typename T>
-bool scatter_through_feature(const TokenLayout& layout, int64_t block, FeatureMap phi,
-                             const T* features, const T* grad, int64_t ld, HeadSlice s,
-                             int64_t width, bool accumulate, T* dst) {
+bool scatter_through_feature(const mhla::detail::BlockTableView& layout, int64_t block,
+                             FeatureMap phi, const T* features, const T* grad, int64_t ld,
+                             HeadSlice s, int64_t width, bool accumulate, T* dst) {
   T probe = 0;
   mhla::detail::dispatch_feature(phi, [&]<FeatureMap Phi>() {
     for_each_row(layout, block, s, [&](int64_t row, int64_t offset) {
@@ -108,8 +108,8 @@ bool scatter_through_feature(const TokenLayout& layout, int64_t block, FeatureMa
 
 // dst[token, 0:width] = tile[row, 0:width] (+ dst when accumulating).
 template <typename T>
-bool scatter_rows(const TokenLayout& layout, int64_t block, const T* tile, int64_t ld, HeadSlice s,
-                  int64_t width, bool accumulate, T* dst) {
+bool scatter_rows(const mhla::detail::BlockTableView& layout, int64_t block, const T* tile,
+                  int64_t ld, HeadSlice s, int64_t width, bool accumulate, T* dst) {
   T probe = 0;
   for_each_row(layout, block, s, [&](int64_t row, int64_t offset) {
     const T* g = tile + row * ld;

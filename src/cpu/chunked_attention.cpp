@@ -13,8 +13,8 @@ namespace {
 // [V_b | 1]: the block's values with a column of ones appended, so one GEMM
 // yields both S_b and z_b (and both num_t and den_t).
 template <typename T>
-void gather_values_with_ones(const TokenLayout& layout, int64_t block, const T* v, HeadSlice s,
-                             int64_t dv, int64_t rows, T* dst) {
+void gather_values_with_ones(const mhla::detail::BlockTableView& layout, int64_t block, const T* v,
+                             HeadSlice s, int64_t dv, int64_t rows, T* dst) {
   gather_rows(layout, block, FeatureMap::identity, v, s, dv, dst, dv + 1);
   for (int64_t r = 0; r < rows; ++r) dst[r * (dv + 1) + dv] = T(1);
 }
@@ -34,7 +34,7 @@ ChunkedAttention<T>::ChunkedAttention(const mhla::detail::Problem& problem, cons
       mixer_(mixer),
       x1_(problem.dims.dv + 1),
       x_(problem.dims.dk * (problem.dims.dv + 1)),
-      max_rows_(problem.layout->max_block_size()) {}
+      max_rows_(problem.table.max_block_size()) {}
 
 template <typename T>
 typename ChunkedAttention<T>::BlockTask ChunkedAttention<T>::block_task(int64_t task) const {
@@ -43,7 +43,7 @@ typename ChunkedAttention<T>::BlockTask ChunkedAttention<T>::block_task(int64_t 
   const int64_t blk = rest % p_.blocks, b = rest / p_.blocks, bh = b * d.heads + h;
   return {bh,
           blk,
-          p_.layout->block_size(blk),
+          p_.table.block_size(blk),
           head_slice(b, h, d.tokens, d.heads, d.dk),
           head_slice(b, h, d.tokens, d.heads, d.dv),
           (bh * p_.blocks + blk) * x_};
@@ -53,8 +53,8 @@ template <typename T>
 void ChunkedAttention<T>::in_block_scores(const BlockTask& t, const T* k, const T* v, const T* u,
                                           T* kap, T* vals, T* a) const {
   const auto& d = p_.dims;
-  gather_rows(*p_.layout, t.block, p_.phi, k, t.qk, d.dk, kap, d.dk);
-  gather_values_with_ones(*p_.layout, t.block, v, t.v, d.dv, t.rows, vals);
+  gather_rows(p_.table, t.block, p_.phi, k, t.qk, d.dk, kap, d.dk);
+  gather_values_with_ones(p_.table, t.block, v, t.v, d.dv, t.rows, vals);
   gemm(false, true, t.rows, t.rows, d.dk, T(1), u, d.dk, kap, d.dk, T(0), a, t.rows);
   mask_future(a, t.rows);
 }
@@ -103,8 +103,8 @@ void ChunkedAttention<T>::compute_summaries(const T* k, const T* v, T* summaries
 #pragma omp for schedule(static)
     for (int64_t task = 0; task < task_count(); ++task) {
       const BlockTask t = block_task(task);
-      gather_rows(*p_.layout, t.block, p_.phi, k, t.qk, d.dk, kap.data(), d.dk);
-      gather_values_with_ones(*p_.layout, t.block, v, t.v, d.dv, t.rows, vals.data());
+      gather_rows(p_.table, t.block, p_.phi, k, t.qk, d.dk, kap.data(), d.dk);
+      gather_values_with_ones(p_.table, t.block, v, t.v, d.dv, t.rows, vals.data());
       // [S_b | z_b] = phi(K_b)^T [V_b | 1]
       gemm(true, false, d.dk, x1_, t.rows, T(1), kap.data(), d.dk, vals.data(), x1_, T(0),
            summaries + t.summary, x1_);
@@ -130,7 +130,7 @@ bool ChunkedAttention<T>::compute_outputs(const T* q, const T* k, const T* v, co
 #pragma omp for schedule(static) reduction(&& : finite)
     for (int64_t task = 0; task < task_count(); ++task) {
       const BlockTask t = block_task(task);
-      gather_rows(*p_.layout, t.block, p_.phi, q, t.qk, d.dk, u.data(), d.dk);
+      gather_rows(p_.table, t.block, p_.phi, q, t.qk, d.dk, u.data(), d.dk);
       // y = phi(Q_i) [S~_i | z~_i]
       gemm(false, false, t.rows, x1_, d.dk, T(1), u.data(), d.dk, mixed + t.summary, x1_, T(0),
            y.data(), x1_);
@@ -142,7 +142,7 @@ bool ChunkedAttention<T>::compute_outputs(const T* q, const T* k, const T* v, co
       }
       // x * 0 is NaN exactly when x is not finite (see scatter_rows).
       T probe = 0;
-      for_each_row(*p_.layout, t.block, t.v, [&](int64_t row, int64_t offset) {
+      for_each_row(p_.table, t.block, t.v, [&](int64_t row, int64_t offset) {
         const T* yr = y.data() + row * x1_;
         T* out = o + offset;
         prefetch_ahead(out, t.v.stride, d.dv);
@@ -188,9 +188,9 @@ bool ChunkedAttention<T>::output_gradients(const T* q, const T* k, const T* v, c
       const BlockTask t = block_task(task);
       const int64_t rows = t.rows;
       T* mixed_i = mixed + t.summary;
-      gather_rows(*p_.layout, t.block, p_.phi, q, t.qk, d.dk, u.data(), d.dk);
-      gather_rows(*p_.layout, t.block, FeatureMap::identity, grad_o, t.v, d.dv, g.data(), d.dv);
-      gather_rows(*p_.layout, t.block, FeatureMap::identity, o, t.v, d.dv, out.data(), d.dv);
+      gather_rows(p_.table, t.block, p_.phi, q, t.qk, d.dk, u.data(), d.dk);
+      gather_rows(p_.table, t.block, FeatureMap::identity, grad_o, t.v, d.dv, g.data(), d.dv);
+      gather_rows(p_.table, t.block, FeatureMap::identity, o, t.v, d.dv, out.data(), d.dv);
 
       // den_t = phi(q_t) . z~_i (+ causal in-block key sums); eps is added below.
       gemv(rows, d.dk, u.data(), d.dk, mixed_i + d.dv, x1_, den.data());
@@ -246,18 +246,18 @@ bool ChunkedAttention<T>::output_gradients(const T* q, const T* k, const T* v, c
         // key_value_gradients adds the inter-block part and applies phi'; or
         // finish them here.
         if (park) {
-          scatter_rows(*p_.layout, t.block, dkap.data(), d.dk, t.qk, d.dk, false, grad_k);
+          scatter_rows(p_.table, t.block, dkap.data(), d.dk, t.qk, d.dk, false, grad_k);
         } else {
           finite = finite && mhla::detail::first_non_finite(dkap.data(), rows * d.dk) < 0 &&
                    mhla::detail::first_non_finite(dvals.data(), rows * x1_) < 0;
-          scatter_through_feature(*p_.layout, t.block, p_.phi, kap.data(), dkap.data(), d.dk, t.qk,
+          scatter_through_feature(p_.table, t.block, p_.phi, kap.data(), dkap.data(), d.dk, t.qk,
                                   d.dk, false, grad_k);
         }
-        scatter_rows(*p_.layout, t.block, dvals.data(), x1_, t.v, d.dv, false, grad_v);
+        scatter_rows(p_.table, t.block, dvals.data(), x1_, t.v, d.dv, false, grad_v);
       }
       // grad_q = phi'(q) du with phi' in [0, 1]: finite exactly where du is.
       finite = finite && mhla::detail::first_non_finite(du.data(), rows * d.dk) < 0;
-      scatter_through_feature(*p_.layout, t.block, p_.phi, u.data(), du.data(), d.dk, t.qk, d.dk,
+      scatter_through_feature(p_.table, t.block, p_.phi, u.data(), du.data(), d.dk, t.qk, d.dk,
                               false, grad_q);
       // y = phi(Q) mixed_i:  dmixed_i = phi(Q)^T dy, stored over mixed_i (no longer read).
       gemm(true, false, d.dk, x1_, rows, T(1), u.data(), d.dk, dy.data(), x1_, T(0), mixed_i, x1_);
@@ -279,8 +279,8 @@ bool ChunkedAttention<T>::key_value_gradients(const T* k, const T* v, const T* s
     for (int64_t task = 0; task < task_count(); ++task) {
       const BlockTask t = block_task(task);
       const T* ds = summaries_grad + t.summary;
-      gather_rows(*p_.layout, t.block, p_.phi, k, t.qk, d.dk, kap.data(), d.dk);
-      gather_values_with_ones(*p_.layout, t.block, v, t.v, d.dv, t.rows, vals.data());
+      gather_rows(p_.table, t.block, p_.phi, k, t.qk, d.dk, kap.data(), d.dk);
+      gather_values_with_ones(p_.table, t.block, v, t.v, d.dv, t.rows, vals.data());
       // [S_b | z_b] = phi(K)^T [V | 1]:  dphi(K) = [V | 1] dS^T,  d[V | 1] = phi(K) dS
       gemm(false, true, t.rows, d.dk, x1_, T(1), vals.data(), x1_, ds, x1_, T(0), dkap.data(),
            d.dk);
@@ -291,10 +291,10 @@ bool ChunkedAttention<T>::key_value_gradients(const T* k, const T* v, const T* s
       // checked whole. dvals' last column (the gradient of the ones) can only
       // raise a false alarm, which costs a search of the results.
       const bool finite_k =
-          scatter_through_feature(*p_.layout, t.block, p_.phi, kap.data(), dkap.data(), d.dk, t.qk,
+          scatter_through_feature(p_.table, t.block, p_.phi, kap.data(), dkap.data(), d.dk, t.qk,
                                   d.dk, add_to_parked, grad_k);
       const bool finite_v =
-          scatter_rows(*p_.layout, t.block, dvals.data(), x1_, t.v, d.dv, add_to_parked, grad_v);
+          scatter_rows(p_.table, t.block, dvals.data(), x1_, t.v, d.dv, add_to_parked, grad_v);
       finite = finite && finite_k && finite_v &&
                (add_to_parked || (mhla::detail::first_non_finite(dkap.data(), t.rows * d.dk) < 0 &&
                                   mhla::detail::first_non_finite(dvals.data(), t.rows * x1_) < 0));

@@ -19,7 +19,7 @@ namespace mhla::cpu {
 template <typename T>
 class ChunkedAttention {
  public:
-  // problem.layout and problem.blocks describe the blocks; mixer supplies W.
+  // problem.table and problem.blocks describe the blocks; mixer supplies W.
   ChunkedAttention(const mhla::detail::Problem& problem, const Mixer<T>& mixer);
 
   // The whole operator on an ordinary call (the mix reads all of W:
