@@ -50,6 +50,7 @@ struct Row {
   int64_t tokens, blocks;
   double sgemm, mhla_fwd, mhla_fwdbwd, mhla_fwdbwd_saved, linear_fwd, linear_fwdbwd, softmax_fwd;
   double flops_fwd, flops_fwdbwd, sgemm_flops;
+  double linear_flops_fwd, softmax_flops_fwd;  // the baselines' own FLOP formulas
 };
 
 // The SGEMM yardstick, MHLA and linear attention are timed interleaved, repeat
@@ -86,7 +87,9 @@ Row measure(int64_t tokens, bool with_softmax, int repeats, int sgemm_size) {
         -1,
         flops.forward,
         flops.forward + flops.backward,
-        sgemm.flops()};
+        sgemm.flops(),
+        mhla::linear_attention_flops_forward(1, tokens, kHeads, kDim, kDim),
+        mhla::softmax_flops_forward(1, tokens, kHeads, kDim, kDim, false)};
   if (with_softmax) {
     // Quadratic and ~100x slower than MHLA at these sizes, so load drift does
     // not matter for its ratio: one timed call at the largest sizes.
@@ -130,9 +133,13 @@ int main(int argc, char** argv) {
   std::printf(
       "f+b recomputes the block summaries in backward (as the linear baseline does);\n"
       "f+b saved keeps them from forward (forward(..., saved_summaries)).\n");
-  std::printf("%8s %5s %7s | %8s %7s %6s | %8s %7s %6s | %8s %7s %6s | %7s %7s | %10s %9s\n", "N",
-              "M", "SGEMM", "fwd ms", "GFLOP/s", "%SGEMM", "f+b ms", "GFLOP/s", "%SGEMM", "f+b sav",
-              "GFLOP/s", "%SGEMM", "fwd/lin", "f+b/lin", "softmax ms", "fwd/soft");
+  std::printf(
+      "lin GF/s and soft GF/s: the baselines' forward rates by their own FLOP formulas\n"
+      "(linear 4 N Dk Dv, softmax 2 N^2 (Dk + Dv) per head).\n");
+  std::printf(
+      "%8s %5s %7s | %8s %7s %6s | %8s %7s %6s | %8s %7s %6s | %7s %7s %8s | %10s %9s %9s\n", "N",
+      "M", "SGEMM", "fwd ms", "GFLOP/s", "%SGEMM", "f+b ms", "GFLOP/s", "%SGEMM", "f+b sav",
+      "GFLOP/s", "%SGEMM", "fwd/lin", "f+b/lin", "lin GF/s", "softmax ms", "fwd/soft", "soft GF/s");
   const std::vector<int64_t> sizes =
       quick ? std::vector<int64_t>{1024, 4096} : std::vector<int64_t>{4096, 16384, 65536};
   for (int64_t n : sizes) {
@@ -142,14 +149,16 @@ int main(int argc, char** argv) {
     const double gfs = r.flops_fwdbwd / r.mhla_fwdbwd_saved / 1e9;
     std::printf(
         "%8lld %5lld %7.1f | %8.2f %7.1f %5.0f%% | %8.2f %7.1f %5.0f%% | %8.2f %7.1f %5.0f%% "
-        "| %7.2f %7.2f | ",
+        "| %7.2f %7.2f %8.1f | ",
         (long long)n, (long long)r.blocks, sg, r.mhla_fwd * 1e3, gf, 100 * gf / sg,
         r.mhla_fwdbwd * 1e3, gfb, 100 * gfb / sg, r.mhla_fwdbwd_saved * 1e3, gfs, 100 * gfs / sg,
-        r.mhla_fwd / r.linear_fwd, r.mhla_fwdbwd / r.linear_fwdbwd);
+        r.mhla_fwd / r.linear_fwd, r.mhla_fwdbwd / r.linear_fwdbwd,
+        r.linear_flops_fwd / r.linear_fwd / 1e9);
     if (r.softmax_fwd > 0)
-      std::printf("%10.1f %9.4f\n", r.softmax_fwd * 1e3, r.mhla_fwd / r.softmax_fwd);
+      std::printf("%10.1f %9.4f %9.1f\n", r.softmax_fwd * 1e3, r.mhla_fwd / r.softmax_fwd,
+                  r.softmax_flops_fwd / r.softmax_fwd / 1e9);
     else
-      std::printf("%10s %9s\n", "-", "-");
+      std::printf("%10s %9s %9s\n", "-", "-", "-");
     std::fflush(stdout);
     results["rates"].push_back(
         {{"tokens", n},
@@ -166,6 +175,9 @@ int main(int argc, char** argv) {
          {"mhla_forward_backward_saved_fraction_of_sgemm", gfs / sg},
          {"linear_forward_s", r.linear_fwd},
          {"linear_forward_backward_s", r.linear_fwdbwd},
+         {"linear_forward_gflops", r.linear_flops_fwd / r.linear_fwd / 1e9},
+         {"softmax_forward_gflops",
+          r.softmax_fwd > 0 ? json(r.softmax_flops_fwd / r.softmax_fwd / 1e9) : json()},
          {"softmax_forward_s", r.softmax_fwd > 0 ? json(r.softmax_fwd) : json()},
          {"mhla_over_linear_forward", r.mhla_fwd / r.linear_fwd},
          {"mhla_over_linear_forward_backward", r.mhla_fwdbwd / r.linear_fwdbwd}});
