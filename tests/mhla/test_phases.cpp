@@ -73,10 +73,9 @@ std::vector<double> mix_by_definition(const Case& c, const std::vector<double>& 
   return mixed;
 }
 
-class Phases : public testing::TestWithParam<Case> {};
-
-TEST_P(Phases, EachPhaseMatchesItsDefinitionAndTheyChainToForward) {
-  const Case& c = GetParam();
+// The cases run in loops inside a few tests rather than as one CTest entry
+// each: a test process per case cost more than the cases themselves.
+void each_phase_matches_its_definition_and_they_chain_to_forward(const Case& c) {
   const Inputs in = make_inputs(c, 7);
   const Options opt = c.options();
   const auto ss = summary_shape(c, c.blocks());
@@ -92,8 +91,7 @@ TEST_P(Phases, EachPhaseMatchesItsDefinitionAndTheyChainToForward) {
   EXPECT_CLOSE(o, want_o, kExact, "read-out vs forward");
 }
 
-TEST_P(Phases, BackwardPhasesChainToBackward) {
-  const Case& c = GetParam();
+void backward_phases_chain_to_backward(const Case& c) {
   const Inputs in = make_inputs(c, 8);
   const Options opt = c.options();
   const auto ss = summary_shape(c, c.blocks());
@@ -123,7 +121,19 @@ TEST_P(Phases, BackwardPhasesChainToBackward) {
   EXPECT_CLOSE(pw, gw, kExact, "grad w");
 }
 
-INSTANTIATE_TEST_SUITE_P(AllModes, Phases, testing::ValuesIn(all_mode_cases()), case_name);
+TEST(Phases, EachPhaseMatchesItsDefinitionAndTheyChainToForward) {
+  for (const Case& c : all_mode_cases()) {
+    SCOPED_TRACE(c.label() + " " + c.layout.describe());
+    each_phase_matches_its_definition_and_they_chain_to_forward(c);
+  }
+}
+
+TEST(Phases, BackwardPhasesChainToBackward) {
+  for (const Case& c : all_mode_cases()) {
+    SCOPED_TRACE(c.label() + " " + c.layout.describe());
+    backward_phases_chain_to_backward(c);
+  }
+}
 
 // The 1D masked cases, where a sequence can be cut into pieces.
 std::vector<Case> piece_cases() {
@@ -193,10 +203,7 @@ void add_rows(const std::vector<double>& part, const Case& c, int64_t width, int
       x[(b * c.tokens() + first) * row + e] += part[b * tokens * row + e];
 }
 
-class Pieces : public testing::TestWithParam<Case> {};
-
-TEST_P(Pieces, ForwardInPiecesWithStateEqualsOneCall) {
-  const Case& c = GetParam();
+void forward_in_pieces_with_state_equals_one_call(const Case& c) {
   const Inputs in = make_inputs(c, 11);
   std::vector<double> want(in.v.size()), got(in.v.size(), 0.0);
   forward<double>(c.options(), view(in.q, c.q_shape()), view(in.k, c.q_shape()),
@@ -224,8 +231,7 @@ TEST_P(Pieces, ForwardInPiecesWithStateEqualsOneCall) {
 // The backward phases at an offset (first_block > 0), as a context-parallel
 // layer runs them: per piece read-out and mix backward against the summaries
 // of every block up to the piece's end, summed, give backward on the whole.
-TEST_P(Pieces, BackwardInPiecesEqualsOneCall) {
-  const Case& c = GetParam();
+void backward_in_pieces_equals_one_call(const Case& c) {
   const Inputs in = make_inputs(c, 12);
   const auto qs = c.q_shape(), vs = c.v_shape(), ws = c.w_shape();
   const auto all = summary_shape(c, c.blocks());
@@ -292,7 +298,19 @@ TEST_P(Pieces, BackwardInPiecesEqualsOneCall) {
   EXPECT_CLOSE(pw, gw, kExact, "grad w");
 }
 
-INSTANTIATE_TEST_SUITE_P(MaskedModes, Pieces, testing::ValuesIn(piece_cases()), case_name);
+TEST(Pieces, ForwardInPiecesWithStateEqualsOneCall) {
+  for (const Case& c : piece_cases()) {
+    SCOPED_TRACE(c.label() + " " + c.layout.describe());
+    forward_in_pieces_with_state_equals_one_call(c);
+  }
+}
+
+TEST(Pieces, BackwardInPiecesEqualsOneCall) {
+  for (const Case& c : piece_cases()) {
+    SCOPED_TRACE(c.label() + " " + c.layout.describe());
+    backward_in_pieces_equals_one_call(c);
+  }
+}
 
 TEST(PhaseErrors, NameTheArgumentAndTheProblem) {
   const Case c{"1d", 1, 2, 3, 4, TokenLayout::sequence(12, 4), Masking::causal};
