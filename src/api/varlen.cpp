@@ -104,6 +104,22 @@ void for_sequence(const char* fn, const Packing& p, int64_t s, Fn&& body) {
   }
 }
 
+// Runs body(s, seq_problem, mixer, seq_rows) for each non-empty sequence s,
+// where seq_rows(t) is s's rows of a packed tensor t.
+template <typename T, typename Body>
+void for_each_sequence(const Packing& p, const VarlenOptions& options, const TensorView<const T>& w,
+                       Body&& body) {
+  for (int64_t s = 0; s + 1 < int64_t(p.offsets.size()); ++s) {
+    const int64_t first = p.offsets[s], tokens = p.offsets[s + 1] - first;
+    if (tokens == 0) continue;
+    const TokenLayout layout = TokenLayout::sequence(tokens, options.block);
+    const detail::BlockTable table(layout);
+    const detail::Problem seq = sequence_problem(p, layout, table);
+    const auto mixer = cpu::make_mixer(seq, w.data);
+    body(s, seq, *mixer, [&](const auto& t) { return rows(t, first, tokens); });
+  }
+}
+
 }  // namespace
 
 template <typename T>
@@ -113,21 +129,16 @@ void varlen_forward(const VarlenOptions& options, TensorView<const int64_t> cu_s
   const char* fn = "mhla::varlen_forward";
   const Packing p = check_packing(fn, options, cu_seqlens, q, k, v, w);
   detail::check_output(fn, "o", o, detail::v_shape(p.problem.dims));
-  for (int64_t s = 0; s + 1 < int64_t(p.offsets.size()); ++s) {
-    const int64_t first = p.offsets[s], tokens = p.offsets[s + 1] - first;
-    if (tokens == 0) continue;
-    const TokenLayout layout = TokenLayout::sequence(tokens, options.block);
-    const detail::BlockTable table(layout);
-    const detail::Problem seq = sequence_problem(p, layout, table);
-    const auto mixer = cpu::make_mixer(seq, w.data);
-    const auto seq_rows = [&](const auto& t) { return rows(t, first, tokens); };
-    if (!cpu::ChunkedAttention<T>(seq, *mixer)
-             .forward(seq_rows(q).data, seq_rows(k).data, seq_rows(v).data, seq_rows(o).data))
-      for_sequence(fn, p, s, [&] {
-        detail::report_non_finite_output("mhla::forward", seq, seq_rows(q), seq_rows(k),
-                                         seq_rows(v), seq_rows(o));
+  for_each_sequence(
+      p, options, w,
+      [&](int64_t s, const detail::Problem& seq, const cpu::Mixer<T>& mixer, const auto& seq_rows) {
+        if (!cpu::ChunkedAttention<T>(seq, mixer)
+                 .forward(seq_rows(q).data, seq_rows(k).data, seq_rows(v).data, seq_rows(o).data))
+          for_sequence(fn, p, s, [&] {
+            detail::report_non_finite_output("mhla::forward", seq, seq_rows(q), seq_rows(k),
+                                             seq_rows(v), seq_rows(o));
+          });
       });
-  }
 }
 
 template <typename T>
@@ -143,26 +154,21 @@ void varlen_backward(const VarlenOptions& options, TensorView<const int64_t> cu_
   detail::check_output(fn, "grad_w", grad_w, w.shape);
   // Every sequence adds its part of grad_w, in order, so the sum is deterministic.
   std::fill(grad_w.data, grad_w.data + detail::checked_product(w.shape, "w"), T(0));
-  for (int64_t s = 0; s + 1 < int64_t(p.offsets.size()); ++s) {
-    const int64_t first = p.offsets[s], tokens = p.offsets[s + 1] - first;
-    if (tokens == 0) continue;
-    const TokenLayout layout = TokenLayout::sequence(tokens, options.block);
-    const detail::BlockTable table(layout);
-    const detail::Problem seq = sequence_problem(p, layout, table);
-    const auto mixer = cpu::make_mixer(seq, w.data);
-    const auto seq_rows = [&](const auto& t) { return rows(t, first, tokens); };
-    const bool finite =
-        cpu::ChunkedAttention<T>(seq, *mixer)
-            .backward(seq_rows(q).data, seq_rows(k).data, seq_rows(v).data, seq_rows(o).data,
-                      seq_rows(grad_o).data, seq_rows(grad_q).data, seq_rows(grad_k).data,
-                      seq_rows(grad_v).data, grad_w.data);
-    if (!finite)
-      for_sequence(fn, p, s, [&] {
-        detail::report_non_finite_gradients("mhla::backward", seq, seq_rows(q), seq_rows(k),
-                                            seq_rows(v), seq_rows(o), seq_rows(grad_o),
-                                            seq_rows(grad_q), seq_rows(grad_k), seq_rows(grad_v));
+  for_each_sequence(
+      p, options, w,
+      [&](int64_t s, const detail::Problem& seq, const cpu::Mixer<T>& mixer, const auto& seq_rows) {
+        const bool finite =
+            cpu::ChunkedAttention<T>(seq, mixer)
+                .backward(seq_rows(q).data, seq_rows(k).data, seq_rows(v).data, seq_rows(o).data,
+                          seq_rows(grad_o).data, seq_rows(grad_q).data, seq_rows(grad_k).data,
+                          seq_rows(grad_v).data, grad_w.data);
+        if (!finite)
+          for_sequence(fn, p, s, [&] {
+            detail::report_non_finite_gradients(
+                "mhla::backward", seq, seq_rows(q), seq_rows(k), seq_rows(v), seq_rows(o),
+                seq_rows(grad_o), seq_rows(grad_q), seq_rows(grad_k), seq_rows(grad_v));
+          });
       });
-  }
   if (detail::first_non_finite(grad_w.data, detail::checked_product(w.shape, "w")) >= 0)
     detail::report_non_finite<T>(fn, p.problem, {{"grad_w", grad_w.data, w.shape}},
                                  {{"q", q.data, q.shape},
