@@ -3,7 +3,6 @@
 // phases write their results (that is what the fused backward wants).
 #include "mhla/phases.hpp"
 
-#include <algorithm>
 #include <cstring>
 #include <vector>
 
