@@ -61,8 +61,8 @@ int main(int argc, char** argv) {
         for (int64_t e : shape) n *= e;
         return n;
       }()), 0.5);
-      mhla::tools::write_npy(npy_dir + "/seed-" + std::to_string(npy_written++) + ".npy", dtype,
-                             shape, values, true);
+      mhla::tools::write_npy(npy_dir + "/seed-" + std::to_string(npy_written++) + ".npy",
+                             mhla::tools::NpyArray::of(dtype, shape, values), true);
     }
   std::printf("wrote %d seeds to %s\n", npy_written, npy_dir.c_str());
 

@@ -64,13 +64,16 @@ TEST_F(Cli, ForwardOnPyTorchOrderedFilesMatchesTheLibrary) {
   Case c{"2d", 2, 3, 4, 5, TokenLayout::grid2d(5, 6, 2, 3)};
   const Inputs in = make_inputs(c, 2);
   const int64_t b = c.batch, n = c.tokens(), h = c.heads;
-  tools::write_npy(path("q.npy"), DType::f64, {b, h, n, c.dk}, heads_first(in.q, b, n, h, c.dk),
-                   false);
-  tools::write_npy(path("k.npy"), DType::f64, {b, h, n, c.dk}, heads_first(in.k, b, n, h, c.dk),
-                   false);
-  tools::write_npy(path("v.npy"), DType::f64, {b, h, n, c.dv}, heads_first(in.v, b, n, h, c.dv),
-                   false);
-  tools::write_npy(path("w.npy"), DType::f64, c.w_shape(), in.w, false);
+  tools::write_npy(
+      path("q.npy"),
+      tools::NpyArray::of(DType::f64, {b, h, n, c.dk}, heads_first(in.q, b, n, h, c.dk)), false);
+  tools::write_npy(
+      path("k.npy"),
+      tools::NpyArray::of(DType::f64, {b, h, n, c.dk}, heads_first(in.k, b, n, h, c.dk)), false);
+  tools::write_npy(
+      path("v.npy"),
+      tools::NpyArray::of(DType::f64, {b, h, n, c.dv}, heads_first(in.v, b, n, h, c.dv)), false);
+  tools::write_npy(path("w.npy"), tools::NpyArray::of(DType::f64, c.w_shape(), in.w), false);
   const CliRun r = mhla_cli("forward --q " + path("q.npy") + " --k " + path("k.npy") + " --v " +
                             path("v.npy") + " --w " + path("w.npy") +
                             " --order bhnd --grid 5x6 --tile 2x3 --out-dir " + path("out"));
@@ -79,9 +82,9 @@ TEST_F(Cli, ForwardOnPyTorchOrderedFilesMatchesTheLibrary) {
   forward<double>(c.options(), view(in.q, c.q_shape()), view(in.k, c.q_shape()),
                   view(in.v, c.v_shape()), view(in.w, c.w_shape()), view(want, c.v_shape()));
   const tools::NpyArray o = tools::read_npy(path("out/o.npy"));
-  EXPECT_EQ(o.dtype, DType::f64);
+  EXPECT_EQ(o.dtype(), DType::f64);
   EXPECT_EQ(o.shape, (std::vector<int64_t>{b, h, n, c.dv}));
-  EXPECT_CLOSE(o.values, heads_first(want, b, n, h, c.dv), 1e-14, "o");
+  EXPECT_CLOSE(o.as<double>(), heads_first(want, b, n, h, c.dv), 1e-14, "o");
 }
 
 TEST_F(Cli, BackwardWithToeplitzMixingMatchesTheLibrary) {
@@ -94,11 +97,11 @@ TEST_F(Cli, BackwardWithToeplitzMixingMatchesTheLibrary) {
   };
   in.q = f32(in.q), in.k = f32(in.k), in.v = f32(in.v), in.grad_o = f32(in.grad_o),
   in.w = f32(in.w);
-  tools::write_npy(path("q.npy"), DType::f32, c.q_shape(), in.q, false);
-  tools::write_npy(path("k.npy"), DType::f32, c.q_shape(), in.k, false);
-  tools::write_npy(path("v.npy"), DType::f32, c.v_shape(), in.v, false);
-  tools::write_npy(path("g.npy"), DType::f32, c.v_shape(), in.grad_o, false);
-  tools::write_npy(path("w.npy"), DType::f32, c.w_shape(), in.w, false);
+  tools::write_npy(path("q.npy"), tools::NpyArray::of(DType::f32, c.q_shape(), in.q), false);
+  tools::write_npy(path("k.npy"), tools::NpyArray::of(DType::f32, c.q_shape(), in.k), false);
+  tools::write_npy(path("v.npy"), tools::NpyArray::of(DType::f32, c.v_shape(), in.v), false);
+  tools::write_npy(path("g.npy"), tools::NpyArray::of(DType::f32, c.v_shape(), in.grad_o), false);
+  tools::write_npy(path("w.npy"), tools::NpyArray::of(DType::f32, c.w_shape(), in.w), false);
   const CliRun r =
       mhla_cli("backward --q " + path("q.npy") + " --k " + path("k.npy") + " --v " + path("v.npy") +
                " --grad-o " + path("g.npy") + " --w " + path("w.npy") +
@@ -118,14 +121,15 @@ TEST_F(Cli, BackwardWithToeplitzMixingMatchesTheLibrary) {
       {"o", &o}, {"grad_q", &gq}, {"grad_k", &gk}, {"grad_v", &gv}, {"grad_w", &gw}};
   for (const auto& [name, want] : expected) {
     const tools::NpyArray got = tools::read_npy(path("out/" + std::string(name) + ".npy"));
-    EXPECT_EQ(got.dtype, DType::f32) << name;
-    EXPECT_EQ(got.values, std::vector<double>(want->begin(), want->end()))
-        << name;  // same kernel, bit-identical
+    EXPECT_EQ(got.dtype(), DType::f32) << name;
+    EXPECT_EQ(got.as<float>(), *want) << name;  // same kernel, bit-identical
   }
 }
 
 TEST_F(Cli, BadInputIsAOneLineErrorAndNothingIsOverwritten) {
-  tools::write_npy(path("q.npy"), DType::f32, {1, 8, 1, 4}, std::vector<double>(32, 0.5), false);
+  tools::write_npy(path("q.npy"),
+                   tools::NpyArray::of(DType::f32, {1, 8, 1, 4}, std::vector<double>(32, 0.5)),
+                   false);
   const std::string qkv =
       " --q " + path("q.npy") + " --k " + path("q.npy") + " --v " + path("q.npy");
   ASSERT_EQ(mhla_cli("forward" + qkv + " --block 4 --out-dir " + path("out")).status, 0);
@@ -166,7 +170,9 @@ TEST_F(Cli, InconsistentShapesAndBadFlagsAreNamedErrors) {
   auto save = [&](const std::string& name, DType dtype, std::vector<int64_t> shape, double value) {
     int64_t n = 1;
     for (int64_t e : shape) n *= e;
-    tools::write_npy(path(name), dtype, shape, std::vector<double>(size_t(n), value), false);
+    tools::write_npy(path(name),
+                     tools::NpyArray::of(dtype, shape, std::vector<double>(size_t(n), value)),
+                     false);
   };
   save("q.npy", DType::f32, {1, 16, 2, 4}, 0.5);
   save("k3.npy", DType::f32, {1, 16, 2, 3}, 0.5);

@@ -46,19 +46,39 @@ std::string error_of(const std::vector<uint8_t>& bytes) {
   return "no error";
 }
 
+std::string error_of_as_double(const tools::NpyArray& a) {
+  try {
+    a.as<double>();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
 TEST(Npy, RoundTripsShapesAndDtypes) {
   for (DType dtype : {DType::f32, DType::f64})
     for (const std::vector<int64_t>& shape :
          std::vector<std::vector<int64_t>>{{}, {0}, {4}, {2, 3, 4}}) {
       std::vector<double> values(size_t(numel(shape)));
       for (size_t i = 0; i < values.size(); ++i) values[i] = 0.25 * double(i) - 1.5;
-      const std::vector<uint8_t> bytes = tools::encode_npy(dtype, shape, values);
+      const std::vector<uint8_t> bytes =
+          tools::encode_npy(tools::NpyArray::of(dtype, shape, values));
       EXPECT_EQ(bytes.size() % 64, (values.size() * (dtype == DType::f32 ? 4 : 8)) % 64);
       const tools::NpyArray a = tools::parse_npy(bytes, "x.npy");
-      EXPECT_EQ(a.dtype, dtype);
+      EXPECT_EQ(a.dtype(), dtype);
       EXPECT_EQ(a.shape, shape);
-      EXPECT_EQ(a.values, values);
+      EXPECT_EQ(a.widened(), values);
     }
+}
+
+// float32 data stays float32 from file to caller: read as float, never widened.
+TEST(Npy, KeepsTheFilesOwnDtype) {
+  const std::vector<float> values = {0.1f, -3.3f, 1e-30f};
+  const tools::NpyArray a =
+      tools::parse_npy(tools::encode_npy(tools::NpyArray{{3}, values}), "x.npy");
+  EXPECT_EQ(a.dtype(), DType::f32);
+  EXPECT_EQ(a.as<float>(), values);
+  EXPECT_THAT(error_of_as_double(a), HasSubstr("a float32 array read as float64"));
 }
 
 TEST(Npy, ReadsEveryHeaderFormNumpyWrites) {
@@ -69,7 +89,7 @@ TEST(Npy, ReadsEveryHeaderFormNumpyWrites) {
                              "{'shape': (2, 3), 'fortran_order': False, 'descr': '<f4'}"}) {
       const tools::NpyArray a = tools::parse_npy(npy_bytes(major, dict, data), "x.npy");
       EXPECT_EQ(a.shape, (std::vector<int64_t>{2, 3})) << dict;
-      EXPECT_EQ(a.values[5], 6.0);
+      EXPECT_EQ(a.as<float>()[5], 6.0f);
     }
 }
 
@@ -120,17 +140,17 @@ TEST(Npy, WriteRefusesToOverwriteUnlessAsked) {
   std::filesystem::create_directories(dir);
   const std::string path = (dir / "a.npy").string();
   std::filesystem::remove(path);
-  tools::write_npy(path, DType::f64, {2}, {1, 2}, false);
+  tools::write_npy(path, tools::NpyArray::of(DType::f64, {2}, std::vector<double>{1, 2}), false);
   try {
-    tools::write_npy(path, DType::f64, {2}, {3, 4}, false);
+    tools::write_npy(path, tools::NpyArray::of(DType::f64, {2}, std::vector<double>{3, 4}), false);
     FAIL();
   } catch (const Error& e) {
     EXPECT_THAT(std::string(e.what()),
                 HasSubstr("already exists; refusing to overwrite it (pass --force)"));
   }
-  EXPECT_EQ(tools::read_npy(path).values, (std::vector<double>{1, 2}));
-  tools::write_npy(path, DType::f64, {2}, {3, 4}, true);
-  EXPECT_EQ(tools::read_npy(path).values, (std::vector<double>{3, 4}));
+  EXPECT_EQ(tools::read_npy(path).as<double>(), (std::vector<double>{1, 2}));
+  tools::write_npy(path, tools::NpyArray::of(DType::f64, {2}, std::vector<double>{3, 4}), true);
+  EXPECT_EQ(tools::read_npy(path).as<double>(), (std::vector<double>{3, 4}));
   EXPECT_THROW(tools::read_npy((dir / "missing.npy").string()), Error);
   std::filesystem::remove_all(dir);
 }

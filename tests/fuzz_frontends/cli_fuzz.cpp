@@ -104,7 +104,7 @@ class CliCase {
   std::string compare(const fs::path& out) const {
     for (const NamedResult& want : reference_results(c_)) {
       const tools::NpyArray got = tools::read_npy((out / (want.name + ".npy")).string());
-      std::vector<double> values = got.values;
+      std::vector<double> values = got.widened();
       std::vector<int64_t> shape = want.name == "o"        ? c_.v_shape
                                    : want.name == "grad_v" ? c_.v_shape
                                    : want.name == "grad_w" ? c_.w_shape
@@ -113,7 +113,7 @@ class CliCase {
         shape = {shape[0], shape[2], shape[1], shape[3]};
         values = swap_axes_1_2(values, shape);
       }
-      if (got.dtype != dtype_ || got.shape != shape)
+      if (got.dtype() != dtype_ || got.shape != shape)
         return want.name + ".npy has the wrong dtype or shape";
       const std::string problem = compare_result(want, values, dtype_ == DType::f32);
       if (!problem.empty()) return problem;
@@ -132,7 +132,7 @@ class CliCase {
       shape = {shape[0], shape[2], shape[1], shape[3]};
     }
     const std::string path = (dir_ / (name + ".npy")).string();
-    tools::write_npy(path, dtype, shape, values, true);
+    tools::write_npy(path, tools::NpyArray::of(dtype, shape, values), true);
     files_ += " --" + std::string(name == "grad_o" ? "grad-o" : name) + " " + path;
   }
 

@@ -2,7 +2,6 @@
 
 #include <zip.h>
 
-#include <bit>
 #include <cctype>
 #include <filesystem>
 #include <memory>
@@ -122,7 +121,7 @@ class HeaderParser {
   size_t pos_ = 0;
 };
 
-DType dtype_of(const std::string& descr, const std::string& source) {
+DType dtype_named(const std::string& descr, const std::string& source) {
   if (descr == "<f4") return DType::f32;
   if (descr == "<f8") return DType::f64;
   if (descr == ">f4" || descr == ">f8")
@@ -134,6 +133,14 @@ DType dtype_of(const std::string& descr, const std::string& source) {
 }  // namespace
 
 const char* to_string(DType dtype) { return dtype == DType::f32 ? "float32" : "float64"; }
+
+int64_t NpyArray::size() const {
+  return std::visit([](const auto& v) { return int64_t(v.size()); }, values);
+}
+
+std::vector<double> NpyArray::widened() const {
+  return std::visit([](const auto& v) { return std::vector<double>(v.begin(), v.end()); }, values);
+}
 
 NpyArray parse_npy(std::span<const uint8_t> bytes, const std::string& source) {
   io::ByteReader in(bytes, source);
@@ -155,7 +162,7 @@ NpyArray parse_npy(std::span<const uint8_t> bytes, const std::string& source) {
   bool fortran = false;
   NpyArray array;
   HeaderParser(header, source).parse(descr, fortran, array.shape);
-  array.dtype = dtype_of(descr, source);
+  const DType dtype = dtype_named(descr, source);
   if (fortran)
     throw Error(source +
                 ": Fortran-order data is not supported; save a C-order array "
@@ -166,15 +173,19 @@ NpyArray parse_npy(std::span<const uint8_t> bytes, const std::string& source) {
   } catch (const Error& e) {
     throw Error(source + ": " + e.what());
   }
-  const int64_t width = array.dtype == DType::f32 ? 4 : 8;
+  const int64_t width = dtype == DType::f32 ? 4 : 8;
   if (in.remaining() / uint64_t(width) < uint64_t(count) ||
       in.remaining() != uint64_t(count * width))
     throw Error(source + ": data holds " + std::to_string(in.remaining()) + " bytes but shape " +
-                shape_to_string(array.shape) + " of " + to_string(array.dtype) + " needs " +
+                shape_to_string(array.shape) + " of " + to_string(dtype) + " needs " +
                 std::to_string(uint64_t(count) * uint64_t(width)) + " (truncated or extra data)");
-  array.values.resize(size_t(count));
-  for (double& v : array.values)
-    v = array.dtype == DType::f32 ? double(std::bit_cast<float>(in.u32("data"))) : in.f64("data");
+  if (dtype == DType::f32) {
+    array.values = in.floats(count, "data");
+  } else {
+    std::vector<double> values(static_cast<size_t>(count));
+    for (double& v : values) v = in.f64("data");
+    array.values = std::move(values);
+  }
   return array;
 }
 
@@ -218,13 +229,13 @@ std::map<std::string, NpyArray> read_npz(const std::string& path) {
   return arrays;
 }
 
-std::vector<uint8_t> encode_npy(DType dtype, const std::vector<int64_t>& shape,
-                                const std::vector<double>& values) {
+std::vector<uint8_t> encode_npy(const NpyArray& array) {
+  const std::vector<int64_t>& shape = array.shape;
   std::string dims;
   for (int64_t e : shape) dims += std::to_string(e) + ", ";
   if (shape.size() > 1) dims.resize(dims.size() - 2);  // "(2, 3)"; a 1-tuple keeps "(4,)"
   if (shape.size() == 1) dims.resize(dims.size() - 1);
-  std::string header = std::string("{'descr': '") + (dtype == DType::f32 ? "<f4" : "<f8") +
+  std::string header = std::string("{'descr': '") + (array.dtype() == DType::f32 ? "<f4" : "<f8") +
                        "', 'fortran_order': False, 'shape': (" + dims + "), }";
   // Pad with spaces so that magic + version + length + header ends on a 64-byte
   // boundary, the header ending in '\n' (as NumPy writes it).
@@ -243,22 +254,17 @@ std::vector<uint8_t> encode_npy(DType dtype, const std::vector<int64_t>& shape,
     out.u8(uint8_t(header.size() >> 8));
   }
   out.raw(header.data(), header.size());
-  for (double v : values) {
-    if (dtype == DType::f32) {
-      const float f = float(v);
-      out.floats(&f, 1);
-    } else {
-      out.f64(v);
-    }
-  }
+  if (const auto* f32 = std::get_if<std::vector<float>>(&array.values))
+    out.floats(f32->data(), f32->size());
+  else
+    for (double v : std::get<std::vector<double>>(array.values)) out.f64(v);
   return std::move(out.bytes());
 }
 
-void write_npy(const std::string& path, DType dtype, const std::vector<int64_t>& shape,
-               const std::vector<double>& values, bool overwrite) {
+void write_npy(const std::string& path, const NpyArray& array, bool overwrite) {
   if (!overwrite && std::filesystem::exists(path))
     throw Error(path + ": already exists; refusing to overwrite it (pass --force)");
-  io::write_file_atomically(path, encode_npy(dtype, shape, values));
+  io::write_file_atomically(path, encode_npy(array));
 }
 
 }  // namespace mhla::tools

@@ -5,6 +5,9 @@
 #include <filesystem>
 #include <map>
 #include <random>
+#include <type_traits>
+#include <utility>
+#include <variant>
 
 #include "common/attention_maps.hpp"
 #include "common/cli_checks.hpp"
@@ -73,83 +76,77 @@ std::map<std::string, std::pair<std::string, NpyArray>> load_inputs(const Operat
   return arrays;
 }
 
-// [B, H, N, D] <-> [B, N, H, D]: swaps axes 1 and 2 of a rank-4 array.
-std::vector<double> swap_axes_1_2(const std::vector<double>& x, const std::vector<int64_t>& shape) {
-  const int64_t a = shape[0], b = shape[1], c = shape[2], d = shape[3];
-  std::vector<double> out(x.size());
-  for (int64_t i = 0; i < a; ++i)
-    for (int64_t j = 0; j < b; ++j)
-      for (int64_t k = 0; k < c; ++k)
-        for (int64_t e = 0; e < d; ++e)
-          out[((i * c + k) * b + j) * d + e] = x[((i * b + j) * c + k) * d + e];
+// [B, H, N, D] <-> [B, N, H, D]: swaps axes 1 and 2 of a rank-4 array, in
+// the array's own dtype.
+NpyArray swap_axes_1_2(const NpyArray& x) {
+  const std::vector<int64_t>& s = x.shape;
+  const int64_t a = s[0], b = s[1], c = s[2], d = s[3];
+  NpyArray out{{a, c, b, d}, {}};
+  std::visit(
+      [&](const auto& in) {
+        std::remove_cvref_t<decltype(in)> swapped(in.size());
+        for (int64_t i = 0; i < a; ++i)
+          for (int64_t j = 0; j < b; ++j)
+            for (int64_t k = 0; k < c; ++k)
+              for (int64_t e = 0; e < d; ++e)
+                swapped[((i * c + k) * b + j) * d + e] = in[((i * b + j) * c + k) * d + e];
+        out.values = std::move(swapped);
+      },
+      x.values);
   return out;
 }
 
-struct Tensor {
-  std::vector<double> values;
-  std::vector<int64_t> shape;  // [B, N, H, D]
-};
-
-Tensor attention_tensor(const std::string& source, const NpyArray& a, bool heads_first) {
+// An attention input in [B, N, H, D], the order the library reads.
+NpyArray attention_tensor(const std::string& source, NpyArray a, bool heads_first) {
   if (a.shape.size() != 4)
     throw Error(source + ": shape " + shape_to_string(a.shape) + " is not rank 4; expected " +
                 (heads_first ? "[B, H, N, D] (--order bhnd)"
                              : "[B, N, H, D] (or [B, H, N, D] with --order bhnd)"));
-  if (!heads_first) return {a.values, a.shape};
-  return {swap_axes_1_2(a.values, a.shape), {a.shape[0], a.shape[2], a.shape[1], a.shape[3]}};
+  return heads_first ? swap_axes_1_2(a) : a;
 }
 
-template <typename T>
-std::vector<T> as(const std::vector<double>& x) {
-  return std::vector<T>(x.begin(), x.end());
-}
-template <typename T>
-std::vector<double> widen(const std::vector<T>& x) {
-  return std::vector<double>(x.begin(), x.end());
-}
-
-// The library's view of one loaded tensor: always the file's own shape, so a
+// The library's view of one loaded array: always the file's own shape, so a
 // file whose shape disagrees with q's reaches the library's shape checks
 // instead of being read past its end.
 template <typename T>
-TensorView<const T> view_of(const std::vector<T>& values, const Tensor& t) {
-  return {values.data(), t.shape};
+TensorView<const T> view_of(const NpyArray& a) {
+  return {a.as<T>().data(), a.shape};
+}
+template <typename T>
+TensorView<T> view_of(NpyArray& a) {
+  return {std::get<std::vector<T>>(a.values).data(), a.shape};
+}
+template <typename T>
+NpyArray zeros_like(const NpyArray& a) {
+  return {a.shape, std::vector<T>(size_t(a.size()))};
 }
 
 template <typename T>
-int run(const OperatorCommand& c, const Options& options, DType dtype,
-        std::map<std::string, Tensor>& in, const std::vector<double>& w,
-        const std::vector<int64_t>& w_shape) {
+int run(const OperatorCommand& c, const Options& options, std::map<std::string, NpyArray>& in,
+        const NpyArray& w) {
   const bool heads_first = c.order == "bhnd";
-  const Tensor &tq = in["q"], &tk = in["k"], &tv = in["v"];
-  const std::vector<T> q = as<T>(tq.values), k = as<T>(tk.values), v = as<T>(tv.values),
-                       wt = as<T>(w);
-  const TensorView<const T> w_view{wt.data(), w_shape};
-  std::vector<T> o(v.size());
-  forward<T>(options, view_of(q, tq), view_of(k, tk), view_of(v, tv), w_view, {o.data(), tv.shape});
-  std::vector<std::pair<std::string, Tensor>> outputs = {{"o", {widen(o), tv.shape}}};
+  const NpyArray &q = in["q"], &k = in["k"], &v = in["v"];
+  std::vector<std::pair<std::string, NpyArray>> outputs = {{"o", zeros_like<T>(v)}};
+  NpyArray& o = outputs[0].second;
+  forward<T>(options, view_of<T>(q), view_of<T>(k), view_of<T>(v), view_of<T>(w), view_of<T>(o));
   if (backward(c)) {
-    const Tensor& tg = in["grad_o"];
-    const std::vector<T> g = as<T>(tg.values);
-    std::vector<T> gq(q.size()), gk(k.size()), gv(v.size()), gw(wt.size());
-    mhla::backward<T>(options, view_of(q, tq), view_of(k, tk), view_of(v, tv), w_view,
-                      {o.data(), tv.shape}, view_of(g, tg), {gq.data(), tq.shape},
-                      {gk.data(), tk.shape}, {gv.data(), tv.shape}, {gw.data(), w_shape});
-    outputs.push_back({"grad_q", {widen(gq), tq.shape}});
-    outputs.push_back({"grad_k", {widen(gk), tk.shape}});
-    outputs.push_back({"grad_v", {widen(gv), tv.shape}});
-    outputs.push_back({"grad_w", {widen(gw), w_shape}});
+    NpyArray gq = zeros_like<T>(q), gk = zeros_like<T>(k), gv = zeros_like<T>(v),
+             gw = zeros_like<T>(w);
+    mhla::backward<T>(options, view_of<T>(q), view_of<T>(k), view_of<T>(v), view_of<T>(w),
+                      view_of<T>(std::as_const(o)), view_of<T>(in["grad_o"]), view_of<T>(gq),
+                      view_of<T>(gk), view_of<T>(gv), view_of<T>(gw));
+    outputs.push_back({"grad_q", std::move(gq)});
+    outputs.push_back({"grad_k", std::move(gk)});
+    outputs.push_back({"grad_v", std::move(gv)});
+    outputs.push_back({"grad_w", std::move(gw)});
   }
   for (auto& [name, t] : outputs) {
     const std::string path = (std::filesystem::path(c.out_dir) / (name + ".npy")).string();
     const bool attention = name != "grad_w";
-    if (attention && heads_first) {
-      t.values = swap_axes_1_2(t.values, t.shape);
-      t.shape = {t.shape[0], t.shape[2], t.shape[1], t.shape[3]};
-    }
-    write_npy(path, dtype, t.shape, t.values, c.force);
+    if (attention && heads_first) t = swap_axes_1_2(t);
+    write_npy(path, t, c.force);
     std::printf("wrote %s %s %s\n", path.c_str(), shape_to_string(t.shape).c_str(),
-                to_string(dtype));
+                to_string(t.dtype()));
   }
   return 0;
 }
@@ -238,13 +235,13 @@ CLI::App* add_operator_command(CLI::App& app, OperatorCommand& c) {
 
 namespace {
 
-// Everything a subcommand computes from: inputs in [B, N, H, D], options, w.
+// Everything a subcommand computes from: inputs in [B, N, H, D] and w, all
+// in one dtype; the options.
 struct Prepared {
   DType dtype = DType::f32;
-  std::map<std::string, Tensor> in;
+  std::map<std::string, NpyArray> in;
   Options options;
-  std::vector<double> w;
-  std::vector<int64_t> w_shape;
+  NpyArray w;
 };
 
 // The built-in sample of `mhla analyze`: standard normal q, k [1, N, 1, 16].
@@ -253,9 +250,9 @@ std::map<std::string, std::pair<std::string, NpyArray>> sample_inputs(int64_t to
   std::normal_distribution<double> normal(0.0, 1.0);
   std::map<std::string, std::pair<std::string, NpyArray>> arrays;
   for (const char* name : {"q", "k"}) {
-    NpyArray a{DType::f64, {1, tokens, 1, 16}, std::vector<double>(size_t(tokens * 16))};
-    for (double& e : a.values) e = normal(rng);
-    arrays[name] = {std::string("sample ") + name, std::move(a)};
+    std::vector<double> values(size_t(tokens * 16));
+    for (double& e : values) e = normal(rng);
+    arrays[name] = {std::string("sample ") + name, NpyArray{{1, tokens, 1, 16}, std::move(values)}};
   }
   return arrays;
 }
@@ -265,15 +262,16 @@ Prepared prepare(const OperatorCommand& c) {
   auto arrays = sample ? sample_inputs(c.sample_tokens) : load_inputs(c);
   Prepared p;
   const auto& [q_source, q_array] = arrays.at("q");
-  p.dtype = q_array.dtype;
+  p.dtype = q_array.dtype();
   for (const auto& [name, entry] : arrays)
-    if (entry.second.dtype != p.dtype)
-      throw Error(entry.first + " is " + to_string(entry.second.dtype) + " but " + q_source +
+    if (entry.second.dtype() != p.dtype)
+      throw Error(entry.first + " is " + to_string(entry.second.dtype()) + " but " + q_source +
                   " is " + to_string(p.dtype) + "; give every input the same dtype");
   const bool heads_first = c.order == "bhnd" && !sample;
   for (const char* name : {"q", "k", "v", "grad_o"})
     if (arrays.count(name))
-      p.in[name] = attention_tensor(arrays[name].first, arrays[name].second, heads_first);
+      p.in[name] =
+          attention_tensor(arrays[name].first, std::move(arrays[name].second), heads_first);
 
   Options& options = p.options;
   options.masking = parse_masking(c.masking);
@@ -287,8 +285,7 @@ Prepared prepare(const OperatorCommand& c) {
   options.mixing = c.toeplitz_length ? MixingForm::toeplitz : MixingForm::dense;
 
   if (arrays.count("w")) {
-    p.w = arrays["w"].second.values;
-    p.w_shape = arrays["w"].second.shape;
+    p.w = std::move(arrays["w"].second);
   } else {
     MixingInit init;
     init.transform = parse_mixing_transform(c.mixing_init);
@@ -298,10 +295,11 @@ Prepared prepare(const OperatorCommand& c) {
     const std::vector<float> w32 = c.toeplitz_length
                                        ? init_toeplitz_mixing(*c.toeplitz_length, init)
                                        : init_mixing(options.layout, init);
-    p.w.assign(w32.begin(), w32.end());
     const int64_t m = options.layout.num_blocks();
-    p.w_shape = c.toeplitz_length ? std::vector<int64_t>{*c.toeplitz_length + 1}
-                                  : std::vector<int64_t>{m, m};
+    p.w = NpyArray::of(p.dtype,
+                       c.toeplitz_length ? std::vector<int64_t>{*c.toeplitz_length + 1}
+                                         : std::vector<int64_t>{m, m},
+                       w32);
   }
   return p;
 }
@@ -330,9 +328,11 @@ int run_analyze(const OperatorCommand& c, Prepared& p) {
                 std::to_string(c.head_index) + " out of range for q " + shape_to_string(qs) +
                 " [B, N, H, D]");
   prepare_outputs(c, {"softmax.png", "linear.png", "mhla.png", "summary.json"});
-  const std::vector<AttentionMap> maps = attention_maps(
-      p.options, {p.in["q"].values.data(), qs}, {p.in["k"].values.data(), p.in["k"].shape},
-      {p.w.data(), p.w_shape}, c.batch_index, c.head_index);
+  // The rank and entropy analysis runs in double whatever the files hold.
+  const std::vector<double> q = p.in["q"].widened(), k = p.in["k"].widened(), w = p.w.widened();
+  const std::vector<AttentionMap> maps =
+      attention_maps(p.options, {q.data(), qs}, {k.data(), p.in["k"].shape}, {w.data(), p.w.shape},
+                     c.batch_index, c.head_index);
   nlohmann::json summary = {{"tokens", n},
                             {"head_dim", qs[3]},
                             {"layout", p.options.layout.describe()},
@@ -372,8 +372,8 @@ int run_operator_command(const OperatorCommand& c) {
               p.options.layout.describe().c_str(), to_string(p.options.masking),
               to_string(p.options.feature_map), p.options.normalize ? "normalized" : "unnormalized",
               to_string(p.options.mixing));
-  return p.dtype == DType::f32 ? run<float>(c, p.options, p.dtype, p.in, p.w, p.w_shape)
-                               : run<double>(c, p.options, p.dtype, p.in, p.w, p.w_shape);
+  return p.dtype == DType::f32 ? run<float>(c, p.options, p.in, p.w)
+                               : run<double>(c, p.options, p.in, p.w);
 }
 
 }  // namespace mhla::tools
