@@ -54,3 +54,11 @@ if(MHLA_BUILD_PYTHON)
   set(MHLA_PYTHON_INSTALL_DIR lib/python3/dist-packages CACHE STRING
       "Where `cmake --install` puts the mhla package, relative to the prefix")
 endif()
+
+# The context-parallel layer over MPI (Debian's OpenMPI: libopenmpi-dev and
+# openmpi-bin for mpirun). Built when MPI is found; everything else builds without it.
+find_package(MPI COMPONENTS CXX)
+option(MHLA_WITH_MPI "Build the context-parallel layer over MPI" ${MPI_CXX_FOUND})
+if(MHLA_WITH_MPI AND NOT MPI_CXX_FOUND)
+  message(FATAL_ERROR "MHLA_WITH_MPI is on but MPI was not found: apt-get install libopenmpi-dev openmpi-bin")
+endif()

@@ -19,6 +19,7 @@ packages=(
   python3-dev pybind11-dev # the Python extension module
   libdlpack-dev            # dlpack.h: zero-copy tensor exchange with torch and NumPy
   python3-torch python3-pytest  # mhla.torch and the Python tests (Debian's torch 1.13)
+  libopenmpi-dev openmpi-bin    # context parallelism over MPI (mpirun for its tests)
 )
 # `install-deps.sh fuzz` adds what the libFuzzer targets need (scripts/fuzz.sh).
 if [[ "${1:-}" == "fuzz" ]]; then

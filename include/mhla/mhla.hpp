@@ -10,5 +10,6 @@
 #include "mhla/options.hpp"
 #include "mhla/phases.hpp"
 #include "mhla/reference.hpp"
+#include "mhla/shards.hpp"
 #include "mhla/tensor.hpp"
 #include "mhla/varlen.hpp"
