@@ -9,6 +9,7 @@
 #include "core/finite_results.hpp"
 #include "core/validate.hpp"
 #include "cpu/chunked_attention.hpp"
+#include "cpu/workspace.hpp"
 
 namespace mhla {
 namespace {
@@ -130,6 +131,17 @@ template <typename T>
 void add_to(const std::vector<T>& from, T* to) {
   for (size_t e = 0; e < from.size(); ++e) to[e] += from[e];
 }
+template <typename T>
+void add_to(const T* from, int64_t count, T* to) {
+  for (int64_t e = 0; e < count; ++e) to[e] += from[e];
+}
+
+// Token-sized gradients go through the calling thread's scratch: a fresh
+// vector per call cost its zeroing and first-touch page faults every time.
+template <typename T>
+T* token_scratch(cpu::Scratch slot, int64_t count) {
+  return cpu::scratch<T>(slot, size_t(count));
+}
 
 }  // namespace
 
@@ -179,13 +191,15 @@ void block_summaries_backward(const Options& options, TensorView<const T> k, Ten
   detail::check_output(fn, "grad_summaries", grad_summaries, summary_shape(p.dims, p.blocks));
   detail::check_output(fn, "grad_k", grad_k, detail::q_shape(p.dims));
   detail::check_output(fn, "grad_v", grad_v, detail::v_shape(p.dims));
-  std::vector<T> dk(size_t(detail::checked_product(grad_k.shape, "grad_k")));
-  std::vector<T> dv(size_t(detail::checked_product(grad_v.shape, "grad_v")));
+  const int64_t nk = detail::checked_product(grad_k.shape, "grad_k"),
+                nv = detail::checked_product(grad_v.shape, "grad_v");
+  T* dk = token_scratch<T>(cpu::Scratch::token_grad_k, nk);
+  T* dv = token_scratch<T>(cpu::Scratch::token_grad_v, nv);
   const cpu::UniformMixer<T> unused(p);
-  cpu::ChunkedAttention<T>(p, unused).key_value_gradients(k.data, v.data, grad_summaries.data,
-                                                          dk.data(), dv.data(), false);
-  add_to(dk, grad_k.data);
-  add_to(dv, grad_v.data);
+  cpu::ChunkedAttention<T>(p, unused).key_value_gradients(k.data, v.data, grad_summaries.data, dk,
+                                                          dv, false);
+  add_to(dk, nk, grad_k.data);
+  add_to(dv, nv, grad_v.data);
 }
 
 template <typename T>
@@ -223,18 +237,19 @@ void read_out_backward(const Options& options, TensorView<const T> q, TensorView
   const cpu::ChunkedAttention<T> kernel(p, *mixer);
   // The kernel turns the mixed summaries into their gradient in place.
   std::vector<T> dmixed(mixed.data, mixed.data + detail::checked_product(mixed.shape, "mixed"));
-  std::vector<T> dq(size_t(detail::checked_product(grad_q.shape, "grad_q")));
-  std::vector<T> dk(p.causal ? dq.size() : 0);
-  std::vector<T> dv(p.causal ? size_t(detail::checked_product(grad_v.shape, "grad_v")) : 0);
+  const int64_t nq = detail::checked_product(grad_q.shape, "grad_q"),
+                nv = detail::checked_product(grad_v.shape, "grad_v");
+  T* dq = token_scratch<T>(cpu::Scratch::token_grad_q, nq);
+  T* dk = p.causal ? token_scratch<T>(cpu::Scratch::token_grad_k, nq) : nullptr;
+  T* dv = p.causal ? token_scratch<T>(cpu::Scratch::token_grad_v, nv) : nullptr;
   std::vector<T> diagonal(p.causal ? size_t(p.dims.batch * p.dims.heads * p.blocks) : 0);
-  const bool finite =
-      kernel.output_gradients(q.data, k.data, v.data, o.data, grad_o.data, dmixed.data(),
-                              diagonal.data(), dq.data(), dk.data(), dv.data(), false);
-  add_to(dq, grad_q.data);
+  const bool finite = kernel.output_gradients(q.data, k.data, v.data, o.data, grad_o.data,
+                                              dmixed.data(), diagonal.data(), dq, dk, dv, false);
+  add_to(dq, nq, grad_q.data);
   add_to(dmixed, grad_mixed.data);
   if (p.causal) {
-    add_to(dk, grad_k.data);
-    add_to(dv, grad_v.data);
+    add_to(dk, nq, grad_k.data);
+    add_to(dv, nv, grad_v.data);
     // dW[i, i] of the in-block term, summed over the batch (and the heads when
     // w is shared) in a fixed order.
     const int64_t heads = p.dims.heads, m = p.blocks;

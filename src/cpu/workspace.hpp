@@ -10,7 +10,18 @@
 
 namespace mhla::cpu {
 
-enum class Scratch { summaries, mixed, summaries_grad, diagonal_grad, count };
+// The token_grad slots are O(B N H D): the phase functions' backward computes
+// its gradients there before adding them to the caller's buffers.
+enum class Scratch {
+  summaries,
+  mixed,
+  summaries_grad,
+  diagonal_grad,
+  token_grad_q,
+  token_grad_k,
+  token_grad_v,
+  count
+};
 
 template <typename T>
 T* scratch(Scratch slot, size_t elements);
