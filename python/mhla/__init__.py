@@ -11,11 +11,15 @@ operator: ``masking`` ("none", "causal", "block_causal"), ``feature_map``
 ``options=mhla.Options(layout, masking=...)`` object; the enums are
 ``mhla.Masking``, ``mhla.FeatureMap`` and ``mhla.MixingForm``.
 
-For autograd and ``nn.Module`` layers see :mod:`mhla.torch`.
+The operator's three phases are here too (``block_summaries``, ``mix_summaries``,
+``read_out`` and their ``*_backward``, each returning fresh arrays), with
+``plan_shards``, the way ranks split one sequence. For autograd and ``nn.Module``
+layers see :mod:`mhla.torch`; for one sequence over several processes
+:mod:`mhla.distributed`.
 """
 from . import _convert, _core
 from ._convert import like_input
-from ._core import FeatureMap, Layout, LinearOptions, Masking, MixingForm, Options
+from ._core import FeatureMap, Layout, LinearOptions, Masking, MixingForm, Options, Shard, plan_shards
 
 __all__ = [
     "Layout",
@@ -32,6 +36,14 @@ __all__ = [
     "softmax_attention_backward",
     "init_mixing",
     "init_toeplitz_mixing",
+    "Shard",
+    "plan_shards",
+    "block_summaries",
+    "mix_summaries",
+    "read_out",
+    "block_summaries_backward",
+    "mix_summaries_backward",
+    "read_out_backward",
 ]
 
 forward = like_input(_core.forward)
@@ -40,6 +52,12 @@ linear_attention_forward = like_input(_core.linear_attention_forward)
 linear_attention_backward = like_input(_core.linear_attention_backward)
 softmax_attention_forward = like_input(_core.softmax_attention_forward)
 softmax_attention_backward = like_input(_core.softmax_attention_backward)
+block_summaries = like_input(_core.block_summaries)
+mix_summaries = like_input(_core.mix_summaries)
+read_out = like_input(_core.read_out)
+block_summaries_backward = like_input(_core.block_summaries_backward)
+mix_summaries_backward = like_input(_core.mix_summaries_backward)
+read_out_backward = like_input(_core.read_out_backward)
 
 
 def init_mixing(layout, *, transform="linear", sigma=1.0, threshold=1.5, causal=False, like=None):

@@ -13,6 +13,7 @@
 #include "dlpack_import.hpp"
 #include "mhla/mhla.hpp"
 #include "options.hpp"
+#include "phases_bindings.hpp"
 
 namespace py = pybind11;
 using namespace py::literals;
@@ -232,6 +233,7 @@ PYBIND11_MODULE(_core, m) {
           [](const py::tuple& t) { return layout_from_state(t); }));
 
   bind_options(m);
+  bind_phases(m);
   // The option keywords default to None (the C++ defaults), or options= takes
   // an Options object built once, e.g. by a layer for its forward and backward.
   m.def(
