@@ -4,14 +4,16 @@
 // and compute exactly what mhla::forward / mhla::backward compute on the whole
 // sequence, exchanging block summaries instead of tokens.
 //
-// Forward: each rank summarises its blocks (phase 1), sends its summaries
-// [B, H, M_r, Dk, Dv + 1] to the ranks that read them (every rank without
-// masking; only later ranks with causal or block-causal masking), mixes its
-// rows of W over the summaries it holds (phase 2) and reads out (phase 3).
-// Backward: the phases' backward; each rank returns the summary gradients of
-// the blocks it read to their owners, which add them in rank order; grad_w is
-// reduced over the ranks. What a rank sends grows with M and the ranks'
-// count, never with N.
+// Forward: each rank summarises its blocks (phase 1), receives the summaries
+// it reads, mixes its rows of W over them (phase 2) and reads out (phase 3).
+// Dense W: an all-to-all sends each rank's summaries to the ranks that read
+// them (every rank without masking; only later ranks with causal or
+// block-causal masking). Toeplitz w: an exclusive prefix sum over the ranks
+// plus the L - 1 blocks before the rank's first (w weighs all blocks at least
+// L back alike). Backward: the phases' backward; the summary gradients go
+// back to their owners, which add them in rank order; grad_w is reduced over
+// the ranks. What a rank sends never grows with N: with dense W it grows with
+// M, with Toeplitz w it depends on L only.
 //
 // Every rank passes the same options (options.layout is the WHOLE sequence's
 // layout), the same w, and its own shard of q, k, v, o, grad_o [B, N_r, H, D];
