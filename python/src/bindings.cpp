@@ -21,13 +21,6 @@ using namespace py::literals;
 namespace mhla::python {
 namespace {
 
-// Runs fn.template operator()<T>() for the dtype of `t`.
-template <typename Fn>
-decltype(auto) dispatch(const ImportedTensor& t, Fn&& fn) {
-  return t.dtype() == DType::float32 ? fn.template operator()<float>()
-                                     : fn.template operator()<double>();
-}
-
 // Runs the kernel without the GIL, so other Python threads go on meanwhile.
 // mhla::Error (argument named, expected vs given) arrives as ValueError.
 template <typename Fn>
@@ -45,7 +38,7 @@ std::vector<int64_t> summaries_shape_for_forward(const Options& options, const I
   try {
     return saved_summaries_shape(options, q.shape(), v.shape());
   } catch (const Error&) {
-    dispatch(q, [&]<typename T>() {
+    dispatch(q.dtype(), [&]<typename T>() {
       forward<T>(options, q.view<T>(), k.view<T>(), v.view<T>(), w.view<T>(), o.view<T>());
     });
     throw;
@@ -63,7 +56,7 @@ py::tuple mhla_forward(py::handle q_, py::handle k_, py::handle v_, py::handle w
   Buffer o(q.dtype(), v.shape());
   std::optional<Buffer> saved;
   if (save_summaries) saved.emplace(q.dtype(), summaries_shape_for_forward(options, q, k, v, w, o));
-  dispatch(q, [&]<typename T>() {
+  dispatch(q.dtype(), [&]<typename T>() {
     compute([&] {
       forward<T>(options, q.view<T>(), k.view<T>(), v.view<T>(), w.view<T>(), o.view<T>(),
                  saved ? saved->view<T>() : TensorView<T>{});
@@ -84,7 +77,7 @@ py::tuple mhla_backward(py::handle q_, py::handle k_, py::handle v_, py::handle 
   }
   Buffer gq(q.dtype(), q.shape()), gk(q.dtype(), k.shape()), gv(q.dtype(), v.shape()),
       gw(q.dtype(), w.shape());
-  dispatch(q, [&]<typename T>() {
+  dispatch(q.dtype(), [&]<typename T>() {
     compute([&] {
       backward<T>(options, q.view<T>(), k.view<T>(), v.view<T>(), w.view<T>(), o.view<T>(),
                   grad_o.view<T>(), gq.view<T>(), gk.view<T>(), gv.view<T>(), gw.view<T>(),
@@ -99,7 +92,7 @@ Buffer linear_forward(py::handle q_, py::handle k_, py::handle v_,
   ImportedTensor q(q_, "q"), k(k_, "k"), v(v_, "v");
   check_same_dtype({&q, &k, &v});
   Buffer o(q.dtype(), v.shape());
-  dispatch(q, [&]<typename T>() {
+  dispatch(q.dtype(), [&]<typename T>() {
     compute([&] {
       linear_attention_forward<T>(options, q.view<T>(), k.view<T>(), v.view<T>(), o.view<T>());
     });
@@ -112,7 +105,7 @@ py::tuple linear_backward(py::handle q_, py::handle k_, py::handle v_, py::handl
   ImportedTensor q(q_, "q"), k(k_, "k"), v(v_, "v"), o(o_, "o"), grad_o(grad_o_, "grad_o");
   check_same_dtype({&q, &k, &v, &o, &grad_o});
   Buffer gq(q.dtype(), q.shape()), gk(q.dtype(), k.shape()), gv(q.dtype(), v.shape());
-  dispatch(q, [&]<typename T>() {
+  dispatch(q.dtype(), [&]<typename T>() {
     compute([&] {
       linear_attention_backward<T>(options, q.view<T>(), k.view<T>(), v.view<T>(), o.view<T>(),
                                    grad_o.view<T>(), gq.view<T>(), gk.view<T>(), gv.view<T>());
@@ -129,7 +122,7 @@ py::tuple softmax_forward(py::handle q_, py::handle k_, py::handle v_,
     throw py::value_error("q must be [B, N, H, D]; got " + shape_to_string(q.shape()));
   Buffer o(q.dtype(), v.shape());
   Buffer lse(q.dtype(), {q.shape()[0], q.shape()[2], q.shape()[1]});
-  dispatch(q, [&]<typename T>() {
+  dispatch(q.dtype(), [&]<typename T>() {
     compute([&] {
       softmax_attention_forward<T>(options, q.view<T>(), k.view<T>(), v.view<T>(), o.view<T>(),
                                    lse.view<T>());
@@ -144,7 +137,7 @@ py::tuple softmax_backward(py::handle q_, py::handle k_, py::handle v_, py::hand
       grad_o(grad_o_, "grad_o");
   check_same_dtype({&q, &k, &v, &o, &lse, &grad_o});
   Buffer gq(q.dtype(), q.shape()), gk(q.dtype(), k.shape()), gv(q.dtype(), v.shape());
-  dispatch(q, [&]<typename T>() {
+  dispatch(q.dtype(), [&]<typename T>() {
     compute([&] {
       softmax_attention_backward<T>(options, q.view<T>(), k.view<T>(), v.view<T>(), o.view<T>(),
                                     lse.view<T>(), grad_o.view<T>(), gq.view<T>(), gk.view<T>(),

@@ -22,4 +22,11 @@ constexpr DType dtype_of() {
   return sizeof(T) == 4 ? DType::float32 : DType::float64;
 }
 
+// Runs fn.template operator()<T>() with T the C++ type of `dtype`.
+template <typename Fn>
+decltype(auto) dispatch(DType dtype, Fn&& fn) {
+  return dtype == DType::float32 ? fn.template operator()<float>()
+                                 : fn.template operator()<double>();
+}
+
 }  // namespace mhla::python

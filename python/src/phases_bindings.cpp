@@ -15,12 +15,6 @@ using namespace py::literals;
 namespace mhla::python {
 namespace {
 
-template <typename Fn>
-decltype(auto) dispatch(DType dtype, Fn&& fn) {
-  return dtype == DType::float32 ? fn.template operator()<float>()
-                                 : fn.template operator()<double>();
-}
-
 // The backward phases add to their outputs: these start at zero.
 Buffer zeros(DType dtype, std::vector<int64_t> shape) {
   Buffer b(dtype, std::move(shape));

@@ -7,22 +7,13 @@
 
 #include <cstring>
 
+#include "context_parallel/mpi_world.hpp"
 #include "mhla/context_parallel_mpi.hpp"
 #include "test_support.hpp"
 
 namespace mhla::test {
 namespace {
 
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int world_size() {
-  int r = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &r);
-  return r;
-}
 
 // The catalogue's layouts plus grids with enough tile rows (frames) to give
 // every one of four ranks a shard.

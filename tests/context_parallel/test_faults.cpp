@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <functional>
 
+#include "context_parallel/mpi_world.hpp"
 #include "mhla/context_parallel_mpi.hpp"
 #include "test_support.hpp"
 
@@ -18,16 +19,6 @@ namespace {
 
 using testing::HasSubstr;
 
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int world_size() {
-  int r = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &r);
-  return r;
-}
 
 // One rank's call: 1D, 4 tokens per block, 2 blocks per rank unless changed.
 struct Call {
