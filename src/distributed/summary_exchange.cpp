@@ -2,30 +2,20 @@
 // gradients back (see summary_exchange.hpp).
 #include "distributed/summary_exchange.hpp"
 
+#include "distributed/all_to_all.hpp"
+
 namespace mhla::distributed {
 
 template <typename T>
 Sources<T> gather_sources(RankAgreement& group, const Agreed& a, const std::vector<T>& local) {
   if (a.toeplitz_length >= 0) return gather_toeplitz_prefix(group, a, local);
   const int me = group.rank(), ranks = group.size();
-  std::vector<int> send(size_t(ranks), 0), send_at(size_t(ranks), 0), receive(size_t(ranks), 0),
-      receive_at(size_t(ranks), 0);
-  int64_t received = 0;
-  for (int r = 0; r < ranks; ++r) {
-    if (r == me) continue;
-    if (reads_blocks_of(a.masked, r, me)) send[size_t(r)] = int(a.summary_size(me));
-    if (reads_blocks_of(a.masked, me, r)) {
-      receive[size_t(r)] = int(a.summary_size(r));
-      receive_at[size_t(r)] = int(received);
-      received += a.summary_size(r);
-    }
-  }
-  std::vector<T> incoming(static_cast<size_t>(received));
-  MPI_Alltoallv(local.data(), send.data(), send_at.data(), mpi_type<T>(), incoming.data(),
-                receive.data(), receive_at.data(), mpi_type<T>(), group.comm());
-  for (int r = 0; r < ranks; ++r)
-    group.traffic().summary_bytes_sent += int64_t(send[size_t(r)]) * int64_t(sizeof(T));
-  group.traffic().summary_bytes_received += received * int64_t(sizeof(T));
+  // Each reader gets this rank's whole summaries: one buffer for all of them.
+  const AllToAll plan(
+      ranks,
+      [&](int r) { return r != me && reads_blocks_of(a.masked, r, me) ? a.summary_size(me) : 0; },
+      [&](int r) { return r != me && reads_blocks_of(a.masked, me, r) ? a.summary_size(r) : 0; });
+  const std::vector<T> incoming = plan.run(group, local.data(), true);
 
   // All M blocks, as W's rows number them; the blocks this rank does not read stay zero.
   Sources<T> s;
@@ -34,9 +24,7 @@ Sources<T> gather_sources(RankAgreement& group, const Agreed& a, const std::vect
   s.summaries.assign(size_t(a.slices() * a.blocks * a.entry()), T(0));
   for (int r = 0; r < ranks; ++r) {
     const Shard& owner = a.shards[size_t(r)];
-    const T* from = r == me                  ? local.data()
-                    : receive[size_t(r)] > 0 ? incoming.data() + receive_at[size_t(r)]
-                                             : nullptr;
+    const T* from = r == me ? local.data() : plan.from(incoming, r);
     if (from)
       a.copy_blocks(from, owner.blocks, 0, s.summaries.data(), a.blocks, owner.first_block,
                     owner.blocks);
@@ -51,33 +39,18 @@ std::vector<T> return_source_gradients(RankAgreement& group, const Agreed& a,
   if (a.toeplitz_length >= 0)
     return return_toeplitz_prefix_gradients(group, a, sources, grad_sources);
   const int me = group.rank(), ranks = group.size();
-  std::vector<int> send(size_t(ranks), 0), send_at(size_t(ranks), 0), receive(size_t(ranks), 0),
-      receive_at(size_t(ranks), 0);
-  int64_t sent = 0, received = 0;
-  for (int r = 0; r < ranks; ++r) {
-    if (r == me) continue;
-    if (reads_blocks_of(a.masked, me, r)) {
-      send[size_t(r)] = int(a.summary_size(r));
-      send_at[size_t(r)] = int(sent);
-      sent += a.summary_size(r);
-    }
-    if (reads_blocks_of(a.masked, r, me)) {
-      receive[size_t(r)] = int(a.summary_size(me));
-      receive_at[size_t(r)] = int(received);
-      received += a.summary_size(me);
-    }
-  }
-  std::vector<T> outgoing(static_cast<size_t>(sent)), incoming(static_cast<size_t>(received));
+  const AllToAll plan(
+      ranks,
+      [&](int r) { return r != me && reads_blocks_of(a.masked, me, r) ? a.summary_size(r) : 0; },
+      [&](int r) { return r != me && reads_blocks_of(a.masked, r, me) ? a.summary_size(me) : 0; });
+  std::vector<T> outgoing(static_cast<size_t>(plan.sent));
   for (int r = 0; r < ranks; ++r)
-    if (send[size_t(r)] > 0) {
+    if (plan.send[size_t(r)] > 0) {
       const Shard& owner = a.shards[size_t(r)];
       a.copy_blocks(grad_sources.data(), a.blocks, owner.first_block,
-                    outgoing.data() + send_at[size_t(r)], owner.blocks, 0, owner.blocks);
+                    outgoing.data() + plan.send_at[size_t(r)], owner.blocks, 0, owner.blocks);
     }
-  MPI_Alltoallv(outgoing.data(), send.data(), send_at.data(), mpi_type<T>(), incoming.data(),
-                receive.data(), receive_at.data(), mpi_type<T>(), group.comm());
-  group.traffic().summary_bytes_sent += sent * int64_t(sizeof(T));
-  group.traffic().summary_bytes_received += received * int64_t(sizeof(T));
+  const std::vector<T> incoming = plan.run(group, outgoing.data());
 
   // Sum over the readers in rank order, this rank's own share at its place.
   const Shard& mine = a.mine();
@@ -85,9 +58,7 @@ std::vector<T> return_source_gradients(RankAgreement& group, const Agreed& a,
   a.copy_blocks(grad_sources.data(), a.blocks, mine.first_block, own.data(), mine.blocks, 0,
                 mine.blocks);
   for (int r = 0; r < ranks; ++r) {
-    const T* part = r == me                  ? own.data()
-                    : receive[size_t(r)] > 0 ? incoming.data() + receive_at[size_t(r)]
-                                             : nullptr;
+    const T* part = r == me ? own.data() : plan.from(incoming, r);
     if (part)
       for (size_t i = 0; i < total.size(); ++i) total[i] += part[i];
   }

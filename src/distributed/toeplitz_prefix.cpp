@@ -12,6 +12,8 @@
 
 #include "distributed/summary_exchange.hpp"
 
+#include "distributed/all_to_all.hpp"
+
 namespace mhla::distributed {
 namespace {
 
@@ -57,30 +59,20 @@ Sources<T> gather_toeplitz_prefix(RankAgreement& group, const Agreed& a,
   if (me > 0) group.traffic().summary_bytes_received += slice_values * int64_t(sizeof(T));
 
   // The window's blocks from their owners.
-  std::vector<int> send(size_t(ranks), 0), send_at(size_t(ranks), 0), receive(size_t(ranks), 0),
-      receive_at(size_t(ranks), 0);
-  int64_t sent = 0, received = 0;
-  for (int r = 0; r < ranks; ++r) {
-    const auto [lo, hi] = overlap(a, me, r);
-    send[size_t(r)] = int(a.slices() * (hi - lo) * e);
-    send_at[size_t(r)] = int(sent);
-    sent += send[size_t(r)];
-    const auto [from, to] = overlap(a, r, me);
-    receive[size_t(r)] = int(a.slices() * (to - from) * e);
-    receive_at[size_t(r)] = int(received);
-    received += receive[size_t(r)];
-  }
-  std::vector<T> outgoing(static_cast<size_t>(sent)), incoming(static_cast<size_t>(received));
+  auto blocks = [&](std::pair<int64_t, int64_t> range) {
+    return a.slices() * (range.second - range.first) * e;
+  };
+  const AllToAll plan(
+      ranks, [&](int r) { return blocks(overlap(a, me, r)); },
+      [&](int r) { return blocks(overlap(a, r, me)); });
+  std::vector<T> outgoing(static_cast<size_t>(plan.sent));
   for (int r = 0; r < ranks; ++r) {
     const auto [lo, hi] = overlap(a, me, r);
     if (hi > lo)
       a.copy_blocks(local.data(), mine.blocks, lo - mine.first_block,
-                    outgoing.data() + send_at[size_t(r)], hi - lo, 0, hi - lo);
+                    outgoing.data() + plan.send_at[size_t(r)], hi - lo, 0, hi - lo);
   }
-  MPI_Alltoallv(outgoing.data(), send.data(), send_at.data(), mpi_type<T>(), incoming.data(),
-                receive.data(), receive_at.data(), mpi_type<T>(), group.comm());
-  group.traffic().summary_bytes_sent += sent * int64_t(sizeof(T));
-  group.traffic().summary_bytes_received += received * int64_t(sizeof(T));
+  const std::vector<T> incoming = plan.run(group, outgoing.data());
 
   const Window w = window_of(a, me);
   Sources<T> s;
@@ -90,8 +82,8 @@ Sources<T> gather_toeplitz_prefix(RankAgreement& group, const Agreed& a,
   for (int r = 0; r < ranks; ++r) {
     const auto [lo, hi] = overlap(a, r, me);
     if (hi > lo)
-      a.copy_blocks(incoming.data() + receive_at[size_t(r)], hi - lo, 0, s.summaries.data(),
-                    s.count, int64_t(w.aggregate) + lo - w.first, hi - lo);
+      a.copy_blocks(plan.from(incoming, r), hi - lo, 0, s.summaries.data(), s.count,
+                    int64_t(w.aggregate) + lo - w.first, hi - lo);
   }
   a.copy_blocks(local.data(), mine.blocks, 0, s.summaries.data(), s.count, s.first, mine.blocks);
   if (w.aggregate)  // A = (all blocks before) - (the window)
@@ -122,30 +114,23 @@ std::vector<T> return_toeplitz_prefix_gradients(RankAgreement& group, const Agre
         grad_a[size_t(sl * e + x)] = grad_sources[size_t(sl * sources.count * e + x)];
 
   // To each owner of window blocks: A's gradient, then the window blocks'.
-  std::vector<int> send(size_t(ranks), 0), send_at(size_t(ranks), 0), receive(size_t(ranks), 0),
-      receive_at(size_t(ranks), 0);
-  int64_t sent = 0, received = 0;
-  for (int r = 0; r < ranks; ++r) {
-    const auto [lo, hi] = overlap(a, r, me);
-    send[size_t(r)] = hi > lo ? int(slice_values + a.slices() * (hi - lo) * e) : 0;
-    send_at[size_t(r)] = int(sent);
-    sent += send[size_t(r)];
-    const auto [from, to] = overlap(a, me, r);
-    receive[size_t(r)] = to > from ? int(slice_values + a.slices() * (to - from) * e) : 0;
-    receive_at[size_t(r)] = int(received);
-    received += receive[size_t(r)];
-  }
-  std::vector<T> outgoing(static_cast<size_t>(sent)), incoming(static_cast<size_t>(received));
+  auto message_size = [&](std::pair<int64_t, int64_t> range) {
+    const int64_t count = range.second - range.first;
+    return count > 0 ? slice_values + a.slices() * count * e : 0;
+  };
+  const AllToAll plan(
+      ranks, [&](int r) { return message_size(overlap(a, r, me)); },
+      [&](int r) { return message_size(overlap(a, me, r)); });
+  std::vector<T> outgoing(static_cast<size_t>(plan.sent));
   for (int r = 0; r < ranks; ++r) {
     const auto [lo, hi] = overlap(a, r, me);
     if (hi <= lo) continue;
-    T* out = outgoing.data() + send_at[size_t(r)];
+    T* out = outgoing.data() + plan.send_at[size_t(r)];
     std::copy(grad_a.begin(), grad_a.end(), out);
     a.copy_blocks(grad_sources.data(), sources.count, int64_t(w.aggregate) + lo - w.first,
                   out + slice_values, hi - lo, 0, hi - lo);
   }
-  MPI_Alltoallv(outgoing.data(), send.data(), send_at.data(), mpi_type<T>(), incoming.data(),
-                receive.data(), receive_at.data(), mpi_type<T>(), group.comm());
+  const std::vector<T> incoming = plan.run(group, outgoing.data());
 
   // The sum of A's gradients over the later ranks: the total less the
   // inclusive prefix. A later rank whose window holds a block gave that
@@ -153,10 +138,8 @@ std::vector<T> return_toeplitz_prefix_gradients(RankAgreement& group, const Agre
   std::vector<T> all(grad_a.size()), upto(grad_a.size());
   MPI_Allreduce(grad_a.data(), all.data(), int(slice_values), mpi_type<T>(), MPI_SUM, group.comm());
   MPI_Scan(grad_a.data(), upto.data(), int(slice_values), mpi_type<T>(), MPI_SUM, group.comm());
-  group.traffic().summary_bytes_sent +=
-      sent * int64_t(sizeof(T)) + 2 * slice_values * int64_t(sizeof(T));
-  group.traffic().summary_bytes_received +=
-      received * int64_t(sizeof(T)) + 2 * slice_values * int64_t(sizeof(T));
+  group.traffic().summary_bytes_sent += 2 * slice_values * int64_t(sizeof(T));
+  group.traffic().summary_bytes_received += 2 * slice_values * int64_t(sizeof(T));
 
   std::vector<T> grad(size_t(a.summary_size(me)), T(0));
   a.copy_blocks(grad_sources.data(), sources.count, sources.first, grad.data(), mine.blocks, 0,
@@ -164,7 +147,7 @@ std::vector<T> return_toeplitz_prefix_gradients(RankAgreement& group, const Agre
   for (int r = me + 1; r < ranks; ++r) {
     const auto [lo, hi] = overlap(a, me, r);
     if (hi <= lo) continue;
-    const T* message = incoming.data() + receive_at[size_t(r)];
+    const T* message = plan.from(incoming, r);
     const T* blocks = message + slice_values;
     for (int64_t sl = 0; sl < a.slices(); ++sl)
       for (int64_t k = 0; k < hi - lo; ++k)
