@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "mhla/error.hpp"
+#include "mhla_support/checked_math.hpp"
 
 namespace mhla::distributed {
 namespace {
@@ -85,10 +86,7 @@ CallDescriptor describe_call(const Options& options, const TensorView<const T>& 
   if (w.shape.empty() || w.shape.size() > 3)
     throw Error("w has shape " + shape_to_string(w.shape) +
                 "; expected [M, M] or [H, M, M] (Toeplitz: [L + 1] or [H, L + 1])");
-  int64_t w_count = 1;
-  for (int64_t e : w.shape)
-    if (e < 0 || __builtin_mul_overflow(w_count, e, &w_count))
-      throw Error("w has shape " + shape_to_string(w.shape) + ", which is not a valid size");
+  const int64_t w_count = detail::checked_product(w.shape, "w's shape " + shape_to_string(w.shape));
   if (w_count > 0 && w.data == nullptr) throw Error("w is a null pointer");
   const auto& layout = options.layout;
   std::vector<int64_t> d = {q.shape[0],

@@ -12,6 +12,7 @@
 #include "distributed/summary_exchange.hpp"
 #include "mhla/error.hpp"
 #include "mhla/phases.hpp"
+#include "mhla_support/checked_math.hpp"
 
 namespace mhla {
 namespace {
@@ -20,12 +21,6 @@ using distributed::Agreed;
 using distributed::mpi_type;
 using distributed::RankAgreement;
 using distributed::Sources;
-
-int64_t element_count(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t e : shape) n *= e;
-  return n;
-}
 
 // Phases 1 and 2 with the exchange between them: the sources this rank
 // mixes over, and its mixed summaries [B, H, M_r, E].
@@ -90,7 +85,7 @@ void context_parallel_backward(MPI_Comm comm, const Options& options, TensorView
   std::vector<T> mixed;
   const Sources<T> sources = summarise_and_mix(group, a, k, v, w, mixed);
 
-  const int64_t w_count = element_count(w.shape);
+  const int64_t w_count = detail::checked_product(w.shape, "w");
   std::vector<T> grad_mixed(mixed.size(), T(0)), grad_sources(sources.summaries.size(), T(0)),
       my_grad_w(size_t(w_count), T(0));
   group.run([&] {
@@ -105,7 +100,7 @@ void context_parallel_backward(MPI_Comm comm, const Options& options, TensorView
                     (g->data ? "" : " and no data") + "; expected " + shape_to_string(*inputs[i]));
     }
     for (const TensorView<T>* g : {&grad_q, &grad_k, &grad_v})
-      std::fill(g->data, g->data + element_count(g->shape), T(0));
+      std::fill(g->data, g->data + detail::checked_product(g->shape, "a gradient"), T(0));
     const std::vector<int64_t> mixed_shape = a.summary_shape(mine.blocks);
     read_out_backward<T>(a.local, q, k, v, w, {mixed.data(), mixed_shape}, o, grad_o, grad_q,
                          grad_k, grad_v, {grad_mixed.data(), mixed_shape},
