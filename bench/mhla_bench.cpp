@@ -4,9 +4,14 @@
 // memory, and the sequence length where MHLA overtakes softmax.
 //
 //   mhla_bench [--json results.json] [--quick] [--softmax-max-n N]
+//
+// Rates are also divided by the best SGEMM rate of the machine, measured in a
+// child process with OPENBLAS_CORETYPE unset.
 #include <omp.h>
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
@@ -44,6 +49,27 @@ int memory_probe(int64_t tokens) {
 
 json run_memory_probe(int64_t tokens) {
   return json::parse(mhla::tools::run_self({"--memory-probe", std::to_string(tokens)}));
+}
+
+// The child side of the best-SGEMM measurement: the median rate of `repeats`
+// square SGEMMs, printed as JSON.
+int sgemm_probe(int size, int repeats) {
+  mhla::tools::SgemmProbe sgemm(size);
+  sgemm.run();  // warm-up: thread start, page faults
+  const double t = median_seconds([&] { sgemm.run(); }, TimingPolicy{repeats, 0.0, repeats, false});
+  std::cout << json{{"gflops", sgemm.flops() / t / 1e9}}.dump() << std::endl;
+  return 0;
+}
+
+// OPENBLAS_CORETYPE, read when OpenBLAS loads, can pin it to an older
+// instruction set than the CPU has (these machines set Haswell: AVX2). The
+// best rate the machine's SGEMM reaches is measured in a child process
+// started without the variable, so OpenBLAS picks kernels for the CPU.
+double best_sgemm_gflops(int size, int repeats) {
+  const json out = json::parse(mhla::tools::run_self(
+      {"--sgemm-probe", std::to_string(size), "--probe-repeats", std::to_string(repeats)},
+      {"OPENBLAS_CORETYPE"}));
+  return out["gflops"].get<double>();
 }
 
 struct Row {
@@ -108,6 +134,7 @@ int main(int argc, char** argv) {
   bool quick = false;
   int64_t softmax_max_n = 65536;
   int64_t probe_tokens = 0;
+  int sgemm_probe_size = 0, probe_repeats = 7;
   app.add_option("--json", json_path, "also write the results as JSON to this file");
   app.add_flag("--quick", quick,
                "smaller sizes and fewer repeats (a smoke test, not a measurement)");
@@ -116,17 +143,30 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--memory-probe", probe_tokens, "internal: run one fwd+bwd and print peak RSS")
       ->group("");
+  app.add_option("--sgemm-probe", sgemm_probe_size, "internal: time one SGEMM size, print JSON")
+      ->group("");
+  app.add_option("--probe-repeats", probe_repeats, "internal: repeats of --sgemm-probe")->group("");
   CLI11_PARSE(app, argc, argv);
   if (probe_tokens > 0) return memory_probe(probe_tokens);
+  if (sgemm_probe_size > 0) return sgemm_probe(sgemm_probe_size, probe_repeats);
 
   const int repeats = quick ? 1 : 7;
   const int sgemm_size = quick ? 512 : 2048;
   json results;
   results["threads"] = omp_get_max_threads();
+  const char* coretype = std::getenv("OPENBLAS_CORETYPE");
+  const double best_sgemm = best_sgemm_gflops(sgemm_size, repeats);
+  results["kernel_isa"] = mhla::kernel_isa();
+  results["openblas_coretype"] = coretype ? json(coretype) : json();
+  results["best_sgemm_gflops"] = best_sgemm;
   std::printf(
-      "threads: %d (OMP_NUM_THREADS); SGEMM yardstick: square %d, all threads, timed\n"
-      "interleaved with MHLA and linear attention (medians of %d rounds)\n\n",
-      omp_get_max_threads(), sgemm_size, repeats);
+      "threads: %d (OMP_NUM_THREADS); float kernels: %s (chosen at run time)\n"
+      "SGEMM yardstick: square %d, all threads, timed interleaved with MHLA and linear\n"
+      "attention (medians of %d rounds), with OPENBLAS_CORETYPE=%s as set for this process.\n"
+      "best SGEMM: the same in a child process with OPENBLAS_CORETYPE unset: %.1f GFLOP/s;\n"
+      "%%best divides by the larger of the two.\n\n",
+      omp_get_max_threads(), mhla::kernel_isa().c_str(), sgemm_size, repeats,
+      coretype ? coretype : "(unset)", best_sgemm);
 
   // 1. Rates at B=1, H=8, D=64, M = sqrt(N).
   std::printf("B=1 H=8 D=64, non-causal, elu1, normalized, M = sqrt(N)\n");
@@ -137,9 +177,11 @@ int main(int argc, char** argv) {
       "lin GF/s and soft GF/s: the baselines' forward rates by their own FLOP formulas\n"
       "(linear 4 N Dk Dv, softmax 2 N^2 (Dk + Dv) per head).\n");
   std::printf(
-      "%8s %5s %7s | %8s %7s %6s | %8s %7s %6s | %8s %7s %6s | %7s %7s %8s | %10s %9s %9s\n", "N",
-      "M", "SGEMM", "fwd ms", "GFLOP/s", "%SGEMM", "f+b ms", "GFLOP/s", "%SGEMM", "f+b sav",
-      "GFLOP/s", "%SGEMM", "fwd/lin", "f+b/lin", "lin GF/s", "softmax ms", "fwd/soft", "soft GF/s");
+      "%8s %5s %7s | %8s %7s %6s %6s | %8s %7s %6s %6s | %8s %7s %6s | %7s %7s %8s | %10s %9s "
+      "%9s\n",
+      "N", "M", "SGEMM", "fwd ms", "GFLOP/s", "%SGEMM", "%best", "f+b ms", "GFLOP/s", "%SGEMM",
+      "%best", "f+b sav", "GFLOP/s", "%SGEMM", "fwd/lin", "f+b/lin", "lin GF/s", "softmax ms",
+      "fwd/soft", "soft GF/s");
   const std::vector<int64_t> sizes =
       quick ? std::vector<int64_t>{1024, 4096} : std::vector<int64_t>{4096, 16384, 65536};
   for (int64_t n : sizes) {
@@ -147,11 +189,13 @@ int main(int argc, char** argv) {
     const double sg = r.sgemm_flops / r.sgemm / 1e9;
     const double gf = r.flops_fwd / r.mhla_fwd / 1e9, gfb = r.flops_fwdbwd / r.mhla_fwdbwd / 1e9;
     const double gfs = r.flops_fwdbwd / r.mhla_fwdbwd_saved / 1e9;
+    const double best = std::max(best_sgemm, sg);
     std::printf(
-        "%8lld %5lld %7.1f | %8.2f %7.1f %5.0f%% | %8.2f %7.1f %5.0f%% | %8.2f %7.1f %5.0f%% "
-        "| %7.2f %7.2f %8.1f | ",
+        "%8lld %5lld %7.1f | %8.2f %7.1f %5.0f%% %5.0f%% | %8.2f %7.1f %5.0f%% %5.0f%% | %8.2f "
+        "%7.1f %5.0f%% | %7.2f %7.2f %8.1f | ",
         (long long)n, (long long)r.blocks, sg, r.mhla_fwd * 1e3, gf, 100 * gf / sg,
-        r.mhla_fwdbwd * 1e3, gfb, 100 * gfb / sg, r.mhla_fwdbwd_saved * 1e3, gfs, 100 * gfs / sg,
+        100 * gf / best, r.mhla_fwdbwd * 1e3, gfb, 100 * gfb / sg, 100 * gfb / best,
+        r.mhla_fwdbwd_saved * 1e3, gfs, 100 * gfs / sg,
         r.mhla_fwd / r.linear_fwd, r.mhla_fwdbwd / r.linear_fwdbwd,
         r.linear_flops_fwd / r.linear_fwd / 1e9);
     if (r.softmax_fwd > 0)
@@ -170,6 +214,9 @@ int main(int argc, char** argv) {
          {"mhla_forward_backward_gflops", gfb},
          {"mhla_forward_fraction_of_sgemm", gf / sg},
          {"mhla_forward_backward_fraction_of_sgemm", gfb / sg},
+         {"mhla_forward_fraction_of_best_sgemm", gf / best},
+         {"mhla_forward_backward_fraction_of_best_sgemm", gfb / best},
+         {"mhla_backward_over_forward", (r.mhla_fwdbwd - r.mhla_fwd) / r.mhla_fwd},
          {"mhla_forward_backward_saved_s", r.mhla_fwdbwd_saved},
          {"mhla_forward_backward_saved_gflops", gfs},
          {"mhla_forward_backward_saved_fraction_of_sgemm", gfs / sg},
@@ -182,6 +229,12 @@ int main(int argc, char** argv) {
          {"mhla_over_linear_forward", r.mhla_fwd / r.linear_fwd},
          {"mhla_over_linear_forward_backward", r.mhla_fwdbwd / r.linear_fwdbwd}});
   }
+
+  std::printf("backward / forward time (f+b minus fwd, over fwd):");
+  for (const json& row : results["rates"])
+    std::printf("  N=%lld: %.2f", (long long)row["tokens"].get<int64_t>(),
+                row["mhla_backward_over_forward"].get<double>());
+  std::printf("\n");
 
   // 2. Linear scaling: time per token at N = 16384 and N = 1,048,576 with the
   // same M^2 / N = 1 (B = H = 1, D = 64).

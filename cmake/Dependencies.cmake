@@ -28,6 +28,10 @@ target_link_libraries(mhla_openblas INTERFACE
   $<IF:$<BOOL:$<TARGET_PROPERTY:MHLA_PRIVATE_BLAS>>,${OPENBLAS_STATIC_LIBRARY};-Wl$<COMMA>--exclude-libs$<COMMA>ALL,${OPENBLAS_LIBRARY}>
   OpenMP::OpenMP_CXX)
 
+# Google Highway: the float kernels' SIMD code, compiled for each x86
+# instruction set (SSE4, AVX2, AVX-512) with the best one chosen at run time.
+find_package(hwy CONFIG REQUIRED)
+
 # CRC-32 of the decoder's state files.
 find_package(ZLIB REQUIRED)
 

@@ -6,6 +6,7 @@ set -euo pipefail
 packages=(
   cmake g++ make pkg-config
   libopenblas-openmp-dev   # BLAS for every GEMM-shaped step, OpenMP flavour
+  libhwy-dev               # Google Highway: SIMD kernels with run-time ISA dispatch
   libcli11-dev             # command-line parsing
   nlohmann-json3-dev       # JSON results and safetensors headers
   zlib1g-dev               # CRC-32 of the decoder's state files

@@ -72,11 +72,19 @@ class Decoder {
 
  private:
   struct HeadState {
-    std::vector<float> finished;  // [blocks kept, Dk, Dv + 1], oldest first
+    // [evicted + blocks kept, Dk, Dv + 1], oldest first. Toeplitz: the first
+    // `evicted` blocks have already left the window for `far`; they are
+    // dropped together once there are window_ of them, so a block start moves
+    // one block's bytes on average instead of the whole window's.
+    std::vector<float> finished;
+    int64_t evicted = 0;
     std::vector<float> far;       // Toeplitz: [Dk, Dv + 1] sum of blocks at distance >= max(L, 1)
     std::vector<float> prefix;    // [Dk, Dv + 1] mixed summaries of earlier blocks
     std::vector<float> running;   // [Dk, Dv + 1] sums over the current block so far
   };
+  // The blocks a state keeps one by one (after the evicted ones), and how many.
+  const float* kept_summaries(const HeadState& s) const;
+  int64_t kept_count(const HeadState& s) const;
   const float* head_w(int64_t h) const;
   float diagonal(int64_t h, int64_t block) const;  // W[block, block]
   // s.prefix = sum_{b < block} W[block, b] [S_b | z_b] over the finished blocks.

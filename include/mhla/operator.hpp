@@ -16,6 +16,8 @@
 // the entry and the cause (a zero denominator with eps = 0 or the identity
 // feature map, or phi(q)^T S~ overflowing T). Non-finite inputs propagate as in
 // IEEE arithmetic.
+#include <string>
+
 #include "mhla/options.hpp"
 #include "mhla/tensor.hpp"
 
@@ -54,6 +56,10 @@ std::vector<int64_t> saved_summaries_shape(const Options& options,
 // between calls (reallocating them every call cost a third of a forward pass).
 // This frees the calling thread's scratch.
 void release_scratch();
+
+// The instruction set the float kernels run on: the best of those compiled in
+// (SSE4, AVX2, AVX3 = AVX-512, ...) that this CPU supports, chosen at run time.
+std::string kernel_isa();
 
 // Floating-point operations the algorithm needs (multiply-add = 2), used by the
 // benchmarks to report rates. Backward excludes the recomputation of the block

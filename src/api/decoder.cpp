@@ -11,6 +11,7 @@
 #include "core/finite_results.hpp"
 #include "core/validate.hpp"
 #include "cpu/chunked_attention.hpp"
+#include "cpu/simd/decode_token.hpp"
 
 namespace mhla {
 namespace {
@@ -98,16 +99,24 @@ float Decoder::diagonal(int64_t h, int64_t block) const {
   return toeplitz_ ? head_w(h)[0] : head_w(h)[block * blocks_ + block];
 }
 
+const float* Decoder::kept_summaries(const HeadState& s) const {
+  return s.finished.data() + s.evicted * options_.dk * (options_.dv + 1);
+}
+
+int64_t Decoder::kept_count(const HeadState& s) const {
+  return int64_t(s.finished.size()) / (options_.dk * (options_.dv + 1)) - s.evicted;
+}
+
 void Decoder::mix_prefix(HeadState& s, int64_t h, int64_t block) const {
   const int64_t x = options_.dk * (options_.dv + 1);
-  const int64_t kept = int64_t(s.finished.size()) / x;
+  const int64_t kept = kept_count(s);
   if (toeplitz_) {
     // prefix = w[L] far + sum_{d = 1}^{kept} w[d] S_{block - d}; far holds the
     // blocks at distance >= max(L, 1).
     const float* w = head_w(h);
     for (int64_t c = 0; c < x; ++c) s.prefix[c] = w[length_] * s.far[c];
     for (int64_t d = 1; d <= kept; ++d)
-      cblas_saxpy(blasint(x), w[d], s.finished.data() + (kept - d) * x, 1, s.prefix.data(), 1);
+      cblas_saxpy(blasint(x), w[d], kept_summaries(s) + (kept - d) * x, 1, s.prefix.data(), 1);
     return;
   }
   // prefix = sum_{b < block} W[block, b] [S_b | z_b]: one GEMV over the finished blocks.
@@ -115,7 +124,7 @@ void Decoder::mix_prefix(HeadState& s, int64_t h, int64_t block) const {
     std::fill(s.prefix.begin(), s.prefix.end(), 0.0f);
     return;
   }
-  cblas_sgemv(CblasRowMajor, CblasTrans, blasint(block), blasint(x), 1.0f, s.finished.data(),
+  cblas_sgemv(CblasRowMajor, CblasTrans, blasint(block), blasint(x), 1.0f, kept_summaries(s),
               blasint(x), head_w(h) + block * blocks_, 1, 0.0f, s.prefix.data(), 1);
 }
 
@@ -127,10 +136,13 @@ int64_t Decoder::kept_blocks(int64_t position) const {
 void Decoder::push_finished(HeadState& s, const float* summary) const {
   const int64_t x = options_.dk * (options_.dv + 1);
   s.finished.insert(s.finished.end(), summary, summary + x);
-  if (toeplitz_ && int64_t(s.finished.size()) > window_ * x) {
+  if (toeplitz_ && kept_count(s) > window_) {
     // The oldest kept block now sits at distance max(L, 1): it joins the tail sum.
-    cblas_saxpy(blasint(x), 1.0f, s.finished.data(), 1, s.far.data(), 1);
-    s.finished.erase(s.finished.begin(), s.finished.begin() + x);
+    cblas_saxpy(blasint(x), 1.0f, kept_summaries(s), 1, s.far.data(), 1);
+    if (++s.evicted >= std::max<int64_t>(window_, 1)) {
+      s.finished.erase(s.finished.begin(), s.finished.begin() + s.evicted * x);
+      s.evicted = 0;
+    }
   }
 }
 
@@ -156,6 +168,7 @@ void Decoder::reset(int64_t seq) {
   for (int64_t h = 0; h < options_.heads; ++h) {
     HeadState& s = states_[seq * options_.heads + h];
     s.finished.clear();
+    s.evicted = 0;
     std::fill(s.far.begin(), s.far.end(), 0.0f);
     std::fill(s.prefix.begin(), s.prefix.end(), 0.0f);
     std::fill(s.running.begin(), s.running.end(), 0.0f);
@@ -226,8 +239,7 @@ void Decoder::prefill(int64_t seq, TensorView<const float> q, TensorView<const f
 void Decoder::step(TensorView<const float> q, TensorView<const float> k, TensorView<const float> v,
                    TensorView<float> o) {
   const char* fn = "mhla::Decoder::step";
-  const int64_t batch = options_.batch, heads = options_.heads, dk = options_.dk, dv = options_.dv,
-                x1 = dv + 1;
+  const int64_t batch = options_.batch, heads = options_.heads, dk = options_.dk, dv = options_.dv;
   detail::check_qkv(fn, q, k, v);
   detail::check_shape_equals(fn, "q", q.shape, {batch, 1, heads, dk}, "(one token per sequence)");
   detail::check_shape_equals(fn, "v", v.shape, {batch, 1, heads, dv}, "(one token per sequence)");
@@ -239,49 +251,44 @@ void Decoder::step(TensorView<const float> q, TensorView<const float> k, TensorV
 
   const float eps = float(options_.eps), scale = float(scale_);
   bool finite = true;
-#pragma omp parallel for schedule(static) reduction(&& : finite)
-  for (int64_t task = 0; task < batch * heads; ++task) {
-    const int64_t b = task / heads, h = task % heads, pos = positions_[b];
-    const int64_t block = pos / options_.block;
-    HeadState& s = states_[task];
-    if (pos % options_.block == 0) {
-      // Block `block` begins: the previous one is finished, and the mix of all
-      // finished blocks is computed once for the whole block.
-      if (pos > 0) push_finished(s, s.running.data());
-      std::fill(s.running.begin(), s.running.end(), 0.0f);
-      mix_prefix(s, h, block);
-    } else if (options_.recompute_mix_every_token) {
-      mix_prefix(s, h, block);
+#pragma omp parallel
+  {
+    // phi(k_t) and phi(q_t) of the current task.
+    std::vector<float> phi_k(static_cast<size_t>(dk)), phi_q(static_cast<size_t>(dk));
+#pragma omp for schedule(static) reduction(&& : finite)
+    for (int64_t task = 0; task < batch * heads; ++task) {
+      const int64_t b = task / heads, h = task % heads, pos = positions_[b];
+      const int64_t block = pos / options_.block;
+      HeadState& s = states_[task];
+      if (pos % options_.block == 0) {
+        // Block `block` begins: the previous one is finished, and the mix of all
+        // finished blocks is computed once for the whole block.
+        if (pos > 0) push_finished(s, s.running.data());
+        std::fill(s.running.begin(), s.running.end(), 0.0f);
+        mix_prefix(s, h, block);
+      } else if (options_.recompute_mix_every_token) {
+        mix_prefix(s, h, block);
+      }
+      const float* qt = q.data + task * dk;
+      const float* kt = k.data + task * dk;
+      float* kap = phi_k.data();
+      float* u = phi_q.data();
+      detail::dispatch_feature(options_.feature_map, [&]<FeatureMap Phi>() {
+#pragma omp simd
+        for (int64_t a = 0; a < dk; ++a) {
+          kap[a] = detail::apply_feature<Phi>(kt[a]);
+          u[a] = detail::apply_feature<Phi>(qt[a]);
+        }
+      });
+      // running += phi(k_t) [v_t | 1]^T;  y = phi(q_t)^T (prefix + W[i,i] running)
+      float* out = o.data + task * dv;
+      const float den = cpu::simd::decode_token(dk, dv, kap, v.data + task * dv, u,
+                                                diagonal(h, block), s.prefix.data(),
+                                                s.running.data(), out);
+      const float factor = options_.normalize ? 1.0f / (den + eps) : scale;
+      for (int64_t e = 0; e < dv; ++e) out[e] *= factor;
+      finite = finite && std::isfinite(den) && detail::first_non_finite(out, dv) < 0;
     }
-    const float* qt = q.data + task * dk;
-    const float* kt = k.data + task * dk;
-    const float* vt = v.data + task * dv;
-    // running += phi(k_t) [v_t | 1]^T
-    for (int64_t a = 0; a < dk; ++a) {
-      const float kap = detail::feature(options_.feature_map, kt[a]);
-      float* row = s.running.data() + a * x1;
-      for (int64_t e = 0; e < dv; ++e) row[e] += kap * vt[e];
-      row[dv] += kap;
-    }
-    // y = phi(q_t)^T (prefix + W[i,i] running)
-    const float wii = diagonal(h, block);
-    float den = 0;  // phi(q_t) . (mixed + in-block) key sums
-    float* out = o.data + task * dv;
-    std::fill(out, out + dv, 0.0f);
-    for (int64_t a = 0; a < dk; ++a) {
-      const float u = detail::feature(options_.feature_map, qt[a]);
-      const float* pre = s.prefix.data() + a * x1;
-      const float* run = s.running.data() + a * x1;
-      for (int64_t e = 0; e < dv; ++e) out[e] += u * (pre[e] + wii * run[e]);
-      den += u * (pre[dv] + wii * run[dv]);
-    }
-    if (options_.normalize) {
-      const float inv = 1.0f / (den + eps);
-      for (int64_t e = 0; e < dv; ++e) out[e] *= inv;
-    } else {
-      for (int64_t e = 0; e < dv; ++e) out[e] *= scale;
-    }
-    finite = finite && std::isfinite(den) && detail::first_non_finite(out, dv) < 0;
   }
   for (int64_t& p : positions_) ++p;
   if (finite) return;

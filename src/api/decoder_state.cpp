@@ -100,7 +100,7 @@ std::vector<uint8_t> Decoder::serialize() const {
   out.floats(w_.data(), w_.size());
   for (int64_t position : positions_) out.i64(position);
   for (const HeadState& s : states_) {
-    out.floats(s.finished.data(), s.finished.size());
+    out.floats(kept_summaries(s), size_t(kept_count(s) * options_.dk * (options_.dv + 1)));
     if (toeplitz_) out.floats(s.far.data(), s.far.size());
     out.floats(s.running.data(), s.running.size());
   }

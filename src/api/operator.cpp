@@ -4,6 +4,7 @@
 #include "core/finite_results.hpp"
 #include "core/saved_summaries_check.hpp"
 #include "cpu/chunked_attention.hpp"
+#include "cpu/simd/isa.hpp"
 #include "cpu/workspace.hpp"
 
 #include <algorithm>
@@ -81,6 +82,8 @@ void backward(const Options& options, TensorView<const T> q, TensorView<const T>
 }
 
 void release_scratch() { cpu::release_scratch_buffers(); }
+
+std::string kernel_isa() { return cpu::simd::target_name(cpu::simd::active_target()); }
 
 FlopCount mhla_flops(int64_t batch, int64_t tokens, int64_t heads, int64_t dk, int64_t dv,
                      int64_t blocks, Masking masking, int64_t block_size) {

@@ -25,8 +25,10 @@ void check_tensor(const char* fn, const char* name, const void* data,
     if (extent <= 0)
       fail(fn, std::string(name) + " has shape " + shape_to_string(shape) +
                    "; every extent must be positive " + layout_hint);
-  checked_product(shape, std::string(fn) + ": " + name + " has shape " + shape_to_string(shape) +
-                             " whose element count");
+  checked_product(shape, [&] {
+    return std::string(fn) + ": " + name + " has shape " + shape_to_string(shape) +
+           " whose element count";
+  });
   if (data == nullptr) fail(fn, std::string(name) + " is a null pointer");
 }
 

@@ -155,6 +155,9 @@ template <typename T>
 void check_output(const char* fn, const char* name, const TensorView<T>& t,
                   const std::vector<int64_t>& expected) {
   check_device(fn, name, t.device);
+  // The common case without building the hint; `expected` comes from
+  // validated sizes, so a match with a non-null pointer passes every check.
+  if (t.data != nullptr && t.shape == expected) return;
   check_tensor(fn, name, t.data, t.shape, expected.size(), shape_to_string(expected).c_str());
   check_shape_equals(fn, name, t.shape, expected, "");
 }

@@ -5,7 +5,7 @@
 #include "core/finite_results.hpp"
 #include "cpu/block_rows.hpp"
 #include "cpu/workspace.hpp"
-#include "mhla_support/blas.hpp"
+#include "cpu/block_products.hpp"
 
 namespace mhla::cpu {
 namespace {
@@ -17,6 +17,26 @@ void gather_values_with_ones(const mhla::detail::BlockTableView& layout, int64_t
                              HeadSlice s, int64_t dv, int64_t rows, T* dst) {
   gather_rows(layout, block, FeatureMap::identity, v, s, dv, dst, dv + 1);
   for (int64_t r = 0; r < rows; ++r) dst[r * (dv + 1) + dv] = T(1);
+}
+
+// sums[a * ld_sums] = sum_r tile[r, a]: z_b = phi(K_b)^T 1.
+template <typename T>
+void column_sums(const T* tile, int64_t rows, int64_t width, T* sums, int64_t ld_sums) {
+  for (int64_t a = 0; a < width; ++a) sums[a * ld_sums] = T(0);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t a = 0; a < width; ++a) sums[a * ld_sums] += tile[r * width + a];
+}
+
+// out[r * ld_out] = tile[r, :] . x: phi(q_t) . z~_i for each row.
+template <typename T>
+void row_dots(const T* tile, int64_t rows, int64_t width, const T* x, T* out, int64_t ld_out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* row = tile + r * width;
+    T sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t a = 0; a < width; ++a) sum += row[a] * x[a];
+    out[r * ld_out] = sum;
+  }
 }
 
 // Causal in-block mask: query row r sees key columns c <= r only.
@@ -55,7 +75,7 @@ void ChunkedAttention<T>::in_block_scores(const BlockTask& t, const T* k, const 
   const auto& d = p_.dims;
   gather_rows(p_.table, t.block, p_.phi, k, t.qk, d.dk, kap, d.dk);
   gather_values_with_ones(p_.table, t.block, v, t.v, d.dv, t.rows, vals);
-  gemm(false, true, t.rows, t.rows, d.dk, T(1), u, d.dk, kap, d.dk, T(0), a, t.rows);
+  block_gemm(false, true, t.rows, t.rows, d.dk, T(1), u, d.dk, kap, d.dk, T(0), a, t.rows);
   mask_future(a, t.rows);
 }
 
@@ -99,15 +119,26 @@ void ChunkedAttention<T>::compute_summaries(const T* k, const T* v, T* summaries
   const auto& d = p_.dims;
 #pragma omp parallel
   {
-    std::vector<T> kap(max_rows_ * d.dk), vals(max_rows_ * x1_);
+    std::vector<T> kap(max_rows_ * d.dk), vals(max_rows_ * d.dv);
 #pragma omp for schedule(static)
     for (int64_t task = 0; task < task_count(); ++task) {
       const BlockTask t = block_task(task);
       gather_rows(p_.table, t.block, p_.phi, k, t.qk, d.dk, kap.data(), d.dk);
-      gather_values_with_ones(p_.table, t.block, v, t.v, d.dv, t.rows, vals.data());
-      // [S_b | z_b] = phi(K_b)^T [V_b | 1]
-      gemm(true, false, d.dk, x1_, t.rows, T(1), kap.data(), d.dk, vals.data(), x1_, T(0),
-           summaries + t.summary, x1_);
+      // V_b in place when the block is one run of tokens, else gathered.
+      const T* values = rows_in_place(p_.table, t.block, v, t.v);
+      int64_t ldv = t.v.stride;
+      if (!values) {
+        gather_rows(p_.table, t.block, FeatureMap::identity, v, t.v, d.dv, vals.data(), d.dv);
+        values = vals.data();
+        ldv = d.dv;
+      }
+      // S_b = phi(K_b)^T V_b in the first Dv columns of [S_b | z_b] ...
+      T* s = summaries + t.summary;
+      block_gemm(true, false, d.dk, d.dv, t.rows, T(1), kap.data(), d.dk, values, ldv, T(0), s,
+                 x1_);
+      // ... and z_b = phi(K_b)^T 1 in the last: column sums, apart from the
+      // GEMM, whose SIMD tiles would spend a whole pass on one column.
+      column_sums(kap.data(), t.rows, d.dk, s + d.dv, x1_);
     }
   }
 }
@@ -120,7 +151,7 @@ bool ChunkedAttention<T>::compute_outputs(const T* q, const T* k, const T* v, co
   bool finite = true;
 #pragma omp parallel
   {
-    std::vector<T> u(max_rows_ * d.dk), y(max_rows_ * x1_);
+    std::vector<T> u(max_rows_ * d.dk), y(max_rows_ * x1_), z(d.dk);
     std::vector<T> kap, vals, a;
     if (p_.causal) {
       kap.resize(max_rows_ * d.dk);
@@ -131,13 +162,16 @@ bool ChunkedAttention<T>::compute_outputs(const T* q, const T* k, const T* v, co
     for (int64_t task = 0; task < task_count(); ++task) {
       const BlockTask t = block_task(task);
       gather_rows(p_.table, t.block, p_.phi, q, t.qk, d.dk, u.data(), d.dk);
-      // y = phi(Q_i) [S~_i | z~_i]
-      gemm(false, false, t.rows, x1_, d.dk, T(1), u.data(), d.dk, mixed + t.summary, x1_, T(0),
-           y.data(), x1_);
+      // y = phi(Q_i) [S~_i | z~_i]: the GEMM for S~_i, row dot products for z~_i.
+      const T* mixed_i = mixed + t.summary;
+      block_gemm(false, false, t.rows, d.dv, d.dk, T(1), u.data(), d.dk, mixed_i, x1_, T(0),
+                 y.data(), x1_);
+      for (int64_t a = 0; a < d.dk; ++a) z[a] = mixed_i[a * x1_ + d.dv];
+      row_dots(u.data(), t.rows, d.dk, z.data(), y.data() + d.dv, x1_);
       if (p_.causal) {
         // y += W[i,i] mask(phi(Q_i) phi(K_i)^T) [V_i | 1]
         in_block_scores(t, k, v, u.data(), kap.data(), vals.data(), a.data());
-        gemm(false, false, t.rows, x1_, t.rows, mixer_.diagonal(t.bh, t.block), a.data(), t.rows,
+        block_gemm(false, false, t.rows, x1_, t.rows, mixer_.diagonal(t.bh, t.block), a.data(), t.rows,
              vals.data(), x1_, T(1), y.data(), x1_);
       }
       // x * 0 is NaN exactly when x is not finite (see scatter_rows).
@@ -222,12 +256,12 @@ bool ChunkedAttention<T>::output_gradients(const T* q, const T* k, const T* v, c
         }
       }
       // y = phi(Q) mixed_i:  dphi(Q) = dy mixed_i^T
-      gemm(false, true, rows, d.dk, x1_, T(1), dy.data(), x1_, mixed_i, x1_, T(0), du.data(), d.dk);
+      block_gemm(false, true, rows, d.dk, x1_, T(1), dy.data(), x1_, mixed_i, x1_, T(0), du.data(), d.dk);
       if (p_.causal) {
         // y += W[i,i] A [V|1], A = mask(phi(Q) phi(K)^T):
         //   dA = W[i,i] mask(dy [V|1]^T),  dW[i,i] = <mask(dy [V|1]^T), A>,
         //   dphi(Q) += dA phi(K),  dphi(K) = dA^T phi(Q),  d[V|1] = W[i,i] A^T dy.
-        gemm(false, true, rows, rows, x1_, T(1), dy.data(), x1_, vals.data(), x1_, T(0), da.data(),
+        block_gemm(false, true, rows, rows, x1_, T(1), dy.data(), x1_, vals.data(), x1_, T(0), da.data(),
              rows);
         mask_future(da.data(), rows);
         T dw = 0;
@@ -236,11 +270,11 @@ bool ChunkedAttention<T>::output_gradients(const T* q, const T* k, const T* v, c
           da[e] *= wii;
         }
         diagonal_grad[t.bh * p_.blocks + t.block] = dw;
-        gemm(false, false, rows, d.dk, rows, T(1), da.data(), rows, kap.data(), d.dk, T(1),
+        block_gemm(false, false, rows, d.dk, rows, T(1), da.data(), rows, kap.data(), d.dk, T(1),
              du.data(), d.dk);
-        gemm(true, false, rows, d.dk, rows, T(1), da.data(), rows, u.data(), d.dk, T(0),
+        block_gemm(true, false, rows, d.dk, rows, T(1), da.data(), rows, u.data(), d.dk, T(0),
              dkap.data(), d.dk);
-        gemm(true, false, rows, x1_, rows, wii, a.data(), rows, dy.data(), x1_, T(0), dvals.data(),
+        block_gemm(true, false, rows, x1_, rows, wii, a.data(), rows, dy.data(), x1_, T(0), dvals.data(),
              x1_);
         // Park the in-block key/value gradients in the outputs, where
         // key_value_gradients adds the inter-block part and applies phi'; or
@@ -260,7 +294,7 @@ bool ChunkedAttention<T>::output_gradients(const T* q, const T* k, const T* v, c
       scatter_through_feature(p_.table, t.block, p_.phi, u.data(), du.data(), d.dk, t.qk, d.dk,
                               false, grad_q);
       // y = phi(Q) mixed_i:  dmixed_i = phi(Q)^T dy, stored over mixed_i (no longer read).
-      gemm(true, false, d.dk, x1_, rows, T(1), u.data(), d.dk, dy.data(), x1_, T(0), mixed_i, x1_);
+      block_gemm(true, false, d.dk, x1_, rows, T(1), u.data(), d.dk, dy.data(), x1_, T(0), mixed_i, x1_);
     }
   }
   return finite;
@@ -282,9 +316,9 @@ bool ChunkedAttention<T>::key_value_gradients(const T* k, const T* v, const T* s
       gather_rows(p_.table, t.block, p_.phi, k, t.qk, d.dk, kap.data(), d.dk);
       gather_values_with_ones(p_.table, t.block, v, t.v, d.dv, t.rows, vals.data());
       // [S_b | z_b] = phi(K)^T [V | 1]:  dphi(K) = [V | 1] dS^T,  d[V | 1] = phi(K) dS
-      gemm(false, true, t.rows, d.dk, x1_, T(1), vals.data(), x1_, ds, x1_, T(0), dkap.data(),
+      block_gemm(false, true, t.rows, d.dk, x1_, T(1), vals.data(), x1_, ds, x1_, T(0), dkap.data(),
            d.dk);
-      gemm(false, false, t.rows, x1_, d.dk, T(1), kap.data(), d.dk, ds, x1_, T(0), dvals.data(),
+      block_gemm(false, false, t.rows, x1_, d.dk, T(1), kap.data(), d.dk, ds, x1_, T(0), dvals.data(),
            x1_);
       // Causal blocks add to the in-block part parked in grad_k / grad_v (the
       // scatters check the sums); otherwise the tiles are the gradients,

@@ -153,8 +153,12 @@ TEST(Decoder, ToeplitzStateIsBounded) {
   EXPECT_EQ(dec.max_tokens(), std::numeric_limits<int64_t>::max());
   const Sequence s = make_sequence(200, 2, 4, 4, 1);
   decode(dec, s, 100);
-  // 2 kept blocks + tail sum + prefix + running, per head, plus one position.
-  EXPECT_EQ(dec.state_bytes(), int64_t((2 + 3) * 2 * 4 * 5 * sizeof(float) + sizeof(int64_t)));
+  // Per head: the L - 1 = 2 kept blocks, plus at most one block that has left
+  // the window but is not dropped yet (they are dropped two at a time), plus
+  // the tail sum, prefix and running block; and one position.
+  const int64_t block_bytes = 2 * 4 * 5 * sizeof(float), position_bytes = sizeof(int64_t);
+  EXPECT_GE(dec.state_bytes(), (2 + 3) * block_bytes + position_bytes);
+  EXPECT_LE(dec.state_bytes(), (3 + 3) * block_bytes + position_bytes);
 }
 
 TEST(Decoder, RecomputingTheMixEveryTokenGivesTheSameOutputs) {

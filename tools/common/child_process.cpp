@@ -15,12 +15,18 @@ double peak_rss_bytes() {
   return double(usage.ru_maxrss) * 1024.0;
 }
 
-std::string run_self(const std::vector<std::string>& args) {
+std::string run_self(const std::vector<std::string>& args, const std::vector<std::string>& unset) {
   char self[4096] = {};
   const ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);
   if (len <= 0) throw Error("cannot locate this program's executable for a child measurement");
   // Arguments are the program's own (numbers and fixed words); quote them anyway.
-  std::string command = "'";
+  std::string command;
+  if (!unset.empty()) {
+    command = "env";
+    for (const std::string& name : unset) command.append(" -u '").append(name).append("'");
+    command += " ";
+  }
+  command += "'";
   command += self;
   command += "'";
   for (const std::string& a : args) command.append(" '").append(a).append("'");

@@ -10,8 +10,10 @@ namespace mhla::tools {
 // The calling process's peak resident set size so far, in bytes.
 double peak_rss_bytes();
 
-// Runs this executable again with `args` and returns its standard output;
-// mhla::Error with that output if it cannot start or exits non-zero.
-std::string run_self(const std::vector<std::string>& args);
+// Runs this executable again with `args`, and without the environment
+// variables named in `unset`, and returns its standard output; mhla::Error
+// with that output if it cannot start or exits non-zero.
+std::string run_self(const std::vector<std::string>& args,
+                     const std::vector<std::string>& unset = {});
 
 }  // namespace mhla::tools

@@ -1,0 +1,27 @@
+#pragma once
+// The small row-major matrix products of the float kernels (one block's
+// [C, D] x [D, D] work and the like), written once with Google Highway and
+// compiled for every x86 instruction set from SSE4 to AVX-512 (and the
+// portable baseline); the best one the CPU supports is chosen at run time
+// (see cpu/simd/isa.hpp). They do not depend on how the BLAS was built or told
+// to run, and each output element is summed in the same order on every call
+// and thread count.
+#include <cstdint>
+
+namespace mhla::cpu::simd {
+
+// A matrix read in place with arbitrary strides: element (i, p) at
+// data[i * row + p * col]. {a, lda, 1} is row-major A; {a, 1, lda} is A^T of
+// a row-major [k, m] array.
+struct Strided {
+  const float* data;
+  int64_t row, col;
+};
+
+// C[m, n] = alpha * A[m, k] B[k, n], plus C's old values when `accumulate`;
+// B and C are row-major with leading dimensions ldb and ldc. Without
+// `accumulate` C is only written, so it may hold anything beforehand.
+void gemm(int64_t m, int64_t n, int64_t k, float alpha, Strided a, const float* b, int64_t ldb,
+          bool accumulate, float* c, int64_t ldc);
+
+}  // namespace mhla::cpu::simd
