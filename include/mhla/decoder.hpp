@@ -74,8 +74,7 @@ class Decoder {
   struct HeadState {
     // [evicted + blocks kept, Dk, Dv + 1], oldest first. Toeplitz: the first
     // `evicted` blocks have already left the window for `far`; they are
-    // dropped together once there are window_ of them, so a block start moves
-    // one block's bytes on average instead of the whole window's.
+    // dropped together once there are a quarter-window of them.
     std::vector<float> finished;
     int64_t evicted = 0;
     std::vector<float> far;       // Toeplitz: [Dk, Dv + 1] sum of blocks at distance >= max(L, 1)
