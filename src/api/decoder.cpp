@@ -285,9 +285,9 @@ void Decoder::step(TensorView<const float> q, TensorView<const float> k, TensorV
       });
       // running += phi(k_t) [v_t | 1]^T;  y = phi(q_t)^T (prefix + W[i,i] running)
       float* out = o.data + task * dv;
-      const float den = cpu::simd::decode_token(dk, dv, kap, v.data + task * dv, u,
-                                                diagonal(h, block), s.prefix.data(),
-                                                s.running.data(), out);
+      const float den =
+          cpu::simd::decode_token(dk, dv, kap, v.data + task * dv, u, diagonal(h, block),
+                                  s.prefix.data(), s.running.data(), out);
       const float factor = options_.normalize ? 1.0f / (den + eps) : scale;
       for (int64_t e = 0; e < dv; ++e) out[e] *= factor;
       finite = finite && std::isfinite(den) && detail::first_non_finite(out, dv) < 0;

@@ -3,9 +3,9 @@
 #include <vector>
 
 #include "core/finite_results.hpp"
+#include "cpu/block_products.hpp"
 #include "cpu/block_rows.hpp"
 #include "cpu/workspace.hpp"
-#include "cpu/block_products.hpp"
 
 namespace mhla::cpu {
 namespace {
@@ -171,8 +171,8 @@ bool ChunkedAttention<T>::compute_outputs(const T* q, const T* k, const T* v, co
       if (p_.causal) {
         // y += W[i,i] mask(phi(Q_i) phi(K_i)^T) [V_i | 1]
         in_block_scores(t, k, v, u.data(), kap.data(), vals.data(), a.data());
-        block_gemm(false, false, t.rows, x1_, t.rows, mixer_.diagonal(t.bh, t.block), a.data(), t.rows,
-             vals.data(), x1_, T(1), y.data(), x1_);
+        block_gemm(false, false, t.rows, x1_, t.rows, mixer_.diagonal(t.bh, t.block), a.data(),
+                   t.rows, vals.data(), x1_, T(1), y.data(), x1_);
       }
       // x * 0 is NaN exactly when x is not finite (see scatter_rows).
       T probe = 0;
@@ -256,13 +256,14 @@ bool ChunkedAttention<T>::output_gradients(const T* q, const T* k, const T* v, c
         }
       }
       // y = phi(Q) mixed_i:  dphi(Q) = dy mixed_i^T
-      block_gemm(false, true, rows, d.dk, x1_, T(1), dy.data(), x1_, mixed_i, x1_, T(0), du.data(), d.dk);
+      block_gemm(false, true, rows, d.dk, x1_, T(1), dy.data(), x1_, mixed_i, x1_, T(0), du.data(),
+                 d.dk);
       if (p_.causal) {
         // y += W[i,i] A [V|1], A = mask(phi(Q) phi(K)^T):
         //   dA = W[i,i] mask(dy [V|1]^T),  dW[i,i] = <mask(dy [V|1]^T), A>,
         //   dphi(Q) += dA phi(K),  dphi(K) = dA^T phi(Q),  d[V|1] = W[i,i] A^T dy.
-        block_gemm(false, true, rows, rows, x1_, T(1), dy.data(), x1_, vals.data(), x1_, T(0), da.data(),
-             rows);
+        block_gemm(false, true, rows, rows, x1_, T(1), dy.data(), x1_, vals.data(), x1_, T(0),
+                   da.data(), rows);
         mask_future(da.data(), rows);
         T dw = 0;
         for (int64_t e = 0; e < rows * rows; ++e) {
@@ -271,11 +272,11 @@ bool ChunkedAttention<T>::output_gradients(const T* q, const T* k, const T* v, c
         }
         diagonal_grad[t.bh * p_.blocks + t.block] = dw;
         block_gemm(false, false, rows, d.dk, rows, T(1), da.data(), rows, kap.data(), d.dk, T(1),
-             du.data(), d.dk);
+                   du.data(), d.dk);
         block_gemm(true, false, rows, d.dk, rows, T(1), da.data(), rows, u.data(), d.dk, T(0),
-             dkap.data(), d.dk);
-        block_gemm(true, false, rows, x1_, rows, wii, a.data(), rows, dy.data(), x1_, T(0), dvals.data(),
-             x1_);
+                   dkap.data(), d.dk);
+        block_gemm(true, false, rows, x1_, rows, wii, a.data(), rows, dy.data(), x1_, T(0),
+                   dvals.data(), x1_);
         // Park the in-block key/value gradients in the outputs, where
         // key_value_gradients adds the inter-block part and applies phi'; or
         // finish them here.
@@ -294,7 +295,8 @@ bool ChunkedAttention<T>::output_gradients(const T* q, const T* k, const T* v, c
       scatter_through_feature(p_.table, t.block, p_.phi, u.data(), du.data(), d.dk, t.qk, d.dk,
                               false, grad_q);
       // y = phi(Q) mixed_i:  dmixed_i = phi(Q)^T dy, stored over mixed_i (no longer read).
-      block_gemm(true, false, d.dk, x1_, rows, T(1), u.data(), d.dk, dy.data(), x1_, T(0), mixed_i, x1_);
+      block_gemm(true, false, d.dk, x1_, rows, T(1), u.data(), d.dk, dy.data(), x1_, T(0), mixed_i,
+                 x1_);
     }
   }
   return finite;
@@ -317,9 +319,9 @@ bool ChunkedAttention<T>::key_value_gradients(const T* k, const T* v, const T* s
       gather_values_with_ones(p_.table, t.block, v, t.v, d.dv, t.rows, vals.data());
       // [S_b | z_b] = phi(K)^T [V | 1]:  dphi(K) = [V | 1] dS^T,  d[V | 1] = phi(K) dS
       block_gemm(false, true, t.rows, d.dk, x1_, T(1), vals.data(), x1_, ds, x1_, T(0), dkap.data(),
-           d.dk);
-      block_gemm(false, false, t.rows, x1_, d.dk, T(1), kap.data(), d.dk, ds, x1_, T(0), dvals.data(),
-           x1_);
+                 d.dk);
+      block_gemm(false, false, t.rows, x1_, d.dk, T(1), kap.data(), d.dk, ds, x1_, T(0),
+                 dvals.data(), x1_);
       // Causal blocks add to the in-block part parked in grad_k / grad_v (the
       // scatters check the sums); otherwise the tiles are the gradients,
       // checked whole. dvals' last column (the gradient of the ones) can only

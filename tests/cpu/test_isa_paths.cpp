@@ -35,7 +35,7 @@ Results<T> run(const Case& c, const Inputs& in, int threads) {
   const auto q = cast<T>(in.q), k = cast<T>(in.k), v = cast<T>(in.v), w = cast<T>(in.w),
              g = cast<T>(in.grad_o);
   Results<T> r{std::vector<T>(v.size()), std::vector<T>(q.size()), std::vector<T>(k.size()),
-           std::vector<T>(v.size()), std::vector<T>(w.size())};
+               std::vector<T>(v.size()), std::vector<T>(w.size())};
   forward<T>(c.options(), view(q, c.q_shape()), view(k, c.q_shape()), view(v, c.v_shape()),
              view(w, c.w_shape()), view(r.o, c.v_shape()));
   backward<T>(c.options(), view(q, c.q_shape()), view(k, c.q_shape()), view(v, c.v_shape()),

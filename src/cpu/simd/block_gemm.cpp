@@ -102,8 +102,8 @@ HWY_INLINE void TileOfWidth(const Operands& o, int64_t i0, int64_t j0, int vecto
   }
 }
 
-void GemmImpl(int64_t m, int64_t n, int64_t k, float alpha, Strided a, const float* b,
-              int64_t ldb, bool accumulate, float* c, int64_t ldc) {
+void GemmImpl(int64_t m, int64_t n, int64_t k, float alpha, Strided a, const float* b, int64_t ldb,
+              bool accumulate, float* c, int64_t ldc) {
   const Operands o{k, alpha, a, b, ldb, accumulate, c, ldc};
   const int64_t lanes = int64_t(hn::Lanes(Tag()));
   const int64_t panel = kMaxVectors * lanes;
@@ -116,12 +116,24 @@ void GemmImpl(int64_t m, int64_t n, int64_t k, float alpha, Strided a, const flo
     const bool masked = int64_t(tail) != lanes;
     for (int64_t i0 = 0; i0 < m; i0 += kRows) {
       switch (std::min<int64_t>(kRows, m - i0)) {
-        case 1: TileOfWidth<1>(o, i0, j0, vectors, tail, masked); break;
-        case 2: TileOfWidth<2>(o, i0, j0, vectors, tail, masked); break;
-        case 3: TileOfWidth<3>(o, i0, j0, vectors, tail, masked); break;
-        case 4: TileOfWidth<4>(o, i0, j0, vectors, tail, masked); break;
-        case 5: TileOfWidth<5>(o, i0, j0, vectors, tail, masked); break;
-        default: TileOfWidth<6>(o, i0, j0, vectors, tail, masked); break;
+        case 1:
+          TileOfWidth<1>(o, i0, j0, vectors, tail, masked);
+          break;
+        case 2:
+          TileOfWidth<2>(o, i0, j0, vectors, tail, masked);
+          break;
+        case 3:
+          TileOfWidth<3>(o, i0, j0, vectors, tail, masked);
+          break;
+        case 4:
+          TileOfWidth<4>(o, i0, j0, vectors, tail, masked);
+          break;
+        case 5:
+          TileOfWidth<5>(o, i0, j0, vectors, tail, masked);
+          break;
+        default:
+          TileOfWidth<6>(o, i0, j0, vectors, tail, masked);
+          break;
       }
     }
   }

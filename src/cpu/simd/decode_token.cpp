@@ -72,10 +72,14 @@ HWY_INLINE void ColumnsOfWidth(int vectors, int64_t dk, int64_t x1, int64_t j0, 
                                const float* kap, const float* v, const float* u, float wii,
                                const float* prefix, float* running, float* y) {
   switch (vectors) {
-    case 1: return Columns<1, kMasked>(dk, x1, j0, tail, kap, v, u, wii, prefix, running, y);
-    case 2: return Columns<2, kMasked>(dk, x1, j0, tail, kap, v, u, wii, prefix, running, y);
-    case 3: return Columns<3, kMasked>(dk, x1, j0, tail, kap, v, u, wii, prefix, running, y);
-    default: return Columns<4, kMasked>(dk, x1, j0, tail, kap, v, u, wii, prefix, running, y);
+    case 1:
+      return Columns<1, kMasked>(dk, x1, j0, tail, kap, v, u, wii, prefix, running, y);
+    case 2:
+      return Columns<2, kMasked>(dk, x1, j0, tail, kap, v, u, wii, prefix, running, y);
+    case 3:
+      return Columns<3, kMasked>(dk, x1, j0, tail, kap, v, u, wii, prefix, running, y);
+    default:
+      return Columns<4, kMasked>(dk, x1, j0, tail, kap, v, u, wii, prefix, running, y);
   }
 }
 
