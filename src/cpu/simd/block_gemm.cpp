@@ -7,6 +7,7 @@
 #include <hwy/highway.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "cpu/simd/block_gemm.hpp"
 
@@ -17,6 +18,20 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 using Tag = hn::ScalableTag<float>;
 using VecF = hn::Vec<Tag>;
+
+// A partial vector of the first n lanes at p (the rest zero), and its store:
+// through an aligned stack copy, because Highway's masked loads and stores on
+// SSE4 and older read and write whole vectors (past the end of a buffer).
+HWY_INLINE VecF LoadFirst(const float* p, size_t n) {
+  HWY_ALIGN float lanes[HWY_MAX_BYTES / sizeof(float)] = {};
+  std::memcpy(lanes, p, n * sizeof(float));
+  return hn::Load(Tag(), lanes);
+}
+HWY_INLINE void StoreFirst(VecF v, float* p, size_t n) {
+  HWY_ALIGN float lanes[HWY_MAX_BYTES / sizeof(float)];
+  hn::Store(v, Tag(), lanes);
+  std::memcpy(p, lanes, n * sizeof(float));
+}
 
 // A register tile of C: kRows rows by kVectors vectors. Per step of the inner
 // dimension it loads kVectors vectors of B's row and broadcasts kRows values
@@ -44,7 +59,6 @@ template <int R, int V, bool kMasked>
 HWY_INLINE void Tile(const Operands& o, int64_t i0, int64_t j0, size_t tail) {
   const Tag d;
   const size_t lanes = hn::Lanes(d);
-  const auto last = hn::FirstN(d, tail);
   VecF acc[R][V];
 #pragma GCC unroll 24
   for (int r = 0; r < R; ++r)
@@ -57,8 +71,8 @@ HWY_INLINE void Tile(const Operands& o, int64_t i0, int64_t j0, size_t tail) {
     VecF bv[V];
 #pragma GCC unroll 4
     for (int v = 0; v < V; ++v)
-      bv[v] = (kMasked && v == V - 1) ? hn::MaskedLoad(last, d, b + v * lanes)
-                                      : hn::LoadU(d, b + v * lanes);
+      bv[v] =
+          (kMasked && v == V - 1) ? LoadFirst(b + v * lanes, tail) : hn::LoadU(d, b + v * lanes);
 #pragma GCC unroll 6
     for (int r = 0; r < R; ++r) {
       const VecF ar = hn::Set(d, a[r * o.a.row]);
@@ -75,8 +89,8 @@ HWY_INLINE void Tile(const Operands& o, int64_t i0, int64_t j0, size_t tail) {
     for (int v = 0; v < V; ++v) {
       VecF x = hn::Mul(acc[r][v], alpha);
       if (kMasked && v == V - 1) {
-        if (o.accumulate) x = hn::Add(x, hn::MaskedLoad(last, d, c + v * lanes));
-        hn::BlendedStore(x, last, d, c + v * lanes);
+        if (o.accumulate) x = hn::Add(x, LoadFirst(c + v * lanes, tail));
+        StoreFirst(x, c + v * lanes, tail);
       } else {
         if (o.accumulate) x = hn::Add(x, hn::LoadU(d, c + v * lanes));
         hn::StoreU(x, d, c + v * lanes);

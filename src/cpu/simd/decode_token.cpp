@@ -5,6 +5,7 @@
 #include <hwy/highway.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "cpu/simd/decode_token.hpp"
 
@@ -15,6 +16,20 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 using Tag = hn::ScalableTag<float>;
 using VecF = hn::Vec<Tag>;
+
+// A partial vector of the first n lanes at p (the rest zero), and its store:
+// through an aligned stack copy, because Highway's masked loads and stores on
+// SSE4 and older read and write whole vectors (past the end of a buffer).
+HWY_INLINE VecF LoadFirst(const float* p, size_t n) {
+  HWY_ALIGN float lanes[HWY_MAX_BYTES / sizeof(float)] = {};
+  std::memcpy(lanes, p, n * sizeof(float));
+  return hn::Load(Tag(), lanes);
+}
+HWY_INLINE void StoreFirst(VecF v, float* p, size_t n) {
+  HWY_ALIGN float lanes[HWY_MAX_BYTES / sizeof(float)];
+  hn::Store(v, Tag(), lanes);
+  std::memcpy(p, lanes, n * sizeof(float));
+}
 
 // Up to kMaxVectors vectors of y stay in registers while the Dk state rows
 // stream past; each state element is read once (prefix) or read and written
@@ -27,14 +42,13 @@ HWY_INLINE void Columns(int64_t dk, int64_t x1, int64_t j0, size_t tail, const f
                         float* running, float* y) {
   const Tag d;
   const size_t lanes = hn::Lanes(d);
-  const auto last = hn::FirstN(d, tail);
   const VecF w = hn::Set(d, wii);
   // Two sets of accumulators, for even and odd state rows: each FMA chain
   // then waits on every other row instead of every row.
   VecF values[V], acc[2][V];
 #pragma GCC unroll 4
   for (int i = 0; i < V; ++i) {
-    values[i] = (kMasked && i == V - 1) ? hn::MaskedLoad(last, d, v + j0 + i * lanes)
+    values[i] = (kMasked && i == V - 1) ? LoadFirst(v + j0 + i * lanes, tail)
                                         : hn::LoadU(d, v + j0 + i * lanes);
     acc[0][i] = acc[1][i] = hn::Zero(d);
   }
@@ -46,9 +60,9 @@ HWY_INLINE void Columns(int64_t dk, int64_t x1, int64_t j0, size_t tail, const f
 #pragma GCC unroll 4
     for (int i = 0; i < V; ++i) {
       if (kMasked && i == V - 1) {
-        const VecF r = hn::MulAdd(ka, values[i], hn::MaskedLoad(last, d, run + i * lanes));
-        hn::BlendedStore(r, last, d, run + i * lanes);
-        sum[i] = hn::MulAdd(ua, hn::MulAdd(w, r, hn::MaskedLoad(last, d, pre + i * lanes)), sum[i]);
+        const VecF r = hn::MulAdd(ka, values[i], LoadFirst(run + i * lanes, tail));
+        StoreFirst(r, run + i * lanes, tail);
+        sum[i] = hn::MulAdd(ua, hn::MulAdd(w, r, LoadFirst(pre + i * lanes, tail)), sum[i]);
       } else {
         const VecF r = hn::MulAdd(ka, values[i], hn::LoadU(d, run + i * lanes));
         hn::StoreU(r, d, run + i * lanes);
@@ -61,7 +75,7 @@ HWY_INLINE void Columns(int64_t dk, int64_t x1, int64_t j0, size_t tail, const f
 #pragma GCC unroll 4
   for (int i = 0; i < V; ++i) {
     if (kMasked && i == V - 1)
-      hn::BlendedStore(acc[0][i], last, d, y + j0 + i * lanes);
+      StoreFirst(acc[0][i], y + j0 + i * lanes, tail);
     else
       hn::StoreU(acc[0][i], d, y + j0 + i * lanes);
   }
