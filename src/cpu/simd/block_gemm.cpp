@@ -7,31 +7,14 @@
 #include <hwy/highway.h>
 
 #include <algorithm>
-#include <cstring>
 
 #include "cpu/simd/block_gemm.hpp"
+#include "cpu/simd/partial_vectors-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace mhla::cpu::simd {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
-
-using Tag = hn::ScalableTag<float>;
-using VecF = hn::Vec<Tag>;
-
-// A partial vector of the first n lanes at p (the rest zero), and its store:
-// through an aligned stack copy, because Highway's masked loads and stores on
-// SSE4 and older read and write whole vectors (past the end of a buffer).
-HWY_INLINE VecF LoadFirst(const float* p, size_t n) {
-  HWY_ALIGN float lanes[HWY_MAX_BYTES / sizeof(float)] = {};
-  std::memcpy(lanes, p, n * sizeof(float));
-  return hn::Load(Tag(), lanes);
-}
-HWY_INLINE void StoreFirst(VecF v, float* p, size_t n) {
-  HWY_ALIGN float lanes[HWY_MAX_BYTES / sizeof(float)];
-  hn::Store(v, Tag(), lanes);
-  std::memcpy(p, lanes, n * sizeof(float));
-}
 
 // A register tile of C: kRows rows by kVectors vectors. Per step of the inner
 // dimension it loads kVectors vectors of B's row and broadcasts kRows values
