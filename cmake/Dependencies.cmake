@@ -14,6 +14,7 @@ if(NOT OPENBLAS_INCLUDE_DIR OR NOT OPENBLAS_LIBRARY)
   message(FATAL_ERROR "OpenBLAS (OpenMP flavour) not found: apt-get install libopenblas-openmp-dev")
 endif()
 add_library(mhla_openblas INTERFACE)
+set_target_properties(mhla_openblas PROPERTIES EXPORT_NAME openblas)
 target_include_directories(mhla_openblas INTERFACE ${OPENBLAS_INCLUDE_DIR})
 # A target that sets MHLA_PRIVATE_BLAS (the Python extension) gets the static
 # archive with its symbols hidden instead of libopenblas.so.0. All OpenBLAS

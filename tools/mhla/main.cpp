@@ -3,15 +3,17 @@
 #include <cstdio>
 #include <exception>
 #include <new>
+#include <string>
 
 #include "bench_command.hpp"
 #include "demo.hpp"
+#include "mhla/version.hpp"
 #include "operator_command.hpp"
 #include "train_command.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"mhla: Multi-Head Linear Attention on CPU"};
-  app.set_version_flag("--version", "mhla 0.1.0");
+  app.set_version_flag("--version", std::string("mhla ") + mhla::version);
   app.require_subcommand(1);
 
   mhla::tools::DemoOptions demo;

@@ -1,0 +1,32 @@
+# `cmake --install`: headers, the static libraries, a CMake package config with
+# a version file (find_package(mhla 0.1 CONFIG REQUIRED), then
+# target_link_libraries(app mhla::mhla)) and a pkg-config file (mhla.pc).
+# The mhla program and the Python package install from their own folders.
+include(CMakePackageConfigHelpers)
+
+set(MHLA_CMAKE_INSTALL_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/mhla)
+set(MHLA_EXPORTED_TARGETS mhla mhla_support mhla_openblas)
+if(MHLA_WITH_MPI)
+  list(APPEND MHLA_EXPORTED_TARGETS mhla_context_parallel)
+endif()
+install(TARGETS ${MHLA_EXPORTED_TARGETS} EXPORT mhlaTargets
+  ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/mhla ${PROJECT_BINARY_DIR}/include/mhla
+  DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(EXPORT mhlaTargets NAMESPACE mhla:: DESTINATION ${MHLA_CMAKE_INSTALL_DIR})
+
+configure_package_config_file(${CMAKE_CURRENT_LIST_DIR}/mhlaConfig.cmake.in
+  ${PROJECT_BINARY_DIR}/mhlaConfig.cmake INSTALL_DESTINATION ${MHLA_CMAKE_INSTALL_DIR})
+# 0.x: a minor version may change the API, so only patch releases are compatible.
+write_basic_package_version_file(${PROJECT_BINARY_DIR}/mhlaConfigVersion.cmake
+  COMPATIBILITY SameMinorVersion)
+install(FILES ${PROJECT_BINARY_DIR}/mhlaConfig.cmake ${PROJECT_BINARY_DIR}/mhlaConfigVersion.cmake
+  DESTINATION ${MHLA_CMAKE_INSTALL_DIR})
+
+# The .pc file finds the prefix from its own place (${pcfiledir}), so that it
+# stays right under any `cmake --install --prefix`.
+file(RELATIVE_PATH MHLA_PC_TO_PREFIX /prefix/${CMAKE_INSTALL_LIBDIR}/pkgconfig /prefix)
+configure_file(${CMAKE_CURRENT_LIST_DIR}/mhla.pc.in ${PROJECT_BINARY_DIR}/mhla.pc @ONLY)
+install(FILES ${PROJECT_BINARY_DIR}/mhla.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
