@@ -11,6 +11,10 @@ operator: ``masking`` ("none", "causal", "block_causal"), ``feature_map``
 ``options=mhla.Options(layout, masking=...)`` object; the enums are
 ``mhla.Masking``, ``mhla.FeatureMap`` and ``mhla.MixingForm``.
 
+Streaming decoding is ``mhla.Decoder`` (prefill, step, snapshots), and packed
+variable-length batches (``cu_seqlens``) are ``varlen_forward`` and
+``varlen_backward``.
+
 The operator's three phases are here too (``block_summaries``, ``mix_summaries``,
 ``read_out`` and their ``*_backward``, each returning fresh arrays), with
 ``plan_shards``, the way ranks split one sequence. For autograd and ``nn.Module``
@@ -19,7 +23,11 @@ layers see :mod:`mhla.torch`; for one sequence over several processes
 """
 from . import _convert, _core
 from ._convert import like_input
-from ._core import FeatureMap, Layout, LinearOptions, Masking, MixingForm, Options, Shard, plan_shards
+from ._core import (DecoderOptions, FeatureMap, Layout, LinearOptions, Masking, MixingForm, Options, Shard,
+                    plan_shards)
+from .streaming import Decoder, varlen_backward, varlen_forward
+
+__version__ = _core.__version__  # the C++ library's version (CMakeLists.txt's project())
 
 __all__ = [
     "Layout",
@@ -36,6 +44,10 @@ __all__ = [
     "softmax_attention_backward",
     "init_mixing",
     "init_toeplitz_mixing",
+    "Decoder",
+    "DecoderOptions",
+    "varlen_forward",
+    "varlen_backward",
     "Shard",
     "plan_shards",
     "block_summaries",

@@ -1,13 +1,15 @@
 """PyTorch autograd functions and ``nn.Module`` layers on the mhla operator.
 
 Functions (differentiable in every input, including the mixing matrix):
-``mhla_attention``, ``linear_attention``, ``softmax_attention``. Tensors are
+``mhla_attention``, ``varlen_attention`` (packed sequences, ``cu_seqlens``),
+``linear_attention``, ``softmax_attention``. Tensors are
 ``[B, N, H, D]`` on the CPU, float32 or float64; non-contiguous inputs are
 made contiguous first, as any torch op would.
 
 Layers take ``x [B, N, dim]`` and return ``[B, N, dim]``:
 
 - ``MHLA1d``: sequences (language models), causal or not, blocks of ``block_size``;
+  a causal one also generates token by token from a cache (``new_cache``, ``decode``);
 - ``MHLA2d``: image tokens on an ``H x W`` grid (DeiT/DiT style), any grid and tile;
 - ``MHLA3d``: video tokens on a ``T x H x W`` grid.
 
@@ -23,9 +25,11 @@ from torch import nn
 from torch.utils.dlpack import from_dlpack
 
 from . import _core
+from .streaming import Decoder, offsets
 
 __all__ = [
     "mhla_attention",
+    "varlen_attention",
     "linear_attention",
     "softmax_attention",
     "MixingMatrix",
@@ -33,6 +37,7 @@ __all__ = [
     "MHLA1d",
     "MHLA2d",
     "MHLA3d",
+    "MHLA1dCache",
 ]
 
 
@@ -61,6 +66,23 @@ class _MHLAFunction(torch.autograd.Function):
         q, k, v, w, o, summaries = (t.detach() for t in ctx.saved_tensors)
         grads = _tensors(*_core.backward(q, k, v, w, o, _operand(grad_o), summaries=summaries, options=ctx.options))
         return (*grads, None)
+
+
+class _VarlenFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, w, cu_seqlens, options):
+        q, k, v, w = (_operand(t) for t in (q, k, v, w))
+        (o,) = _tensors(_core.varlen_forward(q, k, v, w, cu_seqlens, **options))
+        ctx.save_for_backward(q, k, v, w, o)
+        ctx.cu_seqlens, ctx.options = cu_seqlens, options
+        return o
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_o):
+        q, k, v, w, o = (t.detach() for t in ctx.saved_tensors)
+        grads = _tensors(*_core.varlen_backward(q, k, v, w, o, _operand(grad_o), ctx.cu_seqlens, **ctx.options))
+        return (*grads, None, None)
 
 
 class _LinearAttentionFunction(torch.autograd.Function):
@@ -116,6 +138,22 @@ def mhla_attention(q, k, v, w, layout, *, masking=None, feature_map=None, normal
     options = _core.Options(layout, masking=masking, feature_map=feature_map, normalize=normalize, eps=eps,
                             scale=scale, mixing=mixing)
     return _MHLAFunction.apply(q, k, v, w.to(q.dtype), options)
+
+
+def varlen_attention(q, k, v, w, cu_seqlens, *, block, mixing=None, masking=None, feature_map=None,
+                     normalize=None, eps=None, scale=None):
+    """MHLA of S sequences packed in ``q, k [1, total, H, Dk]``, ``v [1, total, H, Dv]``; returns ``[1, total, H, Dv]``.
+
+    Sequence ``s`` holds tokens ``cu_seqlens[s] .. cu_seqlens[s + 1] - 1`` (a list or an integer
+    tensor) and is its own 1D problem in blocks of ``block`` tokens; no token reads another
+    sequence. Dense ``w [M, M]`` / ``[H, M, M]`` gives sequence ``s`` its top-left corner (M covers
+    the longest sequence); ``mixing="toeplitz"`` takes ``[L + 1]`` / ``[H, L + 1]`` for any length.
+    Differentiable in q, k, v and w.
+    """
+    _check_tensors(q=q, k=k, v=v, w=w)
+    options = dict(block=block, mixing=mixing, masking=masking, feature_map=feature_map, normalize=normalize,
+                   eps=eps, scale=scale)
+    return _VarlenFunction.apply(q, k, v, w.to(q.dtype), offsets(cu_seqlens), options)
 
 
 def linear_attention(q, k, v, *, masking=None, feature_map=None, normalize=None, eps=None, scale=None):
@@ -211,21 +249,33 @@ class _MHLALayer(nn.Module):
                                    init=mixing_init)
 
     def forward(self, x):
+        self._check_input(x)
+        batch, tokens, _ = x.shape
+        layout = self._layout(tokens)
+        q, k, v = self._project(x)
+        o = self.attend(q, k, v, self.mixing(layout.num_blocks), layout)
+        o = o.reshape(batch, tokens, -1)
+        if self.pos_conv is not None:
+            o = o + self._positional(v.reshape(batch, tokens, -1))
+        return self._output(x, o)
+
+    def _check_input(self, x):
         if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != self.dim:
             shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
             raise ValueError(f"{type(self).__name__} expects x of shape [B, N, {self.dim}], got {shape}")
-        batch, tokens, _ = x.shape
-        layout = self._layout(tokens)
-        split = (batch, tokens, self.heads, self.head_dim)
+
+    def _project(self, x):
+        """q, k, v ``[B, N, H, D]`` of ``x [B, N, dim]`` (with the q/k norms)."""
+        split = (*x.shape[:2], self.heads, self.head_dim)
         q = self.q_proj(x).view(split)
         k = self.k_proj(x).view(split)
         v = self.v_proj(x).view(split)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        o = self.attend(q, k, v, self.mixing(layout.num_blocks), layout)
-        o = o.reshape(batch, tokens, -1)
-        if self.pos_conv is not None:
-            o = o + self._positional(v.reshape(batch, tokens, -1))
+        return q, k, v
+
+    def _output(self, x, o):
+        """The gate and the output projection of the attention result ``o [B, N, H * D]``."""
         if self.gate_proj is not None:
             o = o * torch.sigmoid(self.gate_proj(x))
         return self.out_proj(o)
@@ -261,6 +311,48 @@ class MHLA1d(_MHLALayer):
             raise ValueError(f"MHLA1d was built for 1..{self.max_tokens} tokens, got {tokens}")
         return _core.Layout.sequence(tokens, self.block_size)
 
+    def new_cache(self, batch=1):
+        """A cache for generating ``batch`` sequences token by token with ``decode``.
+
+        It holds a float32 copy of the current mixing matrix: make a new cache after the weights change.
+        """
+        if self.masking != "causal":
+            raise ValueError("MHLA1d.new_cache needs a causal layer (causal=True): decoding reads no later tokens")
+        with torch.no_grad():
+            w = self.mixing().to(torch.float32).contiguous()
+        decoder = Decoder(w, heads=self.heads, dk=self.head_dim, dv=self.head_dim, block=self.block_size,
+                          batch=batch, feature_map=self.feature_map)
+        return MHLA1dCache(decoder)
+
+    @torch.no_grad()
+    def decode(self, x, cache):
+        """The next tokens ``x [B, T, dim]`` of every sequence in ``cache``; returns ``[B, T, dim]``.
+
+        The result equals ``forward`` on each whole sequence so far, at the new positions, at
+        O(1) cost per token (a prompt on empty sequences is prefilled in blocks). The attention
+        runs in float32, as the decoder does.
+        """
+        self._check_input(x)
+        if not isinstance(cache, MHLA1dCache):
+            raise TypeError(f"cache must come from new_cache(), not {type(cache).__name__}")
+        batch, tokens, _ = x.shape
+        if batch != cache.batch:
+            raise ValueError(f"the cache holds {cache.batch} sequences, x has {batch}")
+        q, k, v = self._project(x)
+        q32, k32, v32 = (t.to(torch.float32).contiguous() for t in (q, k, v))
+        decoder = cache.decoder
+        if tokens > 1 and all(decoder.position(s) == 0 for s in range(batch)):
+            parts = [decoder.prefill(s, q32[s:s + 1], k32[s:s + 1], v32[s:s + 1]) for s in range(batch)]
+            o = torch.cat(parts, dim=0)
+        else:
+            token = [[t[:, i:i + 1].contiguous() for t in (q32, k32, v32)] for i in range(tokens)]
+            parts = [decoder.step(*qkv) for qkv in token]
+            o = torch.cat(parts, dim=1)
+        o = o.to(x.dtype).reshape(batch, tokens, -1)
+        if self.pos_conv is not None:
+            o = o + cache.positional(self.pos_conv, v.reshape(batch, tokens, -1))
+        return self._output(x, o)
+
     def _grid(self, tokens):
         return (tokens,)
 
@@ -268,6 +360,39 @@ class MHLA1d(_MHLALayer):
         # Causal: pad on the left only, so position t sees t-kernel+1 .. t.
         return _CausalConv1d(channels, kernel) if self.masking == "causal" else \
             nn.Conv1d(channels, channels, kernel, padding=kernel // 2, groups=channels)
+
+
+class MHLA1dCache:
+    """What a causal ``MHLA1d`` keeps between ``decode`` calls: the attention's streaming decoder
+    (``mhla.Decoder``) and the last inputs of the causal positional conv, per sequence."""
+
+    def __init__(self, decoder):
+        self.decoder = decoder
+        self._history = None  # [B, channels, kernel - 1], zeros before the first token (the conv's padding)
+
+    @property
+    def batch(self):
+        return self.decoder.options.batch
+
+    def position(self, seq=0):
+        """Tokens seen by sequence ``seq``."""
+        return self.decoder.position(seq)
+
+    def reset(self, seq):
+        """Empties sequence ``seq``; the others keep their state."""
+        self.decoder.reset(seq)
+        if self._history is not None:
+            self._history[seq].zero_()
+
+    def positional(self, conv, v):
+        """The causal depthwise conv of ``v [B, T, channels]`` continuing the history; ``[B, T, channels]``."""
+        v = v.transpose(1, 2)
+        if self._history is None:
+            self._history = v.new_zeros(v.shape[0], v.shape[1], conv.kernel_size[0] - 1)
+        window = torch.cat([self._history.to(v.dtype), v], dim=2)
+        out = F.conv1d(window, conv.weight, conv.bias, groups=conv.groups)
+        self._history = window[:, :, window.shape[2] - self._history.shape[2]:]
+        return out.transpose(1, 2)
 
 
 class _CausalConv1d(nn.Conv1d):

@@ -9,11 +9,14 @@
 #include <optional>
 #include <string>
 
+#include "decoder_bindings.hpp"
 #include "dlpack_buffer.hpp"
 #include "dlpack_import.hpp"
 #include "mhla/mhla.hpp"
+#include "mhla/version.hpp"
 #include "options.hpp"
 #include "phases_bindings.hpp"
+#include "varlen_bindings.hpp"
 
 namespace py = pybind11;
 using namespace py::literals;
@@ -181,6 +184,7 @@ PYBIND11_MODULE(_core, m) {
   m.doc() =
       "MHLA operator bindings (CPU). Use the mhla package, which wraps results in the caller's "
       "tensor type.";
+  m.attr("__version__") = MHLA_VERSION_STRING;
   // mhla::Error derives from std::invalid_argument, which pybind11 raises as
   // ValueError; a failed allocation is a MemoryError with the same message.
   py::register_exception_translator([](std::exception_ptr p) {
@@ -227,6 +231,8 @@ PYBIND11_MODULE(_core, m) {
 
   bind_options(m);
   bind_phases(m);
+  bind_decoder(m);
+  bind_varlen(m);
   // The option keywords default to None (the C++ defaults), or options= takes
   // an Options object built once, e.g. by a layer for its forward and backward.
   m.def(

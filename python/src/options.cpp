@@ -33,7 +33,13 @@ T value_of(const py::object& value, const char* name, const char* type) {
   }
 }
 
-void apply(const OptionKeywords& k, LinearAttentionOptions& o) {
+}  // namespace
+
+MixingForm mixing_form_of(const py::object& value) {
+  return enum_of<MixingForm>(value, "mixing", parse_mixing_form);
+}
+
+void apply_keywords(const OptionKeywords& k, LinearAttentionOptions& o) {
   if (!k.masking.is_none()) o.masking = enum_of<Masking>(k.masking, "masking", parse_masking);
   if (!k.feature_map.is_none())
     o.feature_map = enum_of<FeatureMap>(k.feature_map, "feature_map", parse_feature_map);
@@ -46,6 +52,8 @@ void apply(const OptionKeywords& k, LinearAttentionOptions& o) {
   if (!k.eps.is_none()) o.eps = value_of<double>(k.eps, "eps", "a float");
   if (!k.scale.is_none()) o.scale = value_of<double>(k.scale, "scale", "a float or None");
 }
+
+namespace {
 
 bool any_given(const OptionKeywords& k) {
   return !k.masking.is_none() || !k.feature_map.is_none() || !k.normalize.is_none() ||
@@ -61,14 +69,14 @@ Options make_options(const py::object& layout, const OptionKeywords& keywords,
                      const py::object& mixing) {
   Options o;
   if (!layout.is_none()) o.layout = value_of<TokenLayout>(layout, "layout", "an mhla.Layout");
-  apply(keywords, o);
-  if (!mixing.is_none()) o.mixing = enum_of<MixingForm>(mixing, "mixing", parse_mixing_form);
+  apply_keywords(keywords, o);
+  if (!mixing.is_none()) o.mixing = mixing_form_of(mixing);
   return o;
 }
 
 LinearAttentionOptions make_linear_options(const OptionKeywords& keywords) {
   LinearAttentionOptions o;
-  apply(keywords, o);
+  apply_keywords(keywords, o);
   return o;
 }
 

@@ -18,6 +18,11 @@ struct OptionKeywords {
   pybind11::object masking, feature_map, normalize, eps, scale;
 };
 
+// Sets the options whose keyword is not None (checking types and enum names).
+void apply_keywords(const OptionKeywords& keywords, LinearAttentionOptions& options);
+// A MixingForm given as itself or by its name ("dense", "toeplitz").
+MixingForm mixing_form_of(const pybind11::object& value);
+
 // `options` (an Options / LinearOptions object, or None) or the keywords; not both.
 Options options_of(const pybind11::object& options, const pybind11::object& layout,
                    const OptionKeywords& keywords, const pybind11::object& mixing);

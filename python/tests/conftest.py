@@ -1,14 +1,17 @@
-"""Finds the built package: $MHLA_PYTHON_PATH, else <repo>/build/python (scripts/build.sh's output)."""
-import os
+"""Puts the package under test first on the path (see package_location.py)."""
 import pathlib
 import sys
 
-_built = os.environ.get("MHLA_PYTHON_PATH", str(pathlib.Path(__file__).resolve().parents[2] / "build" / "python"))
-if _built not in sys.path:
-    sys.path.insert(0, _built)
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # spec_reference
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # spec_reference, package_location
+
+import package_location  # noqa: E402
+
+for _path in package_location.paths():
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
 
 try:
-    import mhla  # noqa: F401
+    import mhla  # noqa: F401,E402
 except ImportError as error:  # a clear message instead of one failure per test file
-    raise ImportError(f"the mhla package is not built in {_built} (run scripts/build.sh): {error}") from error
+    where = "installed" if package_location.INSTALLED else f"built in {package_location.BUILT} (run scripts/build.sh)"
+    raise ImportError(f"the mhla package is not {where}: {error}") from error

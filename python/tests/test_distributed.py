@@ -7,6 +7,7 @@ import pathlib
 import subprocess
 import sys
 
+import package_location
 import pytest
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -15,7 +16,7 @@ ROOT = HERE.parents[1]
 
 def launch(ranks, *args, script=HERE / "distributed_checks.py", timeout=300):
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "build" / "python"), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([*package_location.paths(), env.get("PYTHONPATH", "")])
     # --redirects 1 --tee 1: Debian's torch 1.13 under Python 3.11 cannot parse
     # the default "0" (its enum lookup misses Std.NONE) and stops before starting.
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--redirects", "1",
