@@ -211,3 +211,24 @@ def test_mhla1d_decode_errors():
     layer.decode(torch.randn(1, 8, 8), cache)
     with pytest.raises(ValueError, match="sequence 0 is full: its context holds 8 tokens"):
         layer.decode(torch.randn(1, 1, 8), cache)
+
+
+def test_the_generation_example_runs():
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    import package_location
+
+    if shutil.which("bible") is None:
+        pytest.skip("Debian's bible-kjv is not installed (the example's corpus)")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([*package_location.paths(), os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run([sys.executable, str(package_location.REPO / "examples" / "generate_text.py"), "--minutes",
+                        "0.02", "--contexts", "200", "--sample", "20", "--threads", "1"],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "sample (temperature 0.8):\nAnd God said" in r.stdout
+    context, cached, uncached, speedup, diff = r.stdout.strip().splitlines()[-1].split()
+    assert context == "200" and float(cached) > 0 and float(uncached) > 0
+    assert float(diff) < 1e-4  # the cached step gives the full forward's logits
