@@ -33,6 +33,9 @@ __all__ = [
     "linear_attention",
     "softmax_attention",
     "MixingMatrix",
+    "FreeMixingMatrix",
+    "authors_vision_attention",
+    "block_order",
     "RMSNorm",
     "MHLA1d",
     "MHLA2d",
@@ -170,6 +173,11 @@ def softmax_attention(q, k, v, *, causal=False, scale=None):
     return _SoftmaxAttentionFunction.apply(q, k, v, dict(causal=causal, scale=scale))
 
 
+# The layers' semantics: the paper's (default), or the authors' public code's, for porting
+# their checkpoints (docs/authors-compat.md).
+VARIANTS = ("paper", "authors_vision", "authors_lm")
+
+
 class MixingMatrix(nn.Module):
     """A learnable ``[M, M]`` (or per-head ``[H, M, M]``) mixing matrix that is always valid.
 
@@ -219,12 +227,119 @@ class RMSNorm(nn.Module):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
 
 
+class FreeMixingMatrix(nn.Module):
+    """A mixing matrix that is its own parameter, as in the authors' code (``variant="authors_*"``).
+
+    Unconstrained (``clamp=None``: the vision layers; the operator then runs unnormalised, where any
+    sign is allowed), or clamped into ``[low, high]`` whenever it is read (the language-model layer:
+    ``(1e-5, 1)``; entries outside get no gradient, as with ``torch.clamp``). It starts at the
+    locality-biased ``mhla.init_mixing`` matrix, transposed when ``transpose_init`` (the authors'
+    vision init normalises columns where ``init_mixing`` normalises rows).
+    """
+
+    def __init__(self, layout, *, heads=None, causal=False, init="linear", sigma=1.0, threshold=1.5,
+                 transpose_init=False, clamp=None):
+        super().__init__()
+        w0 = from_dlpack(_core.init_mixing(layout, transform=init, sigma=sigma, threshold=threshold,
+                                           causal=causal))
+        if transpose_init:
+            w0 = w0.t().contiguous()
+        if heads is not None:
+            w0 = w0.expand(heads, *w0.shape).clone()
+        self.weight = nn.Parameter(w0)
+        self.clamp = clamp
+        self.blocks = w0.shape[-1]
+
+    def forward(self, blocks=None):
+        m = self.blocks if blocks is None else blocks
+        if not 1 <= m <= self.blocks:
+            raise ValueError(f"the mixing matrix covers {self.blocks} blocks; {m} were asked for")
+        w = self.weight[..., :m, :m]
+        return w if self.clamp is None else w.clamp(*self.clamp)
+
+    def extra_repr(self):
+        return f"blocks={self.blocks}, shape={tuple(self.weight.shape)}, clamp={self.clamp}"
+
+
+def authors_vision_attention(q, k, v, w, layout, *, eps=1e-6):
+    """The attention of the authors' vision (classification, DiT, video) layers, differentiable.
+
+    Features ``phi(x) = relu(x) + eps``; each query block i reads ``sum_b W[i, b] S_b`` unscaled, and
+    the normaliser of the query at position p of block i is ``sum_b W[i, b] phi(q_{b,p})^T z_b + eps``:
+    it mixes the queries at the same position p of the other blocks, where the paper (and
+    ``mhla_attention``) uses ``phi(q_{i,p})^T sum_b W[i, b] z_b``. Every block must hold the same
+    number of tokens, as that code assumes. ``w`` may have any sign (``[M, M]`` or ``[H, M, M]``).
+    """
+    _check_tensors(q=q, k=k, v=v, w=w)
+    blocks, positions, block_size = _block_positions(layout)
+    phi_q, phi_k = torch.relu(q) + eps, torch.relu(k) + eps
+    w = w.to(q.dtype)
+    numerator = mhla_attention(phi_q, phi_k, v, w, layout, feature_map="identity", normalize=False, scale=1.0)
+    batch, tokens, heads, _ = q.shape
+    z = phi_k.new_zeros(batch, layout.num_blocks, heads, phi_k.shape[-1]).index_add(1, blocks, phi_k)
+    own = (phi_q * z[:, blocks]).sum(-1)  # phi(q_t)^T z_{b(t)}: [B, N, H]
+    by_position = _scatter_by_position(own, blocks, positions, layout.num_blocks, block_size)
+    mixed = torch.einsum("ib,nbph->niph" if w.dim() == 2 else "hib,nbph->niph", w, by_position) + eps
+    return numerator / mixed[:, blocks, positions].unsqueeze(-1)
+
+
+def _scatter_by_position(values, blocks, positions, num_blocks, block_size):
+    """``values [B, N, H]`` of the tokens laid out as ``[B, M, C, H]`` by (block, position in block)."""
+    out = values.new_zeros(values.shape[0], num_blocks, block_size, values.shape[2])
+    out[:, blocks, positions] = values
+    return out
+
+
+def block_order(layout):
+    """Token indices in block-major order: the authors' vision code holds tokens as ``[B, M, C, dim]``
+    (blocks, then tokens inside a block), which is ``x[:, block_order(layout)].view(B, M, C, dim)``
+    of this package's row-major ``x [B, N, dim]``; ``y[:, block_order(layout)] = y_theirs.flatten(1, 2)``
+    goes back."""
+    blocks, _, _ = _block_positions(layout)
+    return torch.sort(blocks, stable=True).indices
+
+
+_BLOCK_POSITIONS = {}  # layout -> _block_positions(layout): layers call it with the same layouts
+
+
+def _block_positions(layout):
+    """Each token's block and its position inside the block (in token order), and the block size;
+    a ValueError unless all blocks hold the same number of tokens."""
+    key = (layout.rank, tuple(layout.grid), tuple(layout.tile))
+    if key not in _BLOCK_POSITIONS:
+        if len(_BLOCK_POSITIONS) >= 64:
+            _BLOCK_POSITIONS.clear()
+        _BLOCK_POSITIONS[key] = _compute_block_positions(layout)
+    return _BLOCK_POSITIONS[key]
+
+
+def _compute_block_positions(layout):
+    blocks = torch.tensor([layout.block_of(t) for t in range(layout.num_tokens)])
+    counts = torch.bincount(blocks, minlength=layout.num_blocks)
+    if not bool((counts == counts[0]).all()):
+        raise ValueError(f"the authors' normaliser needs blocks of equal size; {layout!r} has blocks of "
+                         f"{int(counts.min())} to {int(counts.max())} tokens (make the grid a multiple of the tile)")
+    positions = torch.empty_like(blocks)
+    seen = torch.zeros_like(counts)
+    for t, b in enumerate(blocks.tolist()):
+        positions[t] = seen[b]
+        seen[b] += 1
+    return blocks, positions, int(counts[0])
+
+
 class _MHLALayer(nn.Module):
     """What the 1D, 2D and 3D layers share; subclasses give the layout and the positional conv."""
 
     def __init__(self, dim, heads, *, layout, causal, head_dim=None, qk_norm=False, gate=False, pos_conv=None,
-                 per_head_mixing=False, mixing_init="linear", feature_map="elu1", bias=True):
+                 per_head_mixing=False, mixing_init="linear", feature_map="elu1", bias=True, variant="paper"):
         super().__init__()
+        if variant not in VARIANTS:
+            raise ValueError(f"unknown variant {variant!r}; expected one of {', '.join(VARIANTS)}")
+        if variant == "authors_vision" and causal:
+            raise ValueError("variant='authors_vision' is the authors' non-causal vision layer; use 'authors_lm' "
+                             "for their causal language-model layer")
+        if variant == "authors_lm" and not causal:
+            raise ValueError("variant='authors_lm' is the authors' causal language-model layer; pass causal=True")
         if dim <= 0 or heads <= 0:
             raise ValueError(f"dim and heads must be positive, got dim={dim}, heads={heads}")
         if head_dim is None:
@@ -245,8 +360,17 @@ class _MHLALayer(nn.Module):
         self.k_norm = RMSNorm(head_dim) if qk_norm else None
         self.gate_proj = nn.Linear(dim, inner, bias=bias) if gate else None
         self.pos_conv = self._make_pos_conv(inner, pos_conv) if pos_conv else None
-        self.mixing = MixingMatrix(layout, heads=heads if per_head_mixing else None, causal=causal,
-                                   init=mixing_init)
+        self.variant = variant
+        self.normalize = variant != "authors_lm"
+        mixing_heads = heads if per_head_mixing else None
+        if variant == "paper":
+            self.mixing = MixingMatrix(layout, heads=mixing_heads, causal=causal, init=mixing_init)
+        elif variant == "authors_vision":
+            self.feature_map = "relu+eps"
+            self.mixing = FreeMixingMatrix(layout, heads=mixing_heads, init=mixing_init, transpose_init=True)
+        else:
+            self.mixing = FreeMixingMatrix(layout, heads=mixing_heads, causal=True, init=mixing_init,
+                                           clamp=(1e-5, 1.0))
 
     def forward(self, x):
         self._check_input(x)
@@ -282,7 +406,10 @@ class _MHLALayer(nn.Module):
 
     def attend(self, q, k, v, w, layout):
         """The attention step: ``[B, N, H, D]`` in and out. The operator's, here."""
-        return mhla_attention(q, k, v, w, layout, masking=self.masking, feature_map=self.feature_map)
+        if self.variant == "authors_vision":
+            return authors_vision_attention(q, k, v, w, layout)
+        return mhla_attention(q, k, v, w, layout, masking=self.masking, feature_map=self.feature_map,
+                              normalize=self.normalize)
 
     def _positional(self, v):
         # Depthwise conv over the token grid, channels first: [B, N, C] -> [B, C, *grid] and back.
@@ -321,7 +448,7 @@ class MHLA1d(_MHLALayer):
         with torch.no_grad():
             w = self.mixing().to(torch.float32).contiguous()
         decoder = Decoder(w, heads=self.heads, dk=self.head_dim, dv=self.head_dim, block=self.block_size,
-                          batch=batch, feature_map=self.feature_map)
+                          batch=batch, feature_map=self.feature_map, normalize=self.normalize)
         return MHLA1dCache(decoder)
 
     @torch.no_grad()
