@@ -119,6 +119,29 @@ def test_decoder_errors_are_named(tmp_path):
         mhla.Decoder.deserialize(decoder.serialize(), expect="dense")
 
 
+class OnGpu:
+    """A tensor that says it lives on a GPU; it must be refused before being exported."""
+
+    def __dlpack__(self, stream=None):
+        raise AssertionError("must not be exported")
+
+    def __dlpack_device__(self):
+        return (2, 0)  # kDLCUDA, device 0
+
+
+def test_tensors_on_another_device_are_refused_by_name():
+    q, k, v = (x.contiguous() for x in qkv(1, 4))
+    decoder = mhla.Decoder(dense_w(4), heads=H, dk=D, dv=D, block=C)
+    with pytest.raises(ValueError, match="w is on cuda:0; mhla runs on the CPU"):
+        mhla.Decoder(OnGpu(), heads=H, dk=D, dv=D, block=C)
+    with pytest.raises(ValueError, match="k is on cuda:0; mhla runs on the CPU"):
+        decoder.prefill(0, q, OnGpu(), v)
+    with pytest.raises(ValueError, match="v is on cuda:0; mhla runs on the CPU"):
+        decoder.step(q[:, :1], k[:, :1], OnGpu())
+    with pytest.raises(ValueError, match="q is on cuda:0; mhla runs on the CPU"):
+        mhla.varlen_forward(OnGpu(), k, v, dense_w(2), [0, 4], block=C)
+
+
 # ---- packed variable-length batches ------------------------------------------------------------
 
 CU = [0, 5, 5, 12, 13]  # ragged, with an empty sequence and a one-token one
