@@ -178,6 +178,26 @@ def softmax_attention(q, k, v, *, causal=False, scale=None):
 VARIANTS = ("paper", "authors_vision", "authors_lm")
 
 
+def _initial_mixing(layout, *, causal, init, sigma, threshold):
+    """The locality-biased ``[M, M]`` matrix of ``mhla.init_mixing``, as a torch tensor."""
+    return from_dlpack(_core.init_mixing(layout, transform=init, sigma=sigma, threshold=threshold, causal=causal))
+
+
+def _per_head(matrix, heads):
+    """A contiguous copy of ``matrix`` to own as a parameter; ``[heads, M, M]`` copies when ``heads`` is given."""
+    if heads is None:
+        return matrix.clone(memory_format=torch.contiguous_format)
+    return matrix.expand(heads, *matrix.shape).clone(memory_format=torch.contiguous_format)
+
+
+def _corner_size(covered, blocks):
+    """The side of the top-left corner a mixing module returns: all ``covered`` blocks, or ``blocks``."""
+    m = covered if blocks is None else blocks
+    if not 1 <= m <= covered:
+        raise ValueError(f"the mixing matrix covers {covered} blocks; {m} were asked for")
+    return m
+
+
 class MixingMatrix(nn.Module):
     """A learnable ``[M, M]`` (or per-head ``[H, M, M]``) mixing matrix that is always valid.
 
@@ -192,19 +212,13 @@ class MixingMatrix(nn.Module):
     def __init__(self, layout, *, heads=None, causal=False, init="linear", sigma=1.0, threshold=1.5,
                  floor=1e-4):
         super().__init__()
-        w0 = from_dlpack(_core.init_mixing(layout, transform=init, sigma=sigma, threshold=threshold,
-                                           causal=causal))
-        logits = torch.log(w0.clamp_min(floor))
-        if heads is not None:
-            logits = logits.expand(heads, *logits.shape).clone()
-        self.logits = nn.Parameter(logits)
+        w0 = _initial_mixing(layout, causal=causal, init=init, sigma=sigma, threshold=threshold)
+        self.logits = nn.Parameter(_per_head(torch.log(w0.clamp_min(floor)), heads))
         self.causal = causal
         self.blocks = w0.shape[0]
 
     def forward(self, blocks=None):
-        m = self.blocks if blocks is None else blocks
-        if not 1 <= m <= self.blocks:
-            raise ValueError(f"the mixing matrix covers {self.blocks} blocks; {m} were asked for")
+        m = _corner_size(self.blocks, blocks)
         logits = self.logits[..., :m, :m]
         if self.causal:
             above = torch.ones(m, m, dtype=torch.bool, device=logits.device).triu(1)
@@ -240,20 +254,13 @@ class FreeMixingMatrix(nn.Module):
     def __init__(self, layout, *, heads=None, causal=False, init="linear", sigma=1.0, threshold=1.5,
                  transpose_init=False, clamp=None):
         super().__init__()
-        w0 = from_dlpack(_core.init_mixing(layout, transform=init, sigma=sigma, threshold=threshold,
-                                           causal=causal))
-        if transpose_init:
-            w0 = w0.t().contiguous()
-        if heads is not None:
-            w0 = w0.expand(heads, *w0.shape).clone()
-        self.weight = nn.Parameter(w0)
+        w0 = _initial_mixing(layout, causal=causal, init=init, sigma=sigma, threshold=threshold)
+        self.weight = nn.Parameter(_per_head(w0.t() if transpose_init else w0, heads))
         self.clamp = clamp
-        self.blocks = w0.shape[-1]
+        self.blocks = w0.shape[0]
 
     def forward(self, blocks=None):
-        m = self.blocks if blocks is None else blocks
-        if not 1 <= m <= self.blocks:
-            raise ValueError(f"the mixing matrix covers {self.blocks} blocks; {m} were asked for")
+        m = _corner_size(self.blocks, blocks)
         w = self.weight[..., :m, :m]
         return w if self.clamp is None else w.clamp(*self.clamp)
 
