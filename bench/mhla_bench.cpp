@@ -35,7 +35,7 @@ constexpr int64_t kHeads = 8, kDim = 64;
 int memory_probe(int64_t tokens) {
   const double before = peak_rss_bytes();
   Workload wl(1, tokens, 1, kDim, blocks_for(tokens));
-  // The training path, which also holds the saved summaries (not counted in
+  // The training path, which also holds the saved and mixed summaries (not counted in
   // tensor_bytes, so they count against the ratio).
   wl.mhla_forward_saving();
   wl.mhla_backward_saved();
@@ -171,8 +171,9 @@ int main(int argc, char** argv) {
   // 1. Rates at B=1, H=8, D=64, M = sqrt(N).
   std::printf("B=1 H=8 D=64, non-causal, elu1, normalized, M = sqrt(N)\n");
   std::printf(
-      "f+b recomputes the block summaries in backward (as the linear baseline does);\n"
-      "f+b saved keeps them from forward (forward(..., saved_summaries)).\n");
+      "f+b recomputes the block and mixed summaries in backward (as the linear baseline\n"
+      "does); f+b saved keeps both from forward (forward(..., saved_summaries, saved_mixed)),\n"
+      "as the Python layers and the trainer do.\n");
   std::printf(
       "lin GF/s and soft GF/s: the baselines' forward rates by their own FLOP formulas\n"
       "(linear 4 N Dk Dv, softmax 2 N^2 (Dk + Dv) per head).\n");
@@ -193,10 +194,9 @@ int main(int argc, char** argv) {
     std::printf(
         "%8lld %5lld %7.1f | %8.2f %7.1f %5.0f%% %5.0f%% | %8.2f %7.1f %5.0f%% %5.0f%% | %8.2f "
         "%7.1f %5.0f%% | %7.2f %7.2f %8.1f | ",
-        (long long)n, (long long)r.blocks, sg, r.mhla_fwd * 1e3, gf, 100 * gf / sg,
-        100 * gf / best, r.mhla_fwdbwd * 1e3, gfb, 100 * gfb / sg, 100 * gfb / best,
-        r.mhla_fwdbwd_saved * 1e3, gfs, 100 * gfs / sg,
-        r.mhla_fwd / r.linear_fwd, r.mhla_fwdbwd / r.linear_fwdbwd,
+        (long long)n, (long long)r.blocks, sg, r.mhla_fwd * 1e3, gf, 100 * gf / sg, 100 * gf / best,
+        r.mhla_fwdbwd * 1e3, gfb, 100 * gfb / sg, 100 * gfb / best, r.mhla_fwdbwd_saved * 1e3, gfs,
+        100 * gfs / sg, r.mhla_fwd / r.linear_fwd, r.mhla_fwdbwd / r.linear_fwdbwd,
         r.linear_flops_fwd / r.linear_fwd / 1e9);
     if (r.softmax_fwd > 0)
       std::printf("%10.1f %9.4f %9.1f\n", r.softmax_fwd * 1e3, r.mhla_fwd / r.softmax_fwd,
@@ -217,6 +217,7 @@ int main(int argc, char** argv) {
          {"mhla_forward_fraction_of_best_sgemm", gf / best},
          {"mhla_forward_backward_fraction_of_best_sgemm", gfb / best},
          {"mhla_backward_over_forward", (r.mhla_fwdbwd - r.mhla_fwd) / r.mhla_fwd},
+         {"mhla_backward_saved_over_forward", (r.mhla_fwdbwd_saved - r.mhla_fwd) / r.mhla_fwd},
          {"mhla_forward_backward_saved_s", r.mhla_fwdbwd_saved},
          {"mhla_forward_backward_saved_gflops", gfs},
          {"mhla_forward_backward_saved_fraction_of_sgemm", gfs / sg},
@@ -230,11 +231,13 @@ int main(int argc, char** argv) {
          {"mhla_over_linear_forward_backward", r.mhla_fwdbwd / r.linear_fwdbwd}});
   }
 
-  std::printf("backward / forward time (f+b minus fwd, over fwd):");
-  for (const json& row : results["rates"])
-    std::printf("  N=%lld: %.2f", (long long)row["tokens"].get<int64_t>(),
-                row["mhla_backward_over_forward"].get<double>());
-  std::printf("\n");
+  for (const char* saved : {"", "_saved"}) {
+    std::printf("backward%s / forward time (f+b%s minus fwd, over fwd):", saved, saved);
+    for (const json& row : results["rates"])
+      std::printf("  N=%lld: %.2f", (long long)row["tokens"].get<int64_t>(),
+                  row[std::string("mhla_backward") + saved + "_over_forward"].get<double>());
+    std::printf("\n");
+  }
 
   // 2. Linear scaling: time per token at N = 16384 and N = 1,048,576 with the
   // same M^2 / N = 1 (B = H = 1, D = 64).

@@ -231,8 +231,9 @@ void AttentionLayer<T>::forward(const T* x, int64_t batch, T* y) {
       int64_t saved = 1;
       for (int64_t e : saved_shape) saved *= e;
       summaries_.resize(size_t(saved));
+      mixed_summaries_.resize(size_t(saved));
       mhla::forward<T>(options, q, k, v, TensorView<const T>{w_.data(), mixing_shape()}, o,
-                       {summaries_.data(), saved_shape});
+                       {summaries_.data(), saved_shape}, {mixed_summaries_.data(), saved_shape});
       break;
     }
   }
@@ -296,7 +297,8 @@ void AttentionLayer<T>::backward(const T* x, const T* dy, int64_t batch, T* dx) 
       grad_w_.assign(size_t(wh * m * m), T(0));
       const std::vector<int64_t> saved_shape = saved_summaries_shape(options, shape, shape);
       mhla::backward<T>(options, q, k, v, {w_.data(), mixing_shape()}, o, go, gq, gk, gv,
-                        {grad_w_.data(), mixing_shape()}, {summaries_.data(), saved_shape});
+                        {grad_w_.data(), mixing_shape()}, {summaries_.data(), saved_shape},
+                        {mixed_summaries_.data(), saved_shape});
       T* grad = mixing_parameter.grad.data();
       if (design.mixing_param == MixingParam::clamp) {
         for (size_t i = 0; i < grad_w_.size(); ++i) grad[i] += grad_w_[i];

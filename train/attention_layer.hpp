@@ -90,8 +90,8 @@ class AttentionLayer {
   void value_term(const T* v, int64_t batch, T* out) const;
   void value_term_backward(const T* v, const T* grad, int64_t batch, T* grad_v);
 
-  std::vector<T> conv_out_, qkv_, q_, k_, v_, o_, lse_, w_, summaries_, position_, normed_,
-      gate_pre_, mixed_;
+  std::vector<T> conv_out_, qkv_, q_, k_, v_, o_, lse_, w_, summaries_, mixed_summaries_, position_,
+      normed_, gate_pre_, mixed_;
   std::vector<T> grad_o_, grad_q_, grad_k_, grad_v_, grad_w_, grad_qkv_, grad_conv_, grad_in_,
       grad_gate_, grad_normed_, grad_position_;
 };

@@ -27,27 +27,36 @@ namespace mhla {
 // saved_summaries (optional, shape saved_summaries_shape()): when given, forward
 // also stores each block's key/value summary [S_b | z_b] there, and backward
 // reads them instead of recomputing them (as attention kernels save their
-// softmax statistics for the backward pass).
+// softmax statistics for the backward pass). saved_mixed (optional, the same
+// shape) does the same for the mixed summaries [S~_i | z~_i] that each query
+// block reads, sparing backward the mix as well: with both saved, backward
+// runs no pass of forward again, at the price of keeping two
+// O(B H M Dk Dv) arrays between the passes.
 template <typename T>
 void forward(const Options& options, TensorView<const T> q, TensorView<const T> k,
              TensorView<const T> v, TensorView<const T> w, TensorView<T> o,
-             TensorView<T> saved_summaries = {});
+             TensorView<T> saved_summaries = {}, TensorView<T> saved_mixed = {});
 
 // Gradients of sum(grad_o * o) with respect to q, k, v and w. `o` (and
-// saved_summaries, if given) must come from forward() on the same inputs; the
-// normalized mode needs o. grad_w is summed over the batch, and over heads when
-// w is shared; it has w's shape. Saved summaries are fingerprinted against k
-// and v (key sums and row sums of S_b, recomputed in double): release builds
-// check the first and last block of every (batch, head), debug builds every
-// block, and a mismatch is an mhla::Error rather than wrong gradients.
+// saved_summaries and saved_mixed, if given) must come from forward() on the
+// same inputs; the normalized mode needs o. grad_w is summed over the batch,
+// and over heads when w is shared; it has w's shape. Saved summaries are
+// fingerprinted against k and v (key sums and row sums of S_b, recomputed in
+// double): release builds check the first and last block of every
+// (batch, head), debug builds every block. Saved mixed summaries are
+// fingerprinted against k, v and w in every block (two entries each, see
+// core/saved_summaries_check.hpp), so that a w changed since forward is
+// caught. A mismatch is an mhla::Error rather than wrong gradients.
 template <typename T>
 void backward(const Options& options, TensorView<const T> q, TensorView<const T> k,
               TensorView<const T> v, TensorView<const T> w, TensorView<const T> o,
               TensorView<const T> grad_o, TensorView<T> grad_q, TensorView<T> grad_k,
-              TensorView<T> grad_v, TensorView<T> grad_w, TensorView<const T> saved_summaries = {});
+              TensorView<T> grad_v, TensorView<T> grad_w, TensorView<const T> saved_summaries = {},
+              TensorView<const T> saved_mixed = {});
 
 // [B, H, M, Dk, Dv + 1] for q [B, N, H, Dk] and v [B, N, H, Dv]: per block,
 // S_b = sum phi(k) v^T in the first Dv columns and z_b = sum phi(k) in the last.
+// The shape of saved_mixed too.
 std::vector<int64_t> saved_summaries_shape(const Options& options,
                                            const std::vector<int64_t>& q_shape,
                                            const std::vector<int64_t>& v_shape);

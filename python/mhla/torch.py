@@ -57,17 +57,20 @@ class _MHLAFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, w, options):
         q, k, v, w = (_operand(t) for t in (q, k, v, w))
-        o, summaries = _tensors(*_core.forward(q, k, v, w, options=options, save_summaries=True))
-        # The block summaries are O(M Dk Dv): keeping them spares backward a pass over k and v.
-        ctx.save_for_backward(q, k, v, w, o, summaries)
+        o, summaries, mixed = _tensors(
+            *_core.forward(q, k, v, w, options=options, save_summaries=True, save_mixed=True))
+        # The block and mixed summaries are O(M Dk Dv) each: keeping them spares
+        # backward a pass over k and v and the mix.
+        ctx.save_for_backward(q, k, v, w, o, summaries, mixed)
         ctx.options = options
         return o
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_o):
-        q, k, v, w, o, summaries = (t.detach() for t in ctx.saved_tensors)
-        grads = _tensors(*_core.backward(q, k, v, w, o, _operand(grad_o), summaries=summaries, options=ctx.options))
+        q, k, v, w, o, summaries, mixed = (t.detach() for t in ctx.saved_tensors)
+        grads = _tensors(*_core.backward(q, k, v, w, o, _operand(grad_o), summaries=summaries, mixed=mixed,
+                                         options=ctx.options))
         return (*grads, None)
 
 

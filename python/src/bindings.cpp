@@ -49,7 +49,7 @@ std::vector<int64_t> summaries_shape_for_forward(const Options& options, const I
 }
 
 py::tuple mhla_forward(py::handle q_, py::handle k_, py::handle v_, py::handle w_,
-                       const Options& options, bool save_summaries) {
+                       const Options& options, bool save_summaries, bool save_mixed) {
   ImportedTensor q(q_, "q"), k(k_, "k"), v(v_, "v"), w(w_, "w");
   check_same_dtype({&q, &k, &v, &w});
   // Shapes are validated by the operator; these only size the outputs.
@@ -57,19 +57,27 @@ py::tuple mhla_forward(py::handle q_, py::handle k_, py::handle v_, py::handle w
     throw py::value_error("q and v must be [B, N, H, D]; got q " + shape_to_string(q.shape()) +
                           " and v " + shape_to_string(v.shape()));
   Buffer o(q.dtype(), v.shape());
-  std::optional<Buffer> saved;
-  if (save_summaries) saved.emplace(q.dtype(), summaries_shape_for_forward(options, q, k, v, w, o));
+  std::optional<Buffer> saved, mixed;
+  if (save_summaries || save_mixed) {
+    const std::vector<int64_t> shape = summaries_shape_for_forward(options, q, k, v, w, o);
+    if (save_summaries) saved.emplace(q.dtype(), shape);
+    if (save_mixed) mixed.emplace(q.dtype(), shape);
+  }
   dispatch(q.dtype(), [&]<typename T>() {
     compute([&] {
       forward<T>(options, q.view<T>(), k.view<T>(), v.view<T>(), w.view<T>(), o.view<T>(),
-                 saved ? saved->view<T>() : TensorView<T>{});
+                 saved ? saved->view<T>() : TensorView<T>{},
+                 mixed ? mixed->view<T>() : TensorView<T>{});
     });
   });
-  return py::make_tuple(std::move(o), saved ? py::cast(std::move(*saved)) : py::none());
+  py::object summaries = saved ? py::cast(std::move(*saved)) : py::none();
+  if (!save_mixed) return py::make_tuple(std::move(o), std::move(summaries));
+  return py::make_tuple(std::move(o), std::move(summaries), py::cast(std::move(*mixed)));
 }
 
 py::tuple mhla_backward(py::handle q_, py::handle k_, py::handle v_, py::handle w_, py::handle o_,
-                        py::handle grad_o_, py::handle summaries_, const Options& options) {
+                        py::handle grad_o_, py::handle summaries_, py::handle mixed_,
+                        const Options& options) {
   ImportedTensor q(q_, "q"), k(k_, "k"), v(v_, "v"), w(w_, "w"), o(o_, "o"),
       grad_o(grad_o_, "grad_o");
   check_same_dtype({&q, &k, &v, &w, &o, &grad_o});
@@ -78,13 +86,19 @@ py::tuple mhla_backward(py::handle q_, py::handle k_, py::handle v_, py::handle 
     summaries.emplace(summaries_, "summaries");
     check_same_dtype({&q, &*summaries});
   }
+  std::optional<ImportedTensor> mixed;
+  if (!mixed_.is_none()) {
+    mixed.emplace(mixed_, "mixed");
+    check_same_dtype({&q, &*mixed});
+  }
   Buffer gq(q.dtype(), q.shape()), gk(q.dtype(), k.shape()), gv(q.dtype(), v.shape()),
       gw(q.dtype(), w.shape());
   dispatch(q.dtype(), [&]<typename T>() {
     compute([&] {
       backward<T>(options, q.view<T>(), k.view<T>(), v.view<T>(), w.view<T>(), o.view<T>(),
                   grad_o.view<T>(), gq.view<T>(), gk.view<T>(), gv.view<T>(), gw.view<T>(),
-                  summaries ? summaries->view<T>() : TensorView<const T>{});
+                  summaries ? summaries->view<T>() : TensorView<const T>{},
+                  mixed ? mixed->view<T>() : TensorView<const T>{});
     });
   });
   return py::make_tuple(std::move(gq), std::move(gk), std::move(gv), std::move(gw));
@@ -239,30 +253,34 @@ PYBIND11_MODULE(_core, m) {
       "forward",
       [](py::handle q, py::handle k, py::handle v, py::handle w, py::object options,
          py::object layout, py::object masking, py::object feature_map, py::object normalize,
-         py::object eps, py::object scale, py::object mixing, bool save_summaries) {
+         py::object eps, py::object scale, py::object mixing, bool save_summaries,
+         bool save_mixed) {
         return mhla_forward(
             q, k, v, w,
             options_of(options, layout, {masking, feature_map, normalize, eps, scale}, mixing),
-            save_summaries);
+            save_summaries, save_mixed);
       },
       "q"_a, "k"_a, "v"_a, "w"_a, py::kw_only(), "options"_a = py::none(), "layout"_a = py::none(),
       "masking"_a = py::none(), "feature_map"_a = py::none(), "normalize"_a = py::none(),
       "eps"_a = py::none(), "scale"_a = py::none(), "mixing"_a = py::none(),
-      "save_summaries"_a = false, "Returns (o, summaries or None).");
+      "save_summaries"_a = false, "save_mixed"_a = false,
+      "Returns (o, summaries or None), and the mixed summaries after them when save_mixed. "
+      "Both are [B, H, M, Dk, Dv + 1]; handed to backward, they spare it recomputing them.");
   m.def(
       "backward",
       [](py::handle q, py::handle k, py::handle v, py::handle w, py::handle o, py::handle grad_o,
-         py::handle summaries, py::object options, py::object layout, py::object masking,
-         py::object feature_map, py::object normalize, py::object eps, py::object scale,
-         py::object mixing) {
+         py::handle summaries, py::handle mixed, py::object options, py::object layout,
+         py::object masking, py::object feature_map, py::object normalize, py::object eps,
+         py::object scale, py::object mixing) {
         return mhla_backward(
-            q, k, v, w, o, grad_o, summaries,
+            q, k, v, w, o, grad_o, summaries, mixed,
             options_of(options, layout, {masking, feature_map, normalize, eps, scale}, mixing));
       },
       "q"_a, "k"_a, "v"_a, "w"_a, "o"_a, "grad_o"_a, py::kw_only(), "summaries"_a = py::none(),
-      "options"_a = py::none(), "layout"_a = py::none(), "masking"_a = py::none(),
-      "feature_map"_a = py::none(), "normalize"_a = py::none(), "eps"_a = py::none(),
-      "scale"_a = py::none(), "mixing"_a = py::none(), "Returns (grad_q, grad_k, grad_v, grad_w).");
+      "mixed"_a = py::none(), "options"_a = py::none(), "layout"_a = py::none(),
+      "masking"_a = py::none(), "feature_map"_a = py::none(), "normalize"_a = py::none(),
+      "eps"_a = py::none(), "scale"_a = py::none(), "mixing"_a = py::none(),
+      "Returns (grad_q, grad_k, grad_v, grad_w).");
   m.def(
       "linear_attention_forward",
       [](py::handle q, py::handle k, py::handle v, py::object options, py::object masking,

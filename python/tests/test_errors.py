@@ -151,6 +151,17 @@ def test_summaries_from_another_forward_are_rejected():
         mhla.backward(q, k + 1, v, w, o, g, summaries=saved, layout=LAYOUT)
 
 
+def test_mixed_summaries_from_another_w_are_rejected():
+    q, k, v, w = good()
+    o, _, mixed = mhla.forward(q, k, v, w, layout=LAYOUT, save_mixed=True)
+    g = torch.rand_like(v)
+    mhla.backward(q, k, v, w, o, g, mixed=mixed, layout=LAYOUT)
+    with pytest.raises(ValueError, match="saved_mixed does not belong to these k, v and w"):
+        mhla.backward(q, k, v, w * 1.01, o, g, mixed=mixed, layout=LAYOUT)
+    with pytest.raises(TypeError, match="mixed has dtype float32 but q has float64"):
+        mhla.backward(q, k, v, w, o, g, mixed=mixed.float(), layout=LAYOUT)
+
+
 def test_oversized_mixing_and_impossible_allocations():
     with pytest.raises(ValueError, match="limited to M <= 8192"):
         mhla.init_mixing(mhla.Layout.sequence(65536, 1))

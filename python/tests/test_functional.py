@@ -137,6 +137,14 @@ def test_results_take_the_callers_kind():
     for a, b in zip(with_saved, without):
         assert isinstance(a, np.ndarray)
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+    # The mixed summaries too: a third result, read back by backward.
+    o_mixed, saved_again, mixed = mhla.forward(q, k, v, w, layout=layout, save_summaries=True, save_mixed=True)
+    assert isinstance(mixed, torch.Tensor) and mixed.shape == saved.shape
+    torch.testing.assert_close(mixed[0, 0, 0], w[0, 0] * saved[0, 0, 0] + w[0, 1] * saved[0, 0, 1])
+    with_both = mhla.backward(q, k, v, w, o_mixed, torch.ones_like(o_mixed), summaries=saved_again, mixed=mixed,
+                              layout=layout)
+    for a, b in zip(with_both, without):
+        np.testing.assert_allclose(a.numpy(), b, rtol=1e-12, atol=1e-12)
 
 
 def test_any_dlpack_object_is_read_and_readonly_numpy_too():

@@ -17,11 +17,13 @@ std::vector<int64_t> summaries_shape(const detail::AttentionDims& d, int64_t blo
   return {d.batch, d.heads, blocks, d.dk, d.dv + 1};
 }
 
-// The optional saved summaries: absent (no data, no shape), or exactly the shape.
+// An optional saved array (saved_summaries, saved_mixed): absent (no data, no
+// shape), or exactly the summaries' shape.
 template <typename T>
-bool check_saved_summaries(const char* fn, const detail::Problem& p, const TensorView<T>& saved) {
+bool check_saved(const char* fn, const char* name, const detail::Problem& p,
+                 const TensorView<T>& saved) {
   if (saved.data == nullptr && saved.shape.empty()) return false;
-  detail::check_output(fn, "saved_summaries", saved, summaries_shape(p.dims, p.blocks));
+  detail::check_output(fn, name, saved, summaries_shape(p.dims, p.blocks));
   return true;
 }
 
@@ -42,16 +44,18 @@ std::vector<int64_t> saved_summaries_shape(const Options& options,
 template <typename T>
 void forward(const Options& options, TensorView<const T> q, TensorView<const T> k,
              TensorView<const T> v, TensorView<const T> w, TensorView<T> o,
-             TensorView<T> saved_summaries) {
+             TensorView<T> saved_summaries, TensorView<T> saved_mixed) {
   const char* fn = "mhla::forward";
   detail::Problem p = detail::validate_mhla(fn, options, q, k, v, w);
   const detail::BlockTable table(options.layout);
   p.table = table.view();
   detail::check_output(fn, "o", o, detail::v_shape(p.dims));
-  const bool save = check_saved_summaries(fn, p, saved_summaries);
+  const bool save_summaries = check_saved(fn, "saved_summaries", p, saved_summaries);
+  const bool save_mixed = check_saved(fn, "saved_mixed", p, saved_mixed);
   const auto mixer = cpu::make_mixer(p, w.data);
   const bool finite = cpu::ChunkedAttention<T>(p, *mixer).forward(
-      q.data, k.data, v.data, o.data, save ? saved_summaries.data : nullptr);
+      q.data, k.data, v.data, o.data, save_summaries ? saved_summaries.data : nullptr,
+      save_mixed ? saved_mixed.data : nullptr);
   if (!finite) detail::report_non_finite_output(fn, p, q, k, v, o);
 }
 
@@ -59,7 +63,8 @@ template <typename T>
 void backward(const Options& options, TensorView<const T> q, TensorView<const T> k,
               TensorView<const T> v, TensorView<const T> w, TensorView<const T> o,
               TensorView<const T> grad_o, TensorView<T> grad_q, TensorView<T> grad_k,
-              TensorView<T> grad_v, TensorView<T> grad_w, TensorView<const T> saved_summaries) {
+              TensorView<T> grad_v, TensorView<T> grad_w, TensorView<const T> saved_summaries,
+              TensorView<const T> saved_mixed) {
   const char* fn = "mhla::backward";
   detail::Problem p = detail::validate_mhla(fn, options, q, k, v, w);
   const detail::BlockTable table(options.layout);
@@ -67,14 +72,16 @@ void backward(const Options& options, TensorView<const T> q, TensorView<const T>
   detail::check_output(fn, "o", o, detail::v_shape(p.dims));
   detail::check_gradients(fn, p.dims, grad_o, grad_q, grad_k, grad_v);
   detail::check_output(fn, "grad_w", grad_w, w.shape);
-  const bool saved = check_saved_summaries(fn, p, saved_summaries);
+  const bool saved = check_saved(fn, "saved_summaries", p, saved_summaries);
   if (saved) detail::check_saved_summaries_match(fn, p, k.data, v.data, saved_summaries.data);
+  const bool saved_mix = check_saved(fn, "saved_mixed", p, saved_mixed);
+  if (saved_mix) detail::check_saved_mixed_match(fn, p, k.data, v.data, w.data, saved_mixed.data);
   const auto mixer = cpu::make_mixer(p, w.data);
   // The kernel adds to grad_w.
   std::fill(grad_w.data, grad_w.data + detail::checked_product(grad_w.shape, "grad_w"), T(0));
   const bool finite = cpu::ChunkedAttention<T>(p, *mixer).backward(
       q.data, k.data, v.data, o.data, grad_o.data, grad_q.data, grad_k.data, grad_v.data,
-      grad_w.data, saved ? saved_summaries.data : nullptr);
+      grad_w.data, saved ? saved_summaries.data : nullptr, saved_mix ? saved_mixed.data : nullptr);
   // grad_w is small ([H,] M, M) and written by the mixer: scanned here.
   if (!finite ||
       detail::first_non_finite(grad_w.data, detail::checked_product(grad_w.shape, "grad_w")) >= 0)
@@ -105,14 +112,14 @@ FlopCount mhla_flops(int64_t batch, int64_t tokens, int64_t heads, int64_t dk, i
   return {fwd, 2 * fwd};
 }
 
-#define MHLA_INSTANTIATE_OPERATOR(T)                                                          \
-  template void forward<T>(const Options&, TensorView<const T>, TensorView<const T>,          \
-                           TensorView<const T>, TensorView<const T>, TensorView<T>,           \
-                           TensorView<T>);                                                    \
-  template void backward<T>(const Options&, TensorView<const T>, TensorView<const T>,         \
-                            TensorView<const T>, TensorView<const T>, TensorView<const T>,    \
-                            TensorView<const T>, TensorView<T>, TensorView<T>, TensorView<T>, \
-                            TensorView<T>, TensorView<const T>);
+#define MHLA_INSTANTIATE_OPERATOR(T)                                                               \
+  template void forward<T>(const Options&, TensorView<const T>, TensorView<const T>,               \
+                           TensorView<const T>, TensorView<const T>, TensorView<T>, TensorView<T>, \
+                           TensorView<T>);                                                         \
+  template void backward<T>(const Options&, TensorView<const T>, TensorView<const T>,              \
+                            TensorView<const T>, TensorView<const T>, TensorView<const T>,         \
+                            TensorView<const T>, TensorView<T>, TensorView<T>, TensorView<T>,      \
+                            TensorView<T>, TensorView<const T>, TensorView<const T>);
 MHLA_INSTANTIATE_OPERATOR(float)
 MHLA_INSTANTIATE_OPERATOR(double)
 #undef MHLA_INSTANTIATE_OPERATOR

@@ -235,16 +235,17 @@ void read_out_backward(const Options& options, TensorView<const T> q, TensorView
   detail::check_output(fn, "grad_w", grad_w, w.shape);
   const auto mixer = cpu::make_mixer(p, w.data);
   const cpu::ChunkedAttention<T> kernel(p, *mixer);
-  // The kernel turns the mixed summaries into their gradient in place.
-  std::vector<T> dmixed(mixed.data, mixed.data + detail::checked_product(mixed.shape, "mixed"));
+  // The kernel writes the mixed summaries' gradient here; it is then added to grad_mixed.
+  std::vector<T> dmixed(size_t(detail::checked_product(mixed.shape, "mixed")));
   const int64_t nq = detail::checked_product(grad_q.shape, "grad_q"),
                 nv = detail::checked_product(grad_v.shape, "grad_v");
   T* dq = token_scratch<T>(cpu::Scratch::token_grad_q, nq);
   T* dk = p.causal ? token_scratch<T>(cpu::Scratch::token_grad_k, nq) : nullptr;
   T* dv = p.causal ? token_scratch<T>(cpu::Scratch::token_grad_v, nv) : nullptr;
   std::vector<T> diagonal(p.causal ? size_t(p.dims.batch * p.dims.heads * p.blocks) : 0);
-  const bool finite = kernel.output_gradients(q.data, k.data, v.data, o.data, grad_o.data,
-                                              dmixed.data(), diagonal.data(), dq, dk, dv, false);
+  const bool finite =
+      kernel.output_gradients(q.data, k.data, v.data, o.data, grad_o.data, mixed.data,
+                              dmixed.data(), diagonal.data(), dq, dk, dv, false);
   add_to(dq, nq, grad_q.data);
   add_to(dmixed, grad_mixed.data);
   if (p.causal) {

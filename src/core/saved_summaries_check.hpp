@@ -6,6 +6,7 @@
 // O(C (Dk + Dv)) per block against the block's O(C Dk Dv) summary. Release
 // builds check the first and last block of every (batch, head), which costs
 // nothing measurable; debug builds check every block.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -74,6 +75,81 @@ void check_saved_summaries_match(const char* fn, const Problem& p, const T* k, c
                    "; pass the summaries that forward() saved for the same q, k, v and w, or none");
         }
       }
+}
+
+// W[i, b] as the mix reads it for the head behind `copy` (the mixing copy):
+// zero where the masking leaves b out of row i's mix (causal: b >= i, whose
+// diagonal acts inside the block instead; block-causal: b > i).
+template <typename T>
+double mix_weight(const Problem& p, const T* w, int64_t copy, int64_t i, int64_t b) {
+  const int64_t row = p.first_block + i;
+  if ((p.causal && b >= row) || (p.block_causal && b > row)) return 0;
+  if (p.toeplitz)
+    return double(w[copy * (p.toeplitz_length + 1) + std::min(row - b, p.toeplitz_length)]);
+  return double(w[(copy * p.w_stride + row) * p.w_stride + b]);
+}
+
+// Saved mixed summaries depend on w as well as k and v: handed ones that
+// forward() computed before w changed (an optimizer step between forward and
+// backward), backward would return wrong gradients without any sign. The
+// fingerprint is two entries of every block's mixed summary, recomputed in
+// double from k, v and w: z~_i[0] = sum_b W[i,b] sum_{j in b} phi(k_j)[0] and
+// S~_i[0,0] (the same with phi(k_j)[0] v_j[0]), O(N + M^2) per (batch, head)
+// against the mix's O(M^2 Dk Dv).
+template <typename T>
+void check_saved_mixed_match(const char* fn, const Problem& p, const T* k, const T* v, const T* w,
+                             const T* saved_mixed) {
+  const AttentionDims& d = p.dims;
+  const int64_t m = p.blocks, ms = p.mixing_blocks, heads = d.heads, x1 = d.dv + 1;
+  const double unit = 4 * double(std::numeric_limits<T>::epsilon());
+  // Per (head, key block): the two fingerprint sums and their absolute values,
+  // gathered token by token (whole rows of k and v, heads innermost).
+  std::vector<double> z(heads * ms), z_abs(heads * ms), s(heads * ms), s_abs(heads * ms);
+  for (int64_t batch = 0; batch < d.batch; ++batch) {
+    std::fill(z.begin(), z.end(), 0.0), std::fill(z_abs.begin(), z_abs.end(), 0.0);
+    std::fill(s.begin(), s.end(), 0.0), std::fill(s_abs.begin(), s_abs.end(), 0.0);
+    int64_t longest = 0;
+    for (int64_t blk = 0; blk < ms; ++blk) {
+      int64_t rows = 0;
+      p.table.for_each_run(blk, [&](int64_t first, int64_t len) {
+        for (int64_t t = first; t < first + len; ++t, ++rows)
+          for (int64_t h = 0; h < heads; ++h) {
+            const int64_t row = (batch * d.tokens + t) * heads + h, e = h * ms + blk;
+            const double f = double(feature(p.phi, k[row * d.dk]));
+            const double fv = f * double(v[row * d.dv]);
+            z[e] += f, z_abs[e] += std::abs(f), s[e] += fv, s_abs[e] += std::abs(fv);
+          }
+      });
+      longest = std::max(longest, rows);
+    }
+    // A float sum of (block rows + mixed blocks) terms per entry.
+    const double terms = double(longest + ms + 1);
+    const double floor = terms * double(std::numeric_limits<T>::min());
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t i = 0; i < m; ++i) {
+        double want_z = 0, want_s = 0, bound_z = 0, bound_s = 0;
+        for (int64_t b = 0; b < ms; ++b) {
+          const double wib = mix_weight(p, w, p.per_head_mixing ? h : 0, i, b);
+          const int64_t e = h * ms + b;
+          want_z += wib * z[e], bound_z += std::abs(wib) * z_abs[e];
+          want_s += wib * s[e], bound_s += std::abs(wib) * s_abs[e];
+        }
+        if (!std::isfinite(bound_z) || !std::isfinite(bound_s))
+          continue;  // non-finite inputs propagate
+        const T* mixed_i = saved_mixed + ((batch * heads + h) * m + i) * d.dk * x1;
+        const double got_z = double(mixed_i[d.dv]), got_s = double(mixed_i[0]);
+        if (std::abs(got_z - want_z) <= unit * terms * bound_z + floor &&
+            std::abs(got_s - want_s) <= unit * terms * bound_s + floor)
+          continue;
+        fail(fn, "saved_mixed does not belong to these k, v and w: block " + std::to_string(i) +
+                     " of batch " + std::to_string(batch) + ", head " + std::to_string(h) +
+                     " holds z~[0] = " + format_number(got_z) +
+                     " and S~[0, 0] = " + format_number(got_s) + " but k, v and w give " +
+                     format_number(want_z) + " and " + format_number(want_s) +
+                     "; pass the mixed summaries that forward() saved for the same q, k, v and "
+                     "w, or none");
+      }
+  }
 }
 
 }  // namespace mhla::detail

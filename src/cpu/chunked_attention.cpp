@@ -19,12 +19,18 @@ void gather_values_with_ones(const mhla::detail::BlockTableView& layout, int64_t
   for (int64_t r = 0; r < rows; ++r) dst[r * (dv + 1) + dv] = T(1);
 }
 
-// sums[a * ld_sums] = sum_r tile[r, a]: z_b = phi(K_b)^T 1.
+// sums[a * ld_sums] = sum_r tile[r, a] weights[r * ld_weights], weights all
+// ones when null: z_b = phi(K_b)^T 1, and the z column of dmixed_i =
+// phi(Q_i)^T dy. One column apart from the GEMMs, whose SIMD tiles would spend
+// a whole pass on it.
 template <typename T>
-void column_sums(const T* tile, int64_t rows, int64_t width, T* sums, int64_t ld_sums) {
+void column_sums(const T* tile, int64_t rows, int64_t width, const T* weights, int64_t ld_weights,
+                 T* sums, int64_t ld_sums) {
   for (int64_t a = 0; a < width; ++a) sums[a * ld_sums] = T(0);
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t a = 0; a < width; ++a) sums[a * ld_sums] += tile[r * width + a];
+  for (int64_t r = 0; r < rows; ++r) {
+    const T weight = weights ? weights[r * ld_weights] : T(1);
+    for (int64_t a = 0; a < width; ++a) sums[a * ld_sums] += tile[r * width + a] * weight;
+  }
 }
 
 // out[r * ld_out] = tile[r, :] . x: phi(q_t) . z~_i for each row.
@@ -80,11 +86,11 @@ void ChunkedAttention<T>::in_block_scores(const BlockTask& t, const T* k, const 
 }
 
 template <typename T>
-bool ChunkedAttention<T>::forward(const T* q, const T* k, const T* v, T* o,
-                                  T* summaries_out) const {
+bool ChunkedAttention<T>::forward(const T* q, const T* k, const T* v, T* o, T* summaries_out,
+                                  T* mixed_out) const {
   const size_t total = size_t(task_count() * x_);
   T* summaries = summaries_out ? summaries_out : scratch<T>(Scratch::summaries, total);
-  T* mixed = scratch<T>(Scratch::mixed, total);
+  T* mixed = mixed_out ? mixed_out : scratch<T>(Scratch::mixed, total);
   compute_summaries(k, v, summaries);
   mixer_.mix(summaries, mixed);
   return compute_outputs(q, k, v, mixed, o);
@@ -93,7 +99,7 @@ bool ChunkedAttention<T>::forward(const T* q, const T* k, const T* v, T* o,
 template <typename T>
 bool ChunkedAttention<T>::backward(const T* q, const T* k, const T* v, const T* o, const T* grad_o,
                                    T* grad_q, T* grad_k, T* grad_v, T* grad_w,
-                                   const T* saved_summaries) const {
+                                   const T* saved_summaries, const T* saved_mixed) const {
   const size_t total = size_t(task_count() * x_);
   const T* summaries = saved_summaries;
   if (!summaries) {
@@ -101,14 +107,19 @@ bool ChunkedAttention<T>::backward(const T* q, const T* k, const T* v, const T* 
     compute_summaries(k, v, recomputed);
     summaries = recomputed;
   }
-  T* mixed = scratch<T>(Scratch::mixed, total);
+  T* mixed_grad = scratch<T>(Scratch::mixed, total);
   T* summaries_grad = scratch<T>(Scratch::summaries_grad, total);
   T* diagonal_grad = scratch<T>(Scratch::diagonal_grad, size_t(task_count()));
-  mixer_.mix(summaries, mixed);
-  // Overwrites `mixed` with its gradient, block by block, once it has been read.
-  const bool finite_q =
-      output_gradients(q, k, v, o, grad_o, mixed, diagonal_grad, grad_q, grad_k, grad_v, true);
-  mixer_.mix_backward(mixed, summaries, p_.causal ? diagonal_grad : nullptr, summaries_grad,
+  // Recomputed, the mixed summaries are overwritten by their gradient, block
+  // by block, once read.
+  const T* mixed = saved_mixed;
+  if (!mixed) {
+    mixer_.mix(summaries, mixed_grad);
+    mixed = mixed_grad;
+  }
+  const bool finite_q = output_gradients(q, k, v, o, grad_o, mixed, mixed_grad, diagonal_grad,
+                                         grad_q, grad_k, grad_v, true);
+  mixer_.mix_backward(mixed_grad, summaries, p_.causal ? diagonal_grad : nullptr, summaries_grad,
                       grad_w);
   const bool finite_kv = key_value_gradients(k, v, summaries_grad, grad_k, grad_v, p_.causal);
   return finite_q && finite_kv;
@@ -136,9 +147,8 @@ void ChunkedAttention<T>::compute_summaries(const T* k, const T* v, T* summaries
       T* s = summaries + t.summary;
       block_gemm(true, false, d.dk, d.dv, t.rows, T(1), kap.data(), d.dk, values, ldv, T(0), s,
                  x1_);
-      // ... and z_b = phi(K_b)^T 1 in the last: column sums, apart from the
-      // GEMM, whose SIMD tiles would spend a whole pass on one column.
-      column_sums(kap.data(), t.rows, d.dk, s + d.dv, x1_);
+      // ... and z_b = phi(K_b)^T 1 in the last.
+      column_sums(kap.data(), t.rows, d.dk, static_cast<const T*>(nullptr), 0, s + d.dv, x1_);
     }
   }
 }
@@ -199,8 +209,9 @@ bool ChunkedAttention<T>::compute_outputs(const T* q, const T* k, const T* v, co
 
 template <typename T>
 bool ChunkedAttention<T>::output_gradients(const T* q, const T* k, const T* v, const T* o,
-                                           const T* grad_o, T* mixed, T* diagonal_grad, T* grad_q,
-                                           T* grad_k, T* grad_v, bool park) const {
+                                           const T* grad_o, const T* mixed, T* mixed_grad,
+                                           T* diagonal_grad, T* grad_q, T* grad_k, T* grad_v,
+                                           bool park) const {
   const auto& d = p_.dims;
   const T eps = T(p_.eps), scale = T(p_.scale);
   bool finite = true;
@@ -221,7 +232,7 @@ bool ChunkedAttention<T>::output_gradients(const T* q, const T* k, const T* v, c
     for (int64_t task = 0; task < task_count(); ++task) {
       const BlockTask t = block_task(task);
       const int64_t rows = t.rows;
-      T* mixed_i = mixed + t.summary;
+      const T* mixed_i = mixed + t.summary;
       gather_rows(p_.table, t.block, p_.phi, q, t.qk, d.dk, u.data(), d.dk);
       gather_rows(p_.table, t.block, FeatureMap::identity, grad_o, t.v, d.dv, g.data(), d.dv);
       gather_rows(p_.table, t.block, FeatureMap::identity, o, t.v, d.dv, out.data(), d.dv);
@@ -245,6 +256,7 @@ bool ChunkedAttention<T>::output_gradients(const T* q, const T* k, const T* v, c
         if (p_.normalize) {
           const T inv = T(1) / (den[r] + eps);
           T g_dot_o = 0;
+#pragma omp simd reduction(+ : g_dot_o)
           for (int64_t e = 0; e < d.dv; ++e) {
             dyr[e] = gr[e] * inv;
             g_dot_o += gr[e] * out[r * d.dv + e];
@@ -294,9 +306,12 @@ bool ChunkedAttention<T>::output_gradients(const T* q, const T* k, const T* v, c
       finite = finite && mhla::detail::first_non_finite(du.data(), rows * d.dk) < 0;
       scatter_through_feature(p_.table, t.block, p_.phi, u.data(), du.data(), d.dk, t.qk, d.dk,
                               false, grad_q);
-      // y = phi(Q) mixed_i:  dmixed_i = phi(Q)^T dy, stored over mixed_i (no longer read).
-      block_gemm(true, false, d.dk, x1_, rows, T(1), u.data(), d.dk, dy.data(), x1_, T(0), mixed_i,
-                 x1_);
+      // y = phi(Q) mixed_i:  dmixed_i = phi(Q)^T dy (mixed_i, if the same array, is no
+      // longer read); its z column apart.
+      T* dmixed_i = mixed_grad + t.summary;
+      block_gemm(true, false, d.dk, d.dv, rows, T(1), u.data(), d.dk, dy.data(), x1_, T(0),
+                 dmixed_i, x1_);
+      column_sums(u.data(), rows, d.dk, dy.data() + d.dv, x1_, dmixed_i + d.dv, x1_);
     }
   }
   return finite;
@@ -310,30 +325,31 @@ bool ChunkedAttention<T>::key_value_gradients(const T* k, const T* v, const T* s
 #pragma omp parallel
   {
     std::vector<T> kap(max_rows_ * d.dk), vals(max_rows_ * x1_);
-    std::vector<T> dkap(max_rows_ * d.dk), dvals(max_rows_ * x1_);
+    std::vector<T> dkap(max_rows_ * d.dk), dvalues(max_rows_ * d.dv);
 #pragma omp for schedule(static) reduction(&& : finite)
     for (int64_t task = 0; task < task_count(); ++task) {
       const BlockTask t = block_task(task);
       const T* ds = summaries_grad + t.summary;
       gather_rows(p_.table, t.block, p_.phi, k, t.qk, d.dk, kap.data(), d.dk);
       gather_values_with_ones(p_.table, t.block, v, t.v, d.dv, t.rows, vals.data());
-      // [S_b | z_b] = phi(K)^T [V | 1]:  dphi(K) = [V | 1] dS^T,  d[V | 1] = phi(K) dS
+      // [S_b | z_b] = phi(K)^T [V | 1]:  dphi(K) = [V | 1] dS^T,  dV = phi(K) dS[:, :Dv]
+      // (the ones' gradient is not needed).
       block_gemm(false, true, t.rows, d.dk, x1_, T(1), vals.data(), x1_, ds, x1_, T(0), dkap.data(),
                  d.dk);
-      block_gemm(false, false, t.rows, x1_, d.dk, T(1), kap.data(), d.dk, ds, x1_, T(0),
-                 dvals.data(), x1_);
+      block_gemm(false, false, t.rows, d.dv, d.dk, T(1), kap.data(), d.dk, ds, x1_, T(0),
+                 dvalues.data(), d.dv);
       // Causal blocks add to the in-block part parked in grad_k / grad_v (the
       // scatters check the sums); otherwise the tiles are the gradients,
-      // checked whole. dvals' last column (the gradient of the ones) can only
-      // raise a false alarm, which costs a search of the results.
+      // checked whole.
       const bool finite_k =
           scatter_through_feature(p_.table, t.block, p_.phi, kap.data(), dkap.data(), d.dk, t.qk,
                                   d.dk, add_to_parked, grad_k);
       const bool finite_v =
-          scatter_rows(p_.table, t.block, dvals.data(), x1_, t.v, d.dv, add_to_parked, grad_v);
-      finite = finite && finite_k && finite_v &&
-               (add_to_parked || (mhla::detail::first_non_finite(dkap.data(), t.rows * d.dk) < 0 &&
-                                  mhla::detail::first_non_finite(dvals.data(), t.rows * x1_) < 0));
+          scatter_rows(p_.table, t.block, dvalues.data(), d.dv, t.v, d.dv, add_to_parked, grad_v);
+      finite =
+          finite && finite_k && finite_v &&
+          (add_to_parked || (mhla::detail::first_non_finite(dkap.data(), t.rows * d.dk) < 0 &&
+                             mhla::detail::first_non_finite(dvalues.data(), t.rows * d.dv) < 0));
     }
   }
   return finite;

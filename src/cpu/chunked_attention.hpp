@@ -7,9 +7,9 @@
 //                 (+ causal in-block term W[i,i] (phi(Q) phi(K)^T masked) [V | 1])
 //                 o_t = y_t[:Dv] / (y_t[Dv] + eps)  or  scale * y_t[:Dv]
 // Appending a column of ones to V makes the normaliser z ride along in the same
-// GEMMs as S. The backward pass recomputes phases 1-2, then runs the same
-// GEMMs transposed. Nothing of size N x N is ever formed: the largest buffers
-// are three [B*H, M, Dk*(Dv+1)] summary arrays and per-thread block tiles.
+// GEMMs as S. The backward pass recomputes phases 1-2 (unless forward saved
+// their results), then runs the same GEMMs transposed. Nothing of size N x N is ever formed: the
+// largest buffers are three [B*H, M, Dk*(Dv+1)] summary arrays and per-thread block tiles.
 #include "core/validate.hpp"
 #include "cpu/block_rows.hpp"
 #include "cpu/mixer.hpp"
@@ -24,15 +24,19 @@ class ChunkedAttention {
 
   // The whole operator on an ordinary call (the mix reads all of W:
   // first_block 0, mixing_blocks = blocks).
-  // summaries_out / saved_summaries: optional [B*H, M, Dk*(Dv+1)] arrays in
-  // which forward keeps the block summaries and from which backward reads them.
+  // summaries_out / saved_summaries and mixed_out / saved_mixed: optional
+  // [B*H, M, Dk*(Dv+1)] arrays in which forward keeps the block summaries and
+  // the mixed summaries, and from which backward reads them instead of
+  // recomputing them (phases 1 and 2).
   // Both return whether every output they wrote is finite (for backward:
   // grad_q, grad_k and grad_v; grad_w is small enough to scan afterwards),
   // observed while the values are hot, so the API layer only searches the
   // results when something went wrong. backward adds to grad_w.
-  bool forward(const T* q, const T* k, const T* v, T* o, T* summaries_out = nullptr) const;
+  bool forward(const T* q, const T* k, const T* v, T* o, T* summaries_out = nullptr,
+               T* mixed_out = nullptr) const;
   bool backward(const T* q, const T* k, const T* v, const T* o, const T* grad_o, T* grad_q,
-                T* grad_k, T* grad_v, T* grad_w, const T* saved_summaries = nullptr) const;
+                T* grad_k, T* grad_v, T* grad_w, const T* saved_summaries = nullptr,
+                const T* saved_mixed = nullptr) const;
 
   // The three phases and their backward, each on this call's blocks; the mix
   // between them is the mixer's. Summary arrays are [B*H, M, Dk*(Dv+1)].
@@ -40,13 +44,15 @@ class ChunkedAttention {
   void compute_summaries(const T* k, const T* v, T* summaries) const;
   // 3. o from the mixed summaries (causal: plus the in-block term).
   bool compute_outputs(const T* q, const T* k, const T* v, const T* mixed, T* o) const;
-  // Backward of 3: overwrites `mixed` with its gradient and writes grad_q;
+  // Backward of 3: writes the gradient of `mixed` into mixed_grad (which may
+  // be `mixed` itself: each block is read before it is overwritten) and grad_q;
   // causal, also the in-block parts of grad_k and grad_v, and the in-block
   // dW[i,i] per slice and block into diagonal_grad [B*H, M]. With `park`, the
   // in-block key gradient is left before phi' for key_value_gradients to
   // finish (one pass over grad_k instead of two).
-  bool output_gradients(const T* q, const T* k, const T* v, const T* o, const T* grad_o, T* mixed,
-                        T* diagonal_grad, T* grad_q, T* grad_k, T* grad_v, bool park) const;
+  bool output_gradients(const T* q, const T* k, const T* v, const T* o, const T* grad_o,
+                        const T* mixed, T* mixed_grad, T* diagonal_grad, T* grad_q, T* grad_k,
+                        T* grad_v, bool park) const;
   // Backward of 1: writes grad_k and grad_v, or with `add_to_parked` adds the
   // inter-block part to what output_gradients parked there.
   bool key_value_gradients(const T* k, const T* v, const T* summaries_grad, T* grad_k, T* grad_v,

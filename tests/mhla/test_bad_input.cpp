@@ -155,6 +155,43 @@ TEST(BadInput, SummariesSavedForOtherInputsAreRejected) {
   }
 }
 
+// Mixed summaries depend on w too: a w changed since forward (an optimizer
+// step in between), or other k or v, is caught in every mode of the mix.
+TEST(BadInput, MixedSummariesSavedForOtherInputsAreRejected) {
+  for (const Case& c : {Case{"1d", 2, 2, 3, 4, TokenLayout::sequence(13, 4), Masking::causal},
+                        Case{"2d-per-head", 1, 3, 2, 2, TokenLayout::grid2d(5, 6, 2, 3),
+                             Masking::none, FeatureMap::elu1, true, true},
+                        Case{"1d-toeplitz", 1, 2, 3, 3, TokenLayout::sequence(17, 3),
+                             Masking::block_causal, FeatureMap::relu, true, false, 2}}) {
+    SCOPED_TRACE(c.label());
+    const Inputs a = make_inputs(c, 1), b = make_inputs(c, 2);
+    const auto ss = saved_summaries_shape(c.options(), c.q_shape(), c.v_shape());
+    std::vector<double> o(a.v.size()), mixed(size_t(numel(ss)));
+    forward<double>(c.options(), view(a.q, c.q_shape()), view(a.k, c.q_shape()),
+                    view(a.v, c.v_shape()), view(a.w, c.w_shape()), view(o, c.v_shape()), {},
+                    view(mixed, ss));
+    std::vector<double> gq(a.q.size()), gk(a.k.size()), gv(a.v.size()), gw(a.w.size());
+    auto run_backward = [&](const Inputs& in) {
+      backward<double>(c.options(), view(in.q, c.q_shape()), view(in.k, c.q_shape()),
+                       view(in.v, c.v_shape()), view(in.w, c.w_shape()), view(o, c.v_shape()),
+                       view(a.grad_o, c.v_shape()), view(gq, c.q_shape()), view(gk, c.q_shape()),
+                       view(gv, c.v_shape()), view(gw, c.w_shape()), {}, view(mixed, ss));
+    };
+    EXPECT_NO_THROW(run_backward(a));
+    Inputs stepped = a;  // w after a small optimizer step
+    for (double& x : stepped.w) x *= 1.01;
+    EXPECT_THAT([&] { run_backward(stepped); },
+                ThrowsMessage<Error>(AllOf(
+                    HasSubstr("mhla::backward: saved_mixed does not belong to these k, v and w"),
+                    HasSubstr("pass the mixed summaries that forward() saved"))));
+    Inputs k_only = a, v_only = a;
+    k_only.k = b.k;
+    v_only.v = b.v;
+    EXPECT_THROW(run_backward(k_only), Error);
+    EXPECT_THROW(run_backward(v_only), Error);
+  }
+}
+
 TEST(BadInput, DenseMixingIsBoundedAndSaysSo) {
   EXPECT_THAT(
       [] { init_mixing(TokenLayout::sequence(65536, 1)); },

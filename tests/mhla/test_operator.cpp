@@ -99,12 +99,17 @@ TEST(FastOperator, LargerBlocks) {
 namespace mhla::test {
 namespace {
 
-// backward() with the summaries saved by forward() skips their recomputation;
-// the gradients must be bit-identical to recomputing them.
+// backward() with the summaries (and/or the mixed summaries) saved by
+// forward() skips their recomputation; the gradients must be bit-identical to
+// recomputing them.
 TEST(SavedSummaries, BackwardGivesIdenticalGradients) {
   for (const Case& c :
        {Case{"1d", 2, 3, 8, 5, TokenLayout::sequence(45, 8)},
         Case{"1d-causal", 1, 2, 6, 7, TokenLayout::sequence(45, 8), Masking::causal},
+        Case{"1d-block-causal-toeplitz", 2, 2, 4, 3, TokenLayout::sequence(29, 4),
+             Masking::block_causal, FeatureMap::elu1, true, true, 2},
+        Case{"1d-causal-toeplitz", 1, 2, 5, 4, TokenLayout::sequence(31, 5), Masking::causal,
+             FeatureMap::relu, false, false, 3},
         Case{"2d-per-head", 1, 2, 5, 4, TokenLayout::grid2d(7, 6, 3, 4), Masking::none,
              FeatureMap::relu, true, true}}) {
     SCOPED_TRACE(c.label());
@@ -113,19 +118,23 @@ TEST(SavedSummaries, BackwardGivesIdenticalGradients) {
                w = cast<float>(in.w), g = cast<float>(in.grad_o);
     const auto ss = saved_summaries_shape(c.options(), c.q_shape(), c.v_shape());
     EXPECT_EQ(ss, (std::vector<int64_t>{c.batch, c.heads, c.blocks(), c.dk, c.dv + 1}));
-    std::vector<float> o(v.size()), saved(numel(ss));
+    std::vector<float> o(v.size()), saved(numel(ss)), mixed(numel(ss));
     forward<float>(c.options(), view(q, c.q_shape()), view(k, c.q_shape()), view(v, c.v_shape()),
-                   view(w, c.w_shape()), view(o, c.v_shape()), view(saved, ss));
-    auto run_backward = [&](bool use_saved) {
+                   view(w, c.w_shape()), view(o, c.v_shape()), view(saved, ss), view(mixed, ss));
+    auto run_backward = [&](bool use_saved, bool use_mixed) {
       std::vector<float> gq(q.size()), gk(k.size()), gv(v.size()), gw(w.size());
       backward<float>(c.options(), view(q, c.q_shape()), view(k, c.q_shape()), view(v, c.v_shape()),
                       view(w, c.w_shape()), view(o, c.v_shape()), view(g, c.v_shape()),
                       view(gq, c.q_shape()), view(gk, c.q_shape()), view(gv, c.v_shape()),
                       view(gw, c.w_shape()),
-                      use_saved ? view(saved, ss) : TensorView<const float>{});
+                      use_saved ? view(saved, ss) : TensorView<const float>{},
+                      use_mixed ? view(mixed, ss) : TensorView<const float>{});
       return std::vector<std::vector<float>>{gq, gk, gv, gw};
     };
-    EXPECT_EQ(run_backward(true), run_backward(false));
+    const auto recomputed = run_backward(false, false);
+    EXPECT_EQ(run_backward(true, false), recomputed);
+    EXPECT_EQ(run_backward(false, true), recomputed);
+    EXPECT_EQ(run_backward(true, true), recomputed);
   }
 }
 
@@ -148,6 +157,25 @@ TEST(SavedSummaries, HoldBlockSummaries) {
   }
 }
 
+// The saved mixed summaries are what each query block reads: sum_b W[i,b] S_b.
+TEST(SavedSummaries, HoldMixedSummaries) {
+  Case c{"1d", 1, 1, 2, 3, TokenLayout::sequence(5, 2), Masking::none, FeatureMap::identity};
+  const Inputs in = make_inputs(c, 5);
+  const auto q = cast<float>(in.q), k = cast<float>(in.k), v = cast<float>(in.v),
+             w = cast<float>(in.w);
+  const auto ss = saved_summaries_shape(c.options(), c.q_shape(), c.v_shape());
+  std::vector<float> o(v.size()), saved(numel(ss)), mixed(numel(ss));
+  forward<float>(c.options(), view(q, c.q_shape()), view(k, c.q_shape()), view(v, c.v_shape()),
+                 view(w, c.w_shape()), view(o, c.v_shape()), view(saved, ss), view(mixed, ss));
+  const int64_t m = c.blocks(), x = 2 * 4;
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t e = 0; e < x; ++e) {
+      double want = 0;
+      for (int64_t b = 0; b < m; ++b) want += in.w[i * m + b] * saved[b * x + e];
+      EXPECT_NEAR(mixed[i * x + e], want, 1e-5) << "block " << i << ", entry " << e;
+    }
+}
+
 TEST(SavedSummaries, WrongShapeIsRejected) {
   Case c{"1d", 1, 2, 4, 3, TokenLayout::sequence(8, 4)};
   const Inputs in = make_inputs(c, 1);
@@ -163,6 +191,15 @@ TEST(SavedSummaries, WrongShapeIsRejected) {
         std::string(e.what()),
         testing::HasSubstr("saved_summaries has shape [1, 2, 2, 4, 3], expected [1, 2, 2, 4, 4]"));
   }
+  std::vector<float> fits(16 * 2);
+  EXPECT_THAT(
+      [&] {
+        forward<float>(c.options(), view(q, c.q_shape()), view(k, c.q_shape()),
+                       view(v, c.v_shape()), view(w, c.w_shape()), view(o, c.v_shape()),
+                       view(fits, {1, 2, 2, 4, 4}), view(saved, {1, 2, 2, 4, 3}));
+      },
+      testing::ThrowsMessage<Error>(
+          testing::HasSubstr("saved_mixed has shape [1, 2, 2, 4, 3], expected [1, 2, 2, 4, 4]")));
   EXPECT_THROW(saved_summaries_shape(c.options(), {1, 9, 2, 4}, {1, 9, 2, 3}), Error);
 }
 

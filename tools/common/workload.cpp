@@ -57,16 +57,19 @@ void Workload::mhla_forward_saving() {
   int64_t elements = 1;
   for (int64_t extent : shape_s) elements *= extent;
   saved_summaries.resize(size_t(elements));
+  saved_mixed.resize(size_t(elements));
   forward<float>(options, {q.data(), shape()}, {k.data(), shape()}, {v.data(), shape()},
-                 {w.data(), w_shape()}, {o.data(), shape()}, {saved_summaries.data(), shape_s});
+                 {w.data(), w_shape()}, {o.data(), shape()}, {saved_summaries.data(), shape_s},
+                 {saved_mixed.data(), shape_s});
 }
 
 void Workload::mhla_backward_saved() {
+  const auto shape_s = saved_summaries_shape(options, shape(), shape());
   backward<float>(options, {q.data(), shape()}, {k.data(), shape()}, {v.data(), shape()},
                   {w.data(), w_shape()}, {o.data(), shape()}, {grad_o.data(), shape()},
                   {grad_q.data(), shape()}, {grad_k.data(), shape()}, {grad_v.data(), shape()},
-                  {grad_w.data(), w_shape()},
-                  {saved_summaries.data(), saved_summaries_shape(options, shape(), shape())});
+                  {grad_w.data(), w_shape()}, {saved_summaries.data(), shape_s},
+                  {saved_mixed.data(), shape_s});
 }
 
 void Workload::linear_forward() {

@@ -15,7 +15,7 @@ struct Workload {
   std::vector<float> q, k, v, w, grad_o;
   // Outputs and gradients, allocated once.
   std::vector<float> o, lse, grad_q, grad_k, grad_v, grad_w;
-  std::vector<float> saved_summaries;  // filled by mhla_forward_saving()
+  std::vector<float> saved_summaries, saved_mixed;  // filled by mhla_forward_saving()
 
   // blocks: number of MHLA blocks M (block size ceil(N / M)).
   Workload(int64_t batch, int64_t tokens, int64_t heads, int64_t dim, int64_t blocks,
@@ -28,7 +28,7 @@ struct Workload {
 
   void mhla_forward();
   void mhla_backward();  // recomputes the block summaries
-  // The training path: forward keeps the block summaries, backward reuses them.
+  // The training path: forward keeps the block and mixed summaries, backward reuses them.
   void mhla_forward_saving();
   void mhla_backward_saved();
   void linear_forward();
