@@ -109,6 +109,8 @@ void check_saved_mixed_match(const char* fn, const Problem& p, const T* k, const
     std::fill(z.begin(), z.end(), 0.0), std::fill(z_abs.begin(), z_abs.end(), 0.0);
     std::fill(s.begin(), s.end(), 0.0), std::fill(s_abs.begin(), s_abs.end(), 0.0);
     int64_t longest = 0;
+    // Blocks write disjoint entries: a parallel loop reads k and v at memory speed.
+#pragma omp parallel for schedule(static) reduction(max : longest)
     for (int64_t blk = 0; blk < ms; ++blk) {
       int64_t rows = 0;
       p.table.for_each_run(blk, [&](int64_t first, int64_t len) {

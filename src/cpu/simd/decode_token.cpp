@@ -16,8 +16,35 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 // Up to kMaxVectors vectors of y stay in registers while the Dk state rows
 // stream past; each state element is read once (prefix) or read and written
-// once (running).
-constexpr int kMaxVectors = 4;
+// once (running). Two accumulator sets (even and odd rows) plus the values and
+// three broadcasts must fit the register file: 4 vectors with 32 registers
+// (AVX-512), 2 with 16 (AVX2, SSE4), or the accumulators spill to the stack
+// and every row waits on a store-to-load round trip.
+constexpr int kMaxVectors = HWY_MAX_BYTES >= 64 ? 4 : 2;
+
+// State row a: running[a, :] += kap[a] v, and sum += u[a] (prefix[a, :] + wii running[a, :]).
+template <int V, bool kMasked>
+HWY_INLINE void Row(int64_t a, int64_t x1, int64_t j0, size_t tail, const float* kap,
+                    const VecF (&values)[V], const float* u, VecF w, const float* prefix,
+                    float* running, VecF (&sum)[V]) {
+  const Tag d;
+  const size_t lanes = hn::Lanes(d);
+  const VecF ka = hn::Set(d, kap[a]), ua = hn::Set(d, u[a]);
+  float* run = running + a * x1 + j0;
+  const float* pre = prefix + a * x1 + j0;
+#pragma GCC unroll 4
+  for (int i = 0; i < V; ++i) {
+    if (kMasked && i == V - 1) {
+      const VecF r = hn::MulAdd(ka, values[i], LoadFirst(run + i * lanes, tail));
+      StoreFirst(r, run + i * lanes, tail);
+      sum[i] = hn::MulAdd(ua, hn::MulAdd(w, r, LoadFirst(pre + i * lanes, tail)), sum[i]);
+    } else {
+      const VecF r = hn::MulAdd(ka, values[i], hn::LoadU(d, run + i * lanes));
+      hn::StoreU(r, d, run + i * lanes);
+      sum[i] = hn::MulAdd(ua, hn::MulAdd(w, r, hn::LoadU(d, pre + i * lanes)), sum[i]);
+    }
+  }
+}
 
 template <int V, bool kMasked>
 HWY_INLINE void Columns(int64_t dk, int64_t x1, int64_t j0, size_t tail, const float* kap,
@@ -26,41 +53,29 @@ HWY_INLINE void Columns(int64_t dk, int64_t x1, int64_t j0, size_t tail, const f
   const Tag d;
   const size_t lanes = hn::Lanes(d);
   const VecF w = hn::Set(d, wii);
-  // Two sets of accumulators, for even and odd state rows: each FMA chain
-  // then waits on every other row instead of every row.
-  VecF values[V], acc[2][V];
+  // Even and odd rows feed separate accumulators, each FMA chain then waiting
+  // on every other row; the row pairs are unrolled so that both sets are
+  // named statically and stay in registers.
+  VecF values[V], even[V], odd[V];
 #pragma GCC unroll 4
   for (int i = 0; i < V; ++i) {
     values[i] = (kMasked && i == V - 1) ? LoadFirst(v + j0 + i * lanes, tail)
                                         : hn::LoadU(d, v + j0 + i * lanes);
-    acc[0][i] = acc[1][i] = hn::Zero(d);
+    even[i] = odd[i] = hn::Zero(d);
   }
-  for (int64_t a = 0; a < dk; ++a) {
-    const VecF ka = hn::Set(d, kap[a]), ua = hn::Set(d, u[a]);
-    float* run = running + a * x1 + j0;
-    const float* pre = prefix + a * x1 + j0;
-    VecF* sum = acc[a & 1];
-#pragma GCC unroll 4
-    for (int i = 0; i < V; ++i) {
-      if (kMasked && i == V - 1) {
-        const VecF r = hn::MulAdd(ka, values[i], LoadFirst(run + i * lanes, tail));
-        StoreFirst(r, run + i * lanes, tail);
-        sum[i] = hn::MulAdd(ua, hn::MulAdd(w, r, LoadFirst(pre + i * lanes, tail)), sum[i]);
-      } else {
-        const VecF r = hn::MulAdd(ka, values[i], hn::LoadU(d, run + i * lanes));
-        hn::StoreU(r, d, run + i * lanes);
-        sum[i] = hn::MulAdd(ua, hn::MulAdd(w, r, hn::LoadU(d, pre + i * lanes)), sum[i]);
-      }
-    }
+  int64_t a = 0;
+  for (; a + 1 < dk; a += 2) {
+    Row<V, kMasked>(a, x1, j0, tail, kap, values, u, w, prefix, running, even);
+    Row<V, kMasked>(a + 1, x1, j0, tail, kap, values, u, w, prefix, running, odd);
   }
-#pragma GCC unroll 4
-  for (int i = 0; i < V; ++i) acc[0][i] = hn::Add(acc[0][i], acc[1][i]);
+  if (a < dk) Row<V, kMasked>(a, x1, j0, tail, kap, values, u, w, prefix, running, even);
 #pragma GCC unroll 4
   for (int i = 0; i < V; ++i) {
+    const VecF total = hn::Add(even[i], odd[i]);
     if (kMasked && i == V - 1)
-      StoreFirst(acc[0][i], y + j0 + i * lanes, tail);
+      StoreFirst(total, y + j0 + i * lanes, tail);
     else
-      hn::StoreU(acc[0][i], d, y + j0 + i * lanes);
+      hn::StoreU(total, d, y + j0 + i * lanes);
   }
 }
 
@@ -73,10 +88,12 @@ HWY_INLINE void ColumnsOfWidth(int vectors, int64_t dk, int64_t x1, int64_t j0, 
       return Columns<1, kMasked>(dk, x1, j0, tail, kap, v, u, wii, prefix, running, y);
     case 2:
       return Columns<2, kMasked>(dk, x1, j0, tail, kap, v, u, wii, prefix, running, y);
-    case 3:
-      return Columns<3, kMasked>(dk, x1, j0, tail, kap, v, u, wii, prefix, running, y);
     default:
-      return Columns<4, kMasked>(dk, x1, j0, tail, kap, v, u, wii, prefix, running, y);
+      if constexpr (kMaxVectors >= 4) {
+        if (vectors == 3)
+          return Columns<3, kMasked>(dk, x1, j0, tail, kap, v, u, wii, prefix, running, y);
+        return Columns<4, kMasked>(dk, x1, j0, tail, kap, v, u, wii, prefix, running, y);
+      }
   }
 }
 
