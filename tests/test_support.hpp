@@ -4,8 +4,11 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -96,6 +99,38 @@ TensorView<const T> view(const std::vector<T>& x, std::vector<int64_t> shape) {
 template <typename T>
 TensorView<T> view(std::vector<T>& x, std::vector<int64_t> shape) {
   return {x.data(), std::move(shape)};
+}
+
+// The operator's forward output and every gradient of one case.
+template <typename T>
+struct OperatorResults {
+  std::vector<T> o, gq, gk, gv, gw;
+  // Bit for bit (memcmp: -0 differs from 0, and a NaN equals itself).
+  bool operator==(const OperatorResults& r) const {
+    auto same = [](const std::vector<T>& a, const std::vector<T>& b) {
+      return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+    };
+    return same(o, r.o) && same(gq, r.gq) && same(gk, r.gk) && same(gv, r.gv) && same(gw, r.gw);
+  }
+};
+
+// forward then backward (grad_o from the inputs) in T on `threads` OpenMP threads.
+template <typename T>
+OperatorResults<T> run_operator(const Case& c, const Inputs& in, int threads) {
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(threads);
+  const auto q = cast<T>(in.q), k = cast<T>(in.k), v = cast<T>(in.v), w = cast<T>(in.w),
+             g = cast<T>(in.grad_o);
+  OperatorResults<T> r{std::vector<T>(v.size()), std::vector<T>(q.size()), std::vector<T>(k.size()),
+                       std::vector<T>(v.size()), std::vector<T>(w.size())};
+  forward<T>(c.options(), view(q, c.q_shape()), view(k, c.q_shape()), view(v, c.v_shape()),
+             view(w, c.w_shape()), view(r.o, c.v_shape()));
+  backward<T>(c.options(), view(q, c.q_shape()), view(k, c.q_shape()), view(v, c.v_shape()),
+              view(w, c.w_shape()), view(r.o, c.v_shape()), view(g, c.v_shape()),
+              view(r.gq, c.q_shape()), view(r.gk, c.q_shape()), view(r.gv, c.v_shape()),
+              view(r.gw, c.w_shape()));
+  omp_set_num_threads(saved);
+  return r;
 }
 
 // Max |got - want| relative to max(largest |want|, 1): a tolerance means "this

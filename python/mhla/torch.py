@@ -4,7 +4,9 @@ Functions (differentiable in every input, including the mixing matrix):
 ``mhla_attention``, ``varlen_attention`` (packed sequences, ``cu_seqlens``),
 ``linear_attention``, ``softmax_attention``. Tensors are
 ``[B, N, H, D]`` on the CPU, float32 or float64; non-contiguous inputs are
-made contiguous first, as any torch op would.
+made contiguous first, as any torch op would. bfloat16 and float16 inputs run
+through float32 copies (the operator accumulates in float32 either way) and
+the results come back in the input's dtype, gradients included.
 
 Layers take ``x [B, N, dim]`` and return ``[B, N, dim]``:
 
@@ -131,19 +133,41 @@ def _check_tensors(**tensors):
             raise TypeError(f"{name} must be a torch.Tensor, not {type(t).__name__}")
 
 
+# Reduced-precision inputs have no kernel of their own: they are widened to
+# float32 (differentiably, so their gradients come back in their own dtype),
+# and the output is rounded back to q's dtype.
+_WIDENED = (torch.bfloat16, torch.float16)
+
+
+def _compute_dtype(q):
+    return torch.float32 if q.dtype in _WIDENED else q.dtype
+
+
+def _widened(q, k, v):
+    """q, k, v in float32 when they share a reduced dtype; as they are otherwise (the operator
+    names any other dtype problem)."""
+    if q.dtype not in _WIDENED:
+        return q, k, v
+    for name, t in (("k", k), ("v", v)):
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name} has dtype {str(t.dtype).replace('torch.', '')} but q has "
+                            f"{str(q.dtype).replace('torch.', '')}; all tensors of one call share a dtype")
+    return q.float(), k.float(), v.float()
+
+
 def mhla_attention(q, k, v, w, layout, *, masking=None, feature_map=None, normalize=None, eps=None,
                    scale=None, mixing=None):
     """MHLA of ``q, k [B, N, H, Dk]`` and ``v [B, N, H, Dv]`` with mixing ``w``; returns ``[B, N, H, Dv]``.
 
     ``w`` is ``[M, M]`` (shared) or ``[H, M, M]`` (per head), or with ``mixing="toeplitz"``
-    ``[L + 1]`` / ``[H, L + 1]``; it is cast to q's dtype. ``layout`` is an ``mhla.Layout``.
+    ``[L + 1]`` / ``[H, L + 1]``; it is cast to q's dtype (float32 for bfloat16 and float16 q). ``layout`` is an ``mhla.Layout``.
     Options left as None take the operator's defaults (``mhla.Options``); enums may be given by name.
     """
     _check_tensors(q=q, k=k, v=v, w=w)
     # Built once: forward and backward get the same object, not strings to parse again.
     options = _core.Options(layout, masking=masking, feature_map=feature_map, normalize=normalize, eps=eps,
                             scale=scale, mixing=mixing)
-    return _MHLAFunction.apply(q, k, v, w.to(q.dtype), options)
+    return _MHLAFunction.apply(*_widened(q, k, v), w.to(_compute_dtype(q)), options).to(q.dtype)
 
 
 def varlen_attention(q, k, v, w, cu_seqlens, *, block, mixing=None, masking=None, feature_map=None,
@@ -159,7 +183,8 @@ def varlen_attention(q, k, v, w, cu_seqlens, *, block, mixing=None, masking=None
     _check_tensors(q=q, k=k, v=v, w=w)
     options = dict(block=block, mixing=mixing, masking=masking, feature_map=feature_map, normalize=normalize,
                    eps=eps, scale=scale)
-    return _VarlenFunction.apply(q, k, v, w.to(q.dtype), offsets(cu_seqlens), options)
+    return _VarlenFunction.apply(*_widened(q, k, v), w.to(_compute_dtype(q)), offsets(cu_seqlens),
+                                 options).to(q.dtype)
 
 
 def linear_attention(q, k, v, *, masking=None, feature_map=None, normalize=None, eps=None, scale=None):
@@ -167,13 +192,13 @@ def linear_attention(q, k, v, *, masking=None, feature_map=None, normalize=None,
     _check_tensors(q=q, k=k, v=v)
     options = _core.LinearOptions(masking=masking, feature_map=feature_map, normalize=normalize, eps=eps,
                                   scale=scale)
-    return _LinearAttentionFunction.apply(q, k, v, options)
+    return _LinearAttentionFunction.apply(*_widened(q, k, v), options).to(q.dtype)
 
 
 def softmax_attention(q, k, v, *, causal=False, scale=None):
     """``softmax(q k^T * scale) v`` in tiles (never N x N), same shapes as ``mhla_attention``."""
     _check_tensors(q=q, k=k, v=v)
-    return _SoftmaxAttentionFunction.apply(q, k, v, dict(causal=causal, scale=scale))
+    return _SoftmaxAttentionFunction.apply(*_widened(q, k, v), dict(causal=causal, scale=scale)).to(q.dtype)
 
 
 # The layers' semantics: the paper's (default), or the authors' public code's, for porting

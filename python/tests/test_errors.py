@@ -24,6 +24,9 @@ def test_wrong_dtype():
         mhla.forward(q, k.float(), v, w, layout=LAYOUT)
     with pytest.raises(TypeError, match="v has dtype bfloat16"):
         mt.mhla_attention(q, k, v.bfloat16(), w, LAYOUT)
+    # bfloat16 q, k and v are widened together; a float64 one among them is still a mismatch.
+    with pytest.raises(TypeError, match="v has dtype float64 but q has bfloat16"):
+        mt.mhla_attention(q.bfloat16(), k.bfloat16(), v, w, LAYOUT)
 
 
 def test_wrong_device():

@@ -249,7 +249,7 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(TrainLayers, MixingIsRowStochasticAndCausal) {
   Rng rng(21);
   AttentionLayer<double> layer(
-      "a", {AttentionKind::mhla, 4, 2, true, TokenLayout::sequence(10, 3), 0}, rng);
+      "a", {AttentionKind::mhla, 4, 2, true, TokenLayout::sequence(10, 3), 0, {}}, rng);
   layer.mixing_parameter.value = random_vector(layer.mixing_parameter.value.size(), 22, 30.0);
   const std::vector<double> w = layer.mixing();
   const int64_t m = 4;
@@ -270,7 +270,7 @@ TEST(TrainLayers, MixingIsRowStochasticAndCausal) {
 TEST(TrainLayers, MixingStartsAtTheLocalityInit) {
   Rng rng(23);
   AttentionLayer<double> layer(
-      "a", {AttentionKind::mhla, 4, 1, false, TokenLayout::grid2d(4, 4, 2, 2), 0}, rng);
+      "a", {AttentionKind::mhla, 4, 1, false, TokenLayout::grid2d(4, 4, 2, 2), 0, {}}, rng);
   const std::vector<double> w = layer.mixing();
   for (int64_t i = 0; i < 4; ++i)
     for (int64_t b = 0; b < 4; ++b)
@@ -286,7 +286,7 @@ TEST(TrainLayers, MhlaWithUniformMixingIsLinearAttention) {
   for (bool causal : {false, true}) {
     const TokenLayout layout = TokenLayout::sequence(11, 3);
     Rng rng_a(31), rng_b(31);
-    AttentionConfig mhla{AttentionKind::mhla, 6, 2, causal, layout, 2};
+    AttentionConfig mhla{AttentionKind::mhla, 6, 2, causal, layout, 2, {}};
     mhla.design.mixing_init = MixingTransform::uniform;
     AttentionConfig linear = mhla;
     linear.kind = AttentionKind::linear;
@@ -303,7 +303,7 @@ TEST(TrainLayers, ClampedMixingStartsAtTheInitAndIsCausal) {
   // Uniform-causal init: row i reads blocks 0..i with weight 1/(i+1), the
   // authors' language-model start; nothing above the diagonal.
   Rng rng(41);
-  AttentionConfig c{AttentionKind::mhla, 4, 2, true, TokenLayout::sequence(10, 3), 0};
+  AttentionConfig c{AttentionKind::mhla, 4, 2, true, TokenLayout::sequence(10, 3), 0, {}};
   c.design.mixing_param = MixingParam::clamp;
   c.design.mixing_init = MixingTransform::uniform;
   c.design.mixing_lr_scale = 10;

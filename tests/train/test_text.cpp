@@ -105,7 +105,9 @@ TEST(TrainText, WindowsPredictTheNextByteAndSplitsDiffer) {
   EXPECT_EQ(task->train_batch(3).tokens, b.tokens);  // a function of (seed, step)
   ASSERT_FALSE(task->validation_batches().empty());
   EXPECT_NE(task->validation_batches()[0].tokens, task->test_batches()[0].tokens);
-  const RunResult r = run_training(c, {.data_dir = path});
+  RunOptions options;
+  options.data_dir = path;
+  const RunResult r = run_training(c, options);
   EXPECT_TRUE(r.finished);
   EXPECT_NE(r.final_eval.loss, r.final_test.loss);
   EXPECT_LT(r.final_eval.loss, std::log(256.0));  // it has learned something about bytes

@@ -1,0 +1,100 @@
+"""bfloat16 and float16 tensors through mhla.torch: computed in float32, returned
+(values and gradients) in the caller's dtype, with an error against float64 no
+larger than rounding the exact result to that dtype, and (bfloat16; torch has
+no float16 elu on the CPU) no larger than the same formula computed in the
+reduced dtype itself."""
+import pytest
+import torch
+
+import mhla
+import mhla.torch as mt
+
+DTYPES = [torch.bfloat16, torch.float16]
+
+
+def operands(layout, heads=4, dim=32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    n = layout.num_tokens
+    q, k, v = (torch.randn(1, n, heads, dim, generator=g, dtype=torch.float64) for _ in range(3))
+    w = torch.from_numpy(mhla.init_mixing(layout)).double()
+    return q, k, v, w
+
+
+def naive(q, k, v, w, block):
+    """Non-causal MHLA with elu+1 written in torch ops, in the dtype of its inputs."""
+    batch, tokens, heads, dk = q.shape
+    m = tokens // block
+    fq = (torch.nn.functional.elu(q) + 1).reshape(batch, m, block, heads, dk)
+    fk = (torch.nn.functional.elu(k) + 1).reshape(batch, m, block, heads, dk)
+    vb = v.reshape(batch, m, block, heads, v.shape[-1])
+    mixed = torch.einsum("ij,bjhde->bihde", w, torch.einsum("bmchd,bmche->bmhde", fk, vb))
+    mixed_sums = torch.einsum("ij,bjhd->bihd", w, fk.sum(2))
+    numerator = torch.einsum("bmchd,bmhde->bmche", fq, mixed)
+    denominator = torch.einsum("bmchd,bmhd->bmch", fq, mixed_sums)
+    return (numerator / (denominator[..., None] + 1e-6)).reshape(batch, tokens, heads, -1)
+
+
+def relative_error(x, exact):
+    return ((x.double() - exact).abs().max() / exact.abs().max()).item()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_values_and_gradients_come_back_in_the_inputs_dtype(dtype):
+    layout = mhla.Layout.sequence(64, 16)
+    q, k, v, w = (t.to(dtype).requires_grad_() for t in operands(layout))
+    o = mt.mhla_attention(q, k, v, w, layout, feature_map="elu1")
+    assert o.dtype == dtype
+    o.sum().backward()
+    for name, t in dict(q=q, k=k, v=v, w=w).items():
+        assert t.grad is not None and t.grad.dtype == dtype, name
+        assert torch.isfinite(t.grad.float()).all(), name
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_error_is_one_rounding_and_below_the_naive_reduced_computation(dtype):
+    layout = mhla.Layout.sequence(256, 32)
+    q64, k64, v64, w64 = operands(layout)
+    # The exact result of the inputs as rounded to dtype: the best any dtype output can approach.
+    q, k, v, w = (t.to(dtype) for t in (q64, k64, v64, w64))
+    exact = mt.mhla_attention(*(t.double() for t in (q, k, v, w)), layout, feature_map="elu1")
+    ours = relative_error(mt.mhla_attention(q, k, v, w, layout, feature_map="elu1"), exact)
+    rounding = relative_error(exact.to(dtype), exact)
+    assert ours <= 1.5 * rounding, (ours, rounding)
+    if dtype == torch.bfloat16:
+        reduced = relative_error(naive(q, k, v, w, 32), exact)
+        assert ours <= reduced, (ours, reduced)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_gradients_match_float64_to_the_dtypes_precision(dtype):
+    layout = mhla.Layout.sequence(96, 16)
+    q64, k64, v64, w64 = operands(layout, seed=3)
+    grad_o = torch.randn(q64.shape[:-1] + (v64.shape[-1],), generator=torch.Generator().manual_seed(4),
+                         dtype=torch.float64)
+    rounded = [t.to(dtype) for t in (q64, k64, v64, w64)]
+
+    def gradients(tensors):
+        leaves = [t.detach().requires_grad_() for t in tensors]
+        mt.mhla_attention(*leaves, layout, feature_map="elu1").backward(grad_o.to(leaves[0].dtype))
+        return [t.grad for t in leaves]
+
+    exact = gradients([t.double() for t in rounded])
+    for name, got, want in zip("qkvw", gradients(rounded), exact):
+        # Each gradient is rounded once to dtype; a few units of its precision allow for grad_o's rounding.
+        assert relative_error(got, want) <= 4 * torch.finfo(dtype).eps, name
+
+
+def test_a_bfloat16_layer_trains_and_tracks_its_float32_copy():
+    torch.manual_seed(0)
+    layer = mt.MHLA1d(64, 4, block_size=16, max_tokens=48, causal=True)
+    reduced = mt.MHLA1d(64, 4, block_size=16, max_tokens=48, causal=True)
+    reduced.load_state_dict(layer.state_dict())
+    reduced.to(torch.bfloat16)
+    x = torch.randn(2, 48, 64)
+    want = layer(x)
+    got = reduced(x.to(torch.bfloat16))
+    assert got.dtype == torch.bfloat16
+    assert relative_error(got, want.double()) < 0.03
+    got.float().pow(2).mean().backward()
+    assert all(p.grad is not None and p.grad.dtype == torch.bfloat16 for p in reduced.parameters()
+               if p.requires_grad)
