@@ -5,15 +5,12 @@
 // Run under mpirun with 1 to 4 ranks (tests/CMakeLists.txt).
 #include <mpi.h>
 
-#include <cstring>
-
 #include "context_parallel/mpi_world.hpp"
 #include "mhla/context_parallel_mpi.hpp"
 #include "test_support.hpp"
 
 namespace mhla::test {
 namespace {
-
 
 // The catalogue's layouts plus grids with enough tile rows (frames) to give
 // every one of four ranks a shard.
@@ -64,63 +61,34 @@ std::vector<T> rows(const std::vector<T>& x, const std::vector<int64_t>& shape, 
   return out;
 }
 
-template <typename T>
-struct Results {
-  std::vector<T> o, grad_q, grad_k, grad_v, grad_w;
-  bool operator==(const Results& other) const {
-    auto same = [](const std::vector<T>& a, const std::vector<T>& b) {
-      return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
-    };
-    return same(o, other.o) && same(grad_q, other.grad_q) && same(grad_k, other.grad_k) &&
-           same(grad_v, other.grad_v) && same(grad_w, other.grad_w);
-  }
-};
-
 // This rank's context-parallel results on its shard of `in`.
 template <typename T>
-Results<T> run_shard(const Case& c, const Inputs& in, const Shard& s) {
+OperatorResults<T> run_shard(const Case& c, const Inputs& in, const Shard& s) {
   const std::vector<int64_t> q_shape = {c.batch, s.tokens, c.heads, c.dk},
                              v_shape = {c.batch, s.tokens, c.heads, c.dv};
   const auto q = cast<T>(rows(in.q, c.q_shape(), s.first_token, s.tokens)),
              k = cast<T>(rows(in.k, c.q_shape(), s.first_token, s.tokens)),
              v = cast<T>(rows(in.v, c.v_shape(), s.first_token, s.tokens)),
              g = cast<T>(rows(in.grad_o, c.v_shape(), s.first_token, s.tokens)), w = cast<T>(in.w);
-  Results<T> r;
-  r.o.resize(v.size());
-  r.grad_q.resize(q.size());
-  r.grad_k.resize(k.size());
-  r.grad_v.resize(v.size());
-  r.grad_w.resize(w.size());
+  OperatorResults<T> r{std::vector<T>(v.size()), std::vector<T>(q.size()), std::vector<T>(k.size()),
+                       std::vector<T>(v.size()), std::vector<T>(w.size())};
   const Options options = c.options();
   context_parallel_forward<T>(MPI_COMM_WORLD, options, view(q, q_shape), view(k, q_shape),
                               view(v, v_shape), view(w, c.w_shape()), view(r.o, v_shape));
   context_parallel_backward<T>(MPI_COMM_WORLD, options, view(q, q_shape), view(k, q_shape),
                                view(v, v_shape), view(w, c.w_shape()), view(r.o, v_shape),
-                               view(g, v_shape), view(r.grad_q, q_shape), view(r.grad_k, q_shape),
-                               view(r.grad_v, v_shape), view(r.grad_w, c.w_shape()));
+                               view(g, v_shape), view(r.gq, q_shape), view(r.gk, q_shape),
+                               view(r.gv, v_shape), view(r.gw, c.w_shape()));
   return r;
 }
 
 // The one-process operator in double on the whole sequence, cut to the shard.
-Results<double> whole_sequence(const Case& c, const Inputs& in, const Shard& s) {
-  Results<double> r;
-  r.o.resize(in.v.size());
-  r.grad_q.resize(in.q.size());
-  r.grad_k.resize(in.k.size());
-  r.grad_v.resize(in.v.size());
-  r.grad_w.resize(in.w.size());
-  const Options options = c.options();
-  forward<double>(options, view(in.q, c.q_shape()), view(in.k, c.q_shape()),
-                  view(in.v, c.v_shape()), view(in.w, c.w_shape()), view(r.o, c.v_shape()));
-  backward<double>(options, view(in.q, c.q_shape()), view(in.k, c.q_shape()),
-                   view(in.v, c.v_shape()), view(in.w, c.w_shape()), view(r.o, c.v_shape()),
-                   view(in.grad_o, c.v_shape()), view(r.grad_q, c.q_shape()),
-                   view(r.grad_k, c.q_shape()), view(r.grad_v, c.v_shape()),
-                   view(r.grad_w, c.w_shape()));
+OperatorResults<double> whole_sequence(const Case& c, const Inputs& in, const Shard& s) {
+  OperatorResults<double> r = run_operator<double>(c, in, omp_get_max_threads());
   r.o = rows(r.o, c.v_shape(), s.first_token, s.tokens);
-  r.grad_q = rows(r.grad_q, c.q_shape(), s.first_token, s.tokens);
-  r.grad_k = rows(r.grad_k, c.q_shape(), s.first_token, s.tokens);
-  r.grad_v = rows(r.grad_v, c.v_shape(), s.first_token, s.tokens);
+  r.gq = rows(r.gq, c.q_shape(), s.first_token, s.tokens);
+  r.gk = rows(r.gk, c.q_shape(), s.first_token, s.tokens);
+  r.gv = rows(r.gv, c.v_shape(), s.first_token, s.tokens);
   return r;
 }
 
@@ -132,16 +100,16 @@ void expect_equal_to_one_process(const Case& c, bool single_first, double tolera
       for (double& e : *x) e = double(float(e));
   const Shard s =
       plan_shards(c.layout, split(c.layout, world_size(), single_first))[size_t(world_rank())];
-  const Results<T> got = run_shard<T>(c, in, s);
-  const Results<double> want = whole_sequence(c, in, s);
+  const OperatorResults<T> got = run_shard<T>(c, in, s);
+  const OperatorResults<double> want = whole_sequence(c, in, s);
   const std::string where = std::string(sizeof(T) == 4 ? "fp32" : "fp64") + " rank " +
                             std::to_string(world_rank()) + " tokens " +
                             std::to_string(s.first_token) + "+" + std::to_string(s.tokens);
   EXPECT_CLOSE(got.o, want.o, tolerance, where + " o");
-  EXPECT_CLOSE(got.grad_q, want.grad_q, tolerance, where + " grad_q");
-  EXPECT_CLOSE(got.grad_k, want.grad_k, tolerance, where + " grad_k");
-  EXPECT_CLOSE(got.grad_v, want.grad_v, tolerance, where + " grad_v");
-  EXPECT_CLOSE(got.grad_w, want.grad_w, tolerance, where + " grad_w");
+  EXPECT_CLOSE(got.gq, want.gq, tolerance, where + " grad_q");
+  EXPECT_CLOSE(got.gk, want.gk, tolerance, where + " grad_k");
+  EXPECT_CLOSE(got.gv, want.gv, tolerance, where + " grad_v");
+  EXPECT_CLOSE(got.gw, want.gw, tolerance, where + " grad_w");
   if (single_first) {  // a second call: same bits (every sum in a fixed order)
     EXPECT_TRUE(run_shard<T>(c, in, s) == got) << where << ": a second call differs";
   }
