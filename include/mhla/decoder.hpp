@@ -8,6 +8,7 @@
 // (updated per token: O(Dk Dv)). Outputs equal the chunkwise causal forward on the whole sequence,
 // in both normalized and unnormalized modes (the normalizer's key sums are part of the state).
 #include <cstdint>
+#include <new>
 #include <optional>
 #include <span>
 #include <string>
@@ -53,6 +54,9 @@ class Decoder {
   int64_t max_tokens() const;           // context per sequence (Toeplitz: no limit)
   void reset(int64_t seq);              // empties sequence seq
   int64_t state_bytes() const;          // bytes held by all sequences' states
+  // Bytes of one block summary [S | z] in the state: Dk rows of Dv rounded up
+  // to 16 floats, then Dk rounded up to 16 key sums (aligned rows for the step).
+  int64_t summary_bytes() const { return summary_floats_ * int64_t(sizeof(float)); }
   const DecoderOptions& options() const { return options_; }
 
   // A versioned, CRC-32-checked binary snapshot of the whole decoder: options,
@@ -71,18 +75,35 @@ class Decoder {
                       const std::optional<DecoderOptions>& expect = std::nullopt);
 
  private:
-  struct HeadState {
-    // [evicted + blocks kept, Dk, Dv + 1], oldest first. Toeplitz: the first
-    // `evicted` blocks have already left the window for `far`; they are
-    // dropped together once there are a quarter-window of them.
-    std::vector<float> finished;
-    int64_t evicted = 0;
-    std::vector<float> far;       // Toeplitz: [Dk, Dv + 1] sum of blocks at distance >= max(L, 1)
-    std::vector<float> prefix;    // [Dk, Dv + 1] mixed summaries of earlier blocks
-    std::vector<float> running;   // [Dk, Dv + 1] sums over the current block so far
+  // 64-byte aligned floats: the step kernel reads whole cache lines of a state row.
+  template <typename T>
+  struct CacheLineAllocator {
+    using value_type = T;
+    CacheLineAllocator() = default;
+    template <typename U>
+    CacheLineAllocator(const CacheLineAllocator<U>&) {}
+    T* allocate(size_t n) {
+      return static_cast<T*>(::operator new (n * sizeof(T), std::align_val_t{64}));
+    }
+    void deallocate(T* p, size_t) { ::operator delete (p, std::align_val_t{64}); }
+    bool operator==(const CacheLineAllocator&) const = default;
   };
-  // The blocks a state keeps one by one (after the evicted ones), and how many.
-  const float* kept_summaries(const HeadState& s) const;
+  using Floats = std::vector<float, CacheLineAllocator<float>>;
+  // Every summary [S_b | z_b] below takes summary_floats_ floats, in the step
+  // kernel's padded layout (src/cpu/simd/decode_token.hpp), not the
+  // operator's [Dk, Dv + 1].
+  struct HeadState {
+    // The finished blocks kept one by one, oldest at slot `oldest`. Toeplitz:
+    // a ring of at most max(L, 1) - 1 slots; the block that leaves the window
+    // is added to `far` and its slot takes the new one, so nothing moves.
+    Floats finished;
+    int64_t oldest = 0;
+    Floats far;      // Toeplitz: sum of blocks at distance >= max(L, 1)
+    Floats prefix;   // mixed summaries of earlier blocks
+    Floats running;  // sums over the current block so far
+  };
+  // The j-th oldest block a state keeps one by one, and how many it keeps.
+  const float* kept_summary(const HeadState& s, int64_t j) const;
   int64_t kept_count(const HeadState& s) const;
   const float* head_w(int64_t h) const;
   float diagonal(int64_t h, int64_t block) const;  // W[block, block]
@@ -107,8 +128,10 @@ class Decoder {
   int64_t window_ = 0;    // Toeplitz: finished blocks kept one by one, max(L, 1) - 1
   std::vector<float> w_;  // copy of w
   bool per_head_;
+  int64_t summary_floats_;  // one summary in the step kernel's layout
   std::vector<int64_t> positions_;
   std::vector<HeadState> states_;  // [B, H]
+  std::vector<float> features_;    // step's phi(k_t), phi(q_t) per (sequence, head): [B, H, 2, Dk]
 };
 
 }  // namespace mhla

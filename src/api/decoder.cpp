@@ -31,18 +31,22 @@ Decoder::Decoder(const DecoderOptions& options, TensorView<const float> w) : opt
   require_positive(fn, "options.dk", options.dk);
   require_positive(fn, "options.dv", options.dv);
   require_positive(fn, "options.block", options.block);
-  // The first product bounds dv far below INT64_MAX, so dv + 1 cannot overflow.
-  for (int64_t extra : {0, 1})
-    detail::checked_product({options.batch, options.heads, options.dk, options.dv + extra},
+  // The first product bounds dk and dv far below INT64_MAX, so adding 16
+  // cannot overflow; (Dk + 16)(Dv + 16) bounds a padded summary (StateLayout).
+  for (int64_t extra : {0, 16})
+    detail::checked_product({options.batch, options.heads, options.dk + extra, options.dv + extra},
                             std::string(fn) + ": state size");
   check_options_and_mixing(fn, w);
-  const size_t summary = size_t(options.dk * (options.dv + 1));
+  summary_floats_ = cpu::simd::StateLayout(options.dk, options.dv).floats;
+  const size_t summary = size_t(summary_floats_);
   const double state_bytes =
       double(options.batch) * double(options.heads) *
-      (sizeof(HeadState) + double(summary) * (toeplitz_ ? 3 : 2) * sizeof(float));
+      (sizeof(HeadState) + double(summary) * (toeplitz_ ? 3 : 2) * sizeof(float) +
+       2.0 * double(options.dk) * sizeof(float));
   detail::allocating(fn,
                      "the decoding state of " + std::to_string(options.batch) + " x " +
-                         std::to_string(options.heads) + " heads of [Dk, Dv + 1] summaries",
+                         std::to_string(options.heads) + " heads of summaries of " +
+                         std::to_string(summary_floats_) + " floats",
                      state_bytes, [&] {
                        w_.assign(w.data, w.data + detail::checked_product(w.shape, "w"));
                        positions_.assign(options.batch, 0);
@@ -52,6 +56,7 @@ Decoder::Decoder(const DecoderOptions& options, TensorView<const float> w) : opt
                          s.running.assign(summary, 0.0f);
                          if (toeplitz_) s.far.assign(summary, 0.0f);
                        }
+                       features_.resize(size_t(options.batch * options.heads * 2 * options.dk));
                      });
 }
 
@@ -99,16 +104,16 @@ float Decoder::diagonal(int64_t h, int64_t block) const {
   return toeplitz_ ? head_w(h)[0] : head_w(h)[block * blocks_ + block];
 }
 
-const float* Decoder::kept_summaries(const HeadState& s) const {
-  return s.finished.data() + s.evicted * options_.dk * (options_.dv + 1);
+const float* Decoder::kept_summary(const HeadState& s, int64_t j) const {
+  return s.finished.data() + (s.oldest + j) % kept_count(s) * summary_floats_;
 }
 
 int64_t Decoder::kept_count(const HeadState& s) const {
-  return int64_t(s.finished.size()) / (options_.dk * (options_.dv + 1)) - s.evicted;
+  return int64_t(s.finished.size()) / summary_floats_;
 }
 
 void Decoder::mix_prefix(HeadState& s, int64_t h, int64_t block) const {
-  const int64_t x = options_.dk * (options_.dv + 1);
+  const int64_t x = summary_floats_;
   const int64_t kept = kept_count(s);
   if (toeplitz_) {
     // prefix = w[L] far + sum_{d = 1}^{kept} w[d] S_{block - d}; far holds the
@@ -116,7 +121,7 @@ void Decoder::mix_prefix(HeadState& s, int64_t h, int64_t block) const {
     const float* w = head_w(h);
     for (int64_t c = 0; c < x; ++c) s.prefix[c] = w[length_] * s.far[c];
     for (int64_t d = 1; d <= kept; ++d)
-      cblas_saxpy(blasint(x), w[d], kept_summaries(s) + (kept - d) * x, 1, s.prefix.data(), 1);
+      cblas_saxpy(blasint(x), w[d], kept_summary(s, kept - d), 1, s.prefix.data(), 1);
     return;
   }
   // prefix = sum_{b < block} W[block, b] [S_b | z_b]: one GEMV over the finished blocks.
@@ -124,7 +129,8 @@ void Decoder::mix_prefix(HeadState& s, int64_t h, int64_t block) const {
     std::fill(s.prefix.begin(), s.prefix.end(), 0.0f);
     return;
   }
-  cblas_sgemv(CblasRowMajor, CblasTrans, blasint(block), blasint(x), 1.0f, kept_summaries(s),
+  // Without Toeplitz mixing nothing leaves the state: the blocks lie in order.
+  cblas_sgemv(CblasRowMajor, CblasTrans, blasint(block), blasint(x), 1.0f, s.finished.data(),
               blasint(x), head_w(h) + block * blocks_, 1, 0.0f, s.prefix.data(), 1);
 }
 
@@ -134,19 +140,21 @@ int64_t Decoder::kept_blocks(int64_t position) const {
 }
 
 void Decoder::push_finished(HeadState& s, const float* summary) const {
-  const int64_t x = options_.dk * (options_.dv + 1);
-  s.finished.insert(s.finished.end(), summary, summary + x);
-  if (toeplitz_ && kept_count(s) > window_) {
-    // The oldest kept block now sits at distance max(L, 1): it joins the tail sum.
-    cblas_saxpy(blasint(x), 1.0f, kept_summaries(s), 1, s.far.data(), 1);
-    // Dropping evicted blocks a quarter-window at a time moves about four
-    // blocks' bytes per block start instead of the whole window's, for at
-    // most a quarter-window more state.
-    if (++s.evicted >= std::max<int64_t>(window_ / 4, 1)) {
-      s.finished.erase(s.finished.begin(), s.finished.begin() + s.evicted * x);
-      s.evicted = 0;
-    }
+  const int64_t x = summary_floats_;
+  if (!toeplitz_ || kept_count(s) < window_) {
+    s.finished.insert(s.finished.end(), summary, summary + x);
+    return;
   }
+  // The window is full: its oldest block now sits at distance max(L, 1) and
+  // joins the tail sum, and the new block takes its slot.
+  if (window_ == 0) {
+    cblas_saxpy(blasint(x), 1.0f, summary, 1, s.far.data(), 1);
+    return;
+  }
+  float* slot = s.finished.data() + s.oldest * x;
+  cblas_saxpy(blasint(x), 1.0f, slot, 1, s.far.data(), 1);
+  std::copy(summary, summary + x, slot);
+  s.oldest = (s.oldest + 1) % window_;
 }
 
 std::string Decoder::context_description() const {
@@ -171,7 +179,7 @@ void Decoder::reset(int64_t seq) {
   for (int64_t h = 0; h < options_.heads; ++h) {
     HeadState& s = states_[seq * options_.heads + h];
     s.finished.clear();
-    s.evicted = 0;
+    s.oldest = 0;
     std::fill(s.far.begin(), s.far.end(), 0.0f);
     std::fill(s.prefix.begin(), s.prefix.end(), 0.0f);
     std::fill(s.running.begin(), s.running.end(), 0.0f);
@@ -229,11 +237,16 @@ void Decoder::prefill(int64_t seq, TensorView<const float> q, TensorView<const f
     detail::report_non_finite_output(fn, p, q, k, v, o);
 
   // Blocks before the last are finished; the last one is the running block.
+  const cpu::simd::StateLayout state(options_.dk, options_.dv);
+  Floats stored(static_cast<size_t>(summary_floats_));
   for (int64_t h = 0; h < heads; ++h) {
     HeadState& s = states_[seq * heads + h];
     const float* blocks = saved.data() + h * m * x;
-    for (int64_t b = 0; b + 1 < m; ++b) push_finished(s, blocks + b * x);
-    s.running.assign(blocks + (m - 1) * x, blocks + m * x);
+    for (int64_t b = 0; b + 1 < m; ++b) {
+      state.store(blocks + b * x, stored.data());
+      push_finished(s, stored.data());
+    }
+    state.store(blocks + (m - 1) * x, s.running.data());
     mix_prefix(s, h, m - 1);
   }
   positions_[seq] = d.tokens;
@@ -253,45 +266,40 @@ void Decoder::step(TensorView<const float> q, TensorView<const float> k, TensorV
                    context_description());
 
   const float eps = float(options_.eps), scale = float(scale_);
+  const cpu::simd::StateLayout state(dk, dv);
   bool finite = true;
-#pragma omp parallel
-  {
-    // phi(k_t) and phi(q_t) of the current task.
-    std::vector<float> phi_k(static_cast<size_t>(dk)), phi_q(static_cast<size_t>(dk));
-#pragma omp for schedule(static) reduction(&& : finite)
-    for (int64_t task = 0; task < batch * heads; ++task) {
-      const int64_t b = task / heads, h = task % heads, pos = positions_[b];
-      const int64_t block = pos / options_.block;
-      HeadState& s = states_[task];
-      if (pos % options_.block == 0) {
-        // Block `block` begins: the previous one is finished, and the mix of all
-        // finished blocks is computed once for the whole block.
-        if (pos > 0) push_finished(s, s.running.data());
-        std::fill(s.running.begin(), s.running.end(), 0.0f);
-        mix_prefix(s, h, block);
-      } else if (options_.recompute_mix_every_token) {
-        mix_prefix(s, h, block);
-      }
-      const float* qt = q.data + task * dk;
-      const float* kt = k.data + task * dk;
-      float* kap = phi_k.data();
-      float* u = phi_q.data();
-      detail::dispatch_feature(options_.feature_map, [&]<FeatureMap Phi>() {
-#pragma omp simd
-        for (int64_t a = 0; a < dk; ++a) {
-          kap[a] = detail::apply_feature<Phi>(kt[a]);
-          u[a] = detail::apply_feature<Phi>(qt[a]);
-        }
-      });
-      // running += phi(k_t) [v_t | 1]^T;  y = phi(q_t)^T (prefix + W[i,i] running)
-      float* out = o.data + task * dv;
-      const float den =
-          cpu::simd::decode_token(dk, dv, kap, v.data + task * dv, u, diagonal(h, block),
-                                  s.prefix.data(), s.running.data(), out);
-      const float factor = options_.normalize ? 1.0f / (den + eps) : scale;
-      for (int64_t e = 0; e < dv; ++e) out[e] *= factor;
-      finite = finite && std::isfinite(den) && detail::first_non_finite(out, dv) < 0;
+#pragma omp parallel for schedule(static) reduction(&& : finite)
+  for (int64_t task = 0; task < batch * heads; ++task) {
+    const int64_t b = task / heads, h = task % heads, pos = positions_[b];
+    const int64_t block = pos / options_.block;
+    HeadState& s = states_[task];
+    if (pos % options_.block == 0) {
+      // Block `block` begins: the previous one is finished, and the mix of all
+      // finished blocks is computed once for the whole block.
+      if (pos > 0) push_finished(s, s.running.data());
+      std::fill(s.running.begin(), s.running.end(), 0.0f);
+      mix_prefix(s, h, block);
+    } else if (options_.recompute_mix_every_token) {
+      mix_prefix(s, h, block);
     }
+    const float* qt = q.data + task * dk;
+    const float* kt = k.data + task * dk;
+    float* kap = features_.data() + task * 2 * dk;
+    float* u = kap + dk;
+    detail::dispatch_feature(options_.feature_map, [&]<FeatureMap Phi>() {
+#pragma omp simd
+      for (int64_t a = 0; a < dk; ++a) {
+        kap[a] = detail::apply_feature<Phi>(kt[a]);
+        u[a] = detail::apply_feature<Phi>(qt[a]);
+      }
+    });
+    // running += phi(k_t) [v_t | 1]^T;  y = phi(q_t)^T (prefix + W[i,i] running)
+    float* out = o.data + task * dv;
+    const float den = cpu::simd::decode_token(state, kap, v.data + task * dv, u, diagonal(h, block),
+                                              s.prefix.data(), s.running.data(), out);
+    const float factor = options_.normalize ? 1.0f / (den + eps) : scale;
+    for (int64_t e = 0; e < dv; ++e) out[e] *= factor;
+    finite = finite && std::isfinite(den) && detail::first_non_finite(out, dv) < 0;
   }
   for (int64_t& p : positions_) ++p;
   if (finite) return;

@@ -6,6 +6,7 @@
 
 #include <cmath>
 
+#include "cpu/simd/decode_token.hpp"
 #include "mhla/decoder.hpp"
 #include "mhla_support/byte_stream.hpp"
 #include "mhla_support/checked_math.hpp"
@@ -99,10 +100,18 @@ std::vector<uint8_t> Decoder::serialize() const {
   out.i64(width);  // L + 1 (Toeplitz) or M (dense)
   out.floats(w_.data(), w_.size());
   for (int64_t position : positions_) out.i64(position);
+  // Summaries are stored as the operator's [Dk, Dv + 1], whatever layout the
+  // step kernel keeps them in.
+  const cpu::simd::StateLayout state(options_.dk, options_.dv);
+  std::vector<float> summary(size_t(options_.dk * (options_.dv + 1)));
+  const auto write = [&](const float* stored) {
+    state.load(stored, summary.data());
+    out.floats(summary.data(), summary.size());
+  };
   for (const HeadState& s : states_) {
-    out.floats(kept_summaries(s), size_t(kept_count(s) * options_.dk * (options_.dv + 1)));
-    if (toeplitz_) out.floats(s.far.data(), s.far.size());
-    out.floats(s.running.data(), s.running.size());
+    for (int64_t b = 0; b < kept_count(s); ++b) write(kept_summary(s, b));
+    if (toeplitz_) write(s.far.data());
+    write(s.running.data());
   }
   out.u32(crc32_of(out.bytes()));
   return std::move(out.bytes());
@@ -176,6 +185,13 @@ Decoder Decoder::deserialize(std::span<const uint8_t> bytes,
     }
   }();
   const int64_t x = options.dk * (options.dv + 1);
+  const cpu::simd::StateLayout state(options.dk, options.dv);
+  const auto read_summaries = [&](int64_t count, const char* field, Floats& stored) {
+    const std::vector<float> summaries = read_finite(in, count * x, field);
+    stored.resize(size_t(count * decoder.summary_floats_));
+    for (int64_t b = 0; b < count; ++b)
+      state.store(summaries.data() + b * x, stored.data() + b * decoder.summary_floats_);
+  };
   for (int64_t b = 0; b < options.batch; ++b) {
     const int64_t position = in.i64("position");
     if (position < 0 || position > decoder.max_tokens())
@@ -188,9 +204,9 @@ Decoder Decoder::deserialize(std::span<const uint8_t> bytes,
     HeadState& s = decoder.states_[task];
     const int64_t kept = decoder.kept_blocks(position);
     in.require(kept, 4 * x, "finished blocks");
-    s.finished = read_finite(in, kept * x, "finished blocks");
-    if (toeplitz) s.far = read_finite(in, x, "far blocks sum");
-    s.running = read_finite(in, x, "running block");
+    read_summaries(kept, "finished blocks", s.finished);
+    if (toeplitz) read_summaries(1, "far blocks sum", s.far);
+    read_summaries(1, "running block", s.running);
     const int64_t block = position > 0 ? (position - 1) / options.block : 0;
     decoder.mix_prefix(s, task % options.heads, block);
   }

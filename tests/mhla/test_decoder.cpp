@@ -111,13 +111,14 @@ TEST(Decoder, PrefillPlusStepsEqualsChunkwiseForward) {
       }
 }
 
-// Toeplitz mixing: L = 0 (tail only), 1 (no window), 2 and 3 (a window of
-// finished blocks), and longer than the sequence (no tail ever used).
+// Toeplitz mixing: L = 0 (tail only), 1 (no window), 2, 3 and 6 (a window of
+// finished blocks, which wraps around its ring), and longer than the sequence
+// (no tail ever used).
 TEST(Decoder, ToeplitzPrefillPlusStepsEqualsChunkwiseForward) {
   const int64_t n = 41, heads = 2, dk = 4, dv = 3;
   const Sequence s = make_sequence(n, heads, dk, dv, 12);
   for (int64_t block : {1, 3, 8})
-    for (int64_t length : {0, 1, 2, 3, 50})
+    for (int64_t length : {0, 1, 2, 3, 6, 50})
       for (bool per_head : {false, true}) {
         DecoderOptions d;
         d.heads = heads;
@@ -153,12 +154,10 @@ TEST(Decoder, ToeplitzStateIsBounded) {
   EXPECT_EQ(dec.max_tokens(), std::numeric_limits<int64_t>::max());
   const Sequence s = make_sequence(200, 2, 4, 4, 1);
   decode(dec, s, 100);
-  // Per head: the L - 1 = 2 kept blocks, plus at most one block that has left
-  // the window but is not dropped yet (they are dropped two at a time), plus
-  // the tail sum, prefix and running block; and one position.
-  const int64_t block_bytes = 2 * 4 * 5 * sizeof(float), position_bytes = sizeof(int64_t);
-  EXPECT_GE(dec.state_bytes(), (2 + 3) * block_bytes + position_bytes);
-  EXPECT_LE(dec.state_bytes(), (3 + 3) * block_bytes + position_bytes);
+  // Per head: the L - 1 = 2 kept blocks, the tail sum, prefix and running
+  // block; and one position. Dk = Dv = 4: rows of 16 floats and 16 key sums.
+  ASSERT_EQ(dec.summary_bytes(), (4 * 16 + 16) * int64_t(sizeof(float)));
+  EXPECT_EQ(dec.state_bytes(), (2 + 3) * 2 * dec.summary_bytes() + int64_t(sizeof(int64_t)));
 }
 
 TEST(Decoder, RecomputingTheMixEveryTokenGivesTheSameOutputs) {
@@ -241,7 +240,7 @@ TEST(Decoder, StateGrowsPerBlockNotPerToken) {
   const Sequence s = make_sequence(64, 2, 4, 4, 1);
   decode(dec, s, 0);
   // 7 finished blocks + prefix + running, per head, plus one position.
-  EXPECT_EQ(dec.state_bytes(), int64_t((7 + 2) * 2 * 4 * 5 * sizeof(float) + sizeof(int64_t)));
+  EXPECT_EQ(dec.state_bytes(), (7 + 2) * 2 * dec.summary_bytes() + int64_t(sizeof(int64_t)));
 }
 
 TEST(Decoder, ErrorsNameTheProblem) {

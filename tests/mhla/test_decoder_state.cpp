@@ -103,6 +103,31 @@ TEST(DecoderState, ReloadedDecoderContinuesIdentically) {
     }
 }
 
+// A Toeplitz window of L - 1 = 3 kept blocks that has wrapped around its ring
+// several times: the snapshot holds them oldest first, and the reloaded
+// decoder continues identically and writes the same bytes.
+TEST(DecoderState, WrappedToeplitzWindowReloads) {
+  DecoderOptions d;
+  d.heads = 2;
+  d.dk = 3;
+  d.dv = 2;
+  d.block = 2;
+  d.mixing = MixingForm::toeplitz;
+  const std::vector<float> w = {1.0f, 0.7f, 0.5f, 0.3f, 0.1f};  // L = 4
+  for (int64_t tokens : {13, 15, 17}) {
+    SCOPED_TRACE(std::to_string(tokens) + " tokens");
+    Decoder original(d, view(w, {5}));
+    for (int64_t t = 0; t < tokens; ++t) step(original, make_tokens(1, 2, 3, 2, 50 + t));
+    const std::vector<uint8_t> bytes = original.serialize();
+    Decoder reloaded = Decoder::deserialize(bytes, d);
+    EXPECT_EQ(reloaded.serialize(), bytes);
+    for (int64_t t = 0; t < 9; ++t) {
+      const Tokens next = make_tokens(1, 2, 3, 2, 200 + t);
+      EXPECT_EQ(step(reloaded, next), step(original, next)) << "step " << t;
+    }
+  }
+}
+
 TEST(DecoderState, SaveAndLoadThroughAFile) {
   const Fixture f = fixture(MixingForm::toeplitz, true);
   Decoder original = advanced(f);

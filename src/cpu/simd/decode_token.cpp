@@ -23,31 +23,26 @@ namespace hn = hwy::HWY_NAMESPACE;
 constexpr int kMaxVectors = HWY_MAX_BYTES >= 64 ? 4 : 2;
 
 // State row a: running[a, :] += kap[a] v, and sum += u[a] (prefix[a, :] + wii running[a, :]).
-template <int V, bool kMasked>
-HWY_INLINE void Row(int64_t a, int64_t x1, int64_t j0, size_t tail, const float* kap,
-                    const VecF (&values)[V], const float* u, VecF w, const float* prefix,
-                    float* running, VecF (&sum)[V]) {
+// Whole vectors: the row's padding is zero in the state and in `values`.
+template <int V>
+HWY_INLINE void Row(int64_t a, int64_t row, int64_t j0, const float* kap, const VecF (&values)[V],
+                    const float* u, VecF w, const float* prefix, float* running, VecF (&sum)[V]) {
   const Tag d;
   const size_t lanes = hn::Lanes(d);
   const VecF ka = hn::Set(d, kap[a]), ua = hn::Set(d, u[a]);
-  float* run = running + a * x1 + j0;
-  const float* pre = prefix + a * x1 + j0;
+  float* run = running + a * row + j0;
+  const float* pre = prefix + a * row + j0;
 #pragma GCC unroll 4
   for (int i = 0; i < V; ++i) {
-    if (kMasked && i == V - 1) {
-      const VecF r = hn::MulAdd(ka, values[i], LoadFirst(run + i * lanes, tail));
-      StoreFirst(r, run + i * lanes, tail);
-      sum[i] = hn::MulAdd(ua, hn::MulAdd(w, r, LoadFirst(pre + i * lanes, tail)), sum[i]);
-    } else {
-      const VecF r = hn::MulAdd(ka, values[i], hn::LoadU(d, run + i * lanes));
-      hn::StoreU(r, d, run + i * lanes);
-      sum[i] = hn::MulAdd(ua, hn::MulAdd(w, r, hn::LoadU(d, pre + i * lanes)), sum[i]);
-    }
+    const VecF r = hn::MulAdd(ka, values[i], hn::LoadU(d, run + i * lanes));
+    hn::StoreU(r, d, run + i * lanes);
+    sum[i] = hn::MulAdd(ua, hn::MulAdd(w, r, hn::LoadU(d, pre + i * lanes)), sum[i]);
   }
 }
 
-template <int V, bool kMasked>
-HWY_INLINE void Columns(int64_t dk, int64_t x1, int64_t j0, size_t tail, const float* kap,
+// Columns [j0, j0 + V lanes) of y; the last vector holds `tail` of them.
+template <int V>
+HWY_INLINE void Columns(const StateLayout& layout, int64_t j0, size_t tail, const float* kap,
                         const float* v, const float* u, float wii, const float* prefix,
                         float* running, float* y) {
   const Tag d;
@@ -59,66 +54,71 @@ HWY_INLINE void Columns(int64_t dk, int64_t x1, int64_t j0, size_t tail, const f
   VecF values[V], even[V], odd[V];
 #pragma GCC unroll 4
   for (int i = 0; i < V; ++i) {
-    values[i] = (kMasked && i == V - 1) ? LoadFirst(v + j0 + i * lanes, tail)
-                                        : hn::LoadU(d, v + j0 + i * lanes);
+    values[i] = i == V - 1 ? LoadFirst(v + j0 + i * lanes, tail) : hn::LoadU(d, v + j0 + i * lanes);
     even[i] = odd[i] = hn::Zero(d);
   }
+  const int64_t dk = layout.dk, row = layout.row;
   int64_t a = 0;
   for (; a + 1 < dk; a += 2) {
-    Row<V, kMasked>(a, x1, j0, tail, kap, values, u, w, prefix, running, even);
-    Row<V, kMasked>(a + 1, x1, j0, tail, kap, values, u, w, prefix, running, odd);
+    Row<V>(a, row, j0, kap, values, u, w, prefix, running, even);
+    Row<V>(a + 1, row, j0, kap, values, u, w, prefix, running, odd);
   }
-  if (a < dk) Row<V, kMasked>(a, x1, j0, tail, kap, values, u, w, prefix, running, even);
+  if (a < dk) Row<V>(a, row, j0, kap, values, u, w, prefix, running, even);
 #pragma GCC unroll 4
   for (int i = 0; i < V; ++i) {
     const VecF total = hn::Add(even[i], odd[i]);
-    if (kMasked && i == V - 1)
+    if (i == V - 1)
       StoreFirst(total, y + j0 + i * lanes, tail);
     else
       hn::StoreU(total, d, y + j0 + i * lanes);
   }
 }
 
-template <bool kMasked>
-HWY_INLINE void ColumnsOfWidth(int vectors, int64_t dk, int64_t x1, int64_t j0, size_t tail,
-                               const float* kap, const float* v, const float* u, float wii,
-                               const float* prefix, float* running, float* y) {
-  switch (vectors) {
-    case 1:
-      return Columns<1, kMasked>(dk, x1, j0, tail, kap, v, u, wii, prefix, running, y);
-    case 2:
-      return Columns<2, kMasked>(dk, x1, j0, tail, kap, v, u, wii, prefix, running, y);
-    default:
-      if constexpr (kMaxVectors >= 4) {
-        if (vectors == 3)
-          return Columns<3, kMasked>(dk, x1, j0, tail, kap, v, u, wii, prefix, running, y);
-        return Columns<4, kMasked>(dk, x1, j0, tail, kap, v, u, wii, prefix, running, y);
-      }
+// The key sums z: running_z += kap, and the denominator sum_a u[a] (prefix_z[a] + wii
+// running_z[a]).
+HWY_INLINE float KeySums(int64_t dk, const float* kap, const float* u, float wii,
+                         const float* prefix_z, float* running_z) {
+  const Tag d;
+  const int64_t lanes = int64_t(hn::Lanes(d));
+  const VecF w = hn::Set(d, wii);
+  VecF den = hn::Zero(d);
+  for (int64_t a = 0; a < dk; a += lanes) {
+    // kap and u hold exactly Dk floats; z's padding is zero and stays so.
+    const size_t n = size_t(std::min(lanes, dk - a));
+    const VecF r = hn::Add(hn::LoadU(d, running_z + a), LoadFirst(kap + a, n));
+    hn::StoreU(r, d, running_z + a);
+    den = hn::MulAdd(LoadFirst(u + a, n), hn::MulAdd(w, r, hn::LoadU(d, prefix_z + a)), den);
   }
+  return hn::GetLane(hn::SumOfLanes(d, den));
 }
 
-float DecodeTokenImpl(int64_t dk, int64_t dv, const float* kap, const float* v, const float* u,
+float DecodeTokenImpl(const StateLayout& layout, const float* kap, const float* v, const float* u,
                       float wii, const float* prefix, float* running, float* y) {
-  const int64_t x1 = dv + 1, lanes = int64_t(hn::Lanes(Tag()));
+  const int64_t dv = layout.dv, lanes = int64_t(hn::Lanes(Tag()));
   const int64_t panel = kMaxVectors * lanes;
   for (int64_t j0 = 0; j0 < dv; j0 += panel) {
     const int64_t cols = std::min(panel, dv - j0);
     const int vectors = int((cols + lanes - 1) / lanes);
     const size_t tail = size_t(cols - (vectors - 1) * lanes);
-    if (int64_t(tail) == lanes)
-      ColumnsOfWidth<false>(vectors, dk, x1, j0, tail, kap, v, u, wii, prefix, running, y);
-    else
-      ColumnsOfWidth<true>(vectors, dk, x1, j0, tail, kap, v, u, wii, prefix, running, y);
+    // Whole vectors of a row stay inside it: the row is a multiple of 16 floats.
+    switch (vectors) {
+      case 1:
+        Columns<1>(layout, j0, tail, kap, v, u, wii, prefix, running, y);
+        break;
+      case 2:
+        Columns<2>(layout, j0, tail, kap, v, u, wii, prefix, running, y);
+        break;
+      default:
+        if constexpr (kMaxVectors >= 4) {
+          if (vectors == 3)
+            Columns<3>(layout, j0, tail, kap, v, u, wii, prefix, running, y);
+          else
+            Columns<4>(layout, j0, tail, kap, v, u, wii, prefix, running, y);
+        }
+    }
   }
-  // The key-sum column, one element per state row, into four partial sums
-  // (one chain would wait on every row).
-  float den[4] = {0, 0, 0, 0};
-  for (int64_t a = 0; a < dk; ++a) {
-    float& r = running[a * x1 + dv];
-    r += kap[a];
-    den[a & 3] += u[a] * (prefix[a * x1 + dv] + wii * r);
-  }
-  return (den[0] + den[1]) + (den[2] + den[3]);
+  const int64_t z = layout.dk * layout.row;
+  return KeySums(layout.dk, kap, u, wii, prefix + z, running + z);
 }
 
 }  // namespace HWY_NAMESPACE
@@ -128,11 +128,37 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace mhla::cpu::simd {
 
+namespace {
+int64_t round_up_16(int64_t n) { return (n + 15) / 16 * 16; }
+}  // namespace
+
+StateLayout::StateLayout(int64_t dk_, int64_t dv_)
+    : dk(dk_),
+      dv(dv_),
+      row(round_up_16(dv_)),
+      z_floats(round_up_16(dk_)),
+      floats(dk_ * row + z_floats) {}
+
+void StateLayout::store(const float* summary, float* stored) const {
+  std::fill(stored, stored + floats, 0.0f);
+  for (int64_t a = 0; a < dk; ++a) {
+    std::copy(summary + a * (dv + 1), summary + a * (dv + 1) + dv, stored + a * row);
+    stored[dk * row + a] = summary[a * (dv + 1) + dv];
+  }
+}
+
+void StateLayout::load(const float* stored, float* summary) const {
+  for (int64_t a = 0; a < dk; ++a) {
+    std::copy(stored + a * row, stored + a * row + dv, summary + a * (dv + 1));
+    summary[a * (dv + 1) + dv] = stored[dk * row + a];
+  }
+}
+
 HWY_EXPORT(DecodeTokenImpl);
 
-float decode_token(int64_t dk, int64_t dv, const float* kap, const float* v, const float* u,
+float decode_token(const StateLayout& layout, const float* kap, const float* v, const float* u,
                    float wii, const float* prefix, float* running, float* y) {
-  return HWY_DYNAMIC_DISPATCH(DecodeTokenImpl)(dk, dv, kap, v, u, wii, prefix, running, y);
+  return HWY_DYNAMIC_DISPATCH(DecodeTokenImpl)(layout, kap, v, u, wii, prefix, running, y);
 }
 
 }  // namespace mhla::cpu::simd
