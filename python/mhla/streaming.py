@@ -93,6 +93,12 @@ class Decoder:
     def state_bytes(self):
         return self._decoder.state_bytes
 
+    @property
+    def summary_bytes(self):
+        """Bytes of one block summary [S | z] in the state: ``Dk`` rows of ``Dv``
+        and then the ``Dk`` key sums, each padded to a multiple of 16 floats."""
+        return self._decoder.summary_bytes
+
     def serialize(self):
         """The whole decoder (options, w, every sequence's position and state) as bytes."""
         return self._decoder.serialize()

@@ -144,6 +144,8 @@ void bind_decoder(py::module_& m) {
           },
           "Context per sequence (dense mixing: M * block); None for Toeplitz (unbounded).")
       .def_property_readonly("state_bytes", &Decoder::state_bytes)
+      .def_property_readonly("summary_bytes", &Decoder::summary_bytes,
+                             "Bytes of one block summary in the state (rows padded to 16 floats).")
       .def_property_readonly("options", &Decoder::options)
       .def("serialize", &serialize, "A versioned, CRC-checked snapshot (bytes).")
       .def("save", &Decoder::save, "path"_a,

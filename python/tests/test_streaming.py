@@ -65,6 +65,10 @@ def test_decoder_takes_numpy_and_returns_numpy():
     o = decoder.prefill(0, q, k, v)
     assert isinstance(o, np.ndarray) and o.shape == (1, 4, H, D)
     assert decoder.max_tokens == 4 * C
+    # One finished block, the mixed prefix and the running block per head, in
+    # rows padded to 16 floats (then 16 key sums), and one position.
+    assert decoder.summary_bytes == (D * 16 + 16) * 4
+    assert decoder.state_bytes == 3 * H * decoder.summary_bytes + 8
     assert mhla.Decoder(toeplitz_w(1), heads=H, dk=D, dv=D, block=C, mixing="toeplitz").max_tokens is None
 
 
