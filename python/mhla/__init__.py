@@ -24,7 +24,7 @@ layers see :mod:`mhla.torch`; for one sequence over several processes
 from . import _convert, _core
 from ._convert import like_input
 from ._core import (DecoderOptions, FeatureMap, Layout, LinearOptions, Masking, MixingForm, Options, Shard,
-                    plan_shards)
+                    plan_shards, release_memory)
 from .streaming import Decoder, varlen_backward, varlen_forward
 
 __version__ = _core.__version__  # the C++ library's version (CMakeLists.txt's project())
@@ -56,6 +56,7 @@ __all__ = [
     "block_summaries_backward",
     "mix_summaries_backward",
     "read_out_backward",
+    "release_memory",
 ]
 
 forward = like_input(_core.forward)

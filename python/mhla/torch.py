@@ -143,6 +143,44 @@ def _compute_dtype(q):
     return torch.float32 if q.dtype in _WIDENED else q.dtype
 
 
+class _BFloat16ToFloat32(torch.autograd.Function):
+    """``x.float()`` for bfloat16 x, converted by the extension (torch 1.13's conversion is
+    several times slower); the gradient is rounded back to bfloat16 the same way."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return from_dlpack(_core.bfloat16_to_float32(_operand(x)))
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        return from_dlpack(_core.float32_to_bfloat16(_operand(grad)))
+
+
+class _Float32ToBFloat16(torch.autograd.Function):
+    """``x.to(torch.bfloat16)`` for float32 x (round to nearest, ties to even), by the extension."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return from_dlpack(_core.float32_to_bfloat16(_operand(x)))
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        return from_dlpack(_core.bfloat16_to_float32(_operand(grad)))
+
+
+def _to_float32(t):
+    return _BFloat16ToFloat32.apply(t) if t.dtype == torch.bfloat16 else t.float()
+
+
+def _to_dtype(o, dtype):
+    """The operator's float32 result in the caller's dtype."""
+    if dtype == torch.bfloat16 and o.dtype == torch.float32:
+        return _Float32ToBFloat16.apply(o)
+    return o.to(dtype)
+
+
 def _widened(q, k, v):
     """q, k, v in float32 when they share a reduced dtype; as they are otherwise (the operator
     names any other dtype problem)."""
@@ -152,7 +190,7 @@ def _widened(q, k, v):
         if t.dtype != q.dtype:
             raise TypeError(f"{name} has dtype {str(t.dtype).replace('torch.', '')} but q has "
                             f"{str(q.dtype).replace('torch.', '')}; all tensors of one call share a dtype")
-    return q.float(), k.float(), v.float()
+    return _to_float32(q), _to_float32(k), _to_float32(v)
 
 
 def mhla_attention(q, k, v, w, layout, *, masking=None, feature_map=None, normalize=None, eps=None,
@@ -167,7 +205,7 @@ def mhla_attention(q, k, v, w, layout, *, masking=None, feature_map=None, normal
     # Built once: forward and backward get the same object, not strings to parse again.
     options = _core.Options(layout, masking=masking, feature_map=feature_map, normalize=normalize, eps=eps,
                             scale=scale, mixing=mixing)
-    return _MHLAFunction.apply(*_widened(q, k, v), w.to(_compute_dtype(q)), options).to(q.dtype)
+    return _to_dtype(_MHLAFunction.apply(*_widened(q, k, v), w.to(_compute_dtype(q)), options), q.dtype)
 
 
 def varlen_attention(q, k, v, w, cu_seqlens, *, block, mixing=None, masking=None, feature_map=None,
@@ -183,8 +221,8 @@ def varlen_attention(q, k, v, w, cu_seqlens, *, block, mixing=None, masking=None
     _check_tensors(q=q, k=k, v=v, w=w)
     options = dict(block=block, mixing=mixing, masking=masking, feature_map=feature_map, normalize=normalize,
                    eps=eps, scale=scale)
-    return _VarlenFunction.apply(*_widened(q, k, v), w.to(_compute_dtype(q)), offsets(cu_seqlens),
-                                 options).to(q.dtype)
+    return _to_dtype(_VarlenFunction.apply(*_widened(q, k, v), w.to(_compute_dtype(q)), offsets(cu_seqlens),
+                                           options), q.dtype)
 
 
 def linear_attention(q, k, v, *, masking=None, feature_map=None, normalize=None, eps=None, scale=None):
@@ -192,13 +230,13 @@ def linear_attention(q, k, v, *, masking=None, feature_map=None, normalize=None,
     _check_tensors(q=q, k=k, v=v)
     options = _core.LinearOptions(masking=masking, feature_map=feature_map, normalize=normalize, eps=eps,
                                   scale=scale)
-    return _LinearAttentionFunction.apply(*_widened(q, k, v), options).to(q.dtype)
+    return _to_dtype(_LinearAttentionFunction.apply(*_widened(q, k, v), options), q.dtype)
 
 
 def softmax_attention(q, k, v, *, causal=False, scale=None):
     """``softmax(q k^T * scale) v`` in tiles (never N x N), same shapes as ``mhla_attention``."""
     _check_tensors(q=q, k=k, v=v)
-    return _SoftmaxAttentionFunction.apply(*_widened(q, k, v), dict(causal=causal, scale=scale)).to(q.dtype)
+    return _to_dtype(_SoftmaxAttentionFunction.apply(*_widened(q, k, v), dict(causal=causal, scale=scale)), q.dtype)
 
 
 # The layers' semantics: the paper's (default), or the authors' public code's, for porting

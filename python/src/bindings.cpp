@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 
+#include "conversion_bindings.hpp"
 #include "decoder_bindings.hpp"
 #include "dlpack_buffer.hpp"
 #include "dlpack_import.hpp"
@@ -199,6 +200,16 @@ PYBIND11_MODULE(_core, m) {
       "MHLA operator bindings (CPU). Use the mhla package, which wraps results in the caller's "
       "tensor type.";
   m.attr("__version__") = MHLA_VERSION_STRING;
+  m.def(
+      "release_memory",
+      [] {
+        release_recycled_buffers();
+        release_scratch();
+      },
+      "Frees the memory kept for reuse: freed results of 1 MiB or more (up to 2 GiB) and the "
+      "calling thread's scratch arrays.");
+  m.def("recycled_buffer_bytes", &recycled_buffer_bytes,
+        "Bytes of freed results kept for reuse by results of the same size.");
   // mhla::Error derives from std::invalid_argument, which pybind11 raises as
   // ValueError; a failed allocation is a MemoryError with the same message.
   py::register_exception_translator([](std::exception_ptr p) {
@@ -247,6 +258,7 @@ PYBIND11_MODULE(_core, m) {
   bind_phases(m);
   bind_decoder(m);
   bind_varlen(m);
+  bind_conversions(m);
   // The option keywords default to None (the C++ defaults), or options= takes
   // an Options object built once, e.g. by a layer for its forward and backward.
   m.def(

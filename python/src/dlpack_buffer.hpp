@@ -38,4 +38,9 @@ class Buffer {
   std::shared_ptr<void> storage_;
 };
 
+// Results of 1 MiB or more reuse the memory of freed ones of the same size
+// (at most 2 GiB is kept idle): these free it, and say how much is kept.
+void release_recycled_buffers();
+size_t recycled_buffer_bytes();
+
 }  // namespace mhla::python

@@ -29,9 +29,10 @@ void check_cpu(const char* name, int type, int id) {
                           "; mhla runs on the CPU (move it there first, e.g. .cpu())");
 }
 
-DType dtype_from(const char* name, DLDataType t) {
+DType dtype_from(const char* name, DLDataType t, bool storage_types) {
   if (t.code == kDLFloat && t.lanes == 1 && t.bits == 32) return DType::float32;
   if (t.code == kDLFloat && t.lanes == 1 && t.bits == 64) return DType::float64;
+  if (storage_types && t.code == kDLBfloat && t.lanes == 1 && t.bits == 16) return DType::bfloat16;
   static const char* const codes[] = {"int", "uint", "float", "opaque handle", "bfloat", "complex"};
   const std::string code =
       t.code < 6 ? codes[t.code] : "DLPack type code " + std::to_string(t.code);
@@ -54,7 +55,8 @@ bool is_c_contiguous(const std::vector<int64_t>& shape, const std::vector<int64_
 
 }  // namespace
 
-ImportedTensor::ImportedTensor(py::handle object, const char* name) : name_(name) {
+ImportedTensor::ImportedTensor(py::handle object, const char* name, bool storage_types)
+    : name_(name), storage_types_(storage_types) {
   if (!py::hasattr(object, "__dlpack__")) {
     if (PyObject_CheckBuffer(object.ptr())) {
       import_buffer(object);
@@ -95,7 +97,7 @@ void ImportedTensor::import_dlpack(const py::object& capsule) {
   const DLTensor& t =
       static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule.ptr(), "dltensor"))->dl_tensor;
   check_cpu(name_, t.device.device_type, t.device.device_id);
-  dtype_ = dtype_from(name_, t.dtype);
+  dtype_ = dtype_from(name_, t.dtype, storage_types_);
   shape_.assign(t.shape, t.shape + t.ndim);
   if (t.strides != nullptr) check_strides(std::vector<int64_t>(t.strides, t.strides + t.ndim));
   set_data(static_cast<const char*>(t.data) + t.byte_offset);

@@ -20,8 +20,9 @@ namespace mhla::python {
 
 class ImportedTensor {
  public:
-  // `name` ("q", "grad_o", ...) starts every error message.
-  ImportedTensor(pybind11::handle object, const char* name);
+  // `name` ("q", "grad_o", ...) starts every error message. With
+  // `storage_types`, bfloat16 tensors are admitted too (for conversions).
+  ImportedTensor(pybind11::handle object, const char* name, bool storage_types = false);
 
   const char* name() const { return name_; }
   DType dtype() const { return dtype_; }
@@ -34,6 +35,7 @@ class ImportedTensor {
 
  private:
   const char* name_;
+  bool storage_types_;
   void import_dlpack(const pybind11::object& capsule);
   void import_buffer(pybind11::handle object);
   void check_strides(const std::vector<int64_t>& strides) const;

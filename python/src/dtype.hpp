@@ -3,17 +3,30 @@
 #include <dlpack/dlpack.h>
 
 #include <cstddef>
+#include <stdexcept>
 
 namespace mhla::python {
 
-enum class DType { float32, float64 };
+// The operator computes in float32 and float64; bfloat16 is a storage type
+// only, which the conversion functions read and write (conversion_bindings.hpp).
+enum class DType { float32, float64, bfloat16 };
 
 inline const char* dtype_name(DType dtype) {
-  return dtype == DType::float32 ? "float32" : "float64";
+  switch (dtype) {
+    case DType::float32:
+      return "float32";
+    case DType::float64:
+      return "float64";
+    default:
+      return "bfloat16";
+  }
 }
-inline size_t dtype_size(DType dtype) { return dtype == DType::float32 ? 4 : 8; }
+inline size_t dtype_size(DType dtype) {
+  return dtype == DType::float64 ? 8 : dtype == DType::float32 ? 4 : 2;
+}
 inline DLDataType to_dlpack(DType dtype) {
-  return DLDataType{static_cast<uint8_t>(kDLFloat), static_cast<uint8_t>(8 * dtype_size(dtype)), 1};
+  const auto code = dtype == DType::bfloat16 ? kDLBfloat : kDLFloat;
+  return DLDataType{static_cast<uint8_t>(code), static_cast<uint8_t>(8 * dtype_size(dtype)), 1};
 }
 
 template <typename T>
@@ -22,9 +35,11 @@ constexpr DType dtype_of() {
   return sizeof(T) == 4 ? DType::float32 : DType::float64;
 }
 
-// Runs fn.template operator()<T>() with T the C++ type of `dtype`.
+// Runs fn.template operator()<T>() with T the C++ type of `dtype`, a
+// computing type (ImportedTensor admits bfloat16 only where asked to).
 template <typename Fn>
 decltype(auto) dispatch(DType dtype, Fn&& fn) {
+  if (dtype == DType::bfloat16) throw std::invalid_argument("mhla computes in float32 or float64");
   return dtype == DType::float32 ? fn.template operator()<float>()
                                  : fn.template operator()<double>();
 }
