@@ -144,8 +144,9 @@ def _compute_dtype(q):
 
 
 class _BFloat16ToFloat32(torch.autograd.Function):
-    """``x.float()`` for bfloat16 x, converted by the extension (torch 1.13's conversion is
-    several times slower); the gradient is rounded back to bfloat16 the same way."""
+    """``x.float()`` for bfloat16 x, converted by the extension into recycled memory (with torch
+    1.13's casts a bfloat16 ``mhla_attention`` ran at 0.43x of float32 instead of 0.84x:
+    bench/reduced_precision_bench.py); the gradient is rounded back to bfloat16 the same way."""
 
     @staticmethod
     def forward(ctx, x):

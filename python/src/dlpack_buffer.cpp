@@ -40,6 +40,10 @@ class RecycledMemory {
         }
     }
     void* memory = std::aligned_alloc(64, bytes);
+    if (memory == nullptr) {  // the idle results may hold what is missing
+      release();
+      memory = std::aligned_alloc(64, bytes);
+    }
     if (memory == nullptr) throw std::bad_alloc();
     return memory;
   }
