@@ -11,27 +11,14 @@ the same call with those conversions done by torch's own .float() and
 medians of interleaved repeats; ratios are float32 time / bfloat16 time, so
 above 1 means bfloat16 is faster.
 """
-import argparse
 import json
 import platform
-import statistics
-import time
 from unittest import mock
 
 import torch
 
-import mhla
 import mhla.torch as mt
-
-
-def step(q, k, v, w, layout, backward):
-    def run():
-        leaves = [t.detach().requires_grad_(backward) for t in (q, k, v, w)]
-        o = mt.mhla_attention(*leaves, layout, feature_map="elu1")
-        if backward:
-            o.backward(torch.ones_like(o))
-
-    return run
+from attention_timing import attention_step, median_seconds, operands, parse_args
 
 
 def torch_casts():
@@ -40,21 +27,8 @@ def torch_casts():
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tokens", type=int, default=65536)
-    parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--head-dim", type=int, default=64)
-    parser.add_argument("--block", type=int, default=256)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--json", help="also write the results here")
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-
-    layout = mhla.Layout.sequence(args.tokens, args.block)
-    g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(1, args.tokens, args.heads, args.head_dim, generator=g) for _ in range(3))
-    w = torch.from_numpy(mhla.init_mixing(layout))
+    args = parse_args(__doc__)
+    layout, q, k, v, w = operands(args)
     reduced = [t.to(torch.bfloat16) for t in (q, k, v, w)]
 
     results = {"tokens": args.tokens, "heads": args.heads, "head_dim": args.head_dim, "block": args.block,
@@ -65,23 +39,16 @@ def main():
     print(f"{'part':>17} {'float32 ms':>10} {'bf16 ms':>8} {'bf16, torch casts ms':>20} {'fp32/bf16':>9} "
           f"{'fp32/bf16 torch casts':>21}")
     for part, backward in (("forward", False), ("forward+backward", True)):
-        runs = {"float32": step(q, k, v, w, layout, backward), "bfloat16": step(*reduced, layout, backward)}
-        torch_cast_run = step(*reduced, layout, backward)
+        runs = {"float32": attention_step(q, k, v, w, layout, backward),
+                "bfloat16": attention_step(*reduced, layout, backward)}
+        torch_cast_run = attention_step(*reduced, layout, backward)
 
         def with_torch_casts():
             with torch_casts():
                 torch_cast_run()
 
         runs["bfloat16, torch casts"] = with_torch_casts
-        times = {name: [] for name in runs}
-        for run in runs.values():  # warm-up
-            run()
-        for _ in range(args.repeats):  # interleaved, so drifts of the machine hit all three
-            for name, run in runs.items():
-                start = time.perf_counter()
-                run()
-                times[name].append(time.perf_counter() - start)
-        ms = {name: 1e3 * statistics.median(t) for name, t in times.items()}
+        ms = {name: 1e3 * t for name, t in median_seconds(runs, args.repeats).items()}
         ratio, ratio_torch = ms["float32"] / ms["bfloat16"], ms["float32"] / ms["bfloat16, torch casts"]
         print(f"{part:>17} {ms['float32']:>10.1f} {ms['bfloat16']:>8.1f} {ms['bfloat16, torch casts']:>20.1f} "
               f"{ratio:>8.2f}x {ratio_torch:>20.2f}x", flush=True)

@@ -14,13 +14,12 @@ import argparse
 import copy
 import json
 import platform
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 
 import mhla.torch as mt
+from attention_timing import median_seconds
 
 
 def torch_attention(q, k, v, w, block, eps=1e-6):
@@ -62,18 +61,6 @@ def attention_step(attend, q, k, v, w, layout):
         attend(q, k, v, w, layout).square().mean().backward()
 
     return run
-
-
-def median_seconds(runs, repeats):
-    times = {name: [] for name in runs}
-    for run in runs.values():  # warm-up
-        run()
-    for _ in range(repeats):  # interleaved, so drifts of the machine hit both
-        for name, run in runs.items():
-            start = time.perf_counter()
-            run()
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def main():

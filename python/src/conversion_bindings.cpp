@@ -22,42 +22,33 @@ inline uint16_t narrow(float f) {
   return (u & 0x7fffffffu) > 0x7f800000u ? uint16_t(0x7fc0u) : uint16_t(rounded);
 }
 
-ImportedTensor imported(py::handle x, DType want) {
-  ImportedTensor t(x, "x", true);
-  if (t.dtype() != want)
-    throw py::type_error(std::string("x has dtype ") + dtype_name(t.dtype()) + "; expected " +
-                         dtype_name(want));
-  return t;
-}
-
-int64_t numel(const std::vector<int64_t>& shape) {
+// x (of dtype `from`, read as From) converted element by element into a new
+// buffer of dtype `to`.
+template <typename From, typename To, typename Convert>
+Buffer converted(py::handle x, DType from, DType to, Convert convert) {
+  const ImportedTensor in(x, "x", true);
+  if (in.dtype() != from)
+    throw py::type_error(std::string("x has dtype ") + dtype_name(in.dtype()) + "; expected " +
+                         dtype_name(from));
+  Buffer out(to, in.shape());
+  const From* src = in.view<From>().data;
+  To* dst = out.view<To>().data;
   int64_t n = 1;
-  for (int64_t e : shape) n *= e;
-  return n;
+  for (int64_t e : in.shape()) n *= e;
+  py::gil_scoped_release release;
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) dst[i] = convert(src[i]);
+  return out;
 }
 
 Buffer bfloat16_to_float32(py::handle x) {
-  const ImportedTensor in = imported(x, DType::bfloat16);
-  Buffer out(DType::float32, in.shape());
-  const uint16_t* src = in.view<uint16_t>().data;
-  float* dst = out.view<float>().data;
-  const int64_t n = numel(in.shape());
-  py::gil_scoped_release release;
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < n; ++i) dst[i] = widen(src[i]);
-  return out;
+  return converted<uint16_t, float>(x, DType::bfloat16, DType::float32,
+                                    [](uint16_t b) { return widen(b); });
 }
 
 Buffer float32_to_bfloat16(py::handle x) {
-  const ImportedTensor in = imported(x, DType::float32);
-  Buffer out(DType::bfloat16, in.shape());
-  const float* src = in.view<float>().data;
-  uint16_t* dst = out.view<uint16_t>().data;
-  const int64_t n = numel(in.shape());
-  py::gil_scoped_release release;
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < n; ++i) dst[i] = narrow(src[i]);
-  return out;
+  return converted<float, uint16_t>(x, DType::float32, DType::bfloat16,
+                                    [](float f) { return narrow(f); });
 }
 
 }  // namespace
