@@ -32,6 +32,24 @@ target_link_libraries(mhla_openblas INTERFACE
 # Google Highway: the float kernels' SIMD code, compiled for each x86
 # instruction set (SSE4, AVX2, AVX-512) with the best one chosen at run time.
 find_package(hwy CONFIG REQUIRED)
+# Highway 1.0.3 (Debian 12) refuses to compile when the build's baseline
+# already includes AVX3_DL (-march=native on Ice Lake or Zen 4 and later):
+# it admits AVX3_DL among its dispatch targets only on request, then finds
+# its static target missing. Ask for it exactly when the baseline needs it.
+include(CheckCXXSourceCompiles)
+get_target_property(CMAKE_REQUIRED_INCLUDES hwy::hwy INTERFACE_INCLUDE_DIRECTORIES)
+set(baseline generic)
+if(MHLA_NATIVE AND NOT MHLA_SANITIZE)
+  set(baseline native)
+  set(CMAKE_REQUIRED_FLAGS -march=native)
+endif()
+check_cxx_source_compiles("#include <hwy/highway.h>\nint main() { return 0; }"
+                          MHLA_HWY_ACCEPTS_${baseline}_BASELINE)
+if(NOT MHLA_HWY_ACCEPTS_${baseline}_BASELINE)
+  set(MHLA_HWY_DEFINITIONS HWY_WANT_AVX3_DL)
+endif()
+unset(CMAKE_REQUIRED_FLAGS)
+unset(CMAKE_REQUIRED_INCLUDES)
 
 # CRC-32 of the decoder's state files.
 find_package(ZLIB REQUIRED)
