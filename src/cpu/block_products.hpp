@@ -1,5 +1,5 @@
 #pragma once
-// The per-block matrix products of ChunkedAttention, in BLAS's calling
+// The per-block matrix products of ChunkedAttention and the dense mix, in BLAS's calling
 // convention: float runs on the SIMD kernels (cpu/simd/block_gemm.hpp), double
 // (the checking precision) through BLAS. beta is 0 or 1.
 #include <cstdint>
