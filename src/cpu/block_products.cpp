@@ -16,8 +16,7 @@ void block_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, 
   if (tb) {
     thread_local std::vector<float> transposed;
     transposed.resize(size_t(k * n));
-    for (int64_t j = 0; j < n; ++j)
-      for (int64_t p = 0; p < k; ++p) transposed[size_t(p * n + j)] = b[j * ldb + p];
+    transpose(b, ldb, n, k, transposed.data());
     b = transposed.data();
     ldb = n;
   }

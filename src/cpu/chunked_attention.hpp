@@ -71,7 +71,8 @@ class ChunkedAttention {
   int64_t task_count() const { return p_.dims.batch * p_.dims.heads * p_.blocks; }
 
   // Causal in-block scores of a task: gathers phi(K_i) into kap and [V_i | 1]
-  // into vals, and sets a = mask(u phi(K_i)^T) (keys after the query zeroed).
+  // into vals, and sets a = mask(u phi(K_i)^T) (keys after the query zeroed;
+  // entries right of a row's tile of kTriangleTile rows are left unwritten).
   void in_block_scores(const BlockTask& t, const T* k, const T* v, const T* u, T* kap, T* vals,
                        T* a) const;
 

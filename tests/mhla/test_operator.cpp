@@ -84,12 +84,22 @@ TEST(FastOperator, RandomShapes) {
   }
 }
 
-// Blocks large enough for the GEMMs to take their blocked code paths.
+// Blocks large enough for the GEMMs to take their blocked code paths; the
+// causal ones span several row tiles of the in-block triangle (64 rows), with
+// ragged last tiles (96 = 64 + 32; 150 = 64 + 64 + 22; a last block of 100).
 TEST(FastOperator, LargerBlocks) {
   for (Masking masking : {Masking::none, Masking::causal}) {
     Case c{"large", 1, 2, 64, 48, TokenLayout::sequence(700, 96), masking};
     SCOPED_TRACE(c.label());
     check_fast_path<float>(c, 2e-4);
+  }
+  for (int64_t toeplitz_length : {-1, 2}) {
+    Case c{"wide-causal", 2, 2, 9, 7, TokenLayout::sequence(400, 150), Masking::causal};
+    c.toeplitz_length = toeplitz_length;
+    c.per_head = toeplitz_length < 0;
+    SCOPED_TRACE(c.label());
+    check_fast_path<float>(c, 2e-4);
+    check_fast_path<double>(c, 1e-11);
   }
 }
 
