@@ -126,6 +126,30 @@ Row measure(int64_t tokens, bool with_softmax, int repeats, int sgemm_size) {
   return r;
 }
 
+// The masked modes on the training path: forward and forward+backward with
+// both summaries saved, interleaved with the SGEMM yardstick. Causal adds the
+// in-block masked products, whose C x C tiles grow with the block size.
+struct MaskedRow {
+  double sgemm, fwd, fwdbwd_saved;
+  mhla::FlopCount flops;
+};
+
+MaskedRow measure_masked(int64_t tokens, mhla::Masking masking, int repeats, int sgemm_size) {
+  const int64_t m = blocks_for(tokens);
+  Workload wl(1, tokens, kHeads, kDim, m, masking);
+  mhla::tools::SgemmProbe sgemm(sgemm_size);
+  const std::vector<double> t =
+      mhla::tools::interleaved_medians({[&] { sgemm.run(); }, [&] { wl.mhla_forward(); },
+                                        [&] {
+                                          wl.mhla_forward_saving();
+                                          wl.mhla_backward_saved();
+                                        }},
+                                       repeats);
+  const int64_t block_size = (tokens + m - 1) / m;
+  return {sgemm.flops() / t[0] / 1e9, t[1], t[2],
+          mhla::mhla_flops(1, tokens, kHeads, kDim, kDim, m, masking, block_size)};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -239,7 +263,39 @@ int main(int argc, char** argv) {
     std::printf("\n");
   }
 
-  // 2. Linear scaling: time per token at N = 16384 and N = 1,048,576 with the
+  // 2. The masked modes, on the training path.
+  std::printf(
+      "\nmasked modes, B=1 H=8 D=64, elu1, normalized, M = sqrt(N), block size N/M; f+b saved\n"
+      "GFLOP/s by mhla_flops (causal counts half of each in-block C x C product)\n");
+  std::printf("%13s %8s %5s %7s | %8s %7s %6s | %8s %7s %6s | %7s\n", "masking", "N", "M", "SGEMM",
+              "fwd ms", "GFLOP/s", "%best", "f+b sav", "GFLOP/s", "%best", "bwd/fwd");
+  for (const auto& [masking, name] : {std::pair{mhla::Masking::causal, "causal"},
+                                      std::pair{mhla::Masking::block_causal, "block_causal"}})
+    for (int64_t n : quick ? std::vector<int64_t>{4096} : std::vector<int64_t>{16384, 65536}) {
+      const MaskedRow r = measure_masked(n, masking, repeats, sgemm_size);
+      const double best = std::max(best_sgemm, r.sgemm);
+      const double gf = r.flops.forward / r.fwd / 1e9;
+      const double gfb = (r.flops.forward + r.flops.backward) / r.fwdbwd_saved / 1e9;
+      const double ratio = (r.fwdbwd_saved - r.fwd) / r.fwd;
+      std::printf("%13s %8lld %5lld %7.1f | %8.2f %7.1f %5.0f%% | %8.2f %7.1f %5.0f%% | %7.2f\n",
+                  name, (long long)n, (long long)blocks_for(n), r.sgemm, r.fwd * 1e3, gf,
+                  100 * gf / best, r.fwdbwd_saved * 1e3, gfb, 100 * gfb / best, ratio);
+      std::fflush(stdout);
+      results["masked"].push_back(
+          {{"masking", name},
+           {"tokens", n},
+           {"blocks", blocks_for(n)},
+           {"sgemm_gflops", r.sgemm},
+           {"mhla_forward_s", r.fwd},
+           {"mhla_forward_backward_saved_s", r.fwdbwd_saved},
+           {"mhla_forward_gflops", gf},
+           {"mhla_forward_backward_saved_gflops", gfb},
+           {"mhla_forward_fraction_of_best_sgemm", gf / best},
+           {"mhla_forward_backward_saved_fraction_of_best_sgemm", gfb / best},
+           {"mhla_backward_saved_over_forward", ratio}});
+    }
+
+  // 3. Linear scaling: time per token at N = 16384 and N = 1,048,576 with the
   // same M^2 / N = 1 (B = H = 1, D = 64).
   const int64_t small = quick ? 4096 : 16384, large = quick ? 65536 : 1048576;
   std::printf("\nlinear scaling, B=1 H=1 D=64, M = sqrt(N)\n");
@@ -278,7 +334,7 @@ int main(int argc, char** argv) {
       {"forward_ratio", per_token[1][0] / per_token[0][0]},
       {"forward_backward_ratio", per_token[1][1] / per_token[0][1]}};
 
-  // 3. Peak memory of one forward+backward at the large N, in a fresh process.
+  // 4. Peak memory of one forward+backward at the large N, in a fresh process.
   const json mem = run_memory_probe(large);
   const double peak = mem["peak_rss_bytes"], tensors = mem["tensor_bytes"],
                before = mem["rss_before_tensors_bytes"];
@@ -290,7 +346,7 @@ int main(int argc, char** argv) {
   results["memory"] = mem;
   results["memory"]["peak_over_tensor_bytes"] = peak / tensors;
 
-  // 4. Crossover: smallest N (doubling) at which MHLA's forward beats softmax's.
+  // 5. Crossover: smallest N (doubling) at which MHLA's forward beats softmax's.
   std::printf("\ncrossover, B=1 H=8 D=64, forward:\n");
   int64_t crossover = -1;
   for (int64_t n = 128; n <= (quick ? 2048 : 16384); n *= 2) {
