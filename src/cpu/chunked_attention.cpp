@@ -70,6 +70,15 @@ void lower_scores(int64_t rows, int64_t width, const T* x, const T* y, T* a) {
   }
 }
 
+// sum_{c <= r} l[r, c]: row r of l 1, apart from the products (a 65th column of
+// ones in [V | 1] cost their tiles a pass of its own).
+template <typename T>
+T lower_row_sum(const T* l, int64_t rows, int64_t r) {
+  T sum = 0;
+  for (int64_t c = 0; c <= r; ++c) sum += l[r * rows + c];
+  return sum;
+}
+
 // out = alpha l z (+ out when accumulating), l a masked [rows, rows] from
 // lower_scores, z [rows, width].
 template <typename T>
@@ -221,8 +230,10 @@ bool ChunkedAttention<T>::compute_outputs(const T* q, const T* k, const T* v, co
       if (p_.causal) {
         // y += W[i,i] mask(phi(Q_i) phi(K_i)^T) [V_i | 1]
         in_block_scores(t, k, v, u.data(), kap.data(), vals.data(), a.data());
-        lower_times(t.rows, x1_, mixer_.diagonal(t.bh, t.block), a.data(), vals.data(), x1_, true,
-                    y.data(), x1_);
+        const T wii = mixer_.diagonal(t.bh, t.block);
+        lower_times(t.rows, d.dv, wii, a.data(), vals.data(), x1_, true, y.data(), x1_);
+        for (int64_t r = 0; r < t.rows; ++r)
+          y[r * x1_ + d.dv] += wii * lower_row_sum(a.data(), t.rows, r);
       }
       // x * 0 is NaN exactly when x is not finite (see scatter_rows).
       T probe = 0;
@@ -266,7 +277,7 @@ bool ChunkedAttention<T>::output_gradients(const T* q, const T* k, const T* v, c
       a.resize(max_rows_ * max_rows_);
       da.resize(max_rows_ * max_rows_);
       dkap.resize(max_rows_ * d.dk);
-      dvals.resize(max_rows_ * x1_);
+      dvals.resize(max_rows_ * d.dv);
     }
 #pragma omp for schedule(static) reduction(&& : finite)
     for (int64_t task = 0; task < task_count(); ++task) {
@@ -282,11 +293,7 @@ bool ChunkedAttention<T>::output_gradients(const T* q, const T* k, const T* v, c
       const T wii = p_.causal ? mixer_.diagonal(t.bh, t.block) : T(0);
       if (p_.causal) {
         in_block_scores(t, k, v, u.data(), kap.data(), vals.data(), a.data());
-        for (int64_t r = 0; r < rows; ++r) {
-          T row_sum = 0;
-          for (int64_t c = 0; c <= r; ++c) row_sum += a[r * rows + c];
-          den[r] += wii * row_sum;
-        }
+        for (int64_t r = 0; r < rows; ++r) den[r] += wii * lower_row_sum(a.data(), rows, r);
       }
       // o = y[:Dv] / den:  dy[:Dv] = g / den,  dy[Dv] = -(g . o) / den.
       // o = scale y[:Dv]:  dy[:Dv] = scale g,  dy[Dv] = 0.
@@ -324,7 +331,8 @@ bool ChunkedAttention<T>::output_gradients(const T* q, const T* k, const T* v, c
         diagonal_grad[t.bh * p_.blocks + t.block] = dw;
         lower_times(rows, d.dk, T(1), da.data(), kap.data(), d.dk, true, du.data(), d.dk);
         lower_transposed_times(rows, d.dk, T(1), da.data(), u.data(), d.dk, dkap.data(), d.dk);
-        lower_transposed_times(rows, x1_, wii, a.data(), dy.data(), x1_, dvals.data(), x1_);
+        // (The ones' column of [V | 1] has no gradient to keep.)
+        lower_transposed_times(rows, d.dv, wii, a.data(), dy.data(), x1_, dvals.data(), d.dv);
         // Park the in-block key/value gradients in the outputs, where
         // key_value_gradients adds the inter-block part and applies phi'; or
         // finish them here.
@@ -332,11 +340,11 @@ bool ChunkedAttention<T>::output_gradients(const T* q, const T* k, const T* v, c
           scatter_rows(p_.table, t.block, dkap.data(), d.dk, t.qk, d.dk, false, grad_k);
         } else {
           finite = finite && mhla::detail::first_non_finite(dkap.data(), rows * d.dk) < 0 &&
-                   mhla::detail::first_non_finite(dvals.data(), rows * x1_) < 0;
+                   mhla::detail::first_non_finite(dvals.data(), rows * d.dv) < 0;
           scatter_through_feature(p_.table, t.block, p_.phi, kap.data(), dkap.data(), d.dk, t.qk,
                                   d.dk, false, grad_k);
         }
-        scatter_rows(p_.table, t.block, dvals.data(), x1_, t.v, d.dv, false, grad_v);
+        scatter_rows(p_.table, t.block, dvals.data(), d.dv, t.v, d.dv, false, grad_v);
       }
       // grad_q = phi'(q) du with phi' in [0, 1]: finite exactly where du is.
       finite = finite && mhla::detail::first_non_finite(du.data(), rows * d.dk) < 0;
