@@ -1,7 +1,6 @@
 #include "cpu/mixer.hpp"
 
 #include <algorithm>
-#include <cstring>
 
 #include "cpu/block_products.hpp"
 #include "cpu/panels.hpp"
@@ -14,6 +13,11 @@ namespace {
 // independent of the thread count.
 constexpr int64_t kRowPanel = 64;
 
+// Rows of W per product in the masked mixes: four register tiles of six rows.
+// Each strip also multiplies the zeros right of its rows' diagonal, up to
+// kStrip / 2 extra blocks per row.
+constexpr int64_t kStrip = 24;
+
 }  // namespace
 
 template <typename T>
@@ -22,7 +26,7 @@ DenseMixer<T>::DenseMixer(const mhla::detail::Problem& problem, const T* w)
   if (!p_.lower_triangular()) return;
   // Causal reads b < i through the mix (W[i,i] acts inside the block, token by
   // token); block-causal reads b <= i. The rows are copied with the unread
-  // entries zeroed, so that the GEMMs (or TRMMs) below can read them whole.
+  // entries zeroed, so that the products below can read them whole.
   const int64_t m = p_.blocks, ms = p_.mixing_blocks, ld = p_.w_stride;
   const int64_t copies = p_.per_head_mixing ? p_.dims.heads : 1;
   const int64_t diagonal = p_.block_causal ? 1 : 0;
@@ -54,16 +58,20 @@ void DenseMixer<T>::mix(const T* summaries, T* mixed) const {
   for_each_panel(slices, x_, [&](int64_t, int64_t bh, int64_t c0, int64_t cols) {
     const T* s = summaries + bh * ms * x_ + c0;
     T* out = mixed + bh * m * x_ + c0;
-    if (square_lower()) {
-      // Lower-triangular W: half the flops of a full GEMM, through TRMM in place.
-      for (int64_t i = 0; i < m; ++i) std::memcpy(out + i * x_, s + i * x_, cols * sizeof(T));
-      trmm_lower(false, m, cols, head_rows(bh), m, out, x_);
-    } else {
-      // On the run-time dispatched SIMD kernels, not the BLAS: they use the
-      // cores' AVX-512 even when OpenBLAS is pinned to AVX2 (at M = 256 a
-      // [M, 1024] panel ran at 2x the pinned OpenBLAS; with AVX2 both run at
-      // the same rate).
+    // On the run-time dispatched SIMD kernels, not the BLAS: they use the
+    // cores' AVX-512 even when OpenBLAS is pinned to AVX2 (at M = 256 a
+    // [M, 1024] panel ran at 2x the pinned OpenBLAS; with AVX2 both run at
+    // the same rate).
+    if (!p_.lower_triangular()) {
       block_gemm(false, false, m, cols, ms, T(1), head_rows(bh), rows_ld(), s, x_, T(0), out, x_);
+      return;
+    }
+    // Masked rows: strips of rows, each reading the blocks up to the last
+    // one its rows may see (about half a full product's work).
+    for (int64_t i0 = 0; i0 < m; i0 += kStrip) {
+      const int64_t rows = std::min(kStrip, m - i0);
+      block_gemm(false, false, rows, cols, seen_blocks(i0 + rows), T(1),
+                 head_rows(bh) + i0 * rows_ld(), rows_ld(), s, x_, T(0), out + i0 * x_, x_);
     }
   });
 }
@@ -77,11 +85,17 @@ void DenseMixer<T>::mix_backward(const T* mixed_grad, const T* summaries, const 
   for_each_panel(slices, x_, [&](int64_t, int64_t bh, int64_t c0, int64_t cols) {
     const T* g = mixed_grad + bh * m * x_ + c0;
     T* out = summaries_grad + bh * ms * x_ + c0;
-    if (square_lower()) {
-      for (int64_t i = 0; i < m; ++i) std::memcpy(out + i * x_, g + i * x_, cols * sizeof(T));
-      trmm_lower(true, m, cols, head_rows(bh), m, out, x_);
-    } else {
+    if (!p_.lower_triangular()) {
       block_gemm(true, false, ms, cols, m, T(1), head_rows(bh), rows_ld(), g, x_, T(0), out, x_);
+      return;
+    }
+    // Masked rows: block b's gradient gathers the rows i that may see it,
+    // strip by strip of b from the first row that may see the strip.
+    for (int64_t b0 = 0; b0 < ms; b0 += kStrip) {
+      const int64_t blocks = std::min(kStrip, ms - b0);
+      const int64_t i0 = std::min(m, first_row_seeing(b0));
+      block_gemm(true, false, blocks, cols, m - i0, T(1), head_rows(bh) + i0 * rows_ld() + b0,
+                 rows_ld(), g + i0 * x_, x_, T(0), out + b0 * x_, x_);
     }
   });
 

@@ -13,6 +13,7 @@
 //
 // All loops split the work into a fixed set of panels whatever the thread
 // count, so results are bit-identical across thread counts.
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -50,9 +51,14 @@ class DenseMixer final : public Mixer<T> {
   // slice bh, and their leading dimension.
   const T* head_rows(int64_t bh) const;
   int64_t rows_ld() const { return masked_.empty() ? p_.w_stride : p_.mixing_blocks; }
-  // Whether the rows form a square lower-triangular matrix (mix through TRMM).
-  bool square_lower() const {
-    return p_.lower_triangular() && p_.first_block == 0 && p_.blocks == p_.mixing_blocks;
+  // Masked modes: how many of the mixing blocks the call's rows before `end`
+  // may read (row i reads b < first_block + i, or b <= for block-causal), and
+  // the first row that may read block b.
+  int64_t seen_blocks(int64_t end) const {
+    return std::min(p_.mixing_blocks, p_.first_block + end - (p_.block_causal ? 0 : 1));
+  }
+  int64_t first_row_seeing(int64_t b) const {
+    return std::max<int64_t>(0, b - p_.first_block + (p_.block_causal ? 0 : 1));
   }
 
   mhla::detail::Problem p_;

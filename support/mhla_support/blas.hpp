@@ -1,5 +1,5 @@
 #pragma once
-// Row-major GEMM/TRMM/GEMV through CBLAS, overloaded on float and double so the
+// Row-major GEMM/GEMV through CBLAS, overloaded on float and double so the
 // kernels are written once for both. Called from inside OpenMP regions, the
 // OpenMP build of OpenBLAS runs each call on the calling thread.
 #include <cblas.h>
@@ -20,18 +20,6 @@ inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha
                  int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
   cblas_dgemm(CblasRowMajor, op(ta), op(tb), blasint(m), blasint(n), blasint(k), alpha, a,
               blasint(lda), b, blasint(ldb), beta, c, blasint(ldc));
-}
-
-// B[m,n] = op(L) B with L[m,m] lower triangular (diagonal included as stored).
-inline void trmm_lower(bool transpose, int64_t m, int64_t n, const float* l, int64_t ldl, float* b,
-                       int64_t ldb) {
-  cblas_strmm(CblasRowMajor, CblasLeft, CblasLower, op(transpose), CblasNonUnit, blasint(m),
-              blasint(n), 1.0f, l, blasint(ldl), b, blasint(ldb));
-}
-inline void trmm_lower(bool transpose, int64_t m, int64_t n, const double* l, int64_t ldl,
-                       double* b, int64_t ldb) {
-  cblas_dtrmm(CblasRowMajor, CblasLeft, CblasLower, op(transpose), CblasNonUnit, blasint(m),
-              blasint(n), 1.0, l, blasint(ldl), b, blasint(ldb));
 }
 
 // y[m] = A[m,n] x (x with stride incx)
