@@ -166,6 +166,8 @@ inline std::vector<Case> shape_cases() {
       {"1d-one-token", 1, 1, 4, 3, TokenLayout::sequence(1, 1)},
       {"1d-single-block", 1, 2, 6, 6, TokenLayout::sequence(20, 32)},
       {"1d-blocks-equal-tokens", 1, 2, 4, 5, TokenLayout::sequence(9, 1)},
+      // More blocks than one strip of the masked mix (24 rows of W): 61 = 24 + 24 + 13.
+      {"1d-many-blocks", 1, 2, 3, 4, TokenLayout::sequence(122, 2)},
       {"1d-dk1-dv3", 2, 1, 1, 3, TokenLayout::sequence(17, 4)},
       {"1d-dk59-dv3", 1, 2, 59, 3, TokenLayout::sequence(23, 6)},
       {"1d-dk3-dv59", 1, 1, 3, 59, TokenLayout::sequence(19, 5)},
