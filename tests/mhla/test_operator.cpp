@@ -85,8 +85,8 @@ TEST(FastOperator, RandomShapes) {
 }
 
 // Blocks large enough for the GEMMs to take their blocked code paths; the
-// causal ones span several row tiles of the in-block triangle (64 rows), with
-// ragged last tiles (96 = 64 + 32; 150 = 64 + 64 + 22; a last block of 100).
+// causal ones span several row tiles of the in-block triangle (32 rows), with
+// ragged last tiles (150 = 4 x 32 + 22; a last block of 100 = 3 x 32 + 4).
 TEST(FastOperator, LargerBlocks) {
   for (Masking masking : {Masking::none, Masking::causal}) {
     Case c{"large", 1, 2, 64, 48, TokenLayout::sequence(700, 96), masking};
