@@ -52,8 +52,8 @@ void row_dots(const T* tile, int64_t rows, int64_t width, const T* x, T* out, in
 // the end of its own tile: 56% of the full products' work at C = 256. The
 // skipped terms are exact zeros, so each sum is the full one, bit for bit.
 // Entries right of a row's tile are never written nor read. With tiles of 32
-// rows the causal forward at N = 16384 (C = 128) took 24.5 ms, against
-// 25.6-28.4 ms with 64 and 25.1-25.6 ms with 16 (Zen 5, AVX-512).
+// rows the causal forward at N = 16384 (C = 128) took 24.5-25.1 ms, against
+// 25.6-28.4 ms with 64 and 25.6 ms with 16 (Zen 5, AVX-512).
 constexpr int64_t kTriangleTile = 32;
 
 // a = mask(x y^T), a [rows, rows]; x and y are [rows, width]. y^T is formed
