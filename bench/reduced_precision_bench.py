@@ -1,15 +1,15 @@
-"""mt.mhla_attention on bfloat16 inputs against float32 inputs, forward and
-forward+backward, on the CPU.
+"""mt.mhla_attention on bfloat16 and float16 inputs against float32 inputs,
+forward and forward+backward, on the CPU.
 
     PYTHONPATH=build/python /usr/bin/python3 bench/reduced_precision_bench.py \
         [--tokens 65536] [--heads 8] [--head-dim 64] [--threads 2] [--json out.json]
 
-bfloat16 has no kernel of its own: mhla.torch widens q, k, v (and incoming
-gradients) to float32 and rounds the results back. "bfloat16, torch casts" is
-the same call with those conversions done by torch's own .float() and
-.to(torch.bfloat16) instead of the extension's, for comparison. Times are
-medians of interleaved repeats; ratios are float32 time / bfloat16 time, so
-above 1 means bfloat16 is faster.
+Neither has a kernel of its own: mhla.torch widens q, k, v (and incoming
+gradients) to float32 and rounds the results back. "torch casts" is the same
+call with those conversions done by torch's own .float() and .to(dtype)
+instead of the extension's, for comparison. Times are medians of interleaved
+repeats; ratios are float32 time / reduced time, so above 1 means the reduced
+dtype is faster.
 """
 import json
 import platform
@@ -29,32 +29,34 @@ def torch_casts():
 def main():
     args = parse_args(__doc__)
     layout, q, k, v, w = operands(args)
-    reduced = [t.to(torch.bfloat16) for t in (q, k, v, w)]
 
     results = {"tokens": args.tokens, "heads": args.heads, "head_dim": args.head_dim, "block": args.block,
                "threads": args.threads, "repeats": args.repeats, "torch": torch.__version__,
                "machine": platform.processor() or platform.machine(), "rows": []}
     print(f"mt.mhla_attention, N={args.tokens}, {args.heads} heads of {args.head_dim}, blocks of {args.block}, "
           f"{args.threads} threads, torch {torch.__version__}")
-    print(f"{'part':>17} {'float32 ms':>10} {'bf16 ms':>8} {'bf16, torch casts ms':>20} {'fp32/bf16':>9} "
-          f"{'fp32/bf16 torch casts':>21}")
-    for part, backward in (("forward", False), ("forward+backward", True)):
-        runs = {"float32": attention_step(q, k, v, w, layout, backward),
-                "bfloat16": attention_step(*reduced, layout, backward)}
-        torch_cast_run = attention_step(*reduced, layout, backward)
+    print(f"{'dtype':>8} {'part':>17} {'float32 ms':>10} {'reduced ms':>10} {'torch casts ms':>14} "
+          f"{'fp32/reduced':>12} {'fp32/torch casts':>16}")
+    for dtype in (torch.bfloat16, torch.float16):
+        name = str(dtype).replace("torch.", "")
+        reduced = [t.to(dtype) for t in (q, k, v, w)]
+        for part, backward in (("forward", False), ("forward+backward", True)):
+            runs = {"float32": attention_step(q, k, v, w, layout, backward),
+                    "reduced": attention_step(*reduced, layout, backward)}
+            torch_cast_run = attention_step(*reduced, layout, backward)
 
-        def with_torch_casts():
-            with torch_casts():
-                torch_cast_run()
+            def with_torch_casts():
+                with torch_casts():
+                    torch_cast_run()
 
-        runs["bfloat16, torch casts"] = with_torch_casts
-        ms = {name: 1e3 * t for name, t in median_seconds(runs, args.repeats).items()}
-        ratio, ratio_torch = ms["float32"] / ms["bfloat16"], ms["float32"] / ms["bfloat16, torch casts"]
-        print(f"{part:>17} {ms['float32']:>10.1f} {ms['bfloat16']:>8.1f} {ms['bfloat16, torch casts']:>20.1f} "
-              f"{ratio:>8.2f}x {ratio_torch:>20.2f}x", flush=True)
-        results["rows"].append(dict(part=part, float32_ms=ms["float32"], bfloat16_ms=ms["bfloat16"],
-                                    bfloat16_torch_casts_ms=ms["bfloat16, torch casts"],
-                                    float32_over_bfloat16=ratio, float32_over_bfloat16_torch_casts=ratio_torch))
+            runs["torch casts"] = with_torch_casts
+            ms = {run: 1e3 * t for run, t in median_seconds(runs, args.repeats).items()}
+            ratio, ratio_torch = ms["float32"] / ms["reduced"], ms["float32"] / ms["torch casts"]
+            print(f"{name:>8} {part:>17} {ms['float32']:>10.1f} {ms['reduced']:>10.1f} {ms['torch casts']:>14.1f} "
+                  f"{ratio:>11.2f}x {ratio_torch:>15.2f}x", flush=True)
+            results["rows"].append(dict(dtype=name, part=part, float32_ms=ms["float32"], reduced_ms=ms["reduced"],
+                                        torch_casts_ms=ms["torch casts"], float32_over_reduced=ratio,
+                                        float32_over_torch_casts=ratio_torch))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)

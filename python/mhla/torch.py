@@ -135,50 +135,58 @@ def _check_tensors(**tensors):
 
 # Reduced-precision inputs have no kernel of their own: they are widened to
 # float32 (differentiably, so their gradients come back in their own dtype),
-# and the output is rounded back to q's dtype.
-_WIDENED = (torch.bfloat16, torch.float16)
+# and the output is rounded back to q's dtype, by the extension's (widen,
+# narrow) pair for each reduced dtype.
+_WIDENED = {
+    torch.bfloat16: (_core.bfloat16_to_float32, _core.float32_to_bfloat16),
+    torch.float16: (_core.float16_to_float32, _core.float32_to_float16),
+}
 
 
 def _compute_dtype(q):
     return torch.float32 if q.dtype in _WIDENED else q.dtype
 
 
-class _BFloat16ToFloat32(torch.autograd.Function):
-    """``x.float()`` for bfloat16 x, converted by the extension into recycled memory (with torch
-    1.13's casts a bfloat16 ``mhla_attention`` ran at 0.43x of float32 instead of 0.84x:
-    bench/reduced_precision_bench.py); the gradient is rounded back to bfloat16 the same way."""
+class _Widen(torch.autograd.Function):
+    """``x.float()`` for bfloat16 or float16 x, converted by the extension into recycled memory
+    (with torch 1.13's casts a bfloat16 ``mhla_attention`` ran at 0.43x of float32 instead of
+    0.84x: bench/reduced_precision_bench.py); the gradient is rounded back to x's dtype the same
+    way."""
 
     @staticmethod
     def forward(ctx, x):
-        return from_dlpack(_core.bfloat16_to_float32(_operand(x)))
+        widen, ctx.narrow = _WIDENED[x.dtype]
+        return from_dlpack(widen(_operand(x)))
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad):
-        return from_dlpack(_core.float32_to_bfloat16(_operand(grad)))
+        return from_dlpack(ctx.narrow(_operand(grad)))
 
 
-class _Float32ToBFloat16(torch.autograd.Function):
-    """``x.to(torch.bfloat16)`` for float32 x (round to nearest, ties to even), by the extension."""
+class _Narrow(torch.autograd.Function):
+    """``x.to(dtype)`` for float32 x and dtype bfloat16 or float16 (round to nearest, ties to
+    even), by the extension."""
 
     @staticmethod
-    def forward(ctx, x):
-        return from_dlpack(_core.float32_to_bfloat16(_operand(x)))
+    def forward(ctx, x, dtype):
+        ctx.widen, narrow = _WIDENED[dtype]
+        return from_dlpack(narrow(_operand(x)))
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad):
-        return from_dlpack(_core.bfloat16_to_float32(_operand(grad)))
+        return from_dlpack(ctx.widen(_operand(grad))), None
 
 
 def _to_float32(t):
-    return _BFloat16ToFloat32.apply(t) if t.dtype == torch.bfloat16 else t.float()
+    return _Widen.apply(t) if t.dtype in _WIDENED else t.float()
 
 
 def _to_dtype(o, dtype):
     """The operator's float32 result in the caller's dtype."""
-    if dtype == torch.bfloat16 and o.dtype == torch.float32:
-        return _Float32ToBFloat16.apply(o)
+    if dtype in _WIDENED and o.dtype == torch.float32:
+        return _Narrow.apply(o, dtype)
     return o.to(dtype)
 
 

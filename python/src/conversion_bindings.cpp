@@ -22,6 +22,12 @@ inline uint16_t narrow(float f) {
   return (u & 0x7fffffffu) > 0x7f800000u ? uint16_t(0x7fc0u) : uint16_t(rounded);
 }
 
+// float16 through the compiler's IEEE binary16 type: widening is exact;
+// narrowing rounds to nearest, ties to even, and overflows to infinity, as
+// torch does (F16C instructions where the build targets them).
+inline float widen_half(uint16_t h) { return float(std::bit_cast<_Float16>(h)); }
+inline uint16_t narrow_half(float f) { return std::bit_cast<uint16_t>(static_cast<_Float16>(f)); }
+
 // x (of dtype `from`, read as From) converted element by element into a new
 // buffer of dtype `to`.
 template <typename From, typename To, typename Convert>
@@ -51,6 +57,16 @@ Buffer float32_to_bfloat16(py::handle x) {
                                     [](float f) { return narrow(f); });
 }
 
+Buffer float16_to_float32(py::handle x) {
+  return converted<uint16_t, float>(x, DType::float16, DType::float32,
+                                    [](uint16_t h) { return widen_half(h); });
+}
+
+Buffer float32_to_float16(py::handle x) {
+  return converted<float, uint16_t>(x, DType::float32, DType::float16,
+                                    [](float f) { return narrow_half(f); });
+}
+
 }  // namespace
 
 void bind_conversions(py::module_& m) {
@@ -59,6 +75,11 @@ void bind_conversions(py::module_& m) {
   m.def("float32_to_bfloat16", &float32_to_bfloat16, py::arg("x"),
         "A C-order float32 CPU tensor rounded to bfloat16 (nearest, ties to even; NaN stays "
         "NaN), as a new buffer.");
+  m.def("float16_to_float32", &float16_to_float32, py::arg("x"),
+        "A C-order float16 CPU tensor widened to float32 (exact), as a new buffer.");
+  m.def("float32_to_float16", &float32_to_float16, py::arg("x"),
+        "A C-order float32 CPU tensor rounded to float16 (nearest, ties to even, beyond the "
+        "largest float16 to infinity), as a new buffer.");
 }
 
 }  // namespace mhla::python

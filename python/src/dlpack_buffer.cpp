@@ -144,8 +144,9 @@ py::buffer_info Buffer::buffer_info() {
     strides[d] = stride;
     stride *= shape_[d];
   }
-  const std::string format = dtype_ == DType::float32 ? py::format_descriptor<float>::format()
-                                                      : py::format_descriptor<double>::format();
+  const std::string format = dtype_ == DType::float16   ? std::string("e")  // IEEE half, as NumPy
+                             : dtype_ == DType::float32 ? py::format_descriptor<float>::format()
+                                                        : py::format_descriptor<double>::format();
   return py::buffer_info(storage_.get(), static_cast<py::ssize_t>(dtype_size(dtype_)), format,
                          static_cast<py::ssize_t>(shape_.size()),
                          std::vector<py::ssize_t>(shape_.begin(), shape_.end()), strides);

@@ -33,6 +33,7 @@ DType dtype_from(const char* name, DLDataType t, bool storage_types) {
   if (t.code == kDLFloat && t.lanes == 1 && t.bits == 32) return DType::float32;
   if (t.code == kDLFloat && t.lanes == 1 && t.bits == 64) return DType::float64;
   if (storage_types && t.code == kDLBfloat && t.lanes == 1 && t.bits == 16) return DType::bfloat16;
+  if (storage_types && t.code == kDLFloat && t.lanes == 1 && t.bits == 16) return DType::float16;
   static const char* const codes[] = {"int", "uint", "float", "opaque handle", "bfloat", "complex"};
   const std::string code =
       t.code < 6 ? codes[t.code] : "DLPack type code " + std::to_string(t.code);

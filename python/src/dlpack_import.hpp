@@ -21,7 +21,7 @@ namespace mhla::python {
 class ImportedTensor {
  public:
   // `name` ("q", "grad_o", ...) starts every error message. With
-  // `storage_types`, bfloat16 tensors are admitted too (for conversions).
+  // `storage_types`, bfloat16 and float16 tensors are admitted too (for conversions).
   ImportedTensor(pybind11::handle object, const char* name, bool storage_types = false);
 
   const char* name() const { return name_; }

@@ -7,9 +7,10 @@
 
 namespace mhla::python {
 
-// The operator computes in float32 and float64; bfloat16 is a storage type
-// only, which the conversion functions read and write (conversion_bindings.hpp).
-enum class DType { float32, float64, bfloat16 };
+// The operator computes in float32 and float64; bfloat16 and float16 are
+// storage types only, which the conversion functions read and write
+// (conversion_bindings.hpp).
+enum class DType { float32, float64, bfloat16, float16 };
 
 inline const char* dtype_name(DType dtype) {
   switch (dtype) {
@@ -17,6 +18,8 @@ inline const char* dtype_name(DType dtype) {
       return "float32";
     case DType::float64:
       return "float64";
+    case DType::float16:
+      return "float16";
     default:
       return "bfloat16";
   }
@@ -36,10 +39,11 @@ constexpr DType dtype_of() {
 }
 
 // Runs fn.template operator()<T>() with T the C++ type of `dtype`, a
-// computing type (ImportedTensor admits bfloat16 only where asked to).
+// computing type (ImportedTensor admits the storage types only where asked to).
 template <typename Fn>
 decltype(auto) dispatch(DType dtype, Fn&& fn) {
-  if (dtype == DType::bfloat16) throw std::invalid_argument("mhla computes in float32 or float64");
+  if (dtype == DType::bfloat16 || dtype == DType::float16)
+    throw std::invalid_argument("mhla computes in float32 or float64");
   return dtype == DType::float32 ? fn.template operator()<float>()
                                  : fn.template operator()<double>();
 }

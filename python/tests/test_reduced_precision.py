@@ -3,6 +3,7 @@
 larger than rounding the exact result to that dtype, and (bfloat16; torch has
 no float16 elu on the CPU) no larger than the same formula computed in the
 reduced dtype itself."""
+import numpy as np
 import pytest
 import torch
 
@@ -100,53 +101,77 @@ def test_a_bfloat16_layer_trains_and_tracks_its_float32_copy():
                if p.requires_grad)
 
 
-def special_floats():
-    """Random float32 values of every magnitude, with the cases rounding must get right: ties
-    (even and odd), the largest values that round to the largest bfloat16 and to infinity,
-    subnormals, signed zeros, infinities and NaN."""
+def special_floats(dtype):
+    """Random float32 values of every magnitude, with the cases rounding to ``dtype`` must get
+    right: ties (even and odd), the largest values that round to its largest finite value and to
+    infinity, subnormals, signed zeros, infinities and NaN."""
     g = torch.Generator().manual_seed(5)
     random = torch.randn(4096, generator=g) * torch.pow(2.0, torch.randint(-140, 120, (4096,), generator=g))
-    bits = torch.tensor([0x3F808000, 0x3F818000, 0x3F80FFFF, 0x7F7F7FFF, 0x7F7F8000, 0x00000001,
-                         0x00008000, 0x80000000, 0x7F800000, 0xFF800000], dtype=torch.int64)
+    if dtype == torch.bfloat16:
+        bits = [0x3F808000, 0x3F818000, 0x3F80FFFF, 0x7F7F7FFF, 0x7F7F8000, 0x00000001, 0x00008000]
+    else:
+        # 1 + 2^-11 and 1 + 3 * 2^-11 (ties), 65519 and 65520 (last finite / first to inf),
+        # 2^-25 (half the smallest subnormal: a tie to zero), 3 * 2^-25 and 2^-14 - 2^-25.
+        bits = [0x3F801000, 0x3F803000, 0x477FEF00, 0x477FF000, 0x33000000, 0x33C00000, 0x387FC000]
+    bits = torch.tensor(bits + [0x80000000, 0x7F800000, 0xFF800000], dtype=torch.int64)
     exact = bits.to(torch.int32).view(torch.float32)
     return torch.cat([random, exact, -exact, torch.tensor([0.0, float("nan")])])
 
 
-def test_bfloat16_conversions_round_as_torch_does():
-    x = special_floats()
-    narrowed = torch.from_dlpack(mhla._core.float32_to_bfloat16(x))
-    want = x.to(torch.bfloat16)
-    assert narrowed.dtype == torch.bfloat16
+CONVERSIONS = {torch.bfloat16: ("bfloat16_to_float32", "float32_to_bfloat16"),
+               torch.float16: ("float16_to_float32", "float32_to_float16")}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_conversions_round_as_torch_does(dtype):
+    widen, narrow = (getattr(mhla._core, name) for name in CONVERSIONS[dtype])
+    x = special_floats(dtype)
+    narrowed = torch.from_dlpack(narrow(x))
+    want = x.to(dtype)
+    assert narrowed.dtype == dtype
     nan = torch.isnan(x)
     assert torch.isnan(narrowed[nan]).all()
     assert torch.equal(narrowed[~nan].view(torch.int16), want[~nan].view(torch.int16))
-    widened = torch.from_dlpack(mhla._core.bfloat16_to_float32(want))
+    widened = torch.from_dlpack(widen(want))
     assert widened.dtype == torch.float32
     assert torch.equal(widened[~nan], want[~nan].float()) and torch.isnan(widened[nan]).all()
 
 
-def test_bfloat16_conversions_keep_shapes_and_gradients():
-    x = torch.randn(2, 5, 3, 4, dtype=torch.bfloat16, requires_grad=True)
+def test_float16_results_read_through_the_buffer_protocol():
+    x = torch.tensor([1.0, -2.5, 65504.0, 1e-7])
+    assert np.array_equal(np.asarray(mhla._core.float32_to_float16(x)), x.numpy().astype(np.float16))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_conversions_keep_shapes_and_gradients(dtype):
+    x = torch.randn(2, 5, 3, 4, dtype=dtype, requires_grad=True)
     y = mt._to_float32(x)
     assert y.shape == x.shape and torch.equal(y, x.detach().float())
     grad = torch.randn(y.shape)
     y.backward(grad)
-    assert x.grad.dtype == torch.bfloat16 and torch.equal(x.grad, grad.to(torch.bfloat16))
+    assert x.grad.dtype == dtype and torch.equal(x.grad, grad.to(dtype))
     z = torch.randn(3, 7, requires_grad=True)
-    r = mt._to_dtype(z, torch.bfloat16)
-    assert torch.equal(r, z.detach().to(torch.bfloat16))
-    r.backward(torch.ones(3, 7, dtype=torch.bfloat16))
+    r = mt._to_dtype(z, dtype)
+    assert torch.equal(r, z.detach().to(dtype))
+    r.backward(torch.ones(3, 7, dtype=dtype))
     assert z.grad.dtype == torch.float32 and torch.equal(z.grad, torch.ones(3, 7))
 
 
-def test_bfloat16_conversion_errors_are_named():
+def test_conversion_errors_are_named():
     with pytest.raises(TypeError, match="x has dtype float64; expected bfloat16"):
         mhla._core.bfloat16_to_float32(torch.zeros(3, dtype=torch.float64))
     with pytest.raises(TypeError, match="x has dtype bfloat16; expected float32"):
         mhla._core.float32_to_bfloat16(torch.zeros(3, dtype=torch.bfloat16))
+    with pytest.raises(TypeError, match="x has dtype bfloat16; expected float16"):
+        mhla._core.float16_to_float32(torch.zeros(3, dtype=torch.bfloat16))
+    with pytest.raises(TypeError, match="x has dtype float16; expected float32"):
+        mhla._core.float32_to_float16(torch.zeros(3, dtype=torch.float16))
     with pytest.raises(ValueError, match="not C order"):
         mhla._core.float32_to_bfloat16(torch.zeros(3, 4).t())
     # The operator itself still takes float32 and float64 only.
     bf = torch.zeros(1, 4, 1, 2, dtype=torch.bfloat16)
     with pytest.raises(TypeError, match="q has dtype bfloat16; mhla computes in float32 or float64"):
         mhla.forward(bf, bf, bf, torch.ones(1, 1), layout=mhla.Layout.sequence(4, 4))
+    half = bf.to(torch.float16)
+    with pytest.raises(TypeError, match="q has dtype float16; mhla computes in float32 or float64"):
+        mhla.forward(half, half, half, torch.ones(1, 1), layout=mhla.Layout.sequence(4, 4))
