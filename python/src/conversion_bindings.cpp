@@ -1,6 +1,7 @@
 #include "conversion_bindings.hpp"
 
 #include <bit>
+#include <cmath>
 #include <cstdint>
 #include <string>
 
@@ -22,11 +23,39 @@ inline uint16_t narrow(float f) {
   return (u & 0x7fffffffu) > 0x7f800000u ? uint16_t(0x7fc0u) : uint16_t(rounded);
 }
 
-// float16 through the compiler's IEEE binary16 type: widening is exact;
-// narrowing rounds to nearest, ties to even, and overflows to infinity, as
-// torch does (F16C instructions where the build targets them).
-inline float widen_half(uint16_t h) { return float(std::bit_cast<_Float16>(h)); }
-inline uint16_t narrow_half(float f) { return std::bit_cast<uint16_t>(static_cast<_Float16>(f)); }
+// IEEE float16 (1 sign, 5 exponent, 10 fraction bits), by hand: compilers'
+// _Float16 is missing on some (clang 14 on x86). Widening is exact.
+inline float widen_half(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000u) << 16, exponent = (h >> 10) & 0x1fu,
+                 fraction = h & 0x3ffu;
+  // All three readings, then a choice, so that the loop vectorises (see
+  // python/CMakeLists.txt): the exponent rebiased from 15 to 127; infinity or
+  // NaN; zero or subnormal, in units of 2^-24 (exact in float, and never a
+  // float subnormal, which flush-to-zero modes would lose).
+  const uint32_t normal = ((exponent + 112) << 23) | (fraction << 13);
+  const uint32_t special = 0x7f800000u | (fraction << 13);
+  const uint32_t small = std::bit_cast<uint32_t>(float(fraction) * 0x1p-24f);
+  return std::bit_cast<float>(sign | (exponent == 0 ? small : exponent == 31 ? special : normal));
+}
+
+// Round to nearest, ties to even, as torch does: from 65520 up to infinity;
+// NaN stays NaN.
+inline uint16_t narrow_half(float f) {
+  const uint32_t u = std::bit_cast<uint32_t>(f);
+  const uint32_t sign = (u >> 16) & 0x8000u, magnitude = u & 0x7fffffffu;
+  if (magnitude > 0x7f800000u) return uint16_t(sign | 0x7e00u);
+  if (magnitude >= 0x477ff000u) return uint16_t(sign | 0x7c00u);
+  if (magnitude >= 0x38800000u) {
+    // Normal: rebias the exponent, then round away the 13 extra fraction bits
+    // (a carry into the exponent is the right result).
+    const uint32_t rebiased = magnitude - 0x38000000u;
+    return uint16_t(sign | ((rebiased + 0x0fffu + ((rebiased >> 13) & 1u)) >> 13));
+  }
+  // Subnormal or zero: the value in units of 2^-24 (exact), rounded to an
+  // integer; 1024 units is the smallest normal, whose encoding is 0x0400.
+  const float units = std::bit_cast<float>(magnitude) * 0x1p24f;
+  return uint16_t(sign | uint32_t(std::nearbyint(units)));
+}
 
 // x (of dtype `from`, read as From) converted element by element into a new
 // buffer of dtype `to`.

@@ -137,6 +137,21 @@ def test_conversions_round_as_torch_does(dtype):
     assert torch.equal(widened[~nan], want[~nan].float()) and torch.isnan(widened[nan]).all()
 
 
+def test_float16_conversions_agree_with_torch_on_every_half_and_every_midpoint():
+    halves = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(torch.float16)
+    nan = torch.isnan(halves)
+    widened = torch.from_dlpack(mhla._core.float16_to_float32(halves))
+    assert torch.equal(widened[~nan].view(torch.int32), halves[~nan].float().view(torch.int32))
+    assert torch.isnan(widened[nan]).all()
+    # Every tie between neighbouring halves (exact in float32), and the floats either side of it.
+    finite = torch.unique(halves[torch.isfinite(halves)].float())
+    ties = ((finite[:-1].double() + finite[1:].double()) / 2).float()
+    probes = torch.cat([ties, torch.nextafter(ties, torch.tensor(float("inf"))),
+                        torch.nextafter(ties, torch.tensor(float("-inf")))])
+    narrowed = torch.from_dlpack(mhla._core.float32_to_float16(probes))
+    assert torch.equal(narrowed.view(torch.int16), probes.to(torch.float16).view(torch.int16))
+
+
 def test_float16_results_read_through_the_buffer_protocol():
     x = torch.tensor([1.0, -2.5, 65504.0, 1e-7])
     assert np.array_equal(np.asarray(mhla._core.float32_to_float16(x)), x.numpy().astype(np.float16))
