@@ -24,18 +24,15 @@ template <typename T>
 DenseMixer<T>::DenseMixer(const mhla::detail::Problem& problem, const T* w)
     : p_(problem), w_(w), x_(problem.dims.dk * (problem.dims.dv + 1)) {
   if (!p_.lower_triangular()) return;
-  // Causal reads b < i through the mix (W[i,i] acts inside the block, token by
-  // token); block-causal reads b <= i. The rows are copied with the unread
-  // entries zeroed, so that the products below can read them whole.
+  // The rows are copied with the entries they do not read (blocks_read_by)
+  // zeroed, so that the products below can read them whole.
   const int64_t m = p_.blocks, ms = p_.mixing_blocks, ld = p_.w_stride;
   const int64_t copies = p_.per_head_mixing ? p_.dims.heads : 1;
-  const int64_t diagonal = p_.block_causal ? 1 : 0;
   masked_.assign(copies * m * ms, T(0));
   for (int64_t c = 0; c < copies; ++c)
     for (int64_t i = 0; i < m; ++i) {
-      const int64_t row = p_.first_block + i;
-      const T* src = w_ + (c * ld + row) * ld;
-      std::copy(src, src + std::min(ms, row + diagonal), masked_.data() + (c * m + i) * ms);
+      const T* src = w_ + (c * ld + p_.first_block + i) * ld;
+      std::copy(src, src + blocks_read_by(i), masked_.data() + (c * m + i) * ms);
     }
 }
 
@@ -67,10 +64,10 @@ void DenseMixer<T>::mix(const T* summaries, T* mixed) const {
       return;
     }
     // Masked rows: strips of rows, each reading the blocks up to the last
-    // one its rows may see (about half a full product's work).
+    // one its rows read (about half a full product's work).
     for (int64_t i0 = 0; i0 < m; i0 += kStrip) {
       const int64_t rows = std::min(kStrip, m - i0);
-      block_gemm(false, false, rows, cols, seen_blocks(i0 + rows), T(1),
+      block_gemm(false, false, rows, cols, blocks_read_by(i0 + rows - 1), T(1),
                  head_rows(bh) + i0 * rows_ld(), rows_ld(), s, x_, T(0), out + i0 * x_, x_);
     }
   });
@@ -89,11 +86,11 @@ void DenseMixer<T>::mix_backward(const T* mixed_grad, const T* summaries, const 
       block_gemm(true, false, ms, cols, m, T(1), head_rows(bh), rows_ld(), g, x_, T(0), out, x_);
       return;
     }
-    // Masked rows: block b's gradient gathers the rows i that may see it,
-    // strip by strip of b from the first row that may see the strip.
+    // Masked rows: block b's gradient gathers the rows i that read it,
+    // strip by strip of b from the first row that reads the strip.
     for (int64_t b0 = 0; b0 < ms; b0 += kStrip) {
       const int64_t blocks = std::min(kStrip, ms - b0);
-      const int64_t i0 = std::min(m, first_row_seeing(b0));
+      const int64_t i0 = std::min(m, first_row_reading(b0));
       block_gemm(true, false, blocks, cols, m - i0, T(1), head_rows(bh) + i0 * rows_ld() + b0,
                  rows_ld(), g + i0 * x_, x_, T(0), out + b0 * x_, x_);
     }

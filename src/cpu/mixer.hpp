@@ -51,14 +51,15 @@ class DenseMixer final : public Mixer<T> {
   // slice bh, and their leading dimension.
   const T* head_rows(int64_t bh) const;
   int64_t rows_ld() const { return masked_.empty() ? p_.w_stride : p_.mixing_blocks; }
-  // Masked modes: how many of the mixing blocks the call's rows before `end`
-  // may read (row i reads b < first_block + i, or b <= for block-causal), and
-  // the first row that may read block b.
-  int64_t seen_blocks(int64_t end) const {
-    return std::min(p_.mixing_blocks, p_.first_block + end - (p_.block_causal ? 0 : 1));
+  // Masked modes: row i reads the blocks b < first_block + i (causal: W[i,i]
+  // acts inside the block, token by token) or b <= first_block + i
+  // (block-causal). How many of the mixing blocks row i reads, and the first
+  // row that reads block b.
+  int64_t blocks_read_by(int64_t i) const {
+    return std::min(p_.mixing_blocks, p_.first_block + i + (p_.block_causal ? 1 : 0));
   }
-  int64_t first_row_seeing(int64_t b) const {
-    return std::max<int64_t>(0, b - p_.first_block + (p_.block_causal ? 0 : 1));
+  int64_t first_row_reading(int64_t b) const {
+    return std::max<int64_t>(0, b + 1 - p_.first_block - (p_.block_causal ? 1 : 0));
   }
 
   mhla::detail::Problem p_;
