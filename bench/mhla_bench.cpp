@@ -145,9 +145,9 @@ MaskedRow measure_masked(int64_t tokens, mhla::Masking masking, int repeats, int
                                           wl.mhla_backward_saved();
                                         }},
                                        repeats);
-  const int64_t block_size = (tokens + m - 1) / m;
   return {sgemm.flops() / t[0] / 1e9, t[1], t[2],
-          mhla::mhla_flops(1, tokens, kHeads, kDim, kDim, m, masking, block_size)};
+          mhla::mhla_flops(1, tokens, kHeads, kDim, kDim, m, masking,
+                           wl.options.layout.max_block_size())};
 }
 
 }  // namespace
