@@ -6,9 +6,11 @@
 // instantiated per feature map so it vectorises.
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "core/block_table.hpp"
 #include "core/feature_map.hpp"
+#include "cpu/simd/block_gemm.hpp"
 
 namespace mhla::cpu {
 
@@ -52,6 +54,47 @@ void for_each_row(const mhla::detail::BlockTableView& layout, int64_t block, Hea
     for (int64_t t = first; t < first + len; ++t, ++row) fn(row, s.offset + t * s.stride);
   });
 }
+
+// The cache lines of some blocks' rows, those to be read first and then
+// those to be written, for a product to request while it runs
+// (simd::LinePrefetch): the kernels list the next task's rows, which then
+// arrive while the cores compute.
+class RowLines {
+ public:
+  void clear() {
+    lines_.clear();
+    reads_ = 0;
+  }
+  // Every read is listed before the first write.
+  template <typename T>
+  void add_read(const mhla::detail::BlockTableView& layout, int64_t block, const T* src, HeadSlice s,
+                int64_t width) {
+    append(layout, block, src, s, width);
+    reads_ = int64_t(lines_.size());
+  }
+  template <typename T>
+  void add_write(const mhla::detail::BlockTableView& layout, int64_t block, const T* dst,
+                 HeadSlice s, int64_t width) {
+    append(layout, block, dst, s, width);
+  }
+  simd::LinePrefetch prefetch() const { return {lines_.data(), int64_t(lines_.size()), reads_}; }
+
+ private:
+  template <typename T>
+  void append(const mhla::detail::BlockTableView& layout, int64_t block, const T* src, HeadSlice s,
+              int64_t width) {
+    constexpr uintptr_t kLine = 64;
+    for_each_row(layout, block, s, [&](int64_t, int64_t offset) {
+      const uintptr_t first = reinterpret_cast<uintptr_t>(src + offset);
+      const uintptr_t end = first + uintptr_t(width) * sizeof(T);
+      for (uintptr_t line = first & ~(kLine - 1); line < end; line += kLine)
+        lines_.push_back(reinterpret_cast<const void*>(line));
+    });
+  }
+
+  std::vector<const void*> lines_;
+  int64_t reads_ = 0;
+};
 
 // tile[row, 0:width] = phi(src[token of row, 0:width]).
 template <typename T>

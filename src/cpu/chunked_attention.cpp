@@ -177,9 +177,17 @@ void ChunkedAttention<T>::compute_summaries(const T* k, const T* v, T* summaries
 #pragma omp parallel
   {
     std::vector<T> kap(max_rows_ * d.dk), vals(max_rows_ * d.dv);
+    RowLines next_rows;
 #pragma omp for schedule(static)
     for (int64_t task = 0; task < task_count(); ++task) {
       const BlockTask t = block_task(task);
+      // The next task's keys and values arrive during this task's product.
+      next_rows.clear();
+      if (task + 1 < task_count()) {
+        const BlockTask next = block_task(task + 1);
+        next_rows.add_read(p_.table, next.block, k, next.qk, d.dk);
+        next_rows.add_read(p_.table, next.block, v, next.v, d.dv);
+      }
       gather_rows(p_.table, t.block, p_.phi, k, t.qk, d.dk, kap.data(), d.dk);
       // V_b in place when the block is one run of tokens, else gathered.
       const T* values = rows_in_place(p_.table, t.block, v, t.v);
@@ -192,7 +200,7 @@ void ChunkedAttention<T>::compute_summaries(const T* k, const T* v, T* summaries
       // S_b = phi(K_b)^T V_b in the first Dv columns of [S_b | z_b] ...
       T* s = summaries + t.summary;
       block_gemm(true, false, d.dk, d.dv, t.rows, T(1), kap.data(), d.dk, values, ldv, T(0), s,
-                 x1_);
+                 x1_, next_rows.prefetch());
       // ... and z_b = phi(K_b)^T 1 in the last.
       column_sums(kap.data(), t.rows, d.dk, static_cast<const T*>(nullptr), 0, s + d.dv, x1_);
     }
@@ -209,6 +217,7 @@ bool ChunkedAttention<T>::compute_outputs(const T* q, const T* k, const T* v, co
   {
     std::vector<T> u(max_rows_ * d.dk), y(max_rows_ * d.dv), den(max_rows_);
     std::vector<T> kap, vals, a;
+    RowLines next_rows;
     if (p_.causal) {
       kap.resize(max_rows_ * d.dk);
       vals.resize(max_rows_ * x1_);
@@ -217,13 +226,24 @@ bool ChunkedAttention<T>::compute_outputs(const T* q, const T* k, const T* v, co
 #pragma omp for schedule(static) reduction(&& : finite)
     for (int64_t task = 0; task < task_count(); ++task) {
       const BlockTask t = block_task(task);
+      // The next task's rows arrive during this task's product.
+      next_rows.clear();
+      if (task + 1 < task_count()) {
+        const BlockTask next = block_task(task + 1);
+        next_rows.add_read(p_.table, next.block, q, next.qk, d.dk);
+        if (p_.causal) {
+          next_rows.add_read(p_.table, next.block, k, next.qk, d.dk);
+          next_rows.add_read(p_.table, next.block, v, next.v, d.dv);
+        }
+        next_rows.add_write(p_.table, next.block, o, next.v, d.dv);
+      }
       gather_rows(p_.table, t.block, p_.phi, q, t.qk, d.dk, u.data(), d.dk);
       // y = phi(Q_i) S~_i by the GEMM, den = phi(Q_i) z~_i by a matrix-vector
       // product, as output_gradients forms it. (Dot products row by row spent
       // most of their time summing each row's vector of partial sums.)
       const T* mixed_i = mixed + t.summary;
       block_gemm(false, false, t.rows, d.dv, d.dk, T(1), u.data(), d.dk, mixed_i, x1_, T(0),
-                 y.data(), d.dv);
+                 y.data(), d.dv, next_rows.prefetch());
       if (p_.normalize) gemv(t.rows, d.dk, u.data(), d.dk, mixed_i + d.dv, x1_, den.data());
       if (p_.causal) {
         // [y | den] += W[i,i] mask(phi(Q_i) phi(K_i)^T) [V_i | 1]
@@ -277,10 +297,30 @@ bool ChunkedAttention<T>::output_gradients(const T* q, const T* k, const T* v, c
       dkap.resize(max_rows_ * d.dk);
       dvals.resize(max_rows_ * d.dv);
     }
+    RowLines next_reads, next_writes;
 #pragma omp for schedule(static) reduction(&& : finite)
     for (int64_t task = 0; task < task_count(); ++task) {
       const BlockTask t = block_task(task);
       const int64_t rows = t.rows;
+      // The next task's rows arrive during this task's products: those it
+      // reads during the first, those it writes during the last.
+      next_reads.clear();
+      next_writes.clear();
+      if (task + 1 < task_count()) {
+        const BlockTask next = block_task(task + 1);
+        next_reads.add_read(p_.table, next.block, q, next.qk, d.dk);
+        next_reads.add_read(p_.table, next.block, grad_o, next.v, d.dv);
+        next_reads.add_read(p_.table, next.block, o, next.v, d.dv);
+        if (p_.causal) {
+          next_reads.add_read(p_.table, next.block, k, next.qk, d.dk);
+          next_reads.add_read(p_.table, next.block, v, next.v, d.dv);
+        }
+        next_writes.add_write(p_.table, next.block, grad_q, next.qk, d.dk);
+        if (p_.causal) {
+          next_writes.add_write(p_.table, next.block, grad_k, next.qk, d.dk);
+          next_writes.add_write(p_.table, next.block, grad_v, next.v, d.dv);
+        }
+      }
       const T* mixed_i = mixed + t.summary;
       gather_rows(p_.table, t.block, p_.phi, q, t.qk, d.dk, u.data(), d.dk);
       gather_rows(p_.table, t.block, FeatureMap::identity, grad_o, t.v, d.dv, g.data(), d.dv);
@@ -314,7 +354,7 @@ bool ChunkedAttention<T>::output_gradients(const T* q, const T* k, const T* v, c
       }
       // y = phi(Q) mixed_i:  dphi(Q) = dy mixed_i^T
       block_gemm(false, true, rows, d.dk, x1_, T(1), dy.data(), x1_, mixed_i, x1_, T(0), du.data(),
-                 d.dk);
+                 d.dk, next_reads.prefetch());
       if (p_.causal) {
         // y += W[i,i] A [V|1], A = mask(phi(Q) phi(K)^T):
         //   dA = W[i,i] mask(dy [V|1]^T),  dW[i,i] = <mask(dy [V|1]^T), A>,
@@ -352,7 +392,7 @@ bool ChunkedAttention<T>::output_gradients(const T* q, const T* k, const T* v, c
       // longer read); its z column apart.
       T* dmixed_i = mixed_grad + t.summary;
       block_gemm(true, false, d.dk, d.dv, rows, T(1), u.data(), d.dk, dy.data(), x1_, T(0),
-                 dmixed_i, x1_);
+                 dmixed_i, x1_, next_writes.prefetch());
       column_sums(u.data(), rows, d.dk, dy.data() + d.dv, x1_, dmixed_i + d.dv, x1_);
     }
   }
@@ -368,18 +408,29 @@ bool ChunkedAttention<T>::key_value_gradients(const T* k, const T* v, const T* s
   {
     std::vector<T> kap(max_rows_ * d.dk), vals(max_rows_ * x1_);
     std::vector<T> dkap(max_rows_ * d.dk), dvalues(max_rows_ * d.dv);
+    RowLines next_reads, next_writes;
 #pragma omp for schedule(static) reduction(&& : finite)
     for (int64_t task = 0; task < task_count(); ++task) {
       const BlockTask t = block_task(task);
+      // As in output_gradients.
+      next_reads.clear();
+      next_writes.clear();
+      if (task + 1 < task_count()) {
+        const BlockTask next = block_task(task + 1);
+        next_reads.add_read(p_.table, next.block, k, next.qk, d.dk);
+        next_reads.add_read(p_.table, next.block, v, next.v, d.dv);
+        next_writes.add_write(p_.table, next.block, grad_k, next.qk, d.dk);
+        next_writes.add_write(p_.table, next.block, grad_v, next.v, d.dv);
+      }
       const T* ds = summaries_grad + t.summary;
       gather_rows(p_.table, t.block, p_.phi, k, t.qk, d.dk, kap.data(), d.dk);
       gather_values_with_ones(p_.table, t.block, v, t.v, d.dv, t.rows, vals.data());
       // [S_b | z_b] = phi(K)^T [V | 1]:  dphi(K) = [V | 1] dS^T,  dV = phi(K) dS[:, :Dv]
       // (the ones' gradient is not needed).
       block_gemm(false, true, t.rows, d.dk, x1_, T(1), vals.data(), x1_, ds, x1_, T(0), dkap.data(),
-                 d.dk);
+                 d.dk, next_reads.prefetch());
       block_gemm(false, false, t.rows, d.dv, d.dk, T(1), kap.data(), d.dk, ds, x1_, T(0),
-                 dvalues.data(), d.dv);
+                 dvalues.data(), d.dv, next_writes.prefetch());
       // Causal blocks add to the in-block part parked in grad_k / grad_v (the
       // scatters check the sums); otherwise the tiles are the gradients,
       // checked whole.

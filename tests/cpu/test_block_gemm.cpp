@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "cpu/simd/block_gemm.hpp"
@@ -73,6 +74,34 @@ TEST_P(BlockGemm, MatchesPlainLoopsOnRaggedShapes) {
   check_product(128, 65, 64, false, false, rng);
   check_product(64, 65, 128, true, false, rng);
   check_product(128, 64, 128, false, true, rng);
+}
+
+// Requesting lines is a hint: the product is bit for bit the one without,
+// whether the list is shorter or longer than the product has steps (the
+// cursor must stop at its end: the list is sized exactly, so that reading past
+// it shows under the sanitizers), empty, or all reads.
+TEST_P(BlockGemm, LineRequestsLeaveTheProductUnchanged) {
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> elsewhere(4096);
+  for (const auto& [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{128, 64, 64},
+                                {64, 65, 128}, {7, 17, 5}, {1, 1, 1}}) {
+    std::vector<float> a(size_t(m * k)), b(size_t(k * n));
+    for (float& x : a) x = dist(rng);
+    for (float& x : b) x = dist(rng);
+    std::vector<float> plain(size_t(m * n));
+    mhla::cpu::simd::gemm(m, n, k, 1.0f, {a.data(), k, 1}, b.data(), n, false, plain.data(), n);
+    for (const int64_t count : {int64_t(0), int64_t(3), m * k, 20 * m * k}) {
+      std::vector<const void*> lines(static_cast<size_t>(count));
+      for (int64_t i = 0; i < count; ++i) lines[size_t(i)] = &elsewhere[size_t(i * 16 % 4096)];
+      for (const int64_t reads : {count / 2, count}) {
+        std::vector<float> c(size_t(m * n));
+        mhla::cpu::simd::gemm(m, n, k, 1.0f, {a.data(), k, 1}, b.data(), n, false, c.data(), n,
+                              {lines.data(), count, reads});
+        ASSERT_EQ(c, plain) << "m=" << m << " n=" << n << " k=" << k << " lines=" << count;
+      }
+    }
+  }
 }
 
 TEST_P(BlockGemm, EmptyInnerDimensionGivesZerosOrKeepsC) {

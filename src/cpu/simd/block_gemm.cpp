@@ -23,6 +23,9 @@ namespace hn = hwy::HWY_NAMESPACE;
 // with 16 (AVX2, SSE4), 6 x 2.
 constexpr int kRows = 6;
 constexpr int kMaxVectors = HWY_MAX_BYTES >= 64 ? 4 : 2;
+// One requested line (LinePrefetch) every this many steps of the inner
+// dimension, so that the requests never pile up beyond the miss buffers.
+constexpr int64_t kStepsPerPrefetch = 1;
 
 struct Operands {
   int64_t k;
@@ -35,11 +38,27 @@ struct Operands {
   int64_t ldc;
 };
 
+// The lines of a LinePrefetch not yet requested.
+struct PrefetchCursor {
+  LinePrefetch lines;
+  int64_t issued = 0;
+
+  HWY_INLINE void Next() {
+    if (issued >= lines.count) return;
+    if (issued < lines.reads)
+      __builtin_prefetch(lines.lines[issued], 0, 3);
+    else
+      __builtin_prefetch(lines.lines[issued], 1, 3);
+    ++issued;
+  }
+};
+
 // The tile whose top-left element is C[i0, j0]. With kMasked the last vector
 // covers only `tail` columns: loads read nothing past them and stores write
 // nothing past them.
 template <int R, int V, bool kMasked>
-HWY_INLINE void Tile(const Operands& o, int64_t i0, int64_t j0, size_t tail) {
+HWY_INLINE void Tile(const Operands& o, int64_t i0, int64_t j0, size_t tail,
+                     PrefetchCursor& prefetch) {
   const Tag d;
   const size_t lanes = hn::Lanes(d);
   VecF acc[R][V];
@@ -51,6 +70,7 @@ HWY_INLINE void Tile(const Operands& o, int64_t i0, int64_t j0, size_t tail) {
   const float* HWY_RESTRICT a = o.a.data + i0 * o.a.row;
   const float* HWY_RESTRICT b = o.b + j0;
   for (int64_t p = 0; p < o.k; ++p, a += o.a.col, b += o.ldb) {
+    if (p % kStepsPerPrefetch == 0) prefetch.Next();
     VecF bv[V];
 #pragma GCC unroll 4
     for (int v = 0; v < V; ++v)
@@ -84,26 +104,27 @@ HWY_INLINE void Tile(const Operands& o, int64_t i0, int64_t j0, size_t tail) {
 
 template <int R>
 HWY_INLINE void TileOfWidth(const Operands& o, int64_t i0, int64_t j0, int vectors, size_t tail,
-                            bool masked) {
+                            bool masked, PrefetchCursor& pf) {
   switch (vectors) {
     case 1:
-      return masked ? Tile<R, 1, true>(o, i0, j0, tail) : Tile<R, 1, false>(o, i0, j0, tail);
+      return masked ? Tile<R, 1, true>(o, i0, j0, tail, pf) : Tile<R, 1, false>(o, i0, j0, tail, pf);
     case 2:
-      return masked ? Tile<R, 2, true>(o, i0, j0, tail) : Tile<R, 2, false>(o, i0, j0, tail);
+      return masked ? Tile<R, 2, true>(o, i0, j0, tail, pf) : Tile<R, 2, false>(o, i0, j0, tail, pf);
     default:
       if constexpr (kMaxVectors >= 4) {
         if (vectors == 3)
-          return masked ? Tile<R, 3, true>(o, i0, j0, tail) : Tile<R, 3, false>(o, i0, j0, tail);
-        return masked ? Tile<R, 4, true>(o, i0, j0, tail) : Tile<R, 4, false>(o, i0, j0, tail);
+          return masked ? Tile<R, 3, true>(o, i0, j0, tail, pf) : Tile<R, 3, false>(o, i0, j0, tail, pf);
+        return masked ? Tile<R, 4, true>(o, i0, j0, tail, pf) : Tile<R, 4, false>(o, i0, j0, tail, pf);
       }
   }
 }
 
 void GemmImpl(int64_t m, int64_t n, int64_t k, float alpha, Strided a, const float* b, int64_t ldb,
-              bool accumulate, float* c, int64_t ldc) {
+              bool accumulate, float* c, int64_t ldc, LinePrefetch prefetch) {
   const Operands o{k, alpha, a, b, ldb, accumulate, c, ldc};
   const int64_t lanes = int64_t(hn::Lanes(Tag()));
   const int64_t panel = kMaxVectors * lanes;
+  PrefetchCursor pf{prefetch};
   // Column panels outside, row tiles inside: a panel of B (k rows of at most
   // kMaxVectors vectors) stays in L1 while every row tile streams past it.
   for (int64_t j0 = 0; j0 < n; j0 += panel) {
@@ -114,22 +135,22 @@ void GemmImpl(int64_t m, int64_t n, int64_t k, float alpha, Strided a, const flo
     for (int64_t i0 = 0; i0 < m; i0 += kRows) {
       switch (std::min<int64_t>(kRows, m - i0)) {
         case 1:
-          TileOfWidth<1>(o, i0, j0, vectors, tail, masked);
+          TileOfWidth<1>(o, i0, j0, vectors, tail, masked, pf);
           break;
         case 2:
-          TileOfWidth<2>(o, i0, j0, vectors, tail, masked);
+          TileOfWidth<2>(o, i0, j0, vectors, tail, masked, pf);
           break;
         case 3:
-          TileOfWidth<3>(o, i0, j0, vectors, tail, masked);
+          TileOfWidth<3>(o, i0, j0, vectors, tail, masked, pf);
           break;
         case 4:
-          TileOfWidth<4>(o, i0, j0, vectors, tail, masked);
+          TileOfWidth<4>(o, i0, j0, vectors, tail, masked, pf);
           break;
         case 5:
-          TileOfWidth<5>(o, i0, j0, vectors, tail, masked);
+          TileOfWidth<5>(o, i0, j0, vectors, tail, masked, pf);
           break;
         default:
-          TileOfWidth<6>(o, i0, j0, vectors, tail, masked);
+          TileOfWidth<6>(o, i0, j0, vectors, tail, masked, pf);
           break;
       }
     }
@@ -146,9 +167,9 @@ namespace mhla::cpu::simd {
 HWY_EXPORT(GemmImpl);
 
 void gemm(int64_t m, int64_t n, int64_t k, float alpha, Strided a, const float* b, int64_t ldb,
-          bool accumulate, float* c, int64_t ldc) {
+          bool accumulate, float* c, int64_t ldc, LinePrefetch prefetch) {
   if (m <= 0 || n <= 0) return;
-  HWY_DYNAMIC_DISPATCH(GemmImpl)(m, n, k, alpha, a, b, ldb, accumulate, c, ldc);
+  HWY_DYNAMIC_DISPATCH(GemmImpl)(m, n, k, alpha, a, b, ldb, accumulate, c, ldc, prefetch);
 }
 
 }  // namespace mhla::cpu::simd

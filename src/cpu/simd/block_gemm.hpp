@@ -18,10 +18,21 @@ struct Strided {
   int64_t row, col;
 };
 
+// Cache lines to request while a product runs: the next block's rows, which
+// then arrive while the cores compute. The product spreads the requests over
+// its register tiles; issued in one burst before it they made no difference
+// (requests beyond the free miss buffers are dropped), spread out they made a
+// strided gather of rows from memory 5x faster. The first `reads` lines are
+// read, the rest written next.
+struct LinePrefetch {
+  const void* const* lines = nullptr;
+  int64_t count = 0, reads = 0;
+};
+
 // C[m, n] = alpha * A[m, k] B[k, n], plus C's old values when `accumulate`;
 // B and C are row-major with leading dimensions ldb and ldc. Without
 // `accumulate` C is only written, so it may hold anything beforehand.
 void gemm(int64_t m, int64_t n, int64_t k, float alpha, Strided a, const float* b, int64_t ldb,
-          bool accumulate, float* c, int64_t ldc);
+          bool accumulate, float* c, int64_t ldc, LinePrefetch prefetch = {});
 
 }  // namespace mhla::cpu::simd
