@@ -9,7 +9,7 @@ namespace mhla::cpu {
 
 void block_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                 int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc,
-                simd::LinePrefetch prefetch) {
+                simd::LineRuns prefetch) {
   assert(beta == 0.0f || beta == 1.0f);
   // The kernel reads A with any strides but B by rows: a transposed B (at
   // most a [C, Dv + 1] block tile, against the O(C D^2) product) is copied

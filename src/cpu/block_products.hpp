@@ -26,14 +26,14 @@ void transpose(const T* b, int64_t ldb, int64_t n, int64_t k, T* dst) {
 }
 
 // C[m,n] = alpha * op(A)[m,k] op(B)[k,n] + beta * C, row-major; float
-// requests `prefetch`'s lines while it runs (see simd::LinePrefetch).
+// requests `prefetch`'s lines while it runs (see simd::LineRuns).
 void block_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                 int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc,
-                simd::LinePrefetch prefetch = {});
+                simd::LineRuns prefetch = {});
 
 inline void block_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha,
                        const double* a, int64_t lda, const double* b, int64_t ldb, double beta,
-                       double* c, int64_t ldc, simd::LinePrefetch = {}) {
+                       double* c, int64_t ldc, simd::LineRuns = {}) {
   gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 

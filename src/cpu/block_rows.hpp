@@ -57,43 +57,37 @@ void for_each_row(const mhla::detail::BlockTableView& layout, int64_t block, Hea
 
 // The cache lines of some blocks' rows, those to be read first and then
 // those to be written, for a product to request while it runs
-// (simd::LinePrefetch): the kernels list the next task's rows, which then
-// arrive while the cores compute.
+// (simd::LineRuns): the kernels list the next task's rows, which then arrive
+// while the cores compute.
 class RowLines {
  public:
-  void clear() {
-    lines_.clear();
-    reads_ = 0;
-  }
-  // Every read is listed before the first write.
+  void clear() { runs_.clear(); }
   template <typename T>
   void add_read(const mhla::detail::BlockTableView& layout, int64_t block, const T* src, HeadSlice s,
                 int64_t width) {
-    append(layout, block, src, s, width);
-    reads_ = int64_t(lines_.size());
+    append(layout, block, src, s, width, false);
   }
   template <typename T>
   void add_write(const mhla::detail::BlockTableView& layout, int64_t block, const T* dst,
                  HeadSlice s, int64_t width) {
-    append(layout, block, dst, s, width);
+    append(layout, block, dst, s, width, true);
   }
-  simd::LinePrefetch prefetch() const { return {lines_.data(), int64_t(lines_.size()), reads_}; }
+  simd::LineRuns prefetch() const { return {runs_.data(), int64_t(runs_.size())}; }
 
  private:
   template <typename T>
   void append(const mhla::detail::BlockTableView& layout, int64_t block, const T* src, HeadSlice s,
-              int64_t width) {
+              int64_t width, bool write) {
     constexpr uintptr_t kLine = 64;
-    for_each_row(layout, block, s, [&](int64_t, int64_t offset) {
-      const uintptr_t first = reinterpret_cast<uintptr_t>(src + offset);
-      const uintptr_t end = first + uintptr_t(width) * sizeof(T);
-      for (uintptr_t line = first & ~(kLine - 1); line < end; line += kLine)
-        lines_.push_back(reinterpret_cast<const void*>(line));
+    layout.for_each_run(block, [&](int64_t first, int64_t len) {
+      const uintptr_t row = reinterpret_cast<uintptr_t>(src + s.offset + first * s.stride);
+      const uintptr_t start = row & ~(kLine - 1), end = row + uintptr_t(width) * sizeof(T);
+      runs_.push_back({reinterpret_cast<const char*>(start), s.stride * int64_t(sizeof(T)), len,
+                       int64_t((end - start + kLine - 1) / kLine), write});
     });
   }
 
-  std::vector<const void*> lines_;
-  int64_t reads_ = 0;
+  std::vector<simd::LineRuns::Run> runs_;
 };
 
 // tile[row, 0:width] = phi(src[token of row, 0:width]).

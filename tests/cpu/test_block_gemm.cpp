@@ -77,13 +77,20 @@ TEST_P(BlockGemm, MatchesPlainLoopsOnRaggedShapes) {
 }
 
 // Requesting lines is a hint: the product is bit for bit the one without,
-// whether the list is shorter or longer than the product has steps (the
-// cursor must stop at its end: the list is sized exactly, so that reading past
-// it shows under the sanitizers), empty, or all reads.
+// whether the runs hold fewer or more lines than the product has steps (the
+// cursor must stop after the last run: the runs are sized exactly, so that
+// reading past them shows under the sanitizers), none, reads or writes.
 TEST_P(BlockGemm, LineRequestsLeaveTheProductUnchanged) {
   std::mt19937 rng(11);
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  std::vector<float> elsewhere(4096);
+  alignas(64) static float elsewhere[64 * 1024];
+  const char* base = reinterpret_cast<const char*>(elsewhere);
+  using Run = mhla::cpu::simd::LineRuns::Run;
+  const std::vector<std::vector<Run>> listings = {
+      {},
+      {{base, 256, 1, 1, false}},
+      {{base, 2048, 64, 4, false}, {base + 64, 2048, 64, 4, true}},
+      {{base, 2048, 100, 16, false}, {base + 1024, 128, 300, 1, true}, {base, 64, 3, 2, false}}};
   for (const auto& [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{128, 64, 64},
                                 {64, 65, 128}, {7, 17, 5}, {1, 1, 1}}) {
     std::vector<float> a(size_t(m * k)), b(size_t(k * n));
@@ -91,15 +98,12 @@ TEST_P(BlockGemm, LineRequestsLeaveTheProductUnchanged) {
     for (float& x : b) x = dist(rng);
     std::vector<float> plain(size_t(m * n));
     mhla::cpu::simd::gemm(m, n, k, 1.0f, {a.data(), k, 1}, b.data(), n, false, plain.data(), n);
-    for (const int64_t count : {int64_t(0), int64_t(3), m * k, 20 * m * k}) {
-      std::vector<const void*> lines(static_cast<size_t>(count));
-      for (int64_t i = 0; i < count; ++i) lines[size_t(i)] = &elsewhere[size_t(i * 16 % 4096)];
-      for (const int64_t reads : {count / 2, count}) {
-        std::vector<float> c(size_t(m * n));
-        mhla::cpu::simd::gemm(m, n, k, 1.0f, {a.data(), k, 1}, b.data(), n, false, c.data(), n,
-                              {lines.data(), count, reads});
-        ASSERT_EQ(c, plain) << "m=" << m << " n=" << n << " k=" << k << " lines=" << count;
-      }
+    for (const std::vector<Run>& listed : listings) {
+      const std::vector<Run> runs = listed;  // exactly sized
+      std::vector<float> c(size_t(m * n));
+      mhla::cpu::simd::gemm(m, n, k, 1.0f, {a.data(), k, 1}, b.data(), n, false, c.data(), n,
+                            {runs.data(), int64_t(runs.size())});
+      ASSERT_EQ(c, plain) << "m=" << m << " n=" << n << " k=" << k << " runs=" << runs.size();
     }
   }
 }

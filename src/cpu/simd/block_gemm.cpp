@@ -23,7 +23,7 @@ namespace hn = hwy::HWY_NAMESPACE;
 // with 16 (AVX2, SSE4), 6 x 2.
 constexpr int kRows = 6;
 constexpr int kMaxVectors = HWY_MAX_BYTES >= 64 ? 4 : 2;
-// One requested line (LinePrefetch) every this many steps of the inner
+// One requested line (LineRuns) every this many steps of the inner
 // dimension, so that the requests never pile up beyond the miss buffers.
 constexpr int64_t kStepsPerPrefetch = 1;
 
@@ -38,19 +38,29 @@ struct Operands {
   int64_t ldc;
 };
 
-// The lines of a LinePrefetch not yet requested.
-struct PrefetchCursor {
-  LinePrefetch lines;
-  int64_t issued = 0;
+// Walks the lines of a LineRuns, one request at a time.
+class PrefetchCursor {
+ public:
+  explicit PrefetchCursor(LineRuns runs) : runs_(runs) {}
 
   HWY_INLINE void Next() {
-    if (issued >= lines.count) return;
-    if (issued < lines.reads)
-      __builtin_prefetch(lines.lines[issued], 0, 3);
+    if (run_ >= runs_.count) return;
+    const LineRuns::Run& r = runs_.runs[run_];
+    const char* line = r.first + row_ * r.stride + line_ * 64;
+    if (r.write)
+      __builtin_prefetch(line, 1, 3);
     else
-      __builtin_prefetch(lines.lines[issued], 1, 3);
-    ++issued;
+      __builtin_prefetch(line, 0, 3);
+    if (++line_ < r.lines) return;
+    line_ = 0;
+    if (++row_ < r.rows) return;
+    row_ = 0;
+    ++run_;
   }
+
+ private:
+  LineRuns runs_;
+  int64_t run_ = 0, row_ = 0, line_ = 0;
 };
 
 // The tile whose top-left element is C[i0, j0]. With kMasked the last vector
@@ -120,11 +130,11 @@ HWY_INLINE void TileOfWidth(const Operands& o, int64_t i0, int64_t j0, int vecto
 }
 
 void GemmImpl(int64_t m, int64_t n, int64_t k, float alpha, Strided a, const float* b, int64_t ldb,
-              bool accumulate, float* c, int64_t ldc, LinePrefetch prefetch) {
+              bool accumulate, float* c, int64_t ldc, LineRuns prefetch) {
   const Operands o{k, alpha, a, b, ldb, accumulate, c, ldc};
   const int64_t lanes = int64_t(hn::Lanes(Tag()));
   const int64_t panel = kMaxVectors * lanes;
-  PrefetchCursor pf{prefetch};
+  PrefetchCursor pf(prefetch);
   // Column panels outside, row tiles inside: a panel of B (k rows of at most
   // kMaxVectors vectors) stays in L1 while every row tile streams past it.
   for (int64_t j0 = 0; j0 < n; j0 += panel) {
@@ -167,7 +177,7 @@ namespace mhla::cpu::simd {
 HWY_EXPORT(GemmImpl);
 
 void gemm(int64_t m, int64_t n, int64_t k, float alpha, Strided a, const float* b, int64_t ldb,
-          bool accumulate, float* c, int64_t ldc, LinePrefetch prefetch) {
+          bool accumulate, float* c, int64_t ldc, LineRuns prefetch) {
   if (m <= 0 || n <= 0) return;
   HWY_DYNAMIC_DISPATCH(GemmImpl)(m, n, k, alpha, a, b, ldb, accumulate, c, ldc, prefetch);
 }

@@ -20,19 +20,26 @@ struct Strided {
 
 // Cache lines to request while a product runs: the next block's rows, which
 // then arrive while the cores compute. The product spreads the requests over
-// its register tiles; issued in one burst before it they made no difference
-// (requests beyond the free miss buffers are dropped), spread out they made a
-// strided gather of rows from memory 5x faster. The first `reads` lines are
-// read, the rest written next.
-struct LinePrefetch {
-  const void* const* lines = nullptr;
-  int64_t count = 0, reads = 0;
+// the steps of its inner dimension; issued in one burst before it they made
+// no difference (requests beyond the free miss buffers are dropped), spread
+// out they made the forward about 7% faster at N = 16384. The lines come as
+// runs of equally spaced rows, so that listing them costs nothing per line.
+struct LineRuns {
+  struct Run {
+    const char* first;  // the first row's first line (64-byte aligned)
+    int64_t stride;     // bytes from one row to the next
+    int64_t rows;
+    int64_t lines;      // lines per row
+    bool write;         // to be written (else read)
+  };
+  const Run* runs = nullptr;
+  int64_t count = 0;
 };
 
 // C[m, n] = alpha * A[m, k] B[k, n], plus C's old values when `accumulate`;
 // B and C are row-major with leading dimensions ldb and ldc. Without
 // `accumulate` C is only written, so it may hold anything beforehand.
 void gemm(int64_t m, int64_t n, int64_t k, float alpha, Strided a, const float* b, int64_t ldb,
-          bool accumulate, float* c, int64_t ldc, LinePrefetch prefetch = {});
+          bool accumulate, float* c, int64_t ldc, LineRuns prefetch = {});
 
 }  // namespace mhla::cpu::simd
