@@ -6,11 +6,13 @@
 // instantiated per feature map so it vectorises.
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "core/block_table.hpp"
 #include "core/feature_map.hpp"
 #include "cpu/simd/block_gemm.hpp"
+#include "cpu/simd/feature_map.hpp"
 
 namespace mhla::cpu {
 
@@ -105,6 +107,10 @@ void gather_rows(const mhla::detail::BlockTableView& layout, int64_t block, Feat
     rows = row + 1;
   });
   if (phi == FeatureMap::identity) return;
+  if constexpr (std::is_same_v<T, float>) {
+    simd::apply_feature(phi, tile, rows, width, ld);
+    return;
+  }
   mhla::detail::dispatch_feature(phi, [&]<FeatureMap Phi>() {
     for (int64_t row = 0; row < rows; ++row) {
       T* x = tile + row * ld;
