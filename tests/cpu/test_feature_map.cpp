@@ -98,6 +98,31 @@ TEST_P(FeatureMapKernel, StridedRowsWithRaggedTails) {
     }
 }
 
+// From rows of another array (a gather): each row read at its own stride, the
+// source left as it was.
+TEST_P(FeatureMapKernel, MapsRowsOfAnotherArray) {
+  std::mt19937 rng(13);
+  std::uniform_real_distribution<float> dist(-6.0f, 3.0f);
+  for (const FeatureMap phi : {FeatureMap::elu1, FeatureMap::relu, FeatureMap::identity}) {
+    const int64_t rows = 9, width = 37, ld_src = 512, ld = 40;
+    std::vector<float> src(size_t(rows * ld_src)), tile(size_t(rows * ld), -7.0f);
+    for (float& v : src) v = dist(rng);
+    const std::vector<float> before = src;
+    mhla::cpu::simd::apply_feature(phi, src.data(), ld_src, tile.data(), rows, width, ld);
+    EXPECT_EQ(src, before);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < ld; ++c) {
+        const float got = tile[size_t(r * ld + c)], x = src[size_t(r * ld_src + c)];
+        if (c >= width)
+          EXPECT_EQ(got, -7.0f);
+        else if (phi == FeatureMap::elu1)
+          expect_close(x, got, elu1(x));
+        else
+          EXPECT_EQ(got, phi == FeatureMap::relu ? std::max(x, 0.0f) : x);
+      }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(EveryRunnableTarget, FeatureMapKernel,
                          ::testing::ValuesIn(mhla::cpu::simd::runnable_targets()),
                          [](const auto& info) { return mhla::cpu::simd::target_name(info.param); });

@@ -11,9 +11,15 @@
 
 namespace mhla::cpu::simd {
 
-// tile[r * ld + c] = phi(tile[r * ld + c]) for r < rows, c < width. NaN stays
-// NaN, -inf gives 0 (elu+1), +inf stays +inf, and tiny results keep their
-// subnormal values.
-void apply_feature(FeatureMap phi, float* tile, int64_t rows, int64_t width, int64_t ld);
+// tile[r * ld + c] = phi(src[r * ld_src + c]) for r < rows, c < width (src
+// may be tile itself, with ld_src = ld). NaN stays NaN, -inf gives 0
+// (elu+1), +inf stays +inf, and tiny results keep their subnormal values.
+void apply_feature(FeatureMap phi, const float* src, int64_t ld_src, float* tile, int64_t rows,
+                   int64_t width, int64_t ld);
+
+// In place: tile[r * ld + c] = phi(tile[r * ld + c]).
+inline void apply_feature(FeatureMap phi, float* tile, int64_t rows, int64_t width, int64_t ld) {
+  apply_feature(phi, tile, ld, tile, rows, width, ld);
+}
 
 }  // namespace mhla::cpu::simd
