@@ -108,6 +108,27 @@ TEST_P(BlockGemm, LineRequestsLeaveTheProductUnchanged) {
   }
 }
 
+// B^T for the products: whole 16 x 16 squares (in registers on AVX-512),
+// ragged edges on either side, wide leading dimensions; every element moved
+// exactly and nothing written past dst.
+TEST_P(BlockGemm, TransposeMovesEveryElement) {
+  std::mt19937 rng(17);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  for (int64_t n : {1, 5, 16, 17, 32, 64, 65, 130})
+    for (int64_t k : {1, 15, 16, 31, 48, 65}) {
+      const int64_t ldb = k + 3;
+      std::vector<float> b(size_t(n * ldb));
+      for (float& x : b) x = dist(rng);
+      std::vector<float> dst(size_t(k * n + 5), 99.0f);
+      mhla::cpu::simd::transpose(b.data(), ldb, n, k, dst.data());
+      for (int64_t p = 0; p < k; ++p)
+        for (int64_t j = 0; j < n; ++j)
+          ASSERT_EQ(dst[size_t(p * n + j)], b[size_t(j * ldb + p)])
+              << "n=" << n << " k=" << k << " at (" << p << ", " << j << ")";
+      for (size_t i = size_t(k * n); i < dst.size(); ++i) ASSERT_EQ(dst[i], 99.0f);
+    }
+}
+
 TEST_P(BlockGemm, EmptyInnerDimensionGivesZerosOrKeepsC) {
   std::vector<float> c(6, 3.0f);
   const float unused = 0;

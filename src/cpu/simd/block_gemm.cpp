@@ -167,6 +167,61 @@ void GemmImpl(int64_t m, int64_t n, int64_t k, float alpha, Strided a, const flo
   }
 }
 
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+// dst[p * ldd + j] = b[j * ldb + p] for a 16 x 16 square: sixteen rows loaded,
+// interleaved in pairs of floats, then of pairs, which leaves column 4L + c
+// of four rows in 128-bit lane L of a vector; two rounds of lane shuffles
+// then gather each column's four lanes.
+HWY_INLINE void Transpose16(const float* b, int64_t ldb, float* dst, int64_t ldd) {
+  __m512 r[16], t[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(b + i * ldb);
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+  // u[4g + c], lane L: column 4L + c of rows 4g .. 4g + 3.
+  __m512 u[16];
+  for (int g = 0; g < 4; ++g) {
+    const __m512d lo0 = _mm512_castps_pd(t[4 * g]), hi0 = _mm512_castps_pd(t[4 * g + 1]);
+    const __m512d lo1 = _mm512_castps_pd(t[4 * g + 2]), hi1 = _mm512_castps_pd(t[4 * g + 3]);
+    u[4 * g] = _mm512_castpd_ps(_mm512_unpacklo_pd(lo0, lo1));
+    u[4 * g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(lo0, lo1));
+    u[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(hi0, hi1));
+    u[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(hi0, hi1));
+  }
+  for (int c = 0; c < 4; ++c) {
+    const __m512 x0 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x44);
+    const __m512 x1 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xEE);
+    const __m512 y0 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x44);
+    const __m512 y1 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xEE);
+    _mm512_storeu_ps(dst + (c + 0) * ldd, _mm512_shuffle_f32x4(x0, y0, 0x88));
+    _mm512_storeu_ps(dst + (c + 4) * ldd, _mm512_shuffle_f32x4(x0, y0, 0xDD));
+    _mm512_storeu_ps(dst + (c + 8) * ldd, _mm512_shuffle_f32x4(x1, y1, 0x88));
+    _mm512_storeu_ps(dst + (c + 12) * ldd, _mm512_shuffle_f32x4(x1, y1, 0xDD));
+  }
+}
+#endif
+
+// dst[p * n + j] = b[j * ldb + p]: on AVX-512 by 16 x 16 squares in
+// registers, the ragged edges (and other targets) element by element,
+// sixteen rows of B at a time so that each row of dst is written sixteen
+// values at a stretch.
+void TransposeImpl(const float* b, int64_t ldb, int64_t n, int64_t k, float* dst) {
+  int64_t n16 = 0, k16 = 0;
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  n16 = n / 16 * 16, k16 = k / 16 * 16;
+  for (int64_t j0 = 0; j0 < n16; j0 += 16)
+    for (int64_t p0 = 0; p0 < k16; p0 += 16) Transpose16(b + j0 * ldb + p0, ldb, dst + p0 * n + j0, n);
+#endif
+  constexpr int64_t kRowsAtOnce = 16;
+  for (int64_t j0 = 0; j0 < n; j0 += kRowsAtOnce) {
+    const int64_t j1 = std::min(n, j0 + kRowsAtOnce);
+    // Rows below n16 are done up to column k16.
+    for (int64_t p = j0 < n16 ? k16 : 0; p < k; ++p)
+      for (int64_t j = j0; j < j1; ++j) dst[p * n + j] = b[j * ldb + p];
+  }
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace mhla::cpu::simd
 HWY_AFTER_NAMESPACE();
@@ -175,11 +230,17 @@ HWY_AFTER_NAMESPACE();
 namespace mhla::cpu::simd {
 
 HWY_EXPORT(GemmImpl);
+HWY_EXPORT(TransposeImpl);
 
 void gemm(int64_t m, int64_t n, int64_t k, float alpha, Strided a, const float* b, int64_t ldb,
           bool accumulate, float* c, int64_t ldc, LineRuns prefetch) {
   if (m <= 0 || n <= 0) return;
   HWY_DYNAMIC_DISPATCH(GemmImpl)(m, n, k, alpha, a, b, ldb, accumulate, c, ldc, prefetch);
+}
+
+void transpose(const float* b, int64_t ldb, int64_t n, int64_t k, float* dst) {
+  if (n <= 0 || k <= 0) return;
+  HWY_DYNAMIC_DISPATCH(TransposeImpl)(b, ldb, n, k, dst);
 }
 
 }  // namespace mhla::cpu::simd

@@ -42,4 +42,8 @@ struct LineRuns {
 void gemm(int64_t m, int64_t n, int64_t k, float alpha, Strided a, const float* b, int64_t ldb,
           bool accumulate, float* c, int64_t ldc, LineRuns prefetch = {});
 
+// dst[p * n + j] = b[j * ldb + p] for j < n, p < k: B^T of a row-major [n, k]
+// B, for the products, which read their B operand by rows.
+void transpose(const float* b, int64_t ldb, int64_t n, int64_t k, float* dst);
+
 }  // namespace mhla::cpu::simd
