@@ -93,6 +93,14 @@ TEST(FastOperator, LargerBlocks) {
     SCOPED_TRACE(c.label());
     check_fast_path<float>(c, 2e-4);
   }
+  // Many blocks of wide summaries: dW's inner dimension Dk (Dv + 1) = 4160
+  // runs in several chunks (mixer.cpp: at most 256 KiB of S^T per chunk, 1024
+  // columns for 64 blocks), the causal panels over fewer columns.
+  for (Masking masking : {Masking::none, Masking::causal}) {
+    Case c{"many-wide", 1, 1, 64, 64, TokenLayout::sequence(512, 8), masking};
+    SCOPED_TRACE(c.label());
+    check_fast_path<float>(c, 2e-4);
+  }
   for (int64_t toeplitz_length : {-1, 2}) {
     Case c{"wide-causal", 2, 2, 9, 7, TokenLayout::sequence(400, 150), Masking::causal};
     c.toeplitz_length = toeplitz_length;
