@@ -38,16 +38,6 @@ inline void prefetch_ahead(const T* row, int64_t stride, int64_t width) {
     __builtin_prefetch(reinterpret_cast<const void*>(ahead + uintptr_t(byte)));
 }
 
-// The block's rows in place when they are one run of consecutive tokens (every
-// 1D block): a GEMM can then read them at the tensor's stride with no copy.
-// nullptr for a tile of several runs.
-template <typename T>
-const T* rows_in_place(const mhla::detail::BlockTableView& layout, int64_t block, const T* src,
-                       HeadSlice s) {
-  if (layout.run_start[block + 1] - layout.run_start[block] != 1) return nullptr;
-  return src + s.offset + layout.runs[layout.run_start[block]].first * s.stride;
-}
-
 // Calls fn(row, element_offset) for each row of the block, in block order.
 template <typename Fn>
 void for_each_row(const mhla::detail::BlockTableView& layout, int64_t block, HeadSlice s, Fn&& fn) {
