@@ -55,8 +55,8 @@ class RowLines {
  public:
   void clear() { runs_.clear(); }
   template <typename T>
-  void add_read(const mhla::detail::BlockTableView& layout, int64_t block, const T* src, HeadSlice s,
-                int64_t width) {
+  void add_read(const mhla::detail::BlockTableView& layout, int64_t block, const T* src,
+                HeadSlice s, int64_t width) {
     append(layout, block, src, s, width, false);
   }
   template <typename T>

@@ -91,8 +91,8 @@ TEST_P(BlockGemm, LineRequestsLeaveTheProductUnchanged) {
       {{base, 256, 1, 1, false}},
       {{base, 2048, 64, 4, false}, {base + 64, 2048, 64, 4, true}},
       {{base, 2048, 100, 16, false}, {base + 1024, 128, 300, 1, true}, {base, 64, 3, 2, false}}};
-  for (const auto& [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{128, 64, 64},
-                                {64, 65, 128}, {7, 17, 5}, {1, 1, 1}}) {
+  for (const auto& [m, n, k] :
+       {std::tuple<int64_t, int64_t, int64_t>{128, 64, 64}, {64, 65, 128}, {7, 17, 5}, {1, 1, 1}}) {
     std::vector<float> a(size_t(m * k)), b(size_t(k * n));
     for (float& x : a) x = dist(rng);
     for (float& x : b) x = dist(rng);

@@ -42,8 +42,8 @@ TEST_P(FeatureMapKernel, Elu1MatchesExpAcrossItsRange) {
                   -0.34657359f, 0.34657359f, 1e-30f, -1e-30f, 1e30f})
     x.push_back(t);
   std::vector<float> y = x;
-  mhla::cpu::simd::apply_feature(FeatureMap::elu1, y.data(), 1, int64_t(y.size()),
-                                 int64_t(y.size()));
+  mhla::cpu::simd::apply_feature(FeatureMap::elu1, y.data(), int64_t(y.size()), y.data(), 1,
+                                 int64_t(y.size()), int64_t(y.size()));
   for (size_t i = 0; i < x.size(); ++i) {
     if (x[i] > 0) {
       EXPECT_EQ(y[i], x[i] + 1.0f) << "x = " << x[i];  // one float addition, exactly
@@ -56,7 +56,7 @@ TEST_P(FeatureMapKernel, Elu1MatchesExpAcrossItsRange) {
 TEST_P(FeatureMapKernel, SpecialValues) {
   const float inf = std::numeric_limits<float>::infinity();
   std::vector<float> x = {std::nanf(""), -inf, inf, 0.0f, -0.0f, -std::nanf("")};
-  mhla::cpu::simd::apply_feature(FeatureMap::elu1, x.data(), 1, int64_t(x.size()), 0);
+  mhla::cpu::simd::apply_feature(FeatureMap::elu1, x.data(), 0, x.data(), 1, int64_t(x.size()), 0);
   EXPECT_TRUE(std::isnan(x[0]));
   EXPECT_EQ(x[1], 0.0f);
   EXPECT_EQ(x[2], inf);
@@ -64,7 +64,7 @@ TEST_P(FeatureMapKernel, SpecialValues) {
   EXPECT_EQ(x[4], 1.0f);
   EXPECT_TRUE(std::isnan(x[5]));
   std::vector<float> r = {std::nanf(""), -inf, inf, -2.0f, 3.0f};
-  mhla::cpu::simd::apply_feature(FeatureMap::relu, r.data(), 1, int64_t(r.size()), 0);
+  mhla::cpu::simd::apply_feature(FeatureMap::relu, r.data(), 0, r.data(), 1, int64_t(r.size()), 0);
   EXPECT_TRUE(std::isnan(r[0]));
   EXPECT_EQ(r[1], 0.0f);
   EXPECT_EQ(r[2], inf);
@@ -72,8 +72,9 @@ TEST_P(FeatureMapKernel, SpecialValues) {
   EXPECT_EQ(r[4], 3.0f);
 }
 
-// Rows of ragged widths inside wider rows: every row's values are mapped, and
-// the gap between rows is left as it was. identity changes nothing.
+// In place (src = tile), rows of ragged widths inside wider rows: every row's
+// values are mapped, and the gap between rows is left as it was. identity
+// changes nothing.
 TEST_P(FeatureMapKernel, StridedRowsWithRaggedTails) {
   std::mt19937 rng(9);
   std::uniform_real_distribution<float> dist(-6.0f, 3.0f);
@@ -83,7 +84,7 @@ TEST_P(FeatureMapKernel, StridedRowsWithRaggedTails) {
       std::vector<float> tile(size_t(rows * ld));
       for (float& v : tile) v = dist(rng);
       const std::vector<float> before = tile;
-      mhla::cpu::simd::apply_feature(phi, tile.data(), rows, width, ld);
+      mhla::cpu::simd::apply_feature(phi, tile.data(), ld, tile.data(), rows, width, ld);
       for (int64_t r = 0; r < rows; ++r)
         for (int64_t c = 0; c < ld; ++c) {
           const size_t i = size_t(r * ld + c);

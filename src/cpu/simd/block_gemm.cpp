@@ -23,9 +23,6 @@ namespace hn = hwy::HWY_NAMESPACE;
 // with 16 (AVX2, SSE4), 6 x 2.
 constexpr int kRows = 6;
 constexpr int kMaxVectors = HWY_MAX_BYTES >= 64 ? 4 : 2;
-// One requested line (LineRuns) every this many steps of the inner
-// dimension, so that the requests never pile up beyond the miss buffers.
-constexpr int64_t kStepsPerPrefetch = 1;
 
 struct Operands {
   int64_t k;
@@ -80,7 +77,9 @@ HWY_INLINE void Tile(const Operands& o, int64_t i0, int64_t j0, size_t tail,
   const float* HWY_RESTRICT a = o.a.data + i0 * o.a.row;
   const float* HWY_RESTRICT b = o.b + j0;
   for (int64_t p = 0; p < o.k; ++p, a += o.a.col, b += o.ldb) {
-    if (p % kStepsPerPrefetch == 0) prefetch.Next();
+    // One requested line per step, so that the requests never pile up beyond
+    // the miss buffers (every other step left lines unrequested).
+    prefetch.Next();
     VecF bv[V];
 #pragma GCC unroll 4
     for (int v = 0; v < V; ++v)
@@ -117,14 +116,18 @@ HWY_INLINE void TileOfWidth(const Operands& o, int64_t i0, int64_t j0, int vecto
                             bool masked, PrefetchCursor& pf) {
   switch (vectors) {
     case 1:
-      return masked ? Tile<R, 1, true>(o, i0, j0, tail, pf) : Tile<R, 1, false>(o, i0, j0, tail, pf);
+      return masked ? Tile<R, 1, true>(o, i0, j0, tail, pf)
+                    : Tile<R, 1, false>(o, i0, j0, tail, pf);
     case 2:
-      return masked ? Tile<R, 2, true>(o, i0, j0, tail, pf) : Tile<R, 2, false>(o, i0, j0, tail, pf);
+      return masked ? Tile<R, 2, true>(o, i0, j0, tail, pf)
+                    : Tile<R, 2, false>(o, i0, j0, tail, pf);
     default:
       if constexpr (kMaxVectors >= 4) {
         if (vectors == 3)
-          return masked ? Tile<R, 3, true>(o, i0, j0, tail, pf) : Tile<R, 3, false>(o, i0, j0, tail, pf);
-        return masked ? Tile<R, 4, true>(o, i0, j0, tail, pf) : Tile<R, 4, false>(o, i0, j0, tail, pf);
+          return masked ? Tile<R, 3, true>(o, i0, j0, tail, pf)
+                        : Tile<R, 3, false>(o, i0, j0, tail, pf);
+        return masked ? Tile<R, 4, true>(o, i0, j0, tail, pf)
+                      : Tile<R, 4, false>(o, i0, j0, tail, pf);
       }
   }
 }
@@ -211,7 +214,8 @@ void TransposeImpl(const float* b, int64_t ldb, int64_t n, int64_t k, float* dst
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
   n16 = n / 16 * 16, k16 = k / 16 * 16;
   for (int64_t j0 = 0; j0 < n16; j0 += 16)
-    for (int64_t p0 = 0; p0 < k16; p0 += 16) Transpose16(b + j0 * ldb + p0, ldb, dst + p0 * n + j0, n);
+    for (int64_t p0 = 0; p0 < k16; p0 += 16)
+      Transpose16(b + j0 * ldb + p0, ldb, dst + p0 * n + j0, n);
 #endif
   constexpr int64_t kRowsAtOnce = 16;
   for (int64_t j0 = 0; j0 < n; j0 += kRowsAtOnce) {

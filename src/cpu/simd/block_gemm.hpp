@@ -29,8 +29,8 @@ struct LineRuns {
     const char* first;  // the first row's first line (64-byte aligned)
     int64_t stride;     // bytes from one row to the next
     int64_t rows;
-    int64_t lines;      // lines per row
-    bool write;         // to be written (else read)
+    int64_t lines;  // lines per row
+    bool write;     // to be written (else read)
   };
   const Run* runs = nullptr;
   int64_t count = 0;

@@ -26,7 +26,8 @@ using VecF = hn::Vec<Tag>;
 // runs through every step as NaN.
 HWY_INLINE VecF Elu1(VecF x) {
   const Tag d;
-  const __m512 t = _mm512_min_ps(_mm512_setzero_ps(), _mm512_max_ps(_mm512_set1_ps(-104.0f), x.raw));
+  const __m512 t =
+      _mm512_min_ps(_mm512_setzero_ps(), _mm512_max_ps(_mm512_set1_ps(-104.0f), x.raw));
   const VecF n{_mm512_roundscale_ps(_mm512_mul_ps(t, _mm512_set1_ps(1.44269504088896341f)),
                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)};
   VecF r = hn::MulAdd(n, hn::Set(d, -0.693145751953125f), VecF{t});

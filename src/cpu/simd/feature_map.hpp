@@ -17,9 +17,4 @@ namespace mhla::cpu::simd {
 void apply_feature(FeatureMap phi, const float* src, int64_t ld_src, float* tile, int64_t rows,
                    int64_t width, int64_t ld);
 
-// In place: tile[r * ld + c] = phi(tile[r * ld + c]).
-inline void apply_feature(FeatureMap phi, float* tile, int64_t rows, int64_t width, int64_t ld) {
-  apply_feature(phi, tile, ld, tile, rows, width, ld);
-}
-
 }  // namespace mhla::cpu::simd
