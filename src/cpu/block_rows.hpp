@@ -47,10 +47,10 @@ void for_each_row(const mhla::detail::BlockTableView& layout, int64_t block, Hea
   });
 }
 
-// The cache lines of some blocks' rows, those to be read first and then
-// those to be written, for a product to request while it runs
-// (simd::LineRuns): the kernels list the next task's rows, which then arrive
-// while the cores compute.
+// The cache lines of some blocks' rows, each run marked as to be read or to
+// be written, for a product to request while it runs (simd::LineRuns): the
+// kernels list the next task's rows, which then arrive while the cores
+// compute.
 class RowLines {
  public:
   void clear() { runs_.clear(); }
