@@ -165,6 +165,19 @@ def test_mixed_summaries_from_another_w_are_rejected():
         mhla.backward(q, k, v, w, o, g, mixed=mixed.float(), layout=LAYOUT)
 
 
+def test_mixed_summaries_checked_against_the_saved_summaries():
+    # Both saved, as the torch layers pass them: the mixed summaries are held to the saved
+    # summaries and w.
+    q, k, v, w = good()
+    o, saved, mixed = mhla.forward(q, k, v, w, layout=LAYOUT, save_summaries=True, save_mixed=True)
+    g = torch.rand_like(v)
+    mhla.backward(q, k, v, w, o, g, summaries=saved, mixed=mixed, layout=LAYOUT)
+    with pytest.raises(ValueError, match="saved_mixed does not belong to these k, v and w"):
+        mhla.backward(q, k, v, w * 1.01, o, g, summaries=saved, mixed=mixed, layout=LAYOUT)
+    with pytest.raises(ValueError, match="saved_summaries do not belong to these k and v"):
+        mhla.backward(q, k + 1, v, w, o, g, summaries=saved, mixed=mixed, layout=LAYOUT)
+
+
 def test_oversized_mixing_and_impossible_allocations():
     with pytest.raises(ValueError, match="limited to M <= 8192"):
         mhla.init_mixing(mhla.Layout.sequence(65536, 1))

@@ -75,7 +75,9 @@ void backward(const Options& options, TensorView<const T> q, TensorView<const T>
   const bool saved = check_saved(fn, "saved_summaries", p, saved_summaries);
   if (saved) detail::check_saved_summaries_match(fn, p, k.data, v.data, saved_summaries.data);
   const bool saved_mix = check_saved(fn, "saved_mixed", p, saved_mixed);
-  if (saved_mix) detail::check_saved_mixed_match(fn, p, k.data, v.data, w.data, saved_mixed.data);
+  if (saved_mix)
+    detail::check_saved_mixed_match(fn, p, k.data, v.data, w.data, saved_mixed.data,
+                                    saved ? saved_summaries.data : nullptr);
   const auto mixer = cpu::make_mixer(p, w.data);
   // The kernel adds to grad_w.
   std::fill(grad_w.data, grad_w.data + detail::checked_product(grad_w.shape, "grad_w"), T(0));

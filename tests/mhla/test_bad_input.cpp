@@ -192,6 +192,59 @@ TEST(BadInput, MixedSummariesSavedForOtherInputsAreRejected) {
   }
 }
 
+// Handed both saved arrays (as the torch layers pass them), backward takes the
+// mixed summaries' fingerprint from the saved summaries and w instead of a pass
+// over k and v: a changed w is still caught, in float32 as in float64, and
+// matching arrays pass in every mode of the mix.
+template <typename T>
+void check_both_saved(const Case& c) {
+  SCOPED_TRACE(c.label());
+  const Inputs a = make_inputs(c, 1), b = make_inputs(c, 2);
+  const auto ss = saved_summaries_shape(c.options(), c.q_shape(), c.v_shape());
+  const auto q = cast<T>(a.q), k = cast<T>(a.k), v = cast<T>(a.v), w = cast<T>(a.w),
+             g = cast<T>(a.grad_o), other_k = cast<T>(b.k);
+  std::vector<T> stepped_w = w;
+  for (T& x : stepped_w) x *= T(1.01);
+  std::vector<T> o(v.size()), summaries(size_t(numel(ss))), mixed(summaries.size());
+  std::vector<T> stale_o(v.size()), stale_summaries(summaries.size()), stale_mixed(mixed.size());
+  auto forward_saving = [&](const std::vector<T>& with_w, std::vector<T>& out, std::vector<T>& s,
+                            std::vector<T>& mx) {
+    forward<T>(c.options(), view(q, c.q_shape()), view(k, c.q_shape()), view(v, c.v_shape()),
+               view(with_w, c.w_shape()), view(out, c.v_shape()), view(s, ss), view(mx, ss));
+  };
+  forward_saving(w, o, summaries, mixed);
+  forward_saving(stepped_w, stale_o, stale_summaries, stale_mixed);
+  std::vector<T> gq(q.size()), gk(k.size()), gv(v.size()), gw(w.size());
+  auto run_backward = [&](const std::vector<T>& with_k, const std::vector<T>& with_w,
+                          const std::vector<T>& mx) {
+    backward<T>(c.options(), view(q, c.q_shape()), view(with_k, c.q_shape()), view(v, c.v_shape()),
+                view(with_w, c.w_shape()), view(o, c.v_shape()), view(g, c.v_shape()),
+                view(gq, c.q_shape()), view(gk, c.q_shape()), view(gv, c.v_shape()),
+                view(gw, c.w_shape()), view(summaries, ss), view(mx, ss));
+  };
+  EXPECT_NO_THROW(run_backward(k, w, mixed));
+  const auto names_mixed = ThrowsMessage<Error>(
+      HasSubstr("mhla::backward: saved_mixed does not belong to these k, v and w"));
+  EXPECT_THAT([&] { run_backward(k, stepped_w, mixed); }, names_mixed);
+  // Mixed summaries of the same summaries under another w.
+  EXPECT_THAT([&] { run_backward(k, w, stale_mixed); }, names_mixed);
+  EXPECT_THAT([&] { run_backward(other_k, w, mixed); },
+              ThrowsMessage<Error>(
+                  HasSubstr("mhla::backward: saved_summaries do not belong to these k and v")));
+}
+
+TEST(BadInput, MixedSummariesAreCheckedAgainstTheSavedSummaries) {
+  for (const Case& c : {Case{"1d", 2, 2, 3, 4, TokenLayout::sequence(13, 4), Masking::causal},
+                        Case{"1d-many", 1, 2, 8, 8, TokenLayout::sequence(300, 7)},
+                        Case{"2d-per-head", 1, 3, 2, 2, TokenLayout::grid2d(5, 6, 2, 3),
+                             Masking::none, FeatureMap::elu1, true, true},
+                        Case{"1d-toeplitz", 1, 2, 3, 3, TokenLayout::sequence(17, 3),
+                             Masking::block_causal, FeatureMap::relu, true, false, 2}}) {
+    check_both_saved<float>(c);
+    check_both_saved<double>(c);
+  }
+}
+
 TEST(BadInput, DenseMixingIsBoundedAndSaysSo) {
   EXPECT_THAT(
       [] { init_mixing(TokenLayout::sequence(65536, 1)); },
