@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "cpu/simd/block_gemm.hpp"
+#include "mhla_support/line_aligned.hpp"
 
 namespace mhla::cpu {
 
@@ -15,7 +16,7 @@ void block_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, 
   // most a [C, Dv + 1] block tile, against the O(C D^2) product) is copied
   // into a per-thread buffer first.
   if (tb) {
-    thread_local std::vector<float> transposed;
+    thread_local mhla::detail::LineAlignedVector<float> transposed;
     transposed.resize(size_t(k * n));
     transpose(b, ldb, n, k, transposed.data());
     b = transposed.data();

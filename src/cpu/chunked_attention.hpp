@@ -79,6 +79,7 @@ class ChunkedAttention {
   mhla::detail::Problem p_;
   const Mixer<T>& mixer_;
   int64_t x1_;        // Dv + 1 columns of [V | 1]
+  int64_t ld_x1_;     // x1_ rounded up to whole cache lines: the row pitch of [rows, Dv + 1] tiles
   int64_t x_;         // Dk * (Dv + 1): one summary
   int64_t max_rows_;  // largest block
 };

@@ -10,9 +10,10 @@
 namespace mhla::cpu {
 namespace {
 
-// Row panel of dW: each panel reduces over the full X, keeping dW exact and
-// independent of the thread count.
-constexpr int64_t kRowPanel = 64;
+// Column panel of dW (blocks b, one SIMD product panel wide): each panel
+// reduces over the full X, keeping dW exact and independent of the thread
+// count.
+constexpr int64_t kColumnPanel = 64;
 
 // dW's row panels run over the inner dimension Dk (Dv + 1) in chunks whose
 // slice of S^T (at most this many bytes) stays in L2.
@@ -126,24 +127,29 @@ void DenseMixer<T>::mix_backward(const T* mixed_grad, const T* summaries, const 
     }
   });
 
-  // dW per slice: dW_bh[i, b] = <dmixed_i, S_b>, one row panel per task.
+  // dW per slice: dW_bh[i, b] = <dmixed_i, S_b>, one panel of columns b per
+  // task, so that each S_b is transposed once (panels of rows i formed all of
+  // S^T for every panel: at M = 256 four times 4 MiB per slice).
   std::vector<T> per_slice(slices * m * ms, T(0));
-  const int64_t row_panels = count_panels(m, kRowPanel);
+  const int64_t column_panels = count_panels(ms, kColumnPanel);
 #pragma omp parallel for schedule(static)
-  for (int64_t task = 0; task < slices * row_panels; ++task) {
-    const int64_t bh = task / row_panels, i0 = (task % row_panels) * kRowPanel;
-    const int64_t rows = std::min(kRowPanel, m - i0);
-    // Masked rows i only read b <= i: skip the columns no row of the panel uses.
-    const int64_t cols = p_.lower_triangular() ? std::min(ms, p_.first_block + i0 + rows) : ms;
-    T* out = per_slice.data() + bh * m * ms + i0 * ms;
-    panel_inner_products(rows, cols, x_, mixed_grad + (bh * m + i0) * x_, summaries + bh * ms * x_,
-                         out, ms);
-    for (int64_t r = 0; r < rows && p_.lower_triangular(); ++r) {
-      const int64_t i = i0 + r, row = p_.first_block + i;
+  for (int64_t task = 0; task < slices * column_panels; ++task) {
+    const int64_t bh = task / column_panels, b0 = (task % column_panels) * kColumnPanel;
+    const int64_t cols = std::min(kColumnPanel, ms - b0);
+    T* out = per_slice.data() + bh * m * ms;
+    // Masked: the rows before the first one reading b0 read none of the
+    // panel's blocks (their entries stay zero).
+    const int64_t i0 = p_.lower_triangular() ? std::min(m, first_row_reading(b0)) : 0;
+    if (i0 < m)
+      panel_inner_products(m - i0, cols, x_, mixed_grad + (bh * m + i0) * x_,
+                           summaries + (bh * ms + b0) * x_, out + i0 * ms + b0, ms);
+    for (int64_t i = 0; i < m && p_.lower_triangular(); ++i) {
+      const int64_t row = p_.first_block + i;
       // Unread entries get zero gradient; the causal diagonal comes from the
       // in-block term (diagonal_grad, when given) instead of the mix.
-      std::fill(out + r * ms + std::min(ms, row + 1), out + (r + 1) * ms, T(0));
-      if (p_.causal) out[r * ms + row] = diagonal_grad ? diagonal_grad[bh * m + i] : T(0);
+      for (int64_t b = std::max(b0, std::min(ms, row + 1)); b < b0 + cols; ++b) out[i * ms + b] = 0;
+      if (p_.causal && row >= b0 && row < b0 + cols)
+        out[i * ms + row] = diagonal_grad ? diagonal_grad[bh * m + i] : T(0);
     }
   }
 

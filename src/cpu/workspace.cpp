@@ -4,12 +4,21 @@
 #include <string>
 
 #include "core/allocation.hpp"
+#include "mhla_support/line_aligned.hpp"
 
 namespace mhla::cpu {
 namespace {
 
+// Cache-line aligned, as the tiles are: the mixer's products read and write
+// these arrays by whole vectors, [M, Dk (Dv + 1)] rows of whole lines.
+struct LineAlignedDelete {
+  void operator()(std::byte* p) const {
+    ::operator delete[](p, std::align_val_t{mhla::detail::kCacheLine});
+  }
+};
+
 struct Buffer {
-  std::unique_ptr<std::byte[]> data;
+  std::unique_ptr<std::byte[], LineAlignedDelete> data;
   size_t bytes = 0;
 };
 
@@ -24,9 +33,11 @@ T* scratch(Scratch slot, size_t elements) {
   if (b.bytes < bytes) {
     b.data.reset();  // release first: peak memory is the new size, not old + new
     // new[] leaves the bytes uninitialised: every kernel overwrites what it reads.
-    b.data = detail::allocating("mhla (operator scratch)", "the block summaries' scratch arrays",
-                                double(bytes),
-                                [&] { return std::unique_ptr<std::byte[]>(new std::byte[bytes]); });
+    b.data = detail::allocating(
+        "mhla (operator scratch)", "the block summaries' scratch arrays", double(bytes), [&] {
+          return std::unique_ptr<std::byte[], LineAlignedDelete>(
+              new (std::align_val_t{mhla::detail::kCacheLine}) std::byte[bytes]);
+        });
     b.bytes = bytes;
   }
   return reinterpret_cast<T*>(b.data.get());

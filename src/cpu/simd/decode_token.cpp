@@ -8,6 +8,7 @@
 
 #include "cpu/simd/decode_token.hpp"
 #include "cpu/simd/partial_vectors-inl.h"
+#include "mhla_support/line_aligned.hpp"
 
 HWY_BEFORE_NAMESPACE();
 namespace mhla::cpu::simd {
@@ -128,15 +129,11 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace mhla::cpu::simd {
 
-namespace {
-int64_t round_up_16(int64_t n) { return (n + 15) / 16 * 16; }
-}  // namespace
-
 StateLayout::StateLayout(int64_t dk_, int64_t dv_)
     : dk(dk_),
       dv(dv_),
-      row(round_up_16(dv_)),
-      z_floats(round_up_16(dk_)),
+      row(mhla::detail::round_up(dv_, 16)),
+      z_floats(mhla::detail::round_up(dk_, 16)),
       floats(dk_ * row + z_floats) {}
 
 void StateLayout::store(const float* summary, float* stored) const {
