@@ -6,6 +6,7 @@
 #include "cpu/block_products.hpp"
 #include "cpu/panels.hpp"
 #include "mhla_support/blas.hpp"
+#include "mhla_support/line_aligned.hpp"
 
 namespace mhla::cpu {
 namespace {
@@ -15,13 +16,13 @@ namespace {
 // count.
 constexpr int64_t kColumnPanel = 64;
 
-// dW's row panels run over the inner dimension Dk (Dv + 1) in chunks whose
-// slice of S^T (at most this many bytes) stays in L2.
+// dW's panels run over the inner dimension Dk (Dv + 1) in chunks whose slice
+// of S^T (at most this many bytes) stays in L2.
 constexpr int64_t kChunkBytes = 256 * 1024;
 
 // out[r * ldo + b] = <a[r, :], s[b, :]> for r < rows, b < cols, over x
-// columns (a and s row-major with x columns): a row panel of dW. float on the
-// SIMD kernels: S^T formed once per panel (in registers on AVX-512), then one
+// columns (a and s row-major with x columns): a column panel of dW. float on
+// the SIMD kernels: S^T formed once per panel (in registers on AVX-512), then one
 // product per chunk of the inner dimension. On Zen 5 the backward with both
 // summaries saved took 29.5 -> 27.9 ms at N = 16384 and 116 -> 110 ms at
 // N = 65536 against the BLAS pinned to AVX2, and the same as the unpinned
@@ -29,7 +30,7 @@ constexpr int64_t kChunkBytes = 256 * 1024;
 // forward+backward had been 1.2-1.3x slower.)
 void panel_inner_products(int64_t rows, int64_t cols, int64_t x, const float* a, const float* s,
                           float* out, int64_t ldo) {
-  thread_local std::vector<float> transposed;
+  thread_local detail::LineAlignedVector<float> transposed;
   transposed.resize(size_t(x * cols));
   transpose(s, x, cols, x, transposed.data());
   const int64_t chunk = std::max<int64_t>(64, kChunkBytes / int64_t(cols * sizeof(float)));
