@@ -44,9 +44,10 @@ void forward(const Options& options, TensorView<const T> q, TensorView<const T> 
 // fingerprinted against k and v (key sums and row sums of S_b, recomputed in
 // double): release builds check the first and last block of every
 // (batch, head), debug builds every block. Saved mixed summaries are
-// fingerprinted against k, v and w in every block (two entries each, see
-// core/saved_summaries_check.hpp), so that a w changed since forward is
-// caught. A mismatch is an mhla::Error rather than wrong gradients.
+// fingerprinted against w and the block summaries in every block (two
+// entries each, see core/saved_summaries_check.hpp; the block entries from
+// saved_summaries when given, else from k and v), so that a w changed since
+// forward is caught. A mismatch is an mhla::Error rather than wrong gradients.
 template <typename T>
 void backward(const Options& options, TensorView<const T> q, TensorView<const T> k,
               TensorView<const T> v, TensorView<const T> w, TensorView<const T> o,

@@ -398,9 +398,8 @@ bool ChunkedAttention<T>::output_gradients(const T* q, const T* k, const T* v, c
         // (The ones' column of [V | 1] has no gradient to keep.)
         lower_transposed_times(rows, d.dv, wii, a.data(), dy.data(), ld_x1_, dvals.data(), d.dv);
         // Park the in-block key/value gradients in the outputs, where
-        // key_value_gradients adds the inter-block part and applies phi'; or
-        // finish them here.
-        // (Parked, they are checked once summed.)
+        // key_value_gradients adds the inter-block part, applies phi' and
+        // checks the sums; or finish them here.
         const bool finite_k =
             park ? scatter_rows(p_.table, t.block, dkap.data(), d.dk, t.qk, d.dk, false, grad_k)
                  : scatter_through_feature(p_.table, t.block, p_.phi, kap.data(), dkap.data(), d.dk,
