@@ -8,12 +8,12 @@
 // (updated per token: O(Dk Dv)). Outputs equal the chunkwise causal forward on the whole sequence,
 // in both normalized and unnormalized modes (the normalizer's key sums are part of the state).
 #include <cstdint>
-#include <new>
 #include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "mhla/line_aligned.hpp"
 #include "mhla/options.hpp"
 #include "mhla/tensor.hpp"
 
@@ -76,19 +76,7 @@ class Decoder {
 
  private:
   // 64-byte aligned floats: the step kernel reads whole cache lines of a state row.
-  template <typename T>
-  struct CacheLineAllocator {
-    using value_type = T;
-    CacheLineAllocator() = default;
-    template <typename U>
-    CacheLineAllocator(const CacheLineAllocator<U>&) {}
-    T* allocate(size_t n) {
-      return static_cast<T*>(::operator new (n * sizeof(T), std::align_val_t{64}));
-    }
-    void deallocate(T* p, size_t) { ::operator delete (p, std::align_val_t{64}); }
-    bool operator==(const CacheLineAllocator&) const = default;
-  };
-  using Floats = std::vector<float, CacheLineAllocator<float>>;
+  using Floats = detail::LineAlignedVector<float>;
   // Every summary [S_b | z_b] below takes summary_floats_ floats, in the step
   // kernel's padded layout (src/cpu/simd/decode_token.hpp), not the
   // operator's [Dk, Dv + 1].

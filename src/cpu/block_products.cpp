@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "cpu/simd/block_gemm.hpp"
-#include "mhla_support/line_aligned.hpp"
+#include "mhla/line_aligned.hpp"
 
 namespace mhla::cpu {
 

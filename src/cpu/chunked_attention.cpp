@@ -6,7 +6,7 @@
 #include "cpu/block_products.hpp"
 #include "cpu/block_rows.hpp"
 #include "cpu/workspace.hpp"
-#include "mhla_support/line_aligned.hpp"
+#include "mhla/line_aligned.hpp"
 
 namespace mhla::cpu {
 namespace {

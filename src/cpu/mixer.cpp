@@ -5,8 +5,8 @@
 
 #include "cpu/block_products.hpp"
 #include "cpu/panels.hpp"
+#include "mhla/line_aligned.hpp"
 #include "mhla_support/blas.hpp"
-#include "mhla_support/line_aligned.hpp"
 
 namespace mhla::cpu {
 namespace {

@@ -4,7 +4,7 @@
 #include <string>
 
 #include "core/allocation.hpp"
-#include "mhla_support/line_aligned.hpp"
+#include "mhla/line_aligned.hpp"
 
 namespace mhla::cpu {
 namespace {

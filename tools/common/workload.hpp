@@ -5,8 +5,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "mhla/line_aligned.hpp"
 #include "mhla/mhla.hpp"
-#include "mhla_support/line_aligned.hpp"
 
 namespace mhla::tools {
 

@@ -8,7 +8,7 @@
 
 #include "cpu/simd/decode_token.hpp"
 #include "cpu/simd/partial_vectors-inl.h"
-#include "mhla_support/line_aligned.hpp"
+#include "mhla/line_aligned.hpp"
 
 HWY_BEFORE_NAMESPACE();
 namespace mhla::cpu::simd {

@@ -2,6 +2,9 @@
 // std::vector storage that starts on a 64-byte cache line, as torch's CPU
 // allocator places tensors: rows whose pitch is a whole number of lines are
 // then read and written by whole SIMD vectors, none straddling two lines.
+// An implementation detail, public because mhla::Decoder's state uses it: the
+// library's tiles and scratch, the decoder's state and the benchmarks'
+// tensors all allocate through it.
 #include <cstddef>
 #include <cstdint>
 #include <new>
