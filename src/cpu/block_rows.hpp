@@ -13,6 +13,7 @@
 #include "core/feature_map.hpp"
 #include "cpu/simd/block_gemm.hpp"
 #include "cpu/simd/feature_map.hpp"
+#include "mhla/line_aligned.hpp"
 
 namespace mhla::cpu {
 
@@ -69,34 +70,31 @@ class RowLines {
   // be read or written from memory at the task's start.
   template <typename T>
   void add_span_read(const T* first, int64_t count) {
-    append_span(first, count, false);
+    push(first, count, 0, 1, false);
   }
   template <typename T>
   void add_span_write(const T* first, int64_t count) {
-    append_span(first, count, true);
+    push(first, count, 0, 1, true);
   }
   simd::LineRuns prefetch() const { return {runs_.data(), int64_t(runs_.size())}; }
 
  private:
-  static constexpr uintptr_t kLine = 64;
-
-  template <typename T>
-  void append_span(const T* first, int64_t count, bool write) {
-    const uintptr_t begin = reinterpret_cast<uintptr_t>(first);
-    const uintptr_t start = begin & ~(kLine - 1), end = begin + uintptr_t(count) * sizeof(T);
-    runs_.push_back({reinterpret_cast<const char*>(start), 0, 1,
-                     int64_t((end - start + kLine - 1) / kLine), write});
-  }
-
   template <typename T>
   void append(const mhla::detail::BlockTableView& layout, int64_t block, const T* src, HeadSlice s,
               int64_t width, bool write) {
     layout.for_each_run(block, [&](int64_t first, int64_t len) {
-      const uintptr_t row = reinterpret_cast<uintptr_t>(src + s.offset + first * s.stride);
-      const uintptr_t start = row & ~(kLine - 1), end = row + uintptr_t(width) * sizeof(T);
-      runs_.push_back({reinterpret_cast<const char*>(start), s.stride * int64_t(sizeof(T)), len,
-                       int64_t((end - start + kLine - 1) / kLine), write});
+      push(src + s.offset + first * s.stride, width, s.stride * int64_t(sizeof(T)), len, write);
     });
+  }
+
+  // `rows` rows of `width` elements from `row`, `stride` bytes apart.
+  template <typename T>
+  void push(const T* row, int64_t width, int64_t stride, int64_t rows, bool write) {
+    constexpr uintptr_t kLine = mhla::detail::kCacheLine;
+    const uintptr_t begin = reinterpret_cast<uintptr_t>(row);
+    const uintptr_t start = begin & ~(kLine - 1), end = begin + uintptr_t(width) * sizeof(T);
+    runs_.push_back({reinterpret_cast<const char*>(start), stride, rows,
+                     int64_t((end - start + kLine - 1) / kLine), write});
   }
 
   std::vector<simd::LineRuns::Run> runs_;
