@@ -27,10 +27,11 @@ void gather_values_with_ones(const mhla::detail::BlockTableView& layout, int64_t
   for (int64_t r = 0; r < rows; ++r) dst[r * ld + dv] = T(1);
 }
 
-// tile[a, 0:Dv] = S[a, 0:Dv]: the S part of a [Dk, Dv + 1] summary (or its
-// gradient) as the products' B operand. In the summary's own layout every row
-// starts off a cache line, so every vector load of the product straddles two;
-// the copy made the forward 1.04x faster at N = 16384, H = 8 (Zen 5).
+// tile[a, 0:Dv] = S[a, 0:Dv]: the S part of a [Dk, Dv + 1] mixed summary as
+// the read-out's B operand. In the summary's own layout every row starts off
+// a cache line, so every vector load of the product straddles two; the copy
+// made the forward 1.04x faster at N = 16384, H = 8 (Zen 5). (The same copy of
+// dS for key_value_gradients' dV product changed nothing.)
 template <typename T>
 void summary_part(const T* summary, int64_t dk, int64_t dv, T* tile) {
   for (int64_t a = 0; a < dk; ++a)
