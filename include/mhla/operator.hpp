@@ -18,6 +18,7 @@
 // IEEE arithmetic.
 #include <string>
 
+#include "mhla/bfloat16.hpp"
 #include "mhla/options.hpp"
 #include "mhla/tensor.hpp"
 
@@ -54,6 +55,26 @@ void backward(const Options& options, TensorView<const T> q, TensorView<const T>
               TensorView<const T> grad_o, TensorView<T> grad_q, TensorView<T> grad_k,
               TensorView<T> grad_v, TensorView<T> grad_w, TensorView<const T> saved_summaries = {},
               TensorView<const T> saved_mixed = {});
+
+// bfloat16 q, k, v and o (and gradients), with w, grad_w and the saved arrays
+// in float32. Forward runs the block products on bfloat16 operands with
+// float32 sums where the CPU has AVX512-BF16: phi(q) and phi(k) are rounded to
+// bfloat16 as the products read them, the summaries and normalisers are float32,
+// the dense mix rounds the summaries and w to bfloat16 unless saved_mixed is
+// given (kept for backward, it is mixed in float32: the gradients are far more
+// sensitive to it than o is), and o is rounded once. On other CPUs, and in
+// causal mode, forward computes in float32 on widened copies. Backward
+// computes in float32 on widened copies and rounds each gradient once; its
+// fingerprint of saved summaries allows for the bfloat16 rounding of phi(k).
+void forward(const Options& options, TensorView<const bfloat16> q, TensorView<const bfloat16> k,
+             TensorView<const bfloat16> v, TensorView<const float> w, TensorView<bfloat16> o,
+             TensorView<float> saved_summaries = {}, TensorView<float> saved_mixed = {});
+void backward(const Options& options, TensorView<const bfloat16> q, TensorView<const bfloat16> k,
+              TensorView<const bfloat16> v, TensorView<const float> w, TensorView<const bfloat16> o,
+              TensorView<const bfloat16> grad_o, TensorView<bfloat16> grad_q,
+              TensorView<bfloat16> grad_k, TensorView<bfloat16> grad_v, TensorView<float> grad_w,
+              TensorView<const float> saved_summaries = {},
+              TensorView<const float> saved_mixed = {});
 
 // [B, H, M, Dk, Dv + 1] for q [B, N, H, Dk] and v [B, N, H, Dv]: per block,
 // S_b = sum phi(k) v^T in the first Dv columns and z_b = sum phi(k) in the last.

@@ -4,9 +4,11 @@ Functions (differentiable in every input, including the mixing matrix):
 ``mhla_attention``, ``varlen_attention`` (packed sequences, ``cu_seqlens``),
 ``linear_attention``, ``softmax_attention``. Tensors are
 ``[B, N, H, D]`` on the CPU, float32 or float64; non-contiguous inputs are
-made contiguous first, as any torch op would. bfloat16 and float16 inputs run
-through float32 copies (the operator accumulates in float32 either way) and
-the results come back in the input's dtype, gradients included.
+made contiguous first, as any torch op would. bfloat16 ``mhla_attention``
+runs on the operator's bfloat16 path (block products on bfloat16 operands
+where the CPU has AVX512-BF16, float32 sums, float32 w); other bfloat16 and
+float16 inputs run through float32 copies. Results come back in the input's
+dtype, gradients included.
 
 Layers take ``x [B, N, dim]`` and return ``[B, N, dim]``:
 
@@ -133,10 +135,11 @@ def _check_tensors(**tensors):
             raise TypeError(f"{name} must be a torch.Tensor, not {type(t).__name__}")
 
 
-# Reduced-precision inputs have no kernel of their own: they are widened to
-# float32 (differentiably, so their gradients come back in their own dtype),
-# and the output is rounded back to q's dtype, by the extension's (widen,
-# narrow) pair for each reduced dtype.
+# Reduced-precision inputs the operator does not take (float16, and bfloat16
+# for the baselines and varlen) are widened to float32 (differentiably, so
+# their gradients come back in their own dtype), and the output is rounded back
+# to q's dtype, by the extension's (widen, narrow) pair for each reduced dtype.
+# mhla_attention hands bfloat16 to the operator itself.
 _WIDENED = {
     torch.bfloat16: (_core.bfloat16_to_float32, _core.float32_to_bfloat16),
     torch.float16: (_core.float16_to_float32, _core.float32_to_float16),
@@ -214,6 +217,9 @@ def mhla_attention(q, k, v, w, layout, *, masking=None, feature_map=None, normal
     # Built once: forward and backward get the same object, not strings to parse again.
     options = _core.Options(layout, masking=masking, feature_map=feature_map, normalize=normalize, eps=eps,
                             scale=scale, mixing=mixing)
+    if q.dtype == torch.bfloat16 and k.dtype == v.dtype == q.dtype:
+        # The operator's own bfloat16 path (float32 w and saved summaries).
+        return _MHLAFunction.apply(q, k, v, w.to(torch.float32), options)
     return _to_dtype(_MHLAFunction.apply(*_widened(q, k, v), w.to(_compute_dtype(q)), options), q.dtype)
 
 

@@ -42,17 +42,46 @@ std::vector<int64_t> summaries_shape_for_forward(const Options& options, const I
   try {
     return saved_summaries_shape(options, q.shape(), v.shape());
   } catch (const Error&) {
-    dispatch(q.dtype(), [&]<typename T>() {
-      forward<T>(options, q.view<T>(), k.view<T>(), v.view<T>(), w.view<T>(), o.view<T>());
-    });
+    if (q.dtype() == DType::bfloat16)
+      forward(options, q.view<bfloat16>(), k.view<bfloat16>(), v.view<bfloat16>(), w.view<float>(),
+              o.view<bfloat16>());
+    else
+      dispatch(q.dtype(), [&]<typename T>() {
+        forward<T>(options, q.view<T>(), k.view<T>(), v.view<T>(), w.view<T>(), o.view<T>());
+      });
     throw;
   }
 }
 
+// The operator's tensors: float32, float64 or bfloat16 (float16 has no
+// entry point: mhla.torch widens it to float32).
+ImportedTensor operator_tensor(py::handle object, const char* name) {
+  ImportedTensor t(object, name, true);
+  if (t.dtype() == DType::float16)
+    throw py::type_error(std::string(name) +
+                         " has dtype float16; the operator takes float32, float64 or bfloat16 "
+                         "(mhla.torch widens float16 to float32)");
+  return t;
+}
+
+// With bfloat16 q, k, v (and o, grad_o), w and the saved arrays are float32.
+void check_float32(const ImportedTensor& t) {
+  if (t.dtype() != DType::float32)
+    throw py::type_error(std::string(t.name()) + " has dtype " + dtype_name(t.dtype()) +
+                         "; with bfloat16 q, k and v it must be float32");
+}
+
 py::tuple mhla_forward(py::handle q_, py::handle k_, py::handle v_, py::handle w_,
                        const Options& options, bool save_summaries, bool save_mixed) {
-  ImportedTensor q(q_, "q"), k(k_, "k"), v(v_, "v"), w(w_, "w");
-  check_same_dtype({&q, &k, &v, &w});
+  ImportedTensor q = operator_tensor(q_, "q"), k = operator_tensor(k_, "k"),
+                 v = operator_tensor(v_, "v");
+  ImportedTensor w = operator_tensor(w_, "w");
+  const bool bf16 = q.dtype() == DType::bfloat16;
+  check_same_dtype({&q, &k, &v});
+  if (bf16)
+    check_float32(w);
+  else
+    check_same_dtype({&q, &w});
   // Shapes are validated by the operator; these only size the outputs.
   if (q.shape().size() != 4 || v.shape().size() != 4)
     throw py::value_error("q and v must be [B, N, H, D]; got q " + shape_to_string(q.shape()) +
@@ -61,16 +90,24 @@ py::tuple mhla_forward(py::handle q_, py::handle k_, py::handle v_, py::handle w
   std::optional<Buffer> saved, mixed;
   if (save_summaries || save_mixed) {
     const std::vector<int64_t> shape = summaries_shape_for_forward(options, q, k, v, w, o);
-    if (save_summaries) saved.emplace(q.dtype(), shape);
-    if (save_mixed) mixed.emplace(q.dtype(), shape);
+    if (save_summaries) saved.emplace(w.dtype(), shape);
+    if (save_mixed) mixed.emplace(w.dtype(), shape);
   }
-  dispatch(q.dtype(), [&]<typename T>() {
+  if (bf16) {
     compute([&] {
-      forward<T>(options, q.view<T>(), k.view<T>(), v.view<T>(), w.view<T>(), o.view<T>(),
-                 saved ? saved->view<T>() : TensorView<T>{},
-                 mixed ? mixed->view<T>() : TensorView<T>{});
+      forward(options, q.view<bfloat16>(), k.view<bfloat16>(), v.view<bfloat16>(), w.view<float>(),
+              o.view<bfloat16>(), saved ? saved->view<float>() : TensorView<float>{},
+              mixed ? mixed->view<float>() : TensorView<float>{});
     });
-  });
+  } else {
+    dispatch(q.dtype(), [&]<typename T>() {
+      compute([&] {
+        forward<T>(options, q.view<T>(), k.view<T>(), v.view<T>(), w.view<T>(), o.view<T>(),
+                   saved ? saved->view<T>() : TensorView<T>{},
+                   mixed ? mixed->view<T>() : TensorView<T>{});
+      });
+    });
+  }
   py::object summaries = saved ? py::cast(std::move(*saved)) : py::none();
   if (!save_mixed) return py::make_tuple(std::move(o), std::move(summaries));
   return py::make_tuple(std::move(o), std::move(summaries), py::cast(std::move(*mixed)));
@@ -79,29 +116,46 @@ py::tuple mhla_forward(py::handle q_, py::handle k_, py::handle v_, py::handle w
 py::tuple mhla_backward(py::handle q_, py::handle k_, py::handle v_, py::handle w_, py::handle o_,
                         py::handle grad_o_, py::handle summaries_, py::handle mixed_,
                         const Options& options) {
-  ImportedTensor q(q_, "q"), k(k_, "k"), v(v_, "v"), w(w_, "w"), o(o_, "o"),
-      grad_o(grad_o_, "grad_o");
-  check_same_dtype({&q, &k, &v, &w, &o, &grad_o});
+  ImportedTensor q = operator_tensor(q_, "q"), k = operator_tensor(k_, "k"),
+                 v = operator_tensor(v_, "v"), o = operator_tensor(o_, "o"),
+                 grad_o = operator_tensor(grad_o_, "grad_o");
+  ImportedTensor w = operator_tensor(w_, "w");
+  const bool bf16 = q.dtype() == DType::bfloat16;
+  check_same_dtype({&q, &k, &v, &o, &grad_o});
+  if (bf16)
+    check_float32(w);
+  else
+    check_same_dtype({&q, &w});
   std::optional<ImportedTensor> summaries;
   if (!summaries_.is_none()) {
     summaries.emplace(summaries_, "summaries");
-    check_same_dtype({&q, &*summaries});
+    check_same_dtype({bf16 ? &w : &q, &*summaries});
   }
   std::optional<ImportedTensor> mixed;
   if (!mixed_.is_none()) {
     mixed.emplace(mixed_, "mixed");
-    check_same_dtype({&q, &*mixed});
+    check_same_dtype({bf16 ? &w : &q, &*mixed});
   }
   Buffer gq(q.dtype(), q.shape()), gk(q.dtype(), k.shape()), gv(q.dtype(), v.shape()),
-      gw(q.dtype(), w.shape());
-  dispatch(q.dtype(), [&]<typename T>() {
+      gw(w.dtype(), w.shape());
+  if (bf16) {
     compute([&] {
-      backward<T>(options, q.view<T>(), k.view<T>(), v.view<T>(), w.view<T>(), o.view<T>(),
-                  grad_o.view<T>(), gq.view<T>(), gk.view<T>(), gv.view<T>(), gw.view<T>(),
-                  summaries ? summaries->view<T>() : TensorView<const T>{},
-                  mixed ? mixed->view<T>() : TensorView<const T>{});
+      backward(options, q.view<bfloat16>(), k.view<bfloat16>(), v.view<bfloat16>(), w.view<float>(),
+               o.view<bfloat16>(), grad_o.view<bfloat16>(), gq.view<bfloat16>(),
+               gk.view<bfloat16>(), gv.view<bfloat16>(), gw.view<float>(),
+               summaries ? summaries->view<float>() : TensorView<const float>{},
+               mixed ? mixed->view<float>() : TensorView<const float>{});
     });
-  });
+  } else {
+    dispatch(q.dtype(), [&]<typename T>() {
+      compute([&] {
+        backward<T>(options, q.view<T>(), k.view<T>(), v.view<T>(), w.view<T>(), o.view<T>(),
+                    grad_o.view<T>(), gq.view<T>(), gk.view<T>(), gv.view<T>(), gw.view<T>(),
+                    summaries ? summaries->view<T>() : TensorView<const T>{},
+                    mixed ? mixed->view<T>() : TensorView<const T>{});
+      });
+    });
+  }
   return py::make_tuple(std::move(gq), std::move(gk), std::move(gv), std::move(gw));
 }
 

@@ -7,21 +7,12 @@
 
 #include "dlpack_buffer.hpp"
 #include "dlpack_import.hpp"
+#include "mhla/bfloat16.hpp"
 
 namespace py = pybind11;
 
 namespace mhla::python {
 namespace {
-
-// bfloat16 is the upper half of a float32, so widening is exact.
-inline float widen(uint16_t b) { return std::bit_cast<float>(uint32_t(b) << 16); }
-
-// Round to nearest, ties to even (torch's rounding); NaN stays NaN.
-inline uint16_t narrow(float f) {
-  const uint32_t u = std::bit_cast<uint32_t>(f);
-  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  return (u & 0x7fffffffu) > 0x7f800000u ? uint16_t(0x7fc0u) : uint16_t(rounded);
-}
 
 // IEEE float16 (1 sign, 5 exponent, 10 fraction bits), by hand: compilers'
 // _Float16 is missing on some (clang 14 on x86). Widening is exact.
@@ -78,12 +69,12 @@ Buffer converted(py::handle x, DType from, DType to, Convert convert) {
 
 Buffer bfloat16_to_float32(py::handle x) {
   return converted<uint16_t, float>(x, DType::bfloat16, DType::float32,
-                                    [](uint16_t b) { return widen(b); });
+                                    [](uint16_t b) { return to_float(bfloat16{b}); });
 }
 
 Buffer float32_to_bfloat16(py::handle x) {
   return converted<float, uint16_t>(x, DType::float32, DType::bfloat16,
-                                    [](float f) { return narrow(f); });
+                                    [](float f) { return to_bfloat16(f).bits; });
 }
 
 Buffer float16_to_float32(py::handle x) {

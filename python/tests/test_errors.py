@@ -16,7 +16,7 @@ def good(dtype=torch.float64):
 
 def test_wrong_dtype():
     q, k, v, w = good()
-    with pytest.raises(TypeError, match="q has dtype float16; mhla computes in float32 or float64"):
+    with pytest.raises(TypeError, match="q has dtype float16; the operator takes float32, float64 or bfloat16"):
         mhla.forward(q.half(), k, v, w, layout=LAYOUT)
     with pytest.raises(TypeError, match="q has dtype int64"):
         mhla.forward(q.long(), k, v, w, layout=LAYOUT)

@@ -1,8 +1,10 @@
-"""bfloat16 and float16 tensors through mhla.torch: computed in float32, returned
-(values and gradients) in the caller's dtype, with an error against float64 no
-larger than rounding the exact result to that dtype, and (bfloat16; torch has
-no float16 elu on the CPU) no larger than the same formula computed in the
-reduced dtype itself."""
+"""bfloat16 and float16 tensors through mhla.torch, returned (values and
+gradients) in the caller's dtype. float16 is computed in float32, with an error
+against float64 no larger than rounding the exact result to float16; bfloat16
+runs the operator's bfloat16 path (block products on bfloat16 operands, float32
+sums), with an error within a small multiple of that rounding and below the
+same formula computed in bfloat16 itself (torch has no float16 elu on the
+CPU)."""
 import numpy as np
 import pytest
 import torch
@@ -52,7 +54,7 @@ def test_values_and_gradients_come_back_in_the_inputs_dtype(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_error_is_one_rounding_and_below_the_naive_reduced_computation(dtype):
+def test_error_is_near_one_rounding_and_below_the_naive_reduced_computation(dtype):
     layout = mhla.Layout.sequence(256, 32)
     q64, k64, v64, w64 = operands(layout)
     # The exact result of the inputs as rounded to dtype: the best any dtype output can approach.
@@ -60,7 +62,9 @@ def test_error_is_one_rounding_and_below_the_naive_reduced_computation(dtype):
     exact = mt.mhla_attention(*(t.double() for t in (q, k, v, w)), layout, feature_map="elu1")
     ours = relative_error(mt.mhla_attention(q, k, v, w, layout, feature_map="elu1"), exact)
     rounding = relative_error(exact.to(dtype), exact)
-    assert ours <= 1.5 * rounding, (ours, rounding)
+    # bfloat16 rounds phi(q), phi(k), the summaries and w once more in the products:
+    # 1.4-2.0x one rounding, 0.4-0.7x the naive computation's error over 12 draws.
+    assert ours <= (2.5 if dtype == torch.bfloat16 else 1.5) * rounding, (ours, rounding)
     if dtype == torch.bfloat16:
         reduced = relative_error(naive(q, k, v, w, 32), exact)
         assert ours <= reduced, (ours, reduced)
@@ -183,10 +187,10 @@ def test_conversion_errors_are_named():
         mhla._core.float32_to_float16(torch.zeros(3, dtype=torch.float16))
     with pytest.raises(ValueError, match="not C order"):
         mhla._core.float32_to_bfloat16(torch.zeros(3, 4).t())
-    # The operator itself still takes float32 and float64 only.
+    # The operator takes bfloat16 q, k, v with a float32 w; float16 goes through mhla.torch.
     bf = torch.zeros(1, 4, 1, 2, dtype=torch.bfloat16)
-    with pytest.raises(TypeError, match="q has dtype bfloat16; mhla computes in float32 or float64"):
-        mhla.forward(bf, bf, bf, torch.ones(1, 1), layout=mhla.Layout.sequence(4, 4))
+    with pytest.raises(TypeError, match="w has dtype bfloat16; with bfloat16 q, k and v it must be float32"):
+        mhla.forward(bf, bf, bf, torch.ones(1, 1, dtype=torch.bfloat16), layout=mhla.Layout.sequence(4, 4))
     half = bf.to(torch.float16)
-    with pytest.raises(TypeError, match="q has dtype float16; mhla computes in float32 or float64"):
+    with pytest.raises(TypeError, match="q has dtype float16; the operator takes float32, float64 or bfloat16"):
         mhla.forward(half, half, half, torch.ones(1, 1), layout=mhla.Layout.sequence(4, 4))

@@ -3,11 +3,15 @@
 #include "mhla/operator.hpp"
 #include "core/finite_results.hpp"
 #include "core/saved_summaries_check.hpp"
+#include "cpu/bf16_forward.hpp"
 #include "cpu/chunked_attention.hpp"
+#include "cpu/simd/bf16_products.hpp"
 #include "cpu/simd/isa.hpp"
 #include "cpu/workspace.hpp"
 
 #include <algorithm>
+
+#include "mhla/line_aligned.hpp"
 
 namespace mhla {
 
@@ -59,12 +63,16 @@ void forward(const Options& options, TensorView<const T> q, TensorView<const T> 
   if (!finite) detail::report_non_finite_output(fn, p, q, k, v, o);
 }
 
+namespace {
+
+// backward<T>'s body; `rounding` widens the saved arrays' fingerprint
+// tolerance for summaries from bfloat16 products (check_saved_summaries_match).
 template <typename T>
-void backward(const Options& options, TensorView<const T> q, TensorView<const T> k,
-              TensorView<const T> v, TensorView<const T> w, TensorView<const T> o,
-              TensorView<const T> grad_o, TensorView<T> grad_q, TensorView<T> grad_k,
-              TensorView<T> grad_v, TensorView<T> grad_w, TensorView<const T> saved_summaries,
-              TensorView<const T> saved_mixed) {
+void run_backward(const Options& options, TensorView<const T> q, TensorView<const T> k,
+                  TensorView<const T> v, TensorView<const T> w, TensorView<const T> o,
+                  TensorView<const T> grad_o, TensorView<T> grad_q, TensorView<T> grad_k,
+                  TensorView<T> grad_v, TensorView<T> grad_w, TensorView<const T> saved_summaries,
+                  TensorView<const T> saved_mixed, double rounding) {
   const char* fn = "mhla::backward";
   detail::Problem p = detail::validate_mhla(fn, options, q, k, v, w);
   const detail::BlockTable table(options.layout);
@@ -73,11 +81,12 @@ void backward(const Options& options, TensorView<const T> q, TensorView<const T>
   detail::check_gradients(fn, p.dims, grad_o, grad_q, grad_k, grad_v);
   detail::check_output(fn, "grad_w", grad_w, w.shape);
   const bool saved = check_saved(fn, "saved_summaries", p, saved_summaries);
-  if (saved) detail::check_saved_summaries_match(fn, p, k.data, v.data, saved_summaries.data);
+  if (saved)
+    detail::check_saved_summaries_match(fn, p, k.data, v.data, saved_summaries.data, rounding);
   const bool saved_mix = check_saved(fn, "saved_mixed", p, saved_mixed);
   if (saved_mix)
     detail::check_saved_mixed_match(fn, p, k.data, v.data, w.data, saved_mixed.data,
-                                    saved ? saved_summaries.data : nullptr);
+                                    saved ? saved_summaries.data : nullptr, rounding);
   const auto mixer = cpu::make_mixer(p, w.data);
   // The kernel adds to grad_w.
   std::fill(grad_w.data, grad_w.data + detail::checked_product(grad_w.shape, "grad_w"), T(0));
@@ -88,6 +97,100 @@ void backward(const Options& options, TensorView<const T> q, TensorView<const T>
   if (!finite ||
       detail::first_non_finite(grad_w.data, detail::checked_product(grad_w.shape, "grad_w")) >= 0)
     detail::report_non_finite_gradients(fn, p, q, k, v, o, grad_o, grad_q, grad_k, grad_v, grad_w);
+}
+
+// A float copy of a bfloat16 tensor (exact), and its view.
+struct Widened {
+  detail::LineAlignedVector<float> values;
+  TensorView<const float> view;
+};
+Widened widened(const TensorView<const bfloat16>& x) {
+  Widened w;
+  const int64_t n = x.data ? detail::checked_product(x.shape, "x") : 0;
+  w.values.resize(size_t(n));
+  float* dst = w.values.data();
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) dst[i] = to_float(x.data[i]);
+  w.view = {x.data ? dst : nullptr, x.shape, x.device};
+  return w;
+}
+
+// dst = src rounded to bfloat16, n values.
+void narrow(const float* src, int64_t n, bfloat16* dst) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) dst[i] = to_bfloat16(src[i]);
+}
+
+// What the bfloat16 products add to each term of a saved array's entries:
+// phi(k) rounded to bfloat16 (2^-8, half a unit in its 8th significant bit).
+// (The mix of summaries that forward saves runs in float.)
+constexpr double kBf16Rounding = 0x1p-8;
+
+}  // namespace
+
+template <typename T>
+void backward(const Options& options, TensorView<const T> q, TensorView<const T> k,
+              TensorView<const T> v, TensorView<const T> w, TensorView<const T> o,
+              TensorView<const T> grad_o, TensorView<T> grad_q, TensorView<T> grad_k,
+              TensorView<T> grad_v, TensorView<T> grad_w, TensorView<const T> saved_summaries,
+              TensorView<const T> saved_mixed) {
+  run_backward(options, q, k, v, w, o, grad_o, grad_q, grad_k, grad_v, grad_w, saved_summaries,
+               saved_mixed, 0.0);
+}
+
+void forward(const Options& options, TensorView<const bfloat16> q, TensorView<const bfloat16> k,
+             TensorView<const bfloat16> v, TensorView<const float> w, TensorView<bfloat16> o,
+             TensorView<float> saved_summaries, TensorView<float> saved_mixed) {
+  const char* fn = "mhla::forward";
+  detail::Problem p = detail::validate_mhla(fn, options, q, k, v, w);
+  const detail::BlockTable table(options.layout);
+  p.table = table.view();
+  detail::check_output(fn, "o", o, detail::v_shape(p.dims));
+  const bool save_summaries = check_saved(fn, "saved_summaries", p, saved_summaries);
+  const bool save_mixed = check_saved(fn, "saved_mixed", p, saved_mixed);
+  if (p.causal || !cpu::simd::bf16_products_available()) {
+    // The float kernels on widened copies: the causal in-block products have
+    // no bfloat16 form, nor has a CPU without AVX512-BF16.
+    const Widened qf = widened(q), kf = widened(k), vf = widened(v);
+    detail::LineAlignedVector<float> of(size_t(detail::checked_product(o.shape, "o")));
+    forward<float>(options, qf.view, kf.view, vf.view, w, {of.data(), o.shape}, saved_summaries,
+                   saved_mixed);
+    narrow(of.data(), int64_t(of.size()), o.data);
+    return;
+  }
+  const auto mixer = cpu::make_mixer(p, w.data);
+  const bool finite = cpu::Bf16Forward(p, *mixer).forward(
+      q.data, k.data, v.data, o.data, save_summaries ? saved_summaries.data : nullptr,
+      save_mixed ? saved_mixed.data : nullptr);
+  if (finite) return;
+  // Rare: the float report, on float copies.
+  const Widened qf = widened(q), kf = widened(k), vf = widened(v);
+  Widened of = widened(o);
+  detail::report_non_finite_output(fn, p, qf.view, kf.view, vf.view,
+                                   TensorView<float>{of.values.data(), o.shape});
+}
+
+void backward(const Options& options, TensorView<const bfloat16> q, TensorView<const bfloat16> k,
+              TensorView<const bfloat16> v, TensorView<const float> w, TensorView<const bfloat16> o,
+              TensorView<const bfloat16> grad_o, TensorView<bfloat16> grad_q,
+              TensorView<bfloat16> grad_k, TensorView<bfloat16> grad_v, TensorView<float> grad_w,
+              TensorView<const float> saved_summaries, TensorView<const float> saved_mixed) {
+  const char* fn = "mhla::backward";
+  // The bfloat16 buffers are checked here; the float call checks the rest.
+  const detail::AttentionDims d = detail::check_qkv(fn, q, k, v);
+  detail::check_output(fn, "o", o, detail::v_shape(d));
+  detail::check_gradients(fn, d, grad_o, grad_q, grad_k, grad_v);
+  const Widened qf = widened(q), kf = widened(k), vf = widened(v), of = widened(o),
+                gf = widened(grad_o);
+  detail::LineAlignedVector<float> gq(size_t(detail::checked_product(grad_q.shape, "grad_q"))),
+      gk(gq.size()), gv(size_t(detail::checked_product(grad_v.shape, "grad_v")));
+  run_backward<float>(options, qf.view, kf.view, vf.view, w, of.view, gf.view,
+                      {gq.data(), grad_q.shape}, {gk.data(), grad_k.shape},
+                      {gv.data(), grad_v.shape}, grad_w, saved_summaries, saved_mixed,
+                      kBf16Rounding);
+  narrow(gq.data(), int64_t(gq.size()), grad_q.data);
+  narrow(gk.data(), int64_t(gk.size()), grad_k.data);
+  narrow(gv.data(), int64_t(gv.size()), grad_v.data);
 }
 
 void release_scratch() { cpu::release_scratch_buffers(); }

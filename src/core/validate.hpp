@@ -138,10 +138,11 @@ void check_mixing_values(const char* fn, const Problem& problem, const T* w) {
 namespace mhla::detail {
 
 // Full validation of an MHLA call's inputs; returns the problem the kernels run.
-template <typename T>
+// (bfloat16 q, k, v come with a float w.)
+template <typename T, typename W>
 Problem validate_mhla(const char* fn, const Options& options, const TensorView<const T>& q,
                       const TensorView<const T>& k, const TensorView<const T>& v,
-                      const TensorView<const T>& w) {
+                      const TensorView<const W>& w) {
   const AttentionDims dims = check_qkv(fn, q, k, v);
   check_device(fn, "w", w.device);
   Problem problem = check_linear_options(fn, options, dims);

@@ -11,8 +11,10 @@
 
 #include "core/block_table.hpp"
 #include "core/feature_map.hpp"
+#include "cpu/simd/bf16_products.hpp"
 #include "cpu/simd/block_gemm.hpp"
 #include "cpu/simd/feature_map.hpp"
+#include "mhla/bfloat16.hpp"
 #include "mhla/line_aligned.hpp"
 
 namespace mhla::cpu {
@@ -135,6 +137,47 @@ void gather_rows(const mhla::detail::BlockTableView& layout, int64_t block, Feat
       for (int64_t d = 0; d < width; ++d) x[d] = mhla::detail::apply_feature<Phi>(x[d]);
     }
   });
+}
+
+// tile[row, 0:width] = phi(src[token of row, 0:width]) for bfloat16 rows,
+// widened (exactly) to float by the bfloat16 kernels, one pass per run of
+// consecutive tokens; with `pairs`, phi's values rounded to bfloat16 too, as
+// pairs of columns (simd::feature_rows).
+inline void gather_rows(const mhla::detail::BlockTableView& layout, int64_t block, FeatureMap phi,
+                        const bfloat16* src, HeadSlice s, int64_t width, float* tile, int64_t ld,
+                        uint32_t* pairs = nullptr, int64_t ld_pairs = 0) {
+  int64_t row = 0;
+  layout.for_each_run(block, [&](int64_t first, int64_t len) {
+    simd::feature_rows(phi, src + s.offset + first * s.stride, s.stride, tile + row * ld, len,
+                       width, ld, pairs ? pairs + row * ld_pairs : nullptr, ld_pairs);
+    row += len;
+  });
+}
+
+// The block's bfloat16 rows in pairs, as the B operand of the bfloat16
+// products (simd::gemm_bf16): dst[p * ldd + j] holds row 2p's element j in its
+// low half and row 2p + 1's in its high half; an odd last row is paired with
+// zero. The bits are moved, not converted.
+inline void gather_row_pairs(const mhla::detail::BlockTableView& layout, int64_t block,
+                             const bfloat16* src, HeadSlice s, int64_t width, uint32_t* dst,
+                             int64_t ldd) {
+  const bfloat16* even = nullptr;
+  int64_t rows = 0;
+  for_each_row(layout, block, s, [&](int64_t row, int64_t offset) {
+    const bfloat16* x = src + offset;
+    rows = row + 1;
+    if (row % 2 == 0) {
+      even = x;
+      return;
+    }
+    uint32_t* out = dst + (row / 2) * ldd;
+#pragma omp simd
+    for (int64_t j = 0; j < width; ++j) out[j] = uint32_t(even[j].bits) | uint32_t(x[j].bits) << 16;
+  });
+  if (rows % 2 == 0) return;
+  uint32_t* out = dst + (rows / 2) * ldd;
+#pragma omp simd
+  for (int64_t j = 0; j < width; ++j) out[j] = uint32_t(even[j].bits);
 }
 
 // The scatters below also return whether every value they wrote is finite

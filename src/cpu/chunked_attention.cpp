@@ -38,27 +38,6 @@ void summary_part(const T* summary, int64_t dk, int64_t dv, T* tile) {
     std::copy(summary + a * (dv + 1), summary + a * (dv + 1) + dv, tile + a * dv);
 }
 
-// sums[a * ld_sums] = sum_r tile[r, a] weights[r * ld_weights], weights all
-// ones when null: z_b = phi(K_b)^T 1, and the z column of dmixed_i =
-// phi(Q_i)^T dy. One column apart from the GEMMs, whose SIMD tiles would spend
-// a whole pass on it. The sums build up in a contiguous row, so that the loop
-// over a vectorises, and are then written to their strided column (summing
-// into the column itself took 5.6% of the forward at N = 16384).
-template <typename T>
-void column_sums(const T* tile, int64_t rows, int64_t width, const T* weights, int64_t ld_weights,
-                 T* sums, int64_t ld_sums) {
-  thread_local std::vector<T> row;
-  row.assign(size_t(width), T(0));
-  T* acc = row.data();
-  for (int64_t r = 0; r < rows; ++r) {
-    const T weight = weights ? weights[r * ld_weights] : T(1);
-    const T* x = tile + r * width;
-#pragma omp simd
-    for (int64_t a = 0; a < width; ++a) acc[a] += x[a] * weight;
-  }
-  for (int64_t a = 0; a < width; ++a) sums[a * ld_sums] = acc[a];
-}
-
 // The causal in-block terms work on [C, C] matrices whose entries above the
 // diagonal are zero (query row r sees key columns c <= r). Their products run
 // over row tiles of kTriangleTile rows, each reading only the columns up to
@@ -129,19 +108,6 @@ ChunkedAttention<T>::ChunkedAttention(const mhla::detail::Problem& problem, cons
                                     int64_t(mhla::detail::kCacheLine / sizeof(T)))),
       x_(problem.dims.dk * (problem.dims.dv + 1)),
       max_rows_(problem.table.max_block_size()) {}
-
-template <typename T>
-typename ChunkedAttention<T>::BlockTask ChunkedAttention<T>::block_task(int64_t task) const {
-  const auto& d = p_.dims;
-  const int64_t h = task % d.heads, rest = task / d.heads;
-  const int64_t blk = rest % p_.blocks, b = rest / p_.blocks, bh = b * d.heads + h;
-  return {bh,
-          blk,
-          p_.table.block_size(blk),
-          head_slice(b, h, d.tokens, d.heads, d.dk),
-          head_slice(b, h, d.tokens, d.heads, d.dv),
-          (bh * p_.blocks + blk) * x_};
-}
 
 template <typename T>
 void ChunkedAttention<T>::in_block_scores(const BlockTask& t, const T* k, const T* v, const T* u,

@@ -12,6 +12,7 @@
 // largest buffers are three [B*H, M, Dk*(Dv+1)] summary arrays and per-thread block tiles.
 #include "core/validate.hpp"
 #include "cpu/block_rows.hpp"
+#include "cpu/block_tasks.hpp"
 #include "cpu/mixer.hpp"
 
 namespace mhla::cpu {
@@ -59,16 +60,8 @@ class ChunkedAttention {
                            bool add_to_parked) const;
 
  private:
-  // One block of one (batch, head) slice. Tasks run heads innermost: a thread
-  // then reads the H * D consecutive values of each token in turn (whole rows
-  // of the [B, N, H, D] tensors) instead of one head's D values at a stride.
-  struct BlockTask {
-    int64_t bh, block, rows;
-    HeadSlice qk, v;  // this head's rows in the [B, N, H, Dk] and [B, N, H, Dv] tensors
-    int64_t summary;  // element offset of this block's [Dk, Dv + 1] summary
-  };
-  BlockTask block_task(int64_t task) const;
-  int64_t task_count() const { return p_.dims.batch * p_.dims.heads * p_.blocks; }
+  BlockTask block_task(int64_t task) const { return cpu::block_task(p_, task); }
+  int64_t task_count() const { return cpu::task_count(p_); }
 
   // Causal in-block scores of a task: gathers phi(K_i) into kap and [V_i | 1]
   // into vals, and sets a = mask(u phi(K_i)^T) (keys after the query zeroed;

@@ -1,10 +1,12 @@
 #include "cpu/mixer.hpp"
 
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "cpu/block_products.hpp"
 #include "cpu/panels.hpp"
+#include "cpu/simd/bf16_products.hpp"
 #include "mhla/line_aligned.hpp"
 #include "mhla_support/blas.hpp"
 
@@ -103,6 +105,44 @@ void DenseMixer<T>::mix(const T* summaries, T* mixed) const {
                  head_rows(bh) + i0 * rows_ld(), rows_ld(), s, x_, T(0), out + i0 * x_, x_);
     }
   });
+}
+
+template <typename T>
+void DenseMixer<T>::mix_bf16(const T* summaries, T* mixed) const {
+  if constexpr (!std::is_same_v<T, float>) {
+    mix(summaries, mixed);
+  } else {
+    if (!simd::bf16_products_available()) return mix(summaries, mixed);
+    const int64_t m = p_.blocks, ms = p_.mixing_blocks, slices = p_.dims.batch * p_.dims.heads;
+    const int64_t pairs = (ms + 1) / 2, copies = p_.per_head_mixing ? p_.dims.heads : 1;
+    // W's rows as pairs of blocks, once per call (the masked modes' rows with
+    // their unread entries zeroed, as mix() reads them).
+    detail::LineAlignedVector<uint32_t> w_pairs(size_t(copies * m * pairs));
+    for (int64_t c = 0; c < copies; ++c)
+      simd::pack_column_pairs(head_rows(c), rows_ld(), m, ms, w_pairs.data() + c * m * pairs,
+                              pairs);
+    for_each_panel(slices, x_, [&](int64_t, int64_t bh, int64_t c0, int64_t cols) {
+      // The panel's summaries as pairs of blocks: [pairs, cols] words, in L2
+      // (512 KiB at M = 256) while every row tile of W reads them.
+      thread_local detail::LineAlignedVector<uint32_t> s_pairs;
+      s_pairs.resize(size_t(pairs * cols));
+      simd::pack_row_pairs(summaries + bh * ms * x_ + c0, x_, ms, cols, s_pairs.data(), cols);
+      const uint32_t* w =
+          w_pairs.data() + (p_.per_head_mixing ? bh % p_.dims.heads : 0) * m * pairs;
+      T* out = mixed + bh * m * x_ + c0;
+      if (!p_.lower_triangular()) {
+        simd::gemm_bf16(m, cols, pairs, {w, pairs, 1}, s_pairs.data(), cols, out, x_);
+        return;
+      }
+      // Strips as in mix(); an odd count of blocks read takes one more, whose
+      // weight is a zeroed entry.
+      for (int64_t i0 = 0; i0 < m; i0 += kStrip) {
+        const int64_t rows = std::min(kStrip, m - i0);
+        simd::gemm_bf16(rows, cols, (blocks_read_by(i0 + rows - 1) + 1) / 2,
+                        {w + i0 * pairs, pairs, 1}, s_pairs.data(), cols, out + i0 * x_, x_);
+      }
+    });
+  }
 }
 
 template <typename T>

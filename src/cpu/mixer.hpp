@@ -27,6 +27,10 @@ class Mixer {
  public:
   virtual ~Mixer() = default;
   virtual void mix(const T* summaries, T* mixed) const = 0;
+  // mix() for the bfloat16 forward (cpu/bf16_forward.hpp): the dense mix runs
+  // its products on the summaries and W rounded to bfloat16 (float sums);
+  // the other mixers, whose work is O(M X) adds, mix as mix() does.
+  virtual void mix_bf16(const T* summaries, T* mixed) const { mix(summaries, mixed); }
   // W[i,i] of the head behind slice bh (the causal in-block weight).
   virtual T diagonal(int64_t bh, int64_t i) const = 0;
   // mixed_grad: [B*H, M, X]; diagonal_grad: [B*H, M] causal in-block dW[i,i]
@@ -42,6 +46,7 @@ class DenseMixer final : public Mixer<T> {
  public:
   DenseMixer(const mhla::detail::Problem& problem, const T* w);
   void mix(const T* summaries, T* mixed) const override;
+  void mix_bf16(const T* summaries, T* mixed) const override;
   T diagonal(int64_t bh, int64_t i) const override;
   void mix_backward(const T* mixed_grad, const T* summaries, const T* diagonal_grad,
                     T* summaries_grad, T* grad_w) const override;

@@ -10,6 +10,7 @@
 
 #include "cpu/simd/block_gemm.hpp"
 #include "cpu/simd/partial_vectors-inl.h"
+#include "cpu/simd/prefetch_cursor.hpp"
 
 HWY_BEFORE_NAMESPACE();
 namespace mhla::cpu::simd {
@@ -33,31 +34,6 @@ struct Operands {
   bool accumulate;
   float* c;
   int64_t ldc;
-};
-
-// Walks the lines of a LineRuns, one request at a time.
-class PrefetchCursor {
- public:
-  explicit PrefetchCursor(LineRuns runs) : runs_(runs) {}
-
-  HWY_INLINE void Next() {
-    if (run_ >= runs_.count) return;
-    const LineRuns::Run& r = runs_.runs[run_];
-    const char* line = r.first + row_ * r.stride + line_ * 64;
-    if (r.write)
-      __builtin_prefetch(line, 1, 3);
-    else
-      __builtin_prefetch(line, 0, 3);
-    if (++line_ < r.lines) return;
-    line_ = 0;
-    if (++row_ < r.rows) return;
-    row_ = 0;
-    ++run_;
-  }
-
- private:
-  LineRuns runs_;
-  int64_t run_ = 0, row_ = 0, line_ = 0;
 };
 
 // The tile whose top-left element is C[i0, j0]. With kMasked the last vector

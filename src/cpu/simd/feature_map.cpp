@@ -6,6 +6,7 @@
 #include <hwy/highway.h>
 
 #include "core/feature_map.hpp"
+#include "cpu/simd/elu1_avx512.hpp"
 #include "cpu/simd/feature_map.hpp"
 
 HWY_BEFORE_NAMESPACE();
@@ -17,31 +18,8 @@ namespace hn = hwy::HWY_NAMESPACE;
 using Tag = hn::ScalableTag<float>;
 using VecF = hn::Vec<Tag>;
 
-// elu(x) + 1: x + 1 above zero, exp(x) elsewhere, NaN kept. exp(t) for
-// t = min(max(x, -104), 0) (exp rounds to 0 below -104 in float) is
-// 2^n exp(r), n = round(t / ln 2), |r| <= ln(2) / 2, with
-// exp(r) = 1 + r + r^2 P(r), the polynomial of Highway's Exp (within 1 ulp);
-// vscalefps applies 2^n in one step, rounding once into the subnormals.
-// vminps / vmaxps return their second operand when either is NaN, so NaN
-// runs through every step as NaN.
-HWY_INLINE VecF Elu1(VecF x) {
-  const Tag d;
-  const __m512 t =
-      _mm512_min_ps(_mm512_setzero_ps(), _mm512_max_ps(_mm512_set1_ps(-104.0f), x.raw));
-  const VecF n{_mm512_roundscale_ps(_mm512_mul_ps(t, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)};
-  VecF r = hn::MulAdd(n, hn::Set(d, -0.693145751953125f), VecF{t});
-  r = hn::MulAdd(n, hn::Set(d, -1.428606765330187045e-6f), r);
-  VecF p = hn::Set(d, 0.000198527617612853646278381f);
-  p = hn::MulAdd(p, r, hn::Set(d, 0.00139304355252534151077271f));
-  p = hn::MulAdd(p, r, hn::Set(d, 0.00833336077630519866943359f));
-  p = hn::MulAdd(p, r, hn::Set(d, 0.0416664853692054748535156f));
-  p = hn::MulAdd(p, r, hn::Set(d, 0.166666671633720397949219f));
-  p = hn::MulAdd(p, r, hn::Set(d, 0.5f));
-  const VecF e = hn::Add(hn::MulAdd(p, hn::Mul(r, r), r), hn::Set(d, 1.0f));
-  const VecF exp_t{_mm512_scalef_ps(e.raw, n.raw)};
-  return hn::IfThenElse(hn::Gt(x, hn::Zero(d)), hn::Add(x, hn::Set(d, 1.0f)), exp_t);
-}
+// elu(x) + 1 (cpu/simd/elu1_avx512.hpp).
+HWY_INLINE VecF Elu1(VecF x) { return VecF{elu1_avx512(x.raw)}; }
 
 void Elu1Rows(const float* src, int64_t ld_src, float* tile, int64_t rows, int64_t width,
               int64_t ld) {

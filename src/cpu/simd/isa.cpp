@@ -18,6 +18,8 @@ int64_t active_target() {
   return both & -both;  // Highway numbers better targets with lower bits
 }
 
+bool active_target_is_avx512() { return active_target() <= HWY_AVX3; }
+
 void pin_target(int64_t target) {
   runnable_targets();
   // Disabling every better target leaves `target` the best one supported.

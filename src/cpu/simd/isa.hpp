@@ -15,6 +15,8 @@ std::vector<int64_t> runnable_targets();
 std::string target_name(int64_t target);
 // The target the kernels use now.
 int64_t active_target();
+// Whether that target is AVX-512 (AVX3) or better.
+bool active_target_is_avx512();
 // Runs the kernels on `target` (one of runnable_targets()) from now on, in
 // every thread; 0 restores the default choice.
 void pin_target(int64_t target);

@@ -1,0 +1,279 @@
+#include "cpu/simd/bf16_products.hpp"
+
+#include <algorithm>
+
+#include "core/feature_map.hpp"
+#include "cpu/simd/elu1_avx512.hpp"
+#include "cpu/simd/isa.hpp"
+#include "cpu/simd/prefetch_cursor.hpp"
+#include "mhla/bfloat16.hpp"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define MHLA_BF16_PRODUCTS 1
+// The products' functions are compiled for AVX512-BF16 whatever the build's
+// baseline, and run only after bf16_products_available() has seen it.
+#define MHLA_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512bf16")))
+#define MHLA_BF16_INLINE MHLA_BF16_TARGET __attribute__((always_inline)) inline
+#endif
+
+namespace mhla::cpu::simd {
+
+#ifdef MHLA_BF16_PRODUCTS
+namespace {
+
+// A register tile of C as in block_gemm.cpp: kRows rows by V vectors of 16
+// floats; per pair of steps of the inner dimension it loads V vectors of B's
+// pairs, broadcasts a pair of A per row, and issues kRows * V dot products.
+constexpr int kRows = 6;
+constexpr int kMaxVectors = 4;
+constexpr int64_t kLanes = 16;
+
+struct Operands {
+  int64_t pairs;
+  PairStrided a;
+  const uint32_t* b;
+  int64_t ldb;
+  float* c;
+  int64_t ldc;
+};
+
+template <int R, int V, bool kMasked>
+MHLA_BF16_INLINE void Tile(const Operands& o, int64_t i0, int64_t j0, __mmask16 tail,
+                           PrefetchCursor& prefetch) {
+  __m512 acc[R][V];
+#pragma GCC unroll 24
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) acc[r][v] = _mm512_setzero_ps();
+
+  const uint32_t* a = o.a.data + i0 * o.a.row;
+  const uint32_t* b = o.b + j0;
+  for (int64_t p = 0; p < o.pairs; ++p, a += o.a.col, b += o.ldb) {
+    prefetch.Next();
+    __m512i bv[V];
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v)
+      bv[v] = (kMasked && v == V - 1) ? _mm512_maskz_loadu_epi32(tail, b + v * kLanes)
+                                      : _mm512_loadu_si512(b + v * kLanes);
+#pragma GCC unroll 6
+    for (int r = 0; r < R; ++r) {
+      const __m512i ar = _mm512_set1_epi32(int(a[r * o.a.row]));
+#pragma GCC unroll 4
+      for (int v = 0; v < V; ++v)
+        acc[r][v] = _mm512_dpbf16_ps(acc[r][v], (__m512bh)ar, (__m512bh)bv[v]);
+    }
+  }
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r) {
+    float* c = o.c + (i0 + r) * o.ldc + j0;
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) {
+      if (kMasked && v == V - 1)
+        _mm512_mask_storeu_ps(c + v * kLanes, tail, acc[r][v]);
+      else
+        _mm512_storeu_ps(c + v * kLanes, acc[r][v]);
+    }
+  }
+}
+
+template <int R>
+MHLA_BF16_INLINE void TileOfWidth(const Operands& o, int64_t i0, int64_t j0, int vectors,
+                                  __mmask16 tail, bool masked, PrefetchCursor& pf) {
+  switch (vectors) {
+    case 1:
+      return masked ? Tile<R, 1, true>(o, i0, j0, tail, pf)
+                    : Tile<R, 1, false>(o, i0, j0, tail, pf);
+    case 2:
+      return masked ? Tile<R, 2, true>(o, i0, j0, tail, pf)
+                    : Tile<R, 2, false>(o, i0, j0, tail, pf);
+    case 3:
+      return masked ? Tile<R, 3, true>(o, i0, j0, tail, pf)
+                    : Tile<R, 3, false>(o, i0, j0, tail, pf);
+    default:
+      return masked ? Tile<R, 4, true>(o, i0, j0, tail, pf)
+                    : Tile<R, 4, false>(o, i0, j0, tail, pf);
+  }
+}
+
+MHLA_BF16_TARGET void gemm_bf16_avx512(int64_t m, int64_t n, int64_t pairs, PairStrided a,
+                                       const uint32_t* b, int64_t ldb, float* c, int64_t ldc,
+                                       LineRuns prefetch) {
+  const Operands o{pairs, a, b, ldb, c, ldc};
+  constexpr int64_t panel = kMaxVectors * kLanes;
+  PrefetchCursor pf(prefetch);
+  // Column panels outside, row tiles inside, as in block_gemm.cpp.
+  for (int64_t j0 = 0; j0 < n; j0 += panel) {
+    const int64_t cols = std::min(panel, n - j0);
+    const int vectors = int((cols + kLanes - 1) / kLanes);
+    const int64_t last = cols - (vectors - 1) * kLanes;
+    const __mmask16 tail = __mmask16((1u << last) - 1u);
+    const bool masked = last != kLanes;
+    for (int64_t i0 = 0; i0 < m; i0 += kRows) {
+      switch (std::min<int64_t>(kRows, m - i0)) {
+        case 1:
+          TileOfWidth<1>(o, i0, j0, vectors, tail, masked, pf);
+          break;
+        case 2:
+          TileOfWidth<2>(o, i0, j0, vectors, tail, masked, pf);
+          break;
+        case 3:
+          TileOfWidth<3>(o, i0, j0, vectors, tail, masked, pf);
+          break;
+        case 4:
+          TileOfWidth<4>(o, i0, j0, vectors, tail, masked, pf);
+          break;
+        case 5:
+          TileOfWidth<5>(o, i0, j0, vectors, tail, masked, pf);
+          break;
+        default:
+          TileOfWidth<6>(o, i0, j0, vectors, tail, masked, pf);
+          break;
+      }
+    }
+  }
+}
+
+// 16 floats from p (the first n of them when n < 16, the rest zero),
+// rounded to bfloat16 (nearest, ties to even; NaN stays NaN; float
+// subnormals, below 1.2e-38, flush to zero).
+MHLA_BF16_INLINE __m256i RoundedVector(const float* p, int64_t n) {
+  const __m512 x =
+      n >= kLanes ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(__mmask16((1u << n) - 1u), p);
+  return (__m256i)_mm512_cvtneps_pbh(x);
+}
+
+MHLA_BF16_TARGET void pack_row_pairs_avx512(const float* src, int64_t lds, int64_t rows,
+                                            int64_t width, uint32_t* dst, int64_t ldd) {
+  for (int64_t p = 0; 2 * p < rows; ++p) {
+    const float* even = src + 2 * p * lds;
+    const float* odd = 2 * p + 1 < rows ? even + lds : nullptr;
+    uint32_t* out = dst + p * ldd;
+    for (int64_t j = 0; j < width; j += kLanes) {
+      const int64_t n = std::min(kLanes, width - j);
+      const __m512i low = _mm512_cvtepu16_epi32(RoundedVector(even + j, n));
+      const __m512i high =
+          odd ? _mm512_slli_epi32(_mm512_cvtepu16_epi32(RoundedVector(odd + j, n)), 16)
+              : _mm512_setzero_si512();
+      _mm512_mask_storeu_epi32(out + j, __mmask16((1u << n) - 1u), _mm512_or_si512(low, high));
+    }
+  }
+}
+
+MHLA_BF16_TARGET void pack_column_pairs_avx512(const float* src, int64_t lds, int64_t rows,
+                                               int64_t width, uint32_t* dst, int64_t ldd) {
+  // A row's pairs are its bfloat16 values in order (little-endian words),
+  // an odd width padded with a zero.
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* x = src + r * lds;
+    uint16_t* out = reinterpret_cast<uint16_t*>(dst + r * ldd);
+    for (int64_t j = 0; j < width; j += kLanes) {
+      const int64_t n = std::min(kLanes, width - j);
+      _mm256_mask_storeu_epi16(out + j, __mmask16((1u << n) - 1u), RoundedVector(x + j, n));
+    }
+    if (width % 2) out[width] = 0;
+  }
+}
+
+MHLA_BF16_TARGET float narrow_scaled_avx512(const float* src, int64_t n, float factor,
+                                            bfloat16* dst) {
+  const __m512 f = _mm512_set1_ps(factor);
+  __m512 probe = _mm512_setzero_ps();
+  uint16_t* out = reinterpret_cast<uint16_t*>(dst);
+  for (int64_t j = 0; j < n; j += kLanes) {
+    const __mmask16 mask = __mmask16((1u << std::min(kLanes, n - j)) - 1u);
+    const __m256i b =
+        (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_maskz_loadu_ps(mask, src + j), f));
+    _mm256_mask_storeu_epi16(out + j, mask, b);
+    // x * 0 is NaN exactly when x is not finite, probed after rounding.
+    const __m512 back = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
+    probe = _mm512_add_ps(probe, _mm512_mul_ps(back, _mm512_setzero_ps()));
+  }
+  return _mm512_reduce_add_ps(probe);
+}
+
+// phi on 16 floats, as core/feature_map.hpp defines it (NaN kept: vmaxps
+// returns its second operand when either is NaN).
+template <FeatureMap Phi>
+MHLA_BF16_INLINE __m512 Feature(__m512 x) {
+  if constexpr (Phi == FeatureMap::elu1) return elu1_avx512(x);
+  if constexpr (Phi == FeatureMap::relu) return _mm512_max_ps(_mm512_setzero_ps(), x);
+  return x;
+}
+
+template <FeatureMap Phi>
+MHLA_BF16_TARGET void feature_rows_avx512(const bfloat16* src, int64_t ld_src, float* tile,
+                                          int64_t rows, int64_t width, int64_t ld,
+                                          uint16_t* rounded, int64_t ld_rounded) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint16_t* x = reinterpret_cast<const uint16_t*>(src + r * ld_src);
+    float* y = tile + r * ld;
+    uint16_t* z = rounded ? rounded + r * ld_rounded : nullptr;
+    int64_t j = 0;
+    // Whole vectors unmasked (masked stores cost more on Zen 5), then the tail.
+    for (; j + kLanes <= width; j += kLanes) {
+      const __m512i bits = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(x + j)));
+      const __m512 f = Feature<Phi>(_mm512_castsi512_ps(_mm512_slli_epi32(bits, 16)));
+      _mm512_storeu_ps(y + j, f);
+      if (z) _mm256_storeu_si256((__m256i*)(z + j), (__m256i)_mm512_cvtneps_pbh(f));
+    }
+    if (j < width) {
+      const __mmask16 mask = __mmask16((1u << (width - j)) - 1u);
+      const __m512i bits = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, x + j));
+      const __m512 f = Feature<Phi>(_mm512_castsi512_ps(_mm512_slli_epi32(bits, 16)));
+      _mm512_mask_storeu_ps(y + j, mask, f);
+      if (z) _mm256_mask_storeu_epi16(z + j, mask, (__m256i)_mm512_cvtneps_pbh(f));
+    }
+    if (z && width % 2) z[width] = 0;
+  }
+}
+
+}  // namespace
+
+bool bf16_products_available() {
+  static const bool cpu_has_it =
+      __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw");
+  // Tests pin lesser targets to run the other paths: the bfloat16 products go
+  // with AVX-512.
+  return cpu_has_it && active_target_is_avx512();
+}
+
+void gemm_bf16(int64_t m, int64_t n, int64_t pairs, PairStrided a, const uint32_t* b, int64_t ldb,
+               float* c, int64_t ldc, LineRuns prefetch) {
+  if (m <= 0 || n <= 0) return;
+  gemm_bf16_avx512(m, n, pairs, a, b, ldb, c, ldc, prefetch);
+}
+
+void pack_row_pairs(const float* src, int64_t lds, int64_t rows, int64_t width, uint32_t* dst,
+                    int64_t ldd) {
+  pack_row_pairs_avx512(src, lds, rows, width, dst, ldd);
+}
+
+void pack_column_pairs(const float* src, int64_t lds, int64_t rows, int64_t width, uint32_t* dst,
+                       int64_t ldd) {
+  pack_column_pairs_avx512(src, lds, rows, width, dst, ldd);
+}
+
+float narrow_scaled(const float* src, int64_t n, float factor, bfloat16* dst) {
+  return narrow_scaled_avx512(src, n, factor, dst);
+}
+
+void feature_rows(FeatureMap phi, const bfloat16* src, int64_t ld_src, float* tile, int64_t rows,
+                  int64_t width, int64_t ld, uint32_t* pairs, int64_t ld_pairs) {
+  mhla::detail::dispatch_feature(phi, [&]<FeatureMap Phi>() {
+    feature_rows_avx512<Phi>(src, ld_src, tile, rows, width, ld, reinterpret_cast<uint16_t*>(pairs),
+                             2 * ld_pairs);
+  });
+}
+#else
+bool bf16_products_available() { return false; }
+void gemm_bf16(int64_t, int64_t, int64_t, PairStrided, const uint32_t*, int64_t, float*, int64_t,
+               LineRuns) {}
+void pack_row_pairs(const float*, int64_t, int64_t, int64_t, uint32_t*, int64_t) {}
+void pack_column_pairs(const float*, int64_t, int64_t, int64_t, uint32_t*, int64_t) {}
+float narrow_scaled(const float*, int64_t, float, bfloat16*) { return 0; }
+void feature_rows(FeatureMap, const bfloat16*, int64_t, float*, int64_t, int64_t, int64_t,
+                  uint32_t*, int64_t) {}
+#endif
+
+}  // namespace mhla::cpu::simd

@@ -1,0 +1,61 @@
+#pragma once
+// Block products with bfloat16 operands and float32 sums, on AVX512-BF16's
+// dot-product instruction (VDPBF16PS: each float lane adds the two products
+// of a pair of bfloat16s; on Zen 5 it does 1.86x the multiply-adds per second
+// of float FMA). The operands come as pairs along the inner dimension, one
+// 32-bit word per pair: the bfloat16 of the even step in the low half, of the
+// odd step in the high half. Used by the bfloat16 operator when this CPU has
+// the instruction and the kernels run on AVX-512 (cpu/simd/isa.hpp); the
+// operator otherwise computes in float (widening its inputs).
+#include <cstdint>
+
+#include "cpu/simd/block_gemm.hpp"
+#include "mhla/bfloat16.hpp"
+#include "mhla/options.hpp"
+
+namespace mhla::cpu::simd {
+
+// Whether the products below may run: the CPU has AVX512-BF16 and the kernels
+// are not pinned below AVX-512.
+bool bf16_products_available();
+
+// A matrix of pairs read in place: word (i, p), holding A[i, 2p] and
+// A[i, 2p + 1], at data[i * row + p * col].
+struct PairStrided {
+  const uint32_t* data;
+  int64_t row, col;
+};
+
+// C[m, n] = A[m, 2 pairs] B[2 pairs, n] in float32, with B's pairs row-major
+// ([pairs, n] words, ldb apart) and C row-major (ldc). Each element is summed
+// in the same order on every call. Only when bf16_products_available().
+void gemm_bf16(int64_t m, int64_t n, int64_t pairs, PairStrided a, const uint32_t* b, int64_t ldb,
+               float* c, int64_t ldc, LineRuns prefetch = {});
+
+// The helpers below round float to bfloat16 as the instruction set does:
+// nearest, ties to even, NaN stays NaN, float subnormals (below 1.2e-38)
+// flush to zero. Like the products, only when bf16_products_available().
+
+// The pairs of rows of a float matrix, rounded to bfloat16: dst[p * ldd + j] = (src[2p, j], src[2p
+// + 1, j]) for p < (rows + 1) / 2 and j < width; an odd last row is paired with zero. As B, or as
+// A^T.
+void pack_row_pairs(const float* src, int64_t lds, int64_t rows, int64_t width, uint32_t* dst,
+                    int64_t ldd);
+
+// The pairs of columns: dst[r * ldd + p] = (src[r, 2p], src[r, 2p + 1]) for
+// r < rows and p < (width + 1) / 2; an odd last column is paired with zero.
+// As A. (Each row's pairs are its bfloat16 values in order.)
+void pack_column_pairs(const float* src, int64_t lds, int64_t rows, int64_t width, uint32_t* dst,
+                       int64_t ldd);
+
+// tile[r * ld + c] = phi(src[r * ld_src + c]) for r < rows, c < width, from
+// bfloat16 rows (widened exactly); with `pairs`, also phi's values rounded to
+// bfloat16 as pack_column_pairs writes them (row r at pairs + r * ld_pairs).
+void feature_rows(FeatureMap phi, const bfloat16* src, int64_t ld_src, float* tile, int64_t rows,
+                  int64_t width, int64_t ld, uint32_t* pairs = nullptr, int64_t ld_pairs = 0);
+
+// dst[j] = bfloat16(src[j] * factor) for j < n; returns the sum of
+// dst[j] * 0, NaN exactly when some dst[j] is not finite.
+float narrow_scaled(const float* src, int64_t n, float factor, bfloat16* dst);
+
+}  // namespace mhla::cpu::simd

@@ -1,0 +1,44 @@
+#pragma once
+// elu(x) + 1 on 16 floats with AVX-512, shared by the float feature kernel
+// (feature_map.cpp) and the bfloat16 one (bf16_products.cpp).
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+
+// GCC 12 warns that the intrinsics' own _mm512_undefined_* (a register
+// initialised from itself, on purpose, whose value no lane keeps) may be used
+// uninitialised: a false positive. Off for the two SIMD kernels that include
+// this header and use the intrinsics directly.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
+namespace mhla::cpu::simd {
+
+// x + 1 above zero, exp(x) elsewhere, NaN kept. exp(t) for
+// t = min(max(x, -104), 0) (exp rounds to 0 below -104 in float) is
+// 2^n exp(r), n = round(t / ln 2), |r| <= ln(2) / 2, with
+// exp(r) = 1 + r + r^2 P(r), the polynomial of Highway's Exp (within 1 ulp);
+// vscalefps applies 2^n in one step, rounding once into the subnormals.
+// vminps / vmaxps return their second operand when either is NaN, so NaN
+// runs through every step as NaN.
+__attribute__((target("avx512f"), always_inline)) inline __m512 elu1_avx512(__m512 x) {
+  const __m512 t = _mm512_min_ps(_mm512_setzero_ps(), _mm512_max_ps(_mm512_set1_ps(-104.0f), x));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(t, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693145751953125f), t);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(-1.428606765330187045e-6f), r);
+  __m512 p = _mm512_set1_ps(0.000198527617612853646278381f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.00139304355252534151077271f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.00833336077630519866943359f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.0416664853692054748535156f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.166666671633720397949219f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  const __m512 e = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+  const __m512 exp_t = _mm512_scalef_ps(e, n);
+  const __mmask16 positive = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_GT_OQ);
+  return _mm512_mask_add_ps(exp_t, positive, x, _mm512_set1_ps(1.0f));
+}
+
+}  // namespace mhla::cpu::simd
+#endif

@@ -1,0 +1,175 @@
+// The bfloat16 products and their helpers (cpu/simd/bf16_products.hpp)
+// against plain loops: products on random ragged shapes with strided A and
+// nothing written outside C, the pair packings and the narrowing bit for bit
+// against mhla::to_bfloat16, the feature rows against core/feature_map.hpp.
+// Skipped where the CPU has no AVX512-BF16 (the operator then widens; see
+// tests/mhla/test_bfloat16.cpp).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "core/feature_map.hpp"
+#include "cpu/simd/bf16_products.hpp"
+
+namespace {
+
+using mhla::bfloat16;
+using mhla::to_bfloat16;
+using mhla::to_float;
+using namespace mhla::cpu::simd;
+
+class Bf16Products : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!bf16_products_available()) GTEST_SKIP() << "this CPU has no AVX512-BF16";
+  }
+};
+
+// Normal floats of varied magnitude (the instruction flushes subnormals).
+std::vector<float> random_floats(size_t n, std::mt19937& rng) {
+  std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
+  std::vector<float> x(n);
+  for (float& e : x) e = dist(rng) * std::ldexp(1.0f, int(rng() % 9) - 4);
+  return x;
+}
+
+// The instruction set's rounding: to_bfloat16's, with float subnormals
+// flushed to (signed) zero.
+bfloat16 rounded(float x) {
+  return to_bfloat16(std::fpclassify(x) == FP_SUBNORMAL ? std::copysign(0.0f, x) : x);
+}
+
+uint32_t pair_bits(float low, float high) {
+  return uint32_t(rounded(low).bits) | uint32_t(rounded(high).bits) << 16;
+}
+
+TEST_F(Bf16Products, ProductsMatchPlainLoopsOnRaggedShapes) {
+  std::mt19937 rng(3);
+  const std::vector<int64_t> sizes = {1, 2, 3, 5, 6, 7, 13, 16, 17, 33, 64, 65, 70};
+  std::uniform_int_distribution<size_t> pick(0, sizes.size() - 1);
+  for (int trial = 0; trial < 80; ++trial) {
+    const int64_t m = sizes[pick(rng)], n = sizes[pick(rng)], pairs = sizes[pick(rng)];
+    const bool by_rows = trial % 2 == 0;  // A's pairs along rows (row-major) or down columns
+    const int64_t lda = (by_rows ? pairs : m) + 3, ldb = n + 5, ldc = n + 7;
+    std::vector<uint32_t> a(size_t((by_rows ? m : pairs) * lda)), b(size_t(pairs * ldb));
+    for (uint32_t& x : a) x = pair_bits(random_floats(2, rng)[0], random_floats(2, rng)[1]);
+    for (uint32_t& x : b) x = pair_bits(random_floats(2, rng)[0], random_floats(2, rng)[1]);
+    constexpr float kSentinel = 12345.0f;
+    std::vector<float> c(size_t(m * ldc), kSentinel);
+    const PairStrided op_a =
+        by_rows ? PairStrided{a.data(), lda, 1} : PairStrided{a.data(), 1, lda};
+    gemm_bf16(m, n, pairs, op_a, b.data(), ldb, c.data(), ldc);
+    const auto half = [](uint32_t word, int which) {
+      return double(to_float(bfloat16{uint16_t(which ? word >> 16 : word & 0xffffu)}));
+    };
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < ldc; ++j) {
+        const float got = c[size_t(i * ldc + j)];
+        if (j >= n) {
+          ASSERT_EQ(got, kSentinel) << "wrote past C's columns at (" << i << ", " << j << ")";
+          continue;
+        }
+        double want = 0, magnitude = 0;
+        for (int64_t p = 0; p < pairs; ++p) {
+          const uint32_t aw = a[size_t(by_rows ? i * lda + p : p * lda + i)];
+          const uint32_t bw = b[size_t(p * ldb + j)];
+          for (int h = 0; h < 2; ++h) {
+            want += half(aw, h) * half(bw, h);
+            magnitude += std::abs(half(aw, h) * half(bw, h));
+          }
+        }
+        // Each product of two bfloat16s is exact in float: only the sums round.
+        ASSERT_NEAR(got, want, 4 * std::numeric_limits<float>::epsilon() * magnitude * pairs)
+            << "m=" << m << " n=" << n << " pairs=" << pairs << " at (" << i << ", " << j << ")";
+      }
+  }
+}
+
+TEST_F(Bf16Products, PackingsRoundLikeToBfloat16) {
+  std::mt19937 rng(4);
+  for (const auto& [rows, width] :
+       {std::pair<int64_t, int64_t>{1, 1}, {2, 16}, {7, 33}, {64, 65}}) {
+    const int64_t lds = width + 2;
+    std::vector<float> src = random_floats(size_t(rows * lds), rng);
+    // Ties (an odd and an even last kept bit) and NaN must round as to_bfloat16 does.
+    src[0] = std::bit_cast<float>(0x3F808000u);
+    if (src.size() > 1) src[1] = std::bit_cast<float>(0x3F818000u);
+    if (src.size() > 2) src[2] = std::numeric_limits<float>::quiet_NaN();
+    const auto at = [&](int64_t r, int64_t c) {
+      return r < rows && c < width ? src[size_t(r * lds + c)] : 0.0f;
+    };
+    const int64_t row_pairs = (rows + 1) / 2, col_pairs = (width + 1) / 2;
+    std::vector<uint32_t> by_rows(size_t(row_pairs * width)), by_cols(size_t(rows * col_pairs));
+    pack_row_pairs(src.data(), lds, rows, width, by_rows.data(), width);
+    pack_column_pairs(src.data(), lds, rows, width, by_cols.data(), col_pairs);
+    for (int64_t p = 0; p < row_pairs; ++p)
+      for (int64_t j = 0; j < width; ++j)
+        ASSERT_EQ(by_rows[size_t(p * width + j)], pair_bits(at(2 * p, j), at(2 * p + 1, j)))
+            << "row pair " << p << ", column " << j << " of " << rows << " x " << width;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t p = 0; p < col_pairs; ++p)
+        ASSERT_EQ(by_cols[size_t(r * col_pairs + p)], pair_bits(at(r, 2 * p), at(r, 2 * p + 1)))
+            << "row " << r << ", column pair " << p << " of " << rows << " x " << width;
+  }
+}
+
+TEST_F(Bf16Products, NarrowingScalesRoundsAndProbes) {
+  std::mt19937 rng(5);
+  for (int64_t n : {1, 15, 16, 17, 64, 65}) {
+    std::vector<float> src = random_floats(size_t(n), rng);
+    std::vector<bfloat16> dst(size_t(n) + 1, bfloat16{0x5555});
+    const float probe = narrow_scaled(src.data(), n, 0.75f, dst.data());
+    EXPECT_EQ(probe, 0.0f) << "finite values probe as 0";
+    for (int64_t j = 0; j < n; ++j)
+      ASSERT_EQ(dst[size_t(j)].bits, rounded(src[size_t(j)] * 0.75f).bits) << "n=" << n;
+    EXPECT_EQ(dst[size_t(n)].bits, 0x5555) << "wrote past n";
+    // Finite in float, infinite once rounded: the probe sees the rounded value.
+    src[size_t(n - 1)] = std::numeric_limits<float>::max();
+    EXPECT_TRUE(std::isnan(narrow_scaled(src.data(), n, 1.0f, dst.data()))) << "n=" << n;
+  }
+}
+
+TEST_F(Bf16Products, FeatureRowsMatchTheFeatureMaps) {
+  std::mt19937 rng(6);
+  for (mhla::FeatureMap phi :
+       {mhla::FeatureMap::identity, mhla::FeatureMap::relu, mhla::FeatureMap::elu1}) {
+    for (const auto& [rows, width] : {std::pair<int64_t, int64_t>{1, 1}, {3, 16}, {5, 37}}) {
+      const int64_t ld_src = width + 3, ld = width + 1, ld_pairs = (width + 1) / 2 + 1;
+      std::vector<bfloat16> src(size_t(rows * ld_src));
+      for (size_t i = 0; i < src.size(); ++i) src[i] = to_bfloat16(random_floats(1, rng)[0] * 8);
+      src[0] = to_bfloat16(std::numeric_limits<float>::quiet_NaN());
+      std::vector<float> tile(size_t(rows * ld), -7.0f);
+      std::vector<uint32_t> pairs(size_t(rows * ld_pairs), 0xdeadbeefu);
+      feature_rows(phi, src.data(), ld_src, tile.data(), rows, width, ld, pairs.data(), ld_pairs);
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t c = 0; c < width; ++c) {
+          const float x = to_float(src[size_t(r * ld_src + c)]);
+          const float want = mhla::detail::feature(phi, x);
+          const float got = tile[size_t(r * ld + c)];
+          if (std::isnan(want)) {
+            ASSERT_TRUE(std::isnan(got)) << "NaN must stay NaN";
+            continue;
+          }
+          // elu+1's inline exponential is within 1 ulp of exp.
+          ASSERT_NEAR(got, want, 2 * std::numeric_limits<float>::epsilon() * std::abs(want))
+              << to_string(phi) << " of " << x;
+        }
+        for (int64_t p = 0; p < (width + 1) / 2; ++p) {
+          const float high = 2 * p + 1 < width ? tile[size_t(r * ld + 2 * p + 1)] : 0.0f;
+          const uint32_t want = pair_bits(tile[size_t(r * ld + 2 * p)], high);
+          const uint32_t got = pairs[size_t(r * ld_pairs + p)];
+          if (std::isnan(tile[size_t(r * ld + 2 * p)])) continue;
+          ASSERT_EQ(got, want) << "row " << r << ", pair " << p;
+        }
+        EXPECT_EQ(tile[size_t(r * ld + width)], -7.0f) << "wrote past the row";
+        EXPECT_EQ(pairs[size_t(r * ld_pairs + ld_pairs - 1)], 0xdeadbeefu)
+            << "wrote past the pairs";
+      }
+    }
+  }
+}
+
+}  // namespace

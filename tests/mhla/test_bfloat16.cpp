@@ -1,0 +1,248 @@
+// The bfloat16 operator (bfloat16 q, k, v, o and gradients; float32 w, grad_w
+// and saved arrays) against the float64 operator on the same inputs (rounded
+// to bfloat16 once), on the catalogue of modes and awkward shapes: its block
+// products on bfloat16 operands where the CPU has AVX512-BF16, the float
+// kernels on widened copies elsewhere (pinned below AVX-512) and in causal
+// mode. Bit-identical across thread counts; saved summaries round-trip and
+// foreign ones are refused.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "cpu/simd/bf16_products.hpp"
+#include "cpu/simd/isa.hpp"
+#include "test_support.hpp"
+
+namespace mhla::test {
+namespace {
+
+std::vector<bfloat16> rounded(const std::vector<double>& x) {
+  std::vector<bfloat16> out(x.size());
+  for (size_t i = 0; i < x.size(); ++i) out[i] = to_bfloat16(float(x[i]));
+  return out;
+}
+
+std::vector<double> widened(const std::vector<bfloat16>& x) {
+  std::vector<double> out(x.size());
+  for (size_t i = 0; i < x.size(); ++i) out[i] = to_float(x[i]);
+  return out;
+}
+
+struct Bf16Results {
+  std::vector<bfloat16> o, gq, gk, gv;
+  std::vector<float> gw;
+  bool operator==(const Bf16Results& r) const {
+    auto same = [](const auto& a, const auto& b) {
+      return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0;
+    };
+    return same(o, r.o) && same(gq, r.gq) && same(gk, r.gk) && same(gv, r.gv) && same(gw, r.gw);
+  }
+};
+
+// forward (keeping the summaries when `save`) then backward, on `threads` threads.
+Bf16Results run_bf16(const Case& c, const Inputs& in, int threads, bool save = true) {
+  const int before = omp_get_max_threads();
+  omp_set_num_threads(threads);
+  const auto q = rounded(in.q), k = rounded(in.k), v = rounded(in.v), g = rounded(in.grad_o);
+  const auto w = cast<float>(in.w);
+  Bf16Results r{std::vector<bfloat16>(v.size()), std::vector<bfloat16>(q.size()),
+                std::vector<bfloat16>(k.size()), std::vector<bfloat16>(v.size()),
+                std::vector<float>(w.size())};
+  const auto shape = saved_summaries_shape(c.options(), c.q_shape(), c.v_shape());
+  std::vector<float> summaries(save ? size_t(numel(shape)) : 0), mixed(summaries.size());
+  forward(c.options(), view(q, c.q_shape()), view(k, c.q_shape()), view(v, c.v_shape()),
+          view(w, c.w_shape()), view(r.o, c.v_shape()),
+          save ? view(summaries, shape) : TensorView<float>{},
+          save ? view(mixed, shape) : TensorView<float>{});
+  backward(c.options(), view(q, c.q_shape()), view(k, c.q_shape()), view(v, c.v_shape()),
+           view(w, c.w_shape()), view(std::as_const(r.o), c.v_shape()), view(g, c.v_shape()),
+           view(r.gq, c.q_shape()), view(r.gk, c.q_shape()), view(r.gv, c.v_shape()),
+           view(r.gw, c.w_shape()),
+           save ? view(std::as_const(summaries), shape) : TensorView<const float>{},
+           save ? view(std::as_const(mixed), shape) : TensorView<const float>{});
+  omp_set_num_threads(before);
+  return r;
+}
+
+// The float64 operator on the inputs as the bfloat16 call sees them.
+Inputs as_rounded(const Inputs& in) {
+  Inputs r = in;
+  r.q = widened(rounded(in.q)), r.k = widened(rounded(in.k)), r.v = widened(rounded(in.v));
+  r.grad_o = widened(rounded(in.grad_o));
+  for (double& x : r.w) x = float(x);
+  return r;
+}
+
+// The float64 gradients at the o the bfloat16 call returned (the backward's
+// contract: gradients given o; in modes whose gradient cancels, rounding o
+// alone moves them far more than the backward's own arithmetic does).
+OperatorResults<double> double_gradients_at(const Case& c, const Inputs& in,
+                                            const std::vector<double>& o) {
+  OperatorResults<double> r{o, std::vector<double>(in.q.size()), std::vector<double>(in.k.size()),
+                            std::vector<double>(in.v.size()), std::vector<double>(in.w.size())};
+  backward<double>(c.options(), view(in.q, c.q_shape()), view(in.k, c.q_shape()),
+                   view(in.v, c.v_shape()), view(in.w, c.w_shape()), view(o, c.v_shape()),
+                   view(in.grad_o, c.v_shape()), view(r.gq, c.q_shape()), view(r.gk, c.q_shape()),
+                   view(r.gv, c.v_shape()), view(r.gw, c.w_shape()));
+  return r;
+}
+
+// Tolerances in units of the tensor's scale (test_support.hpp's
+// relative_error). bfloat16 keeps 8 significant bits: 2^-8 = 0.0039 is half
+// a unit in the last place. Measured on the catalogue (Zen 5, bfloat16
+// products): o 0.0074 (1.9 units: o is rounded once, phi(q), phi(k), S~ and
+// with the bfloat16 mix the summaries and w once more in the products);
+// gradients 0.0050 (rounded once, plus o's rounding through the backward);
+// grad_w 0.022 with saved summaries (its inner products over Dk (Dv + 1)
+// terms cancel, and the saved S_b carry phi(k)'s rounding), 2e-6 without.
+constexpr double kOutputTolerance = 0.015;
+constexpr double kGradientTolerance = 0.01;
+constexpr double kSavedGradWTolerance = 0.05;
+
+void expect_matches_double(const Case& c, const Inputs& in, const Bf16Results& got, bool saved,
+                           const OperatorResults<double>& want) {
+  const Inputs exact_in = as_rounded(in);
+  const OperatorResults<double> grads = double_gradients_at(c, exact_in, widened(got.o));
+  EXPECT_CLOSE(widened(got.o), want.o, kOutputTolerance, "o");
+  EXPECT_CLOSE(widened(got.gq), grads.gq, kGradientTolerance, "grad_q");
+  EXPECT_CLOSE(widened(got.gk), grads.gk, kGradientTolerance, "grad_k");
+  EXPECT_CLOSE(widened(got.gv), grads.gv, kGradientTolerance, "grad_v");
+  EXPECT_CLOSE(got.gw, grads.gw, saved ? kSavedGradWTolerance : kGradientTolerance, "grad_w");
+}
+
+TEST(Bfloat16, MatchesTheDoublePrecisionOperator) {
+  for (const Case& c : all_mode_cases()) {
+    SCOPED_TRACE(c.label());
+    const Inputs in = make_inputs(c, 3);
+    const OperatorResults<double> want = run_operator<double>(c, as_rounded(in), 1);
+    for (bool save : {true, false}) {
+      SCOPED_TRACE(save ? "summaries saved" : "summaries recomputed");
+      expect_matches_double(c, in, run_bf16(c, in, 1, save), save, want);
+    }
+  }
+}
+
+// Pinned below AVX-512 the products are off and forward widens its inputs
+// for the float kernels: the same accuracy, and within rounding of the
+// bfloat16 products.
+TEST(Bfloat16, TheWidenedFloatPathAgrees) {
+  const std::vector<int64_t> targets = cpu::simd::runnable_targets();
+  const auto lesser = std::find_if(targets.begin(), targets.end(), [](int64_t t) {
+    cpu::simd::pin_target(t);
+    const bool below = !cpu::simd::active_target_is_avx512();
+    cpu::simd::pin_target(0);
+    return below;
+  });
+  ASSERT_NE(lesser, targets.end()) << "no target below AVX-512 to pin";
+  for (const Case& c : all_mode_cases()) {
+    SCOPED_TRACE(c.label());
+    const Inputs in = make_inputs(c, 4);
+    const OperatorResults<double> want = run_operator<double>(c, as_rounded(in), 1);
+    const Bf16Results best = run_bf16(c, in, 1);
+    cpu::simd::pin_target(*lesser);
+    ASSERT_FALSE(cpu::simd::bf16_products_available());
+    const Bf16Results widened_path = run_bf16(c, in, 1);
+    cpu::simd::pin_target(0);
+    expect_matches_double(c, in, widened_path, true, want);
+    EXPECT_CLOSE(widened(widened_path.o), widened(best.o), kOutputTolerance, "o, both paths");
+  }
+}
+
+TEST(Bfloat16, RepeatsBitForBitAcrossThreadCounts) {
+  for (const Case& c :
+       {Case{"1d-ragged", 2, 3, 24, 33, TokenLayout::sequence(700, 30)},
+        Case{"1d-causal", 1, 2, 17, 40, TokenLayout::sequence(500, 16), Masking::causal},
+        Case{"2d", 1, 3, 16, 16, TokenLayout::grid2d(30, 31, 4, 4)}}) {
+    SCOPED_TRACE(c.label());
+    const Inputs in = make_inputs(c, 5);
+    for (bool save : {true, false}) {
+      const Bf16Results one = run_bf16(c, in, 1, save);
+      EXPECT_TRUE(one == run_bf16(c, in, 1, save)) << "a second run differs";
+      EXPECT_TRUE(one == run_bf16(c, in, 2, save)) << "2 threads differ from 1";
+      EXPECT_TRUE(one == run_bf16(c, in, 3, save)) << "3 threads differ from 1";
+    }
+  }
+}
+
+TEST(Bfloat16, SummariesSavedForOtherKeysAreRefused) {
+  const Case c{"1d", 1, 2, 8, 8, TokenLayout::sequence(64, 16)};
+  const Inputs in = make_inputs(c, 6), other = make_inputs(c, 7);
+  const auto q = rounded(in.q), k = rounded(in.k), v = rounded(in.v), g = rounded(in.grad_o);
+  const auto k2 = rounded(other.k);
+  const auto w = cast<float>(in.w);
+  const auto shape = saved_summaries_shape(c.options(), c.q_shape(), c.v_shape());
+  std::vector<float> summaries(size_t(numel(shape)));
+  std::vector<bfloat16> o(v.size()), gq(q.size()), gk(k.size()), gv(v.size());
+  std::vector<float> gw(w.size());
+  forward(c.options(), view(q, c.q_shape()), view(k2, c.q_shape()), view(v, c.v_shape()),
+          view(w, c.w_shape()), view(o, c.v_shape()), view(summaries, shape));
+  EXPECT_THAT(
+      [&] {
+        backward(c.options(), view(q, c.q_shape()), view(k, c.q_shape()), view(v, c.v_shape()),
+                 view(w, c.w_shape()), view(std::as_const(o), c.v_shape()), view(g, c.v_shape()),
+                 view(gq, c.q_shape()), view(gk, c.q_shape()), view(gv, c.v_shape()),
+                 view(gw, c.w_shape()), view(std::as_const(summaries), shape));
+      },
+      testing::ThrowsMessage<Error>(
+          testing::HasSubstr("mhla::backward: saved_summaries do not belong to these k and v")));
+}
+
+TEST(Bfloat16, BadArgumentsAreNamed) {
+  const Case c{"1d", 1, 2, 8, 8, TokenLayout::sequence(64, 16)};
+  const Inputs in = make_inputs(c, 8);
+  const auto q = rounded(in.q), k = rounded(in.k), v = rounded(in.v), g = rounded(in.grad_o);
+  const auto w = cast<float>(in.w);
+  std::vector<bfloat16> o(v.size()), gq(q.size()), gk(k.size()), gv(v.size());
+  std::vector<float> gw(w.size());
+  using testing::HasSubstr;
+  using testing::ThrowsMessage;
+  EXPECT_THAT(
+      [&] {
+        forward(c.options(), TensorView<const bfloat16>{nullptr, c.q_shape()}, view(k, c.q_shape()),
+                view(v, c.v_shape()), view(w, c.w_shape()), view(o, c.v_shape()));
+      },
+      ThrowsMessage<Error>(HasSubstr("mhla::forward: q")));
+  EXPECT_THAT(
+      [&] {
+        forward(c.options(), view(q, c.q_shape()), view(k, c.q_shape()), view(v, c.v_shape()),
+                view(w, {2, 2}), view(o, c.v_shape()));
+      },
+      ThrowsMessage<Error>(HasSubstr("mhla::forward: w has shape [2, 2], expected [4, 4]")));
+  EXPECT_THAT(
+      [&] {
+        forward(c.options(), view(q, c.q_shape()), view(k, c.q_shape()), view(v, c.v_shape()),
+                view(w, c.w_shape()), view(o, {1, 64, 2, 7}));
+      },
+      ThrowsMessage<Error>(HasSubstr("mhla::forward: o has shape [1, 64, 2, 7]")));
+  EXPECT_THAT(
+      [&] {
+        backward(c.options(), view(q, c.q_shape()), view(k, c.q_shape()), view(v, c.v_shape()),
+                 view(w, c.w_shape()), view(std::as_const(o), c.v_shape()), view(g, c.v_shape()),
+                 view(gq, {1, 64, 2, 9}), view(gk, c.q_shape()), view(gv, c.v_shape()),
+                 view(gw, c.w_shape()));
+      },
+      ThrowsMessage<Error>(HasSubstr("mhla::backward: grad_q has shape [1, 64, 2, 9]")));
+}
+
+// A zero denominator from finite bfloat16 inputs is named, as in float.
+TEST(Bfloat16, ZeroDenominatorsAreNamedErrors) {
+  Options options;
+  options.layout = TokenLayout::sequence(8, 8);
+  options.feature_map = FeatureMap::relu;
+  options.eps = 0;
+  const std::vector<int64_t> shape = {1, 8, 1, 2};
+  const std::vector<bfloat16> negative(16, to_bfloat16(-1.0f)), ones(16, to_bfloat16(1.0f));
+  const std::vector<float> w = {1.0f};
+  std::vector<bfloat16> o(16);
+  EXPECT_THAT(
+      [&] {
+        forward(options, view(negative, shape), view(negative, shape), view(ones, shape),
+                view(w, {1, 1}), view(o, shape));
+      },
+      testing::ThrowsMessage<Error>(
+          testing::AllOf(testing::HasSubstr("zero denominator"), testing::HasSubstr("eps = 0"))));
+}
+
+}  // namespace
+}  // namespace mhla::test
