@@ -61,6 +61,9 @@ class _MHLAFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, w, options):
         q, k, v, w = (_operand(t) for t in (q, k, v, w))
+        if not any(ctx.needs_input_grad[:4]):
+            # Inference: nothing to keep (and bfloat16 mixes on its own products).
+            return _tensors(_core.forward(q, k, v, w, options=options)[0])[0]
         o, summaries, mixed = _tensors(
             *_core.forward(q, k, v, w, options=options, save_summaries=True, save_mixed=True))
         # The block and mixed summaries are O(M Dk Dv) each: keeping them spares

@@ -11,7 +11,9 @@
 namespace mhla::cpu {
 
 // The token_grad slots are O(B N H D): the phase functions' backward computes
-// its gradients there before adding them to the caller's buffers.
+// its gradients there before adding them to the caller's buffers, and the
+// bfloat16 backward the float gradients it rounds. The widened slots hold the
+// float copies of the bfloat16 operator's inputs where it computes in float.
 enum class Scratch {
   summaries,
   mixed,
@@ -20,6 +22,11 @@ enum class Scratch {
   token_grad_q,
   token_grad_k,
   token_grad_v,
+  widened_q,
+  widened_k,
+  widened_v,
+  widened_o,
+  widened_grad_o,
   count
 };
 
