@@ -10,6 +10,7 @@
 #include "cpu/workspace.hpp"
 
 #include <algorithm>
+#include <type_traits>
 
 namespace mhla {
 
@@ -63,13 +64,16 @@ void forward(const Options& options, TensorView<const T> q, TensorView<const T> 
 
 namespace {
 
-// backward<T>'s body; `rounding` widens the saved arrays' fingerprint
-// tolerance for summaries from bfloat16 products (check_saved_summaries_match).
-template <typename T>
-void run_backward(const Options& options, TensorView<const T> q, TensorView<const T> k,
-                  TensorView<const T> v, TensorView<const T> w, TensorView<const T> o,
-                  TensorView<const T> grad_o, TensorView<T> grad_q, TensorView<T> grad_k,
-                  TensorView<T> grad_v, TensorView<T> grad_w, TensorView<const T> saved_summaries,
+// backward<T>'s body, also for bfloat16 token tensors (S) with float T;
+// `rounding` widens the saved arrays' fingerprint tolerance for summaries from
+// bfloat16 products (check_saved_summaries_match). A kernel flag of
+// non-finite results is reported when S is T; with bfloat16 it returns false
+// for the caller to report through float.
+template <typename S, typename T>
+bool run_backward(const Options& options, TensorView<const S> q, TensorView<const S> k,
+                  TensorView<const S> v, TensorView<const T> w, TensorView<const S> o,
+                  TensorView<const S> grad_o, TensorView<S> grad_q, TensorView<S> grad_k,
+                  TensorView<S> grad_v, TensorView<T> grad_w, TensorView<const T> saved_summaries,
                   TensorView<const T> saved_mixed, double rounding) {
   const char* fn = "mhla::backward";
   detail::Problem p = detail::validate_mhla(fn, options, q, k, v, w);
@@ -88,13 +92,19 @@ void run_backward(const Options& options, TensorView<const T> q, TensorView<cons
   const auto mixer = cpu::make_mixer(p, w.data);
   // The kernel adds to grad_w.
   std::fill(grad_w.data, grad_w.data + detail::checked_product(grad_w.shape, "grad_w"), T(0));
-  const bool finite = cpu::ChunkedAttention<T>(p, *mixer).backward(
-      q.data, k.data, v.data, o.data, grad_o.data, grad_q.data, grad_k.data, grad_v.data,
-      grad_w.data, saved ? saved_summaries.data : nullptr, saved_mix ? saved_mixed.data : nullptr);
-  // grad_w is small ([H,] M, M) and written by the mixer: scanned here.
-  if (!finite ||
-      detail::first_non_finite(grad_w.data, detail::checked_product(grad_w.shape, "grad_w")) >= 0)
-    detail::report_non_finite_gradients(fn, p, q, k, v, o, grad_o, grad_q, grad_k, grad_v, grad_w);
+  const bool finite =
+      cpu::ChunkedAttention<T>(p, *mixer).backward(
+          q.data, k.data, v.data, o.data, grad_o.data, grad_q.data, grad_k.data, grad_v.data,
+          grad_w.data, saved ? saved_summaries.data : nullptr,
+          saved_mix ? saved_mixed.data : nullptr) &&
+      // grad_w is small ([H,] M, M) and written by the mixer: scanned here.
+      detail::first_non_finite(grad_w.data, detail::checked_product(grad_w.shape, "grad_w")) < 0;
+  if constexpr (std::is_same_v<S, T>) {
+    if (!finite)
+      detail::report_non_finite_gradients(fn, p, q, k, v, o, grad_o, grad_q, grad_k, grad_v,
+                                          grad_w);
+  }
+  return finite;
 }
 
 // A float copy of a bfloat16 tensor (exact) in the calling thread's scratch:
@@ -133,8 +143,8 @@ void backward(const Options& options, TensorView<const T> q, TensorView<const T>
               TensorView<const T> grad_o, TensorView<T> grad_q, TensorView<T> grad_k,
               TensorView<T> grad_v, TensorView<T> grad_w, TensorView<const T> saved_summaries,
               TensorView<const T> saved_mixed) {
-  run_backward(options, q, k, v, w, o, grad_o, grad_q, grad_k, grad_v, grad_w, saved_summaries,
-               saved_mixed, 0.0);
+  run_backward<T, T>(options, q, k, v, w, o, grad_o, grad_q, grad_k, grad_v, grad_w,
+                     saved_summaries, saved_mixed, 0.0);
 }
 
 void forward(const Options& options, TensorView<const bfloat16> q, TensorView<const bfloat16> k,
@@ -164,10 +174,9 @@ void forward(const Options& options, TensorView<const bfloat16> q, TensorView<co
   if (finite) return;
   // Rare: the float report, on float copies.
   const TensorView<const float> of = widened(o, cpu::Scratch::widened_o);
-  detail::report_non_finite_output(fn, p, widened(q, cpu::Scratch::widened_q),
-                                   widened(k, cpu::Scratch::widened_k),
-                                   widened(v, cpu::Scratch::widened_v),
-                                   TensorView<float>{const_cast<float*>(of.data), o.shape});
+  detail::report_non_finite_output(
+      fn, p, widened(q, cpu::Scratch::widened_q), widened(k, cpu::Scratch::widened_k),
+      widened(v, cpu::Scratch::widened_v), TensorView<float>{const_cast<float*>(of.data), o.shape});
 }
 
 void backward(const Options& options, TensorView<const bfloat16> q, TensorView<const bfloat16> k,
@@ -176,7 +185,16 @@ void backward(const Options& options, TensorView<const bfloat16> q, TensorView<c
               TensorView<bfloat16> grad_k, TensorView<bfloat16> grad_v, TensorView<float> grad_w,
               TensorView<const float> saved_summaries, TensorView<const float> saved_mixed) {
   const char* fn = "mhla::backward";
-  // The bfloat16 buffers are checked here; the float call checks the rest.
+  // The bfloat16 kernels read and write the bfloat16 tensors in place (not in
+  // causal mode: its in-block gradients are parked in the outputs between
+  // phases). A flag of non-finite results is checked, and reported, by the
+  // float path below.
+  if (options.masking != Masking::causal && cpu::simd::bf16_products_available() &&
+      run_backward<bfloat16, float>(options, q, k, v, w, o, grad_o, grad_q, grad_k, grad_v, grad_w,
+                                    saved_summaries, saved_mixed, kBf16Rounding))
+    return;
+  // The float kernels on widened copies (the bfloat16 buffers are checked
+  // here; the float call checks the rest).
   const detail::AttentionDims d = detail::check_qkv(fn, q, k, v);
   detail::check_output(fn, "o", o, detail::v_shape(d));
   detail::check_gradients(fn, d, grad_o, grad_q, grad_k, grad_v);
@@ -184,12 +202,11 @@ void backward(const Options& options, TensorView<const bfloat16> q, TensorView<c
   float* gq = cpu::scratch<float>(cpu::Scratch::token_grad_q, size_t(nq));
   float* gk = cpu::scratch<float>(cpu::Scratch::token_grad_k, size_t(nq));
   float* gv = cpu::scratch<float>(cpu::Scratch::token_grad_v, size_t(nv));
-  run_backward<float>(options, widened(q, cpu::Scratch::widened_q),
-                      widened(k, cpu::Scratch::widened_k), widened(v, cpu::Scratch::widened_v), w,
-                      widened(o, cpu::Scratch::widened_o),
-                      widened(grad_o, cpu::Scratch::widened_grad_o), {gq, grad_q.shape},
-                      {gk, grad_k.shape}, {gv, grad_v.shape}, grad_w, saved_summaries, saved_mixed,
-                      kBf16Rounding);
+  run_backward<float, float>(
+      options, widened(q, cpu::Scratch::widened_q), widened(k, cpu::Scratch::widened_k),
+      widened(v, cpu::Scratch::widened_v), w, widened(o, cpu::Scratch::widened_o),
+      widened(grad_o, cpu::Scratch::widened_grad_o), {gq, grad_q.shape}, {gk, grad_k.shape},
+      {gv, grad_v.shape}, grad_w, saved_summaries, saved_mixed, kBf16Rounding);
   narrow(gq, nq, grad_q.data);
   narrow(gk, nq, grad_k.data);
   narrow(gv, nv, grad_v.data);

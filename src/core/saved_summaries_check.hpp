@@ -11,6 +11,7 @@
 #include <limits>
 #include <vector>
 
+#include "core/element.hpp"
 #include "core/feature_map.hpp"
 #include "core/finite_results.hpp"
 #include "core/validate.hpp"
@@ -23,8 +24,8 @@ struct SummaryMismatch {
   double saved_z = 0, saved_row = 0, z = 0, row = 0;
 };
 
-template <FeatureMap Phi, typename T>
-SummaryMismatch compare_summary(const Problem& p, const T* k, const T* v, const T* saved,
+template <FeatureMap Phi, typename S, typename T>
+SummaryMismatch compare_summary(const Problem& p, const S* k, const S* v, const T* saved,
                                 int64_t batch, int64_t h, int64_t blk, double rounding,
                                 std::vector<double>& sums) {
   const AttentionDims& d = p.dims;
@@ -38,14 +39,17 @@ SummaryMismatch compare_summary(const Problem& p, const T* k, const T* v, const 
   int64_t rows = 0;
   p.table.for_each_run(blk, [&](int64_t first, int64_t len) {
     for (int64_t t = first; t < first + len; ++t, ++rows) {
-      const T* kt = k + ((batch * d.tokens + t) * d.heads + h) * d.dk;
-      const T* vt = v + ((batch * d.tokens + t) * d.heads + h) * d.dv;
+      const S* kt = k + ((batch * d.tokens + t) * d.heads + h) * d.dk;
+      const S* vt = v + ((batch * d.tokens + t) * d.heads + h) * d.dv;
       double v_sum = 0, v_abs = 0;
 #pragma omp simd reduction(+ : v_sum, v_abs)
-      for (int64_t e = 0; e < d.dv; ++e) v_sum += double(vt[e]), v_abs += std::abs(double(vt[e]));
+      for (int64_t e = 0; e < d.dv; ++e) {
+        const double x = double(value_of(vt[e]));
+        v_sum += x, v_abs += std::abs(x);
+      }
 #pragma omp simd
       for (int64_t a = 0; a < d.dk; ++a) {
-        const double f = double(apply_feature<Phi>(kt[a]));
+        const double f = double(apply_feature<Phi>(value_of(kt[a])));
         z[a] += f, z_abs[a] += std::abs(f);
         row[a] += f * v_sum, row_abs[a] += std::abs(f) * v_abs;
       }
@@ -73,8 +77,8 @@ SummaryMismatch compare_summary(const Problem& p, const T* k, const T* v, const 
 // `rounding`: the relative error of each term beyond float's own, when the
 // summaries came from products on rounded operands (bfloat16 products round
 // phi(k) to 8 significant bits: 2^-8 each).
-template <typename T>
-void check_saved_summaries_match(const char* fn, const Problem& p, const T* k, const T* v,
+template <typename S, typename T>
+void check_saved_summaries_match(const char* fn, const Problem& p, const S* k, const S* v,
                                  const T* saved, double rounding = 0) {
   const AttentionDims& d = p.dims;
   const int64_t m = p.blocks;
@@ -141,8 +145,8 @@ double mix_weight(const Problem& p, const T* w, int64_t copy, int64_t i, int64_t
 // one pass over N H rows, which took 1.4 ms (5% of the backward pass) at
 // N = 16384, H = 8.
 // `rounding` as above, for the block entries.
-template <typename T>
-void check_saved_mixed_match(const char* fn, const Problem& p, const T* k, const T* v, const T* w,
+template <typename S, typename T>
+void check_saved_mixed_match(const char* fn, const Problem& p, const S* k, const S* v, const T* w,
                              const T* saved_mixed, const T* saved_summaries = nullptr,
                              double rounding = 0) {
   const AttentionDims& d = p.dims;
@@ -178,8 +182,8 @@ void check_saved_mixed_match(const char* fn, const Problem& p, const T* k, const
           for (int64_t t = first; t < first + len; ++t, ++rows)
             for (int64_t h = 0; h < heads; ++h) {
               const int64_t row = (batch * d.tokens + t) * heads + h, e = h * ms + blk;
-              const double f = double(feature(p.phi, k[row * d.dk]));
-              const double fv = f * double(v[row * d.dv]);
+              const double f = double(feature(p.phi, value_of(k[row * d.dk])));
+              const double fv = f * double(value_of(v[row * d.dv]));
               z[e] += f, z_abs[e] += std::abs(f), s[e] += fv, s_abs[e] += std::abs(fv);
             }
         });

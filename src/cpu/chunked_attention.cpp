@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "core/element.hpp"
 #include "cpu/block_products.hpp"
 #include "cpu/block_rows.hpp"
 #include "cpu/workspace.hpp"
@@ -10,6 +11,8 @@
 
 namespace mhla::cpu {
 namespace {
+
+using mhla::detail::value_of;
 
 // Per-thread tiles start on cache lines, and tiles of Dv + 1 columns have
 // rows of whole lines (ld_x1_): rows at a 16-byte offset made the products'
@@ -20,8 +23,8 @@ using Tile = mhla::detail::LineAlignedVector<T>;
 
 // [V_b | 1]: the block's values with a column of ones appended, so one GEMM
 // yields both S_b and z_b (and both num_t and den_t); rows ld apart.
-template <typename T>
-void gather_values_with_ones(const mhla::detail::BlockTableView& layout, int64_t block, const T* v,
+template <typename S, typename T>
+void gather_values_with_ones(const mhla::detail::BlockTableView& layout, int64_t block, const S* v,
                              HeadSlice s, int64_t dv, int64_t rows, T* dst, int64_t ld) {
   gather_rows(layout, block, FeatureMap::identity, v, s, dv, dst, ld);
   for (int64_t r = 0; r < rows; ++r) dst[r * ld + dv] = T(1);
@@ -110,7 +113,8 @@ ChunkedAttention<T>::ChunkedAttention(const mhla::detail::Problem& problem, cons
       max_rows_(problem.table.max_block_size()) {}
 
 template <typename T>
-void ChunkedAttention<T>::in_block_scores(const BlockTask& t, const T* k, const T* v, const T* u,
+template <typename S>
+void ChunkedAttention<T>::in_block_scores(const BlockTask& t, const S* k, const S* v, const T* u,
                                           T* kap, T* vals, T* a) const {
   const auto& d = p_.dims;
   gather_rows(p_.table, t.block, p_.phi, k, t.qk, d.dk, kap, d.dk);
@@ -130,8 +134,9 @@ bool ChunkedAttention<T>::forward(const T* q, const T* k, const T* v, T* o, T* s
 }
 
 template <typename T>
-bool ChunkedAttention<T>::backward(const T* q, const T* k, const T* v, const T* o, const T* grad_o,
-                                   T* grad_q, T* grad_k, T* grad_v, T* grad_w,
+template <typename S>
+bool ChunkedAttention<T>::backward(const S* q, const S* k, const S* v, const S* o, const S* grad_o,
+                                   S* grad_q, S* grad_k, S* grad_v, T* grad_w,
                                    const T* saved_summaries, const T* saved_mixed) const {
   const size_t total = size_t(task_count() * x_);
   const T* summaries = saved_summaries;
@@ -159,7 +164,8 @@ bool ChunkedAttention<T>::backward(const T* q, const T* k, const T* v, const T* 
 }
 
 template <typename T>
-void ChunkedAttention<T>::compute_summaries(const T* k, const T* v, T* summaries) const {
+template <typename S>
+void ChunkedAttention<T>::compute_summaries(const S* k, const S* v, T* summaries) const {
   const auto& d = p_.dims;
 #pragma omp parallel
   {
@@ -264,9 +270,10 @@ bool ChunkedAttention<T>::compute_outputs(const T* q, const T* k, const T* v, co
 }
 
 template <typename T>
-bool ChunkedAttention<T>::output_gradients(const T* q, const T* k, const T* v, const T* o,
-                                           const T* grad_o, const T* mixed, T* mixed_grad,
-                                           T* diagonal_grad, T* grad_q, T* grad_k, T* grad_v,
+template <typename S>
+bool ChunkedAttention<T>::output_gradients(const S* q, const S* k, const S* v, const S* o,
+                                           const S* grad_o, const T* mixed, T* mixed_grad,
+                                           T* diagonal_grad, S* grad_q, S* grad_k, S* grad_v,
                                            bool park) const {
   const auto& d = p_.dims;
   const T eps = T(p_.eps), scale = T(p_.scale);
@@ -328,20 +335,21 @@ bool ChunkedAttention<T>::output_gradients(const T* q, const T* k, const T* v, c
       // brought them into cache): copying them into tiles first cost a
       // memory-speed pass over each.
       for_each_row(p_.table, t.block, t.v, [&](int64_t r, int64_t offset) {
-        const T* gr = grad_o + offset;
-        const T* outr = o + offset;
+        const S* gr = grad_o + offset;
+        const S* outr = o + offset;
         T* dyr = dy.data() + r * ld_x1_;
         if (p_.normalize) {
           const T inv = T(1) / (den[r] + eps);
           T g_dot_o = 0;
 #pragma omp simd reduction(+ : g_dot_o)
           for (int64_t e = 0; e < d.dv; ++e) {
-            dyr[e] = gr[e] * inv;
-            g_dot_o += gr[e] * outr[e];
+            const T g = value_of(gr[e]);
+            dyr[e] = g * inv;
+            g_dot_o += g * value_of(outr[e]);
           }
           dyr[d.dv] = -g_dot_o * inv;
         } else {
-          for (int64_t e = 0; e < d.dv; ++e) dyr[e] = scale * gr[e];
+          for (int64_t e = 0; e < d.dv; ++e) dyr[e] = scale * value_of(gr[e]);
           dyr[d.dv] = 0;
         }
       });
@@ -390,8 +398,9 @@ bool ChunkedAttention<T>::output_gradients(const T* q, const T* k, const T* v, c
 }
 
 template <typename T>
-bool ChunkedAttention<T>::key_value_gradients(const T* k, const T* v, const T* summaries_grad,
-                                              T* grad_k, T* grad_v, bool add_to_parked) const {
+template <typename S>
+bool ChunkedAttention<T>::key_value_gradients(const S* k, const S* v, const T* summaries_grad,
+                                              S* grad_k, S* grad_v, bool add_to_parked) const {
   const auto& d = p_.dims;
   bool finite = true;
 #pragma omp parallel
@@ -434,7 +443,21 @@ bool ChunkedAttention<T>::key_value_gradients(const T* k, const T* v, const T* s
   return finite;
 }
 
+// The member templates for token tensors of the computing type, and the
+// backward's for bfloat16 ones.
+#define MHLA_INSTANTIATE_PHASES(T, S)                                                              \
+  template void ChunkedAttention<T>::compute_summaries<S>(const S*, const S*, T*) const;           \
+  template bool ChunkedAttention<T>::output_gradients<S>(                                          \
+      const S*, const S*, const S*, const S*, const S*, const T*, T*, T*, S*, S*, S*, bool) const; \
+  template bool ChunkedAttention<T>::key_value_gradients<S>(const S*, const S*, const T*, S*, S*,  \
+                                                            bool) const;                           \
+  template bool ChunkedAttention<T>::backward<S>(const S*, const S*, const S*, const S*, const S*, \
+                                                 S*, S*, S*, T*, const T*, const T*) const;
 template class ChunkedAttention<float>;
 template class ChunkedAttention<double>;
+MHLA_INSTANTIATE_PHASES(float, float)
+MHLA_INSTANTIATE_PHASES(double, double)
+MHLA_INSTANTIATE_PHASES(float, bfloat16)
+#undef MHLA_INSTANTIATE_PHASES
 
 }  // namespace mhla::cpu
