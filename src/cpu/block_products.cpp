@@ -3,6 +3,7 @@
 #include <cassert>
 #include <vector>
 
+#include "cpu/simd/bf16_products.hpp"
 #include "cpu/simd/block_gemm.hpp"
 #include "mhla/line_aligned.hpp"
 
@@ -24,6 +25,28 @@ void block_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, 
   }
   const simd::Strided op_a = ta ? simd::Strided{a, 1, lda} : simd::Strided{a, lda, 1};
   simd::gemm(m, n, k, alpha, op_a, b, ldb, beta != 0.0f, c, ldc, prefetch);
+}
+
+void bf16_block_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+                     const float* b, int64_t ldb, float* c, int64_t ldc, simd::LineRuns prefetch) {
+  assert(!(ta && tb));
+  thread_local mhla::detail::LineAlignedVector<uint32_t> a_pairs, b_pairs;
+  const int64_t pairs = (k + 1) / 2;
+  a_pairs.resize(size_t(m * pairs));
+  b_pairs.resize(size_t(pairs * n));
+  // A: pairs down its columns when transposed (read as A^T), else along its rows.
+  if (ta)
+    simd::pack_row_pairs(a, lda, k, m, a_pairs.data(), m);
+  else
+    simd::pack_column_pairs(a, lda, m, k, a_pairs.data(), pairs);
+  const simd::PairStrided op_a =
+      ta ? simd::PairStrided{a_pairs.data(), 1, m} : simd::PairStrided{a_pairs.data(), pairs, 1};
+  // B by rows of pairs: a transposed B's pairs run along its rows.
+  if (tb)
+    simd::pack_transposed_pairs(b, ldb, n, k, b_pairs.data(), n);
+  else
+    simd::pack_row_pairs(b, ldb, k, n, b_pairs.data(), n);
+  simd::gemm_bf16(m, n, pairs, op_a, b_pairs.data(), n, c, ldc, prefetch);
 }
 
 }  // namespace mhla::cpu

@@ -4,8 +4,10 @@
 // (the checking precision) through BLAS. beta is 0 or 1.
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "cpu/simd/block_gemm.hpp"
+#include "mhla/bfloat16.hpp"
 #include "mhla_support/blas.hpp"
 
 namespace mhla::cpu {
@@ -39,6 +41,26 @@ inline void block_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double
                        const double* a, int64_t lda, const double* b, int64_t ldb, double beta,
                        double* c, int64_t ldc, simd::LineRuns = {}) {
   gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+// C[m,n] = op(A)[m,k] op(B)[k,n] with A and B rounded to bfloat16 and float
+// sums (simd::gemm_bf16; not both transposed): the bfloat16 backward's
+// products. The operands are packed into per-thread pair tiles first (O(m k +
+// k n) against the O(m n k) product). Only where
+// simd::bf16_products_available().
+void bf16_block_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+                     const float* b, int64_t ldb, float* c, int64_t ldc,
+                     simd::LineRuns prefetch = {});
+
+// The block product for token tensors of type S: bfloat16 ones (the bfloat16
+// backward) on bfloat16 operands, the others in T.
+template <typename S, typename T>
+void token_block_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda,
+                      const T* b, int64_t ldb, T* c, int64_t ldc, simd::LineRuns prefetch) {
+  if constexpr (std::is_same_v<S, bfloat16>)
+    bf16_block_gemm(ta, tb, m, n, k, a, lda, b, ldb, c, ldc, prefetch);
+  else
+    block_gemm(ta, tb, m, n, k, T(1), a, lda, b, ldb, T(0), c, ldc, prefetch);
 }
 
 // sums[a * ld_sums] = sum_r tile[r, a] weights[r * ld_weights], weights all

@@ -102,17 +102,22 @@ TEST_F(Bf16Products, PackingsRoundLikeToBfloat16) {
       return r < rows && c < width ? src[size_t(r * lds + c)] : 0.0f;
     };
     const int64_t row_pairs = (rows + 1) / 2, col_pairs = (width + 1) / 2;
-    std::vector<uint32_t> by_rows(size_t(row_pairs * width)), by_cols(size_t(rows * col_pairs));
+    std::vector<uint32_t> by_rows(size_t(row_pairs * width)), by_cols(size_t(rows * col_pairs)),
+        transposed(size_t(col_pairs * rows));
     pack_row_pairs(src.data(), lds, rows, width, by_rows.data(), width);
     pack_column_pairs(src.data(), lds, rows, width, by_cols.data(), col_pairs);
+    pack_transposed_pairs(src.data(), lds, rows, width, transposed.data(), rows);
     for (int64_t p = 0; p < row_pairs; ++p)
       for (int64_t j = 0; j < width; ++j)
         ASSERT_EQ(by_rows[size_t(p * width + j)], pair_bits(at(2 * p, j), at(2 * p + 1, j)))
             << "row pair " << p << ", column " << j << " of " << rows << " x " << width;
     for (int64_t r = 0; r < rows; ++r)
-      for (int64_t p = 0; p < col_pairs; ++p)
+      for (int64_t p = 0; p < col_pairs; ++p) {
         ASSERT_EQ(by_cols[size_t(r * col_pairs + p)], pair_bits(at(r, 2 * p), at(r, 2 * p + 1)))
             << "row " << r << ", column pair " << p << " of " << rows << " x " << width;
+        ASSERT_EQ(transposed[size_t(p * rows + r)], by_cols[size_t(r * col_pairs + p)])
+            << "transposed: row " << r << ", column pair " << p;
+      }
   }
 }
 

@@ -90,17 +90,21 @@ OperatorResults<double> double_gradients_at(const Case& c, const Inputs& in,
 
 // Tolerances in units of the tensor's scale (test_support.hpp's
 // relative_error). bfloat16 keeps 8 significant bits: 2^-8 = 0.0039 is half
-// a unit in the last place. Measured on the catalogue (Zen 5, bfloat16
-// products): o 0.0074 (1.9 units: o is rounded once, phi(q), phi(k), S~ and
-// with the bfloat16 mix the summaries and w once more in the products);
-// gradients 0.0050 (rounded once, plus o's rounding through the backward);
-// grad_w 0.022 with saved summaries (its inner products over Dk (Dv + 1)
-// terms cancel, and the saved S_b carry phi(k)'s rounding), 2e-6 without.
+// a unit in the last place. Largest errors measured on the catalogue (Zen 5,
+// bfloat16 products), with the summaries saved or recomputed: o 0.0074 (o is
+// rounded once; phi(q), phi(k), S~ and, in the bfloat16 mix, the summaries
+// and w once more in the products); grad_q 0.0050 (its product stays float:
+// see ChunkedAttention::output_gradients); grad_v 0.0076; grad_k 0.020 and
+// grad_w 0.045 (their products on bfloat16 operands feed sums that cancel:
+// the ones' column against V in dphi(K), dmixed_i against S_b over Dk (Dv + 1)
+// terms in dW). On the paper's setting (elu+1, normalised) every gradient is
+// closer to float64 than the same formula computed in bfloat16
+// (python/tests/test_reduced_precision.py).
 constexpr double kOutputTolerance = 0.015;
-constexpr double kGradientTolerance = 0.01;
-constexpr double kSavedGradWTolerance = 0.05;
+constexpr double kGradientTolerance = 0.04;
+constexpr double kGradWTolerance = 0.09;
 
-void expect_matches_double(const Case& c, const Inputs& in, const Bf16Results& got, bool saved,
+void expect_matches_double(const Case& c, const Inputs& in, const Bf16Results& got,
                            const OperatorResults<double>& want) {
   const Inputs exact_in = as_rounded(in);
   const OperatorResults<double> grads = double_gradients_at(c, exact_in, widened(got.o));
@@ -108,7 +112,7 @@ void expect_matches_double(const Case& c, const Inputs& in, const Bf16Results& g
   EXPECT_CLOSE(widened(got.gq), grads.gq, kGradientTolerance, "grad_q");
   EXPECT_CLOSE(widened(got.gk), grads.gk, kGradientTolerance, "grad_k");
   EXPECT_CLOSE(widened(got.gv), grads.gv, kGradientTolerance, "grad_v");
-  EXPECT_CLOSE(got.gw, grads.gw, saved ? kSavedGradWTolerance : kGradientTolerance, "grad_w");
+  EXPECT_CLOSE(got.gw, grads.gw, kGradWTolerance, "grad_w");
 }
 
 TEST(Bfloat16, MatchesTheDoublePrecisionOperator) {
@@ -118,7 +122,7 @@ TEST(Bfloat16, MatchesTheDoublePrecisionOperator) {
     const OperatorResults<double> want = run_operator<double>(c, as_rounded(in), 1);
     for (bool save : {true, false}) {
       SCOPED_TRACE(save ? "summaries saved" : "summaries recomputed");
-      expect_matches_double(c, in, run_bf16(c, in, 1, save), save, want);
+      expect_matches_double(c, in, run_bf16(c, in, 1, save), want);
     }
   }
 }
@@ -144,7 +148,7 @@ TEST(Bfloat16, TheWidenedFloatPathAgrees) {
     ASSERT_FALSE(cpu::simd::bf16_products_available());
     const Bf16Results widened_path = run_bf16(c, in, 1);
     cpu::simd::pin_target(0);
-    expect_matches_double(c, in, widened_path, true, want);
+    expect_matches_double(c, in, widened_path, want);
     EXPECT_CLOSE(widened(widened_path.o), widened(best.o), kOutputTolerance, "o, both paths");
   }
 }

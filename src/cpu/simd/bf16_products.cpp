@@ -175,6 +175,29 @@ MHLA_BF16_TARGET void pack_column_pairs_avx512(const float* src, int64_t lds, in
   }
 }
 
+MHLA_BF16_TARGET void pack_transposed_pairs_avx512(const float* src, int64_t lds, int64_t rows,
+                                                   int64_t width, uint32_t* dst, int64_t ldd) {
+  // Sixteen rows at a time: the pair's two columns gathered down them.
+  const __m512i lanes =
+      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                         _mm512_set1_epi32(int(lds)));
+  for (int64_t p = 0; 2 * p < width; ++p) {
+    const bool odd = 2 * p + 1 < width;
+    for (int64_t a = 0; a < rows; a += kLanes) {
+      const __mmask16 mask = __mmask16((1u << std::min(kLanes, rows - a)) - 1u);
+      const float* column = src + a * lds + 2 * p;
+      const __m512 even = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), mask, lanes, column, 4);
+      const __m512 next =
+          odd ? _mm512_mask_i32gather_ps(_mm512_setzero_ps(), mask, lanes, column + 1, 4)
+              : _mm512_setzero_ps();
+      const __m512i low = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(even));
+      const __m512i high =
+          _mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(next)), 16);
+      _mm512_mask_storeu_epi32(dst + p * ldd + a, mask, _mm512_or_si512(low, high));
+    }
+  }
+}
+
 MHLA_BF16_TARGET float narrow_scaled_avx512(const float* src, int64_t n, float factor,
                                             bfloat16* dst) {
   const __m512 f = _mm512_set1_ps(factor);
@@ -254,6 +277,11 @@ void pack_column_pairs(const float* src, int64_t lds, int64_t rows, int64_t widt
   pack_column_pairs_avx512(src, lds, rows, width, dst, ldd);
 }
 
+void pack_transposed_pairs(const float* src, int64_t lds, int64_t rows, int64_t width,
+                           uint32_t* dst, int64_t ldd) {
+  pack_transposed_pairs_avx512(src, lds, rows, width, dst, ldd);
+}
+
 float narrow_scaled(const float* src, int64_t n, float factor, bfloat16* dst) {
   return narrow_scaled_avx512(src, n, factor, dst);
 }
@@ -271,6 +299,7 @@ void gemm_bf16(int64_t, int64_t, int64_t, PairStrided, const uint32_t*, int64_t,
                LineRuns) {}
 void pack_row_pairs(const float*, int64_t, int64_t, int64_t, uint32_t*, int64_t) {}
 void pack_column_pairs(const float*, int64_t, int64_t, int64_t, uint32_t*, int64_t) {}
+void pack_transposed_pairs(const float*, int64_t, int64_t, int64_t, uint32_t*, int64_t) {}
 float narrow_scaled(const float*, int64_t, float, bfloat16*) { return 0; }
 void feature_rows(FeatureMap, const bfloat16*, int64_t, float*, int64_t, int64_t, int64_t,
                   uint32_t*, int64_t) {}

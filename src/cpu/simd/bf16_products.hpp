@@ -48,6 +48,12 @@ void pack_row_pairs(const float* src, int64_t lds, int64_t rows, int64_t width, 
 void pack_column_pairs(const float* src, int64_t lds, int64_t rows, int64_t width, uint32_t* dst,
                        int64_t ldd);
 
+// The pairs of columns, transposed: dst[p * ldd + r] = (src[r, 2p],
+// src[r, 2p + 1]) for p < (width + 1) / 2 and r < rows; an odd last column is
+// paired with zero. As B where the product reads a row-major matrix as B^T.
+void pack_transposed_pairs(const float* src, int64_t lds, int64_t rows, int64_t width,
+                           uint32_t* dst, int64_t ldd);
+
 // tile[r * ld + c] = phi(src[r * ld_src + c]) for r < rows, c < width, from
 // bfloat16 rows (widened exactly); with `pairs`, also phi's values rounded to
 // bfloat16 as pack_column_pairs writes them (row r at pairs + r * ld_pairs).
