@@ -1,7 +1,8 @@
 // The operator benchmark: one run prints the machine's SGEMM rate, MHLA's
 // forward and forward+backward rates against it, time ratios against the
-// linear-attention and softmax baselines, linear scaling to 1M tokens, peak
-// memory, and the sequence length where MHLA overtakes softmax.
+// linear-attention and softmax baselines, bfloat16 against float32, linear
+// scaling to 1M tokens, peak memory, and the sequence length where MHLA
+// overtakes softmax.
 //
 //   mhla_bench [--json results.json] [--quick] [--softmax-max-n N]
 //
@@ -295,7 +296,40 @@ int main(int argc, char** argv) {
            {"mhla_backward_saved_over_forward", ratio}});
     }
 
-  // 3. Linear scaling: time per token at N = 16384 and N = 1,048,576 with the
+  // 3. bfloat16 against float32, forward (nothing kept) and forward+backward
+  // on the training path, timed interleaved.
+  std::printf(
+      "\nbfloat16 q, k, v, o and gradients (float32 w and saved arrays) against float32,\n"
+      "B=1 H=8 D=64, non-causal, elu1, M = sqrt(N); products on bfloat16 operands: %s\n",
+      mhla::bf16_products() ? "yes (AVX512-BF16)" : "no (float32 on widened copies)");
+  std::printf("%8s | %8s %8s %7s | %8s %8s %7s\n", "N", "fp32 fwd", "bf16 fwd", "ratio", "fp32 f+b",
+              "bf16 f+b", "ratio");
+  for (int64_t n : quick ? std::vector<int64_t>{4096} : std::vector<int64_t>{16384, 65536}) {
+    Workload wl(1, n, kHeads, kDim, blocks_for(n));
+    const auto t =
+        mhla::tools::interleaved_medians({[&] { wl.mhla_forward(); }, [&] { wl.bf16_forward(); },
+                                          [&] {
+                                            wl.mhla_forward_saving();
+                                            wl.mhla_backward_saved();
+                                          },
+                                          [&] {
+                                            wl.bf16_forward_saving();
+                                            wl.bf16_backward_saved();
+                                          }},
+                                         repeats);
+    std::printf("%8lld | %8.2f %8.2f %6.2fx | %8.2f %8.2f %6.2fx\n", (long long)n, t[0] * 1e3,
+                t[1] * 1e3, t[0] / t[1], t[2] * 1e3, t[3] * 1e3, t[2] / t[3]);
+    std::fflush(stdout);
+    results["bfloat16"].push_back({{"tokens", n},
+                                   {"float32_forward_s", t[0]},
+                                   {"bfloat16_forward_s", t[1]},
+                                   {"float32_over_bfloat16_forward", t[0] / t[1]},
+                                   {"float32_forward_backward_saved_s", t[2]},
+                                   {"bfloat16_forward_backward_saved_s", t[3]},
+                                   {"float32_over_bfloat16_forward_backward", t[2] / t[3]}});
+  }
+
+  // 4. Linear scaling: time per token at N = 16384 and N = 1,048,576 with the
   // same M^2 / N = 1 (B = H = 1, D = 64).
   const int64_t small = quick ? 4096 : 16384, large = quick ? 65536 : 1048576;
   std::printf("\nlinear scaling, B=1 H=1 D=64, M = sqrt(N)\n");
@@ -334,7 +368,7 @@ int main(int argc, char** argv) {
       {"forward_ratio", per_token[1][0] / per_token[0][0]},
       {"forward_backward_ratio", per_token[1][1] / per_token[0][1]}};
 
-  // 4. Peak memory of one forward+backward at the large N, in a fresh process.
+  // 5. Peak memory of one forward+backward at the large N, in a fresh process.
   const json mem = run_memory_probe(large);
   const double peak = mem["peak_rss_bytes"], tensors = mem["tensor_bytes"],
                before = mem["rss_before_tensors_bytes"];
@@ -346,7 +380,7 @@ int main(int argc, char** argv) {
   results["memory"] = mem;
   results["memory"]["peak_over_tensor_bytes"] = peak / tensors;
 
-  // 5. Crossover: smallest N (doubling) at which MHLA's forward beats softmax's.
+  // 6. Crossover: smallest N (doubling) at which MHLA's forward beats softmax's.
   std::printf("\ncrossover, B=1 H=8 D=64, forward:\n");
   int64_t crossover = -1;
   for (int64_t n = 128; n <= (quick ? 2048 : 16384); n *= 2) {

@@ -88,6 +88,11 @@ std::vector<int64_t> saved_summaries_shape(const Options& options,
 // This frees the calling thread's scratch.
 void release_scratch();
 
+// Whether the bfloat16 operator runs its block products on bfloat16 operands
+// here (the CPU has AVX512-BF16 and the kernels run on AVX-512); otherwise it
+// computes in float32 on widened copies.
+bool bf16_products();
+
 // The instruction set the float kernels run on: the best of those compiled in
 // (SSE4, AVX2, AVX3 = AVX-512, ...) that this CPU supports, chosen at run time.
 std::string kernel_isa();

@@ -214,6 +214,8 @@ void backward(const Options& options, TensorView<const bfloat16> q, TensorView<c
 
 void release_scratch() { cpu::release_scratch_buffers(); }
 
+bool bf16_products() { return cpu::simd::bf16_products_available(); }
+
 std::string kernel_isa() { return cpu::simd::target_name(cpu::simd::active_target()); }
 
 FlopCount mhla_flops(int64_t batch, int64_t tokens, int64_t heads, int64_t dk, int64_t dv,

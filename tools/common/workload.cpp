@@ -72,6 +72,48 @@ void Workload::mhla_backward_saved() {
                   {saved_mixed.data(), shape_s});
 }
 
+namespace {
+
+// x rounded to bfloat16 into out, once (a Workload's inputs never change).
+void round_once(const Workload::Tensor& x, Workload::Bf16Tensor& out) {
+  if (out.size() == x.size()) return;
+  out.resize(x.size());
+  for (size_t i = 0; i < x.size(); ++i) out[i] = to_bfloat16(x[i]);
+}
+
+}  // namespace
+
+void Workload::bf16_forward() {
+  round_once(q, bq), round_once(k, bk), round_once(v, bv);
+  bo.resize(o.size());
+  forward(options, {bq.data(), shape()}, {bk.data(), shape()}, {bv.data(), shape()},
+          {w.data(), w_shape()}, {bo.data(), shape()});
+}
+
+void Workload::bf16_forward_saving() {
+  round_once(q, bq), round_once(k, bk), round_once(v, bv);
+  bo.resize(o.size());
+  const auto shape_s = saved_summaries_shape(options, shape(), shape());
+  int64_t elements = 1;
+  for (int64_t extent : shape_s) elements *= extent;
+  saved_summaries.resize(size_t(elements));
+  saved_mixed.resize(size_t(elements));
+  forward(options, {bq.data(), shape()}, {bk.data(), shape()}, {bv.data(), shape()},
+          {w.data(), w_shape()}, {bo.data(), shape()}, {saved_summaries.data(), shape_s},
+          {saved_mixed.data(), shape_s});
+}
+
+void Workload::bf16_backward_saved() {
+  round_once(grad_o, bgrad_o);
+  bgrad_q.resize(q.size()), bgrad_k.resize(k.size()), bgrad_v.resize(v.size());
+  const auto shape_s = saved_summaries_shape(options, shape(), shape());
+  backward(options, {bq.data(), shape()}, {bk.data(), shape()}, {bv.data(), shape()},
+           {w.data(), w_shape()}, {bo.data(), shape()}, {bgrad_o.data(), shape()},
+           {bgrad_q.data(), shape()}, {bgrad_k.data(), shape()}, {bgrad_v.data(), shape()},
+           {grad_w.data(), w_shape()}, {saved_summaries.data(), shape_s},
+           {saved_mixed.data(), shape_s});
+}
+
 void Workload::linear_forward() {
   linear_attention_forward<float>(options, {q.data(), shape()}, {k.data(), shape()},
                                   {v.data(), shape()}, {o.data(), shape()});

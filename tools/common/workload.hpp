@@ -23,6 +23,8 @@ struct Workload {
   Tensor o, lse, grad_q, grad_k, grad_v;
   std::vector<float> grad_w;
   Tensor saved_summaries, saved_mixed;  // filled by mhla_forward_saving()
+  using Bf16Tensor = detail::LineAlignedVector<bfloat16>;
+  Bf16Tensor bq, bk, bv, bgrad_o, bo, bgrad_q, bgrad_k, bgrad_v;  // bf16_*()
 
   // blocks: number of MHLA blocks M (block size ceil(N / M)).
   Workload(int64_t batch, int64_t tokens, int64_t heads, int64_t dim, int64_t blocks,
@@ -38,6 +40,12 @@ struct Workload {
   // The training path: forward keeps the block and mixed summaries, backward reuses them.
   void mhla_forward_saving();
   void mhla_backward_saved();
+  // The same calls on bfloat16 copies of q, k, v and grad_o (made on first
+  // use) with bfloat16 outputs and gradients; bf16_backward_saved() reads
+  // what bf16_forward_saving() kept.
+  void bf16_forward();
+  void bf16_forward_saving();
+  void bf16_backward_saved();
   void linear_forward();
   void linear_backward();
   void softmax_forward();
