@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 #include "cpu/simd/block_gemm.hpp"
 #include "mhla/bfloat16.hpp"
@@ -72,28 +73,16 @@ void token_block_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T
 template <typename T>
 void column_sums(const T* tile, int64_t rows, int64_t width, const T* weights, int64_t ld_weights,
                  T* sums, int64_t ld_sums) {
-  // kChunk columns at a time, summed in a local row that stays in registers:
-  // summed in memory, each row's adds waited for the last row's stores.
-  constexpr int64_t kChunk = 64;
-  for (int64_t a0 = 0; a0 < width; a0 += kChunk) {
-    const int64_t n = std::min(kChunk, width - a0);
-    T acc[kChunk] = {};
-    if (n == kChunk) {
-      for (int64_t r = 0; r < rows; ++r) {
-        const T weight = weights ? weights[r * ld_weights] : T(1);
-        const T* x = tile + r * width + a0;
+  thread_local std::vector<T> row;
+  row.assign(size_t(width), T(0));
+  T* acc = row.data();
+  for (int64_t r = 0; r < rows; ++r) {
+    const T weight = weights ? weights[r * ld_weights] : T(1);
+    const T* x = tile + r * width;
 #pragma omp simd
-        for (int64_t a = 0; a < kChunk; ++a) acc[a] += x[a] * weight;
-      }
-    } else {
-      for (int64_t r = 0; r < rows; ++r) {
-        const T weight = weights ? weights[r * ld_weights] : T(1);
-        const T* x = tile + r * width + a0;
-        for (int64_t a = 0; a < n; ++a) acc[a] += x[a] * weight;
-      }
-    }
-    for (int64_t a = 0; a < n; ++a) sums[(a0 + a) * ld_sums] = acc[a];
+    for (int64_t a = 0; a < width; ++a) acc[a] += x[a] * weight;
   }
+  for (int64_t a = 0; a < width; ++a) sums[a * ld_sums] = acc[a];
 }
 
 }  // namespace mhla::cpu
