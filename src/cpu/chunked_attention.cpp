@@ -157,8 +157,11 @@ bool ChunkedAttention<T>::backward(const S* q, const S* k, const S* v, const S* 
   }
   const bool finite_q = output_gradients(q, k, v, o, grad_o, mixed, mixed_grad, diagonal_grad,
                                          grad_q, grad_k, grad_v, true);
-  mixer_.mix_backward(mixed_grad, summaries, p_.causal ? diagonal_grad : nullptr, summaries_grad,
-                      grad_w);
+  if constexpr (std::is_same_v<S, bfloat16>)
+    mixer_.mix_backward_bf16(mixed_grad, summaries, nullptr, summaries_grad, grad_w);
+  else
+    mixer_.mix_backward(mixed_grad, summaries, p_.causal ? diagonal_grad : nullptr, summaries_grad,
+                        grad_w);
   const bool finite_kv = key_value_gradients(k, v, summaries_grad, grad_k, grad_v, p_.causal);
   return finite_q && finite_kv;
 }

@@ -148,23 +148,41 @@ void DenseMixer<T>::mix_bf16(const T* summaries, T* mixed) const {
 template <typename T>
 void DenseMixer<T>::mix_backward(const T* mixed_grad, const T* summaries, const T* diagonal_grad,
                                  T* summaries_grad, T* grad_w) const {
+  backward(mixed_grad, summaries, diagonal_grad, summaries_grad, grad_w, false);
+}
+
+template <typename T>
+void DenseMixer<T>::mix_backward_bf16(const T* mixed_grad, const T* summaries,
+                                      const T* diagonal_grad, T* summaries_grad, T* grad_w) const {
+  backward(mixed_grad, summaries, diagonal_grad, summaries_grad, grad_w,
+           std::is_same_v<T, float> && simd::bf16_products_available());
+}
+
+template <typename T>
+void DenseMixer<T>::backward(const T* mixed_grad, const T* summaries, const T* diagonal_grad,
+                             T* summaries_grad, T* grad_w, bool bf16_products) const {
   const int64_t m = p_.blocks, ms = p_.mixing_blocks, heads = p_.dims.heads;
   const int64_t slices = p_.dims.batch * heads;
   // dS = W^T dmixed (masked modes: the masked rows the mix used).
+  const auto product = [&](int64_t rows, int64_t cols, int64_t inner, const T* w, const T* g,
+                           T* out) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (bf16_products)
+        return bf16_block_gemm(true, false, rows, cols, inner, w, rows_ld(), g, x_, out, x_);
+    }
+    block_gemm(true, false, rows, cols, inner, T(1), w, rows_ld(), g, x_, T(0), out, x_);
+  };
   for_each_panel(slices, x_, [&](int64_t, int64_t bh, int64_t c0, int64_t cols) {
     const T* g = mixed_grad + bh * m * x_ + c0;
     T* out = summaries_grad + bh * ms * x_ + c0;
-    if (!p_.lower_triangular()) {
-      block_gemm(true, false, ms, cols, m, T(1), head_rows(bh), rows_ld(), g, x_, T(0), out, x_);
-      return;
-    }
+    if (!p_.lower_triangular()) return product(ms, cols, m, head_rows(bh), g, out);
     // Masked rows: block b's gradient gathers the rows i that read it,
     // strip by strip of b from the first row that reads the strip.
     for (int64_t b0 = 0; b0 < ms; b0 += kStrip) {
       const int64_t blocks = std::min(kStrip, ms - b0);
       const int64_t i0 = std::min(m, first_row_reading(b0));
-      block_gemm(true, false, blocks, cols, m - i0, T(1), head_rows(bh) + i0 * rows_ld() + b0,
-                 rows_ld(), g + i0 * x_, x_, T(0), out + b0 * x_, x_);
+      product(blocks, cols, m - i0, head_rows(bh) + i0 * rows_ld() + b0, g + i0 * x_,
+              out + b0 * x_);
     }
   });
 

@@ -31,6 +31,12 @@ class Mixer {
   // its products on the summaries and W rounded to bfloat16 (float sums);
   // the other mixers, whose work is O(M X) adds, mix as mix() does.
   virtual void mix_bf16(const T* summaries, T* mixed) const { mix(summaries, mixed); }
+  // mix_backward() for the bfloat16 backward: the dense mixer's dS product on
+  // bfloat16 operands (dW stays float); the others as mix_backward().
+  virtual void mix_backward_bf16(const T* mixed_grad, const T* summaries, const T* diagonal_grad,
+                                 T* summaries_grad, T* grad_w) const {
+    mix_backward(mixed_grad, summaries, diagonal_grad, summaries_grad, grad_w);
+  }
   // W[i,i] of the head behind slice bh (the causal in-block weight).
   virtual T diagonal(int64_t bh, int64_t i) const = 0;
   // mixed_grad: [B*H, M, X]; diagonal_grad: [B*H, M] causal in-block dW[i,i]
@@ -50,8 +56,12 @@ class DenseMixer final : public Mixer<T> {
   T diagonal(int64_t bh, int64_t i) const override;
   void mix_backward(const T* mixed_grad, const T* summaries, const T* diagonal_grad,
                     T* summaries_grad, T* grad_w) const override;
+  void mix_backward_bf16(const T* mixed_grad, const T* summaries, const T* diagonal_grad,
+                         T* summaries_grad, T* grad_w) const override;
 
  private:
+  void backward(const T* mixed_grad, const T* summaries, const T* diagonal_grad, T* summaries_grad,
+                T* grad_w, bool bf16_products) const;
   // The call's rows of W (row i = W's row first_block + i) for the head behind
   // slice bh, and their leading dimension.
   const T* head_rows(int64_t bh) const;
