@@ -5,7 +5,7 @@
 #include "core/feature_map.hpp"
 #include "cpu/simd/elu1_avx512.hpp"
 #include "cpu/simd/isa.hpp"
-#include "cpu/simd/prefetch_cursor.hpp"
+#include "cpu/simd/prefetch.hpp"
 #include "mhla/bfloat16.hpp"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -230,6 +230,10 @@ MHLA_BF16_TARGET void feature_rows_avx512(const bfloat16* src, int64_t ld_src, f
                                           uint16_t* rounded, int64_t ld_rounded) {
   for (int64_t r = 0; r < rows; ++r) {
     const uint16_t* x = reinterpret_cast<const uint16_t*>(src + r * ld_src);
+    // Beside the lines requested during the product before (RowLines), which
+    // the shorter bfloat16 products leave less time to arrive: the forward
+    // (both arrays saved) at N = 65536 took 33.3 instead of 36.4 ms.
+    prefetch_ahead(src + r * ld_src, ld_src, width);
     float* y = tile + r * ld;
     uint16_t* z = rounded ? rounded + r * ld_rounded : nullptr;
     int64_t j = 0;

@@ -10,7 +10,7 @@
 
 #include "cpu/simd/block_gemm.hpp"
 #include "cpu/simd/partial_vectors-inl.h"
-#include "cpu/simd/prefetch_cursor.hpp"
+#include "cpu/simd/prefetch.hpp"
 
 HWY_BEFORE_NAMESPACE();
 namespace mhla::cpu::simd {
