@@ -156,6 +156,7 @@ inline void gather_row_pairs(const mhla::detail::BlockTableView& layout, int64_t
   int64_t rows = 0;
   for_each_row(layout, block, s, [&](int64_t row, int64_t offset) {
     const bfloat16* x = src + offset;
+    prefetch_ahead(x, s.stride, width);
     rows = row + 1;
     if (row % 2 == 0) {
       even = x;
