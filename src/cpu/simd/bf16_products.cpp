@@ -203,14 +203,24 @@ MHLA_BF16_TARGET float narrow_scaled_avx512(const float* src, int64_t n, float f
   const __m512 f = _mm512_set1_ps(factor);
   __m512 probe = _mm512_setzero_ps();
   uint16_t* out = reinterpret_cast<uint16_t*>(dst);
-  for (int64_t j = 0; j < n; j += kLanes) {
-    const __mmask16 mask = __mmask16((1u << std::min(kLanes, n - j)) - 1u);
+  // x * 0 is NaN exactly when x is not finite, probed after rounding.
+  const auto add_probe = [&](__m256i b) {
+    const __m512 back = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
+    probe = _mm512_add_ps(probe, _mm512_mul_ps(back, _mm512_setzero_ps()));
+  };
+  int64_t j = 0;
+  // Whole vectors unmasked, as in feature_rows_avx512, then the tail.
+  for (; j + kLanes <= n; j += kLanes) {
+    const __m256i b = (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_loadu_ps(src + j), f));
+    _mm256_storeu_si256((__m256i*)(out + j), b);
+    add_probe(b);
+  }
+  if (j < n) {
+    const __mmask16 mask = __mmask16((1u << (n - j)) - 1u);
     const __m256i b =
         (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_maskz_loadu_ps(mask, src + j), f));
     _mm256_mask_storeu_epi16(out + j, mask, b);
-    // x * 0 is NaN exactly when x is not finite, probed after rounding.
-    const __m512 back = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
-    probe = _mm512_add_ps(probe, _mm512_mul_ps(back, _mm512_setzero_ps()));
+    add_probe(b);
   }
   return _mm512_reduce_add_ps(probe);
 }
