@@ -109,10 +109,23 @@ void DenseMixer<T>::mix(const T* summaries, T* mixed) const {
 
 template <typename T>
 void DenseMixer<T>::mix_bf16(const T* summaries, T* mixed) const {
-  if constexpr (!std::is_same_v<T, float>) {
-    mix(summaries, mixed);
-  } else {
-    if (!simd::bf16_products_available()) return mix(summaries, mixed);
+  if (!takes_summary_pairs()) return mix(summaries, mixed);
+  mix_pairs(summaries, nullptr, mixed);
+}
+
+template <typename T>
+bool DenseMixer<T>::takes_summary_pairs() const {
+  return std::is_same_v<T, float> && simd::bf16_products_available();
+}
+
+template <typename T>
+void DenseMixer<T>::mix_summary_pairs(const uint32_t* summary_pairs, T* mixed) const {
+  mix_pairs(nullptr, summary_pairs, mixed);
+}
+
+template <typename T>
+void DenseMixer<T>::mix_pairs(const T* summaries, const uint32_t* summary_pairs, T* mixed) const {
+  if constexpr (std::is_same_v<T, float>) {
     const int64_t m = p_.blocks, ms = p_.mixing_blocks, slices = p_.dims.batch * p_.dims.heads;
     const int64_t pairs = (ms + 1) / 2, copies = p_.per_head_mixing ? p_.dims.heads : 1;
     // W's rows as pairs of blocks, once per call (the masked modes' rows with
@@ -122,16 +135,23 @@ void DenseMixer<T>::mix_bf16(const T* summaries, T* mixed) const {
       simd::pack_column_pairs(head_rows(c), rows_ld(), m, ms, w_pairs.data() + c * m * pairs,
                               pairs);
     for_each_panel(slices, x_, [&](int64_t, int64_t bh, int64_t c0, int64_t cols) {
-      // The panel's summaries as pairs of blocks: [pairs, cols] words, in L2
-      // (512 KiB at M = 256) while every row tile of W reads them.
-      thread_local detail::LineAlignedVector<uint32_t> s_pairs;
-      s_pairs.resize(size_t(pairs * cols));
-      simd::pack_row_pairs(summaries + bh * ms * x_ + c0, x_, ms, cols, s_pairs.data(), cols);
+      // The panel's summaries as pairs of blocks, [pairs, cols] words: read in
+      // place when the caller wrote them so, else packed here (512 KiB at
+      // M = 256, in L2 while every row tile of W reads them).
+      const uint32_t* b = summary_pairs + bh * pairs * x_ + c0;
+      int64_t ldb = x_;
+      if (!summary_pairs) {
+        thread_local detail::LineAlignedVector<uint32_t> s_pairs;
+        s_pairs.resize(size_t(pairs * cols));
+        simd::pack_row_pairs(summaries + bh * ms * x_ + c0, x_, ms, cols, s_pairs.data(), cols);
+        b = s_pairs.data();
+        ldb = cols;
+      }
       const uint32_t* w =
           w_pairs.data() + (p_.per_head_mixing ? bh % p_.dims.heads : 0) * m * pairs;
       T* out = mixed + bh * m * x_ + c0;
       if (!p_.lower_triangular()) {
-        simd::gemm_bf16(m, cols, pairs, {w, pairs, 1}, s_pairs.data(), cols, out, x_);
+        simd::gemm_bf16(m, cols, pairs, {w, pairs, 1}, b, ldb, out, x_);
         return;
       }
       // Strips as in mix(); an odd count of blocks read takes one more, whose
@@ -139,7 +159,7 @@ void DenseMixer<T>::mix_bf16(const T* summaries, T* mixed) const {
       for (int64_t i0 = 0; i0 < m; i0 += kStrip) {
         const int64_t rows = std::min(kStrip, m - i0);
         simd::gemm_bf16(rows, cols, (blocks_read_by(i0 + rows - 1) + 1) / 2,
-                        {w + i0 * pairs, pairs, 1}, s_pairs.data(), cols, out + i0 * x_, x_);
+                        {w + i0 * pairs, pairs, 1}, b, ldb, out + i0 * x_, x_);
       }
     });
   }

@@ -31,6 +31,13 @@ class Mixer {
   // its products on the summaries and W rounded to bfloat16 (float sums);
   // the other mixers, whose work is O(M X) adds, mix as mix() does.
   virtual void mix_bf16(const T* summaries, T* mixed) const { mix(summaries, mixed); }
+  // Whether mix_summary_pairs() may run: the dense mix on bfloat16 products
+  // can read the summaries as the bfloat16 forward writes them when it keeps
+  // none, pairs of blocks already rounded ([B*H, (Ms + 1) / 2, X] words,
+  // block 2p in the low halves, 2p + 1 in the high; an odd Ms' last high
+  // halves zero), sparing the float array and its packing.
+  virtual bool takes_summary_pairs() const { return false; }
+  virtual void mix_summary_pairs(const uint32_t* /*summary_pairs*/, T* /*mixed*/) const {}
   // mix_backward() for the bfloat16 backward: the dense mixer's dS product on
   // bfloat16 operands (dW stays float); the others as mix_backward().
   virtual void mix_backward_bf16(const T* mixed_grad, const T* summaries, const T* diagonal_grad,
@@ -53,6 +60,8 @@ class DenseMixer final : public Mixer<T> {
   DenseMixer(const mhla::detail::Problem& problem, const T* w);
   void mix(const T* summaries, T* mixed) const override;
   void mix_bf16(const T* summaries, T* mixed) const override;
+  bool takes_summary_pairs() const override;
+  void mix_summary_pairs(const uint32_t* summary_pairs, T* mixed) const override;
   T diagonal(int64_t bh, int64_t i) const override;
   void mix_backward(const T* mixed_grad, const T* summaries, const T* diagonal_grad,
                     T* summaries_grad, T* grad_w) const override;
@@ -62,6 +71,8 @@ class DenseMixer final : public Mixer<T> {
  private:
   void backward(const T* mixed_grad, const T* summaries, const T* diagonal_grad, T* summaries_grad,
                 T* grad_w, bool bf16_products) const;
+  // The bfloat16 mix from float summaries or from summary pairs (one of them).
+  void mix_pairs(const T* summaries, const uint32_t* summary_pairs, T* mixed) const;
   // The call's rows of W (row i = W's row first_block + i) for the head behind
   // slice bh, and their leading dimension.
   const T* head_rows(int64_t bh) const;

@@ -27,6 +27,7 @@ enum class Scratch {
   widened_v,
   widened_o,
   widened_grad_o,
+  summary_pairs,  // the bfloat16 forward's summaries for the dense mix (uint16_t halves)
   count
 };
 

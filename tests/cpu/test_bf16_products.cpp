@@ -9,6 +9,7 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "core/feature_map.hpp"
@@ -84,6 +85,41 @@ TEST_F(Bf16Products, ProductsMatchPlainLoopsOnRaggedShapes) {
         // Each product of two bfloat16s is exact in float: only the sums round.
         ASSERT_NEAR(got, want, 4 * std::numeric_limits<float>::epsilon() * magnitude * pairs)
             << "m=" << m << " n=" << n << " pairs=" << pairs << " at (" << i << ", " << j << ")";
+      }
+  }
+}
+
+// Into halves of words: each result rounded, in its half; the other half kept
+// (or zeroed), and nothing written past n columns.
+TEST_F(Bf16Products, ProductsIntoHalvesRoundTheFloatProducts) {
+  std::mt19937 rng(8);
+  for (const auto& [m, n, pairs] :
+       {std::tuple<int64_t, int64_t, int64_t>{64, 64, 128}, {7, 17, 5}, {1, 65, 3}, {13, 33, 1}}) {
+    std::vector<uint32_t> a(size_t(m * pairs)), b(size_t(pairs * n));
+    for (uint32_t& x : a) x = pair_bits(random_floats(1, rng)[0], random_floats(1, rng)[0]);
+    for (uint32_t& x : b) x = pair_bits(random_floats(1, rng)[0], random_floats(1, rng)[0]);
+    const int64_t ldc = n + 3;
+    std::vector<float> c(size_t(m * ldc));
+    gemm_bf16(m, n, pairs, {a.data(), pairs, 1}, b.data(), n, c.data(), ldc);
+    for (int half : {0, 1})
+      for (bool zero_other : {false, true}) {
+        if (half == 1 && zero_other) continue;
+        std::vector<uint32_t> words(size_t(m * ldc), 0xABCDABCDu);
+        gemm_bf16_halves(m, n, pairs, {a.data(), pairs, 1}, b.data(), n, words.data(), ldc, half,
+                         zero_other);
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t j = 0; j < ldc; ++j) {
+            const uint32_t got = words[size_t(i * ldc + j)];
+            if (j >= n) {
+              ASSERT_EQ(got, 0xABCDABCDu) << "wrote past column " << n;
+              continue;
+            }
+            const uint32_t mine = rounded(c[size_t(i * ldc + j)]).bits;
+            const uint32_t other = zero_other ? 0u : 0xABCDu;
+            ASSERT_EQ(got, half ? (mine << 16 | other) : (other << 16 | mine))
+                << m << " x " << n << " x " << pairs << " half " << half << " at (" << i << ", "
+                << j << ")";
+          }
       }
   }
 }

@@ -34,8 +34,11 @@ struct Operands {
   PairStrided a;
   const uint32_t* b;
   int64_t ldb;
-  float* c;
+  float* c;  // float results, or with `halves` bfloat16 ones into halves of words
   int64_t ldc;
+  uint32_t* halves = nullptr;
+  int shift = 0;                    // 0: the low halves, 16: the high ones
+  __mmask32 pattern = 0x55555555u;  // the 16-bit lanes each word store writes
 };
 
 template <int R, int V, bool kMasked>
@@ -63,6 +66,26 @@ MHLA_BF16_INLINE void Tile(const Operands& o, int64_t i0, int64_t j0, __mmask16 
       for (int v = 0; v < V; ++v)
         acc[r][v] = _mm512_dpbf16_ps(acc[r][v], (__m512bh)ar, (__m512bh)bv[v]);
     }
+  }
+  if (o.halves) {
+    // Rounded to bfloat16, each in its half of a word: the other half is
+    // left as it is (or, with an all-ones pattern, zeroed).
+#pragma GCC unroll 6
+    for (int r = 0; r < R; ++r) {
+      uint32_t* c = o.halves + (i0 + r) * o.ldc + j0;
+#pragma GCC unroll 4
+      for (int v = 0; v < V; ++v) {
+        const __m512i words =
+            _mm512_sll_epi32(_mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(acc[r][v])),
+                             _mm_cvtsi32_si128(o.shift));
+        // Two mask bits per word: lane w's two 16-bit halves.
+        const __mmask32 lanes = (kMasked && v == V - 1)
+                                    ? __mmask32((1ull << (2 * __builtin_popcount(tail))) - 1u)
+                                    : __mmask32(0xFFFFFFFFu);
+        _mm512_mask_storeu_epi16(c + v * kLanes, lanes & o.pattern, words);
+      }
+    }
+    return;
   }
 #pragma GCC unroll 6
   for (int r = 0; r < R; ++r) {
@@ -96,10 +119,7 @@ MHLA_BF16_INLINE void TileOfWidth(const Operands& o, int64_t i0, int64_t j0, int
   }
 }
 
-MHLA_BF16_TARGET void gemm_bf16_avx512(int64_t m, int64_t n, int64_t pairs, PairStrided a,
-                                       const uint32_t* b, int64_t ldb, float* c, int64_t ldc,
-                                       LineRuns prefetch) {
-  const Operands o{pairs, a, b, ldb, c, ldc};
+MHLA_BF16_TARGET void gemm_bf16_avx512(int64_t m, int64_t n, const Operands& o, LineRuns prefetch) {
   constexpr int64_t panel = kMaxVectors * kLanes;
   PrefetchCursor pf(prefetch);
   // Column panels outside, row tiles inside, as in block_gemm.cpp.
@@ -278,7 +298,16 @@ bool bf16_products_available() {
 void gemm_bf16(int64_t m, int64_t n, int64_t pairs, PairStrided a, const uint32_t* b, int64_t ldb,
                float* c, int64_t ldc, LineRuns prefetch) {
   if (m <= 0 || n <= 0) return;
-  gemm_bf16_avx512(m, n, pairs, a, b, ldb, c, ldc, prefetch);
+  gemm_bf16_avx512(m, n, Operands{pairs, a, b, ldb, c, ldc}, prefetch);
+}
+
+void gemm_bf16_halves(int64_t m, int64_t n, int64_t pairs, PairStrided a, const uint32_t* b,
+                      int64_t ldb, uint32_t* c, int64_t ldc, int half, bool zero_other,
+                      LineRuns prefetch) {
+  if (m <= 0 || n <= 0) return;
+  Operands o{pairs, a, b, ldb, nullptr, ldc, c, half ? 16 : 0};
+  o.pattern = zero_other ? 0xFFFFFFFFu : half ? 0xAAAAAAAAu : 0x55555555u;
+  gemm_bf16_avx512(m, n, o, prefetch);
 }
 
 void pack_row_pairs(const float* src, int64_t lds, int64_t rows, int64_t width, uint32_t* dst,
@@ -311,6 +340,8 @@ void feature_rows(FeatureMap phi, const bfloat16* src, int64_t ld_src, float* ti
 bool bf16_products_available() { return false; }
 void gemm_bf16(int64_t, int64_t, int64_t, PairStrided, const uint32_t*, int64_t, float*, int64_t,
                LineRuns) {}
+void gemm_bf16_halves(int64_t, int64_t, int64_t, PairStrided, const uint32_t*, int64_t, uint32_t*,
+                      int64_t, int, bool, LineRuns) {}
 void pack_row_pairs(const float*, int64_t, int64_t, int64_t, uint32_t*, int64_t) {}
 void pack_column_pairs(const float*, int64_t, int64_t, int64_t, uint32_t*, int64_t) {}
 void pack_transposed_pairs(const float*, int64_t, int64_t, int64_t, uint32_t*, int64_t) {}

@@ -32,6 +32,14 @@ struct PairStrided {
 void gemm_bf16(int64_t m, int64_t n, int64_t pairs, PairStrided a, const uint32_t* b, int64_t ldb,
                float* c, int64_t ldc, LineRuns prefetch = {});
 
+// gemm_bf16 with C rounded to bfloat16 into one half of 32-bit words (half 0:
+// the low halves, 1: the high ones), leaving the other half as it is, or with
+// `zero_other` zeroing it: C as pairs of rows for a product that reads it as
+// B, written one row of each pair at a time (the dense mix's summaries).
+void gemm_bf16_halves(int64_t m, int64_t n, int64_t pairs, PairStrided a, const uint32_t* b,
+                      int64_t ldb, uint32_t* c, int64_t ldc, int half, bool zero_other,
+                      LineRuns prefetch = {});
+
 // The helpers below round float to bfloat16 as the instruction set does:
 // nearest, ties to even, NaN stays NaN, float subnormals (below 1.2e-38)
 // flush to zero. Like the products, only when bf16_products_available().
