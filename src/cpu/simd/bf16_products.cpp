@@ -13,7 +13,7 @@
 #define MHLA_BF16_PRODUCTS 1
 // The products' functions are compiled for AVX512-BF16 whatever the build's
 // baseline, and run only after bf16_products_available() has seen it.
-#define MHLA_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512bf16")))
+#define MHLA_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 #define MHLA_BF16_INLINE MHLA_BF16_TARGET __attribute__((always_inline)) inline
 #endif
 
@@ -218,29 +218,31 @@ MHLA_BF16_TARGET void pack_transposed_pairs_avx512(const float* src, int64_t lds
   }
 }
 
+// probe + x * 0 for the 16 bfloat16 x in b: x * 0 is NaN exactly when x is
+// not finite. (A helper, not a lambda: lambdas do not take the target.)
+MHLA_BF16_INLINE __m512 AddProbe(__m512 probe, __m256i b) {
+  const __m512 back = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
+  return _mm512_add_ps(probe, _mm512_mul_ps(back, _mm512_setzero_ps()));
+}
+
 MHLA_BF16_TARGET float narrow_scaled_avx512(const float* src, int64_t n, float factor,
                                             bfloat16* dst) {
   const __m512 f = _mm512_set1_ps(factor);
   __m512 probe = _mm512_setzero_ps();
   uint16_t* out = reinterpret_cast<uint16_t*>(dst);
-  // x * 0 is NaN exactly when x is not finite, probed after rounding.
-  const auto add_probe = [&](__m256i b) {
-    const __m512 back = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
-    probe = _mm512_add_ps(probe, _mm512_mul_ps(back, _mm512_setzero_ps()));
-  };
   int64_t j = 0;
   // Whole vectors unmasked, as in feature_rows_avx512, then the tail.
   for (; j + kLanes <= n; j += kLanes) {
     const __m256i b = (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_loadu_ps(src + j), f));
     _mm256_storeu_si256((__m256i*)(out + j), b);
-    add_probe(b);
+    probe = AddProbe(probe, b);
   }
   if (j < n) {
     const __mmask16 mask = __mmask16((1u << (n - j)) - 1u);
     const __m256i b =
         (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_maskz_loadu_ps(mask, src + j), f));
     _mm256_mask_storeu_epi16(out + j, mask, b);
-    add_probe(b);
+    probe = AddProbe(probe, b);
   }
   return _mm512_reduce_add_ps(probe);
 }
@@ -288,8 +290,9 @@ MHLA_BF16_TARGET void feature_rows_avx512(const bfloat16* src, int64_t ld_src, f
 }  // namespace
 
 bool bf16_products_available() {
-  static const bool cpu_has_it =
-      __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw");
+  static const bool cpu_has_it = __builtin_cpu_supports("avx512bf16") &&
+                                 __builtin_cpu_supports("avx512bw") &&
+                                 __builtin_cpu_supports("avx512vl");
   // Tests pin lesser targets to run the other paths: the bfloat16 products go
   // with AVX-512.
   return cpu_has_it && active_target_is_avx512();
