@@ -1,6 +1,7 @@
 #include "cpu/chunked_attention.hpp"
 
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "core/element.hpp"
