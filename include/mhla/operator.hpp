@@ -62,10 +62,13 @@ void backward(const Options& options, TensorView<const T> q, TensorView<const T>
 // bfloat16 as the products read them, the summaries and normalisers are float32,
 // the dense mix rounds the summaries and w to bfloat16 unless saved_mixed is
 // given (kept for backward, it is mixed in float32: the gradients are far more
-// sensitive to it than o is), and o is rounded once. On other CPUs, and in
-// causal mode, forward computes in float32 on widened copies. Backward
-// computes in float32 on widened copies and rounds each gradient once; its
-// fingerprint of saved summaries allows for the bfloat16 rounding of phi(k).
+// sensitive to it than o is), and o is rounded once. Backward there reads the
+// bfloat16 tensors in place, runs dS~, dS, dphi(k) and dv on bfloat16
+// products (dphi(q) and dw in float32: their sums cancel) and rounds each
+// gradient once. On other CPUs, and in causal mode, both compute in float32 on
+// widened copies in the calling thread's scratch (release_scratch frees them).
+// The fingerprint of saved summaries allows for the bfloat16 rounding of
+// phi(k). See docs/operator.md, "bfloat16".
 void forward(const Options& options, TensorView<const bfloat16> q, TensorView<const bfloat16> k,
              TensorView<const bfloat16> v, TensorView<const float> w, TensorView<bfloat16> o,
              TensorView<float> saved_summaries = {}, TensorView<float> saved_mixed = {});
