@@ -32,12 +32,12 @@ bool Bf16Forward::forward(const bfloat16* q, const bfloat16* k, const bfloat16* 
     const int64_t slices = p_.dims.batch * p_.dims.heads;
     uint16_t* pairs = scratch<uint16_t>(
         Scratch::summary_pairs, size_t(slices * ((p_.blocks + 1) / 2) * p_.dims.dk * x1_ * 2));
-    compute_summary_pairs(k, v, pairs);
+    compute_summaries(k, v, nullptr, pairs);
     mixer_.mix_summary_pairs(reinterpret_cast<const uint32_t*>(pairs), mixed);
     return compute_outputs(q, mixed, o);
   }
   float* summaries = summaries_out ? summaries_out : scratch<float>(Scratch::summaries, total);
-  compute_summaries(k, v, summaries);
+  compute_summaries(k, v, summaries, nullptr);
   // Mixed summaries kept for backward are mixed in float: rounded to
   // bfloat16 in the mix, they took the largest grad_q error on the test
   // catalogue from 0.005 to 0.30 (relu features, normalised: the read-out's
@@ -50,12 +50,18 @@ bool Bf16Forward::forward(const bfloat16* q, const bfloat16* k, const bfloat16* 
   return compute_outputs(q, mixed, o);
 }
 
-void Bf16Forward::compute_summaries(const bfloat16* k, const bfloat16* v, float* summaries) const {
+void Bf16Forward::compute_summaries(const bfloat16* k, const bfloat16* v, float* summaries,
+                                    uint16_t* pairs) const {
   const auto& d = p_.dims;
-  const int64_t tasks = task_count(p_);
+  const int64_t tasks = task_count(p_), x = d.dk * x1_, pair_blocks = (p_.blocks + 1) / 2;
+  // In pairs, block b of slice bh: the halves b % 2 of the words at pair
+  // (bh, b / 2).
+  const auto words = [&](const BlockTask& t) {
+    return pairs + 2 * (t.bh * pair_blocks + t.block / 2) * x;
+  };
 #pragma omp parallel
   {
-    Tile<float> kap(max_rows_ * d.dk);
+    Tile<float> kap(max_rows_ * d.dk), z(d.dk);
     Tile<uint32_t> kap_pairs(row_pairs_ * d.dk), value_pairs(row_pairs_ * d.dv);
     RowLines next_rows;
 #pragma omp for schedule(static)
@@ -70,55 +76,32 @@ void Bf16Forward::compute_summaries(const bfloat16* k, const bfloat16* v, float*
         const BlockTask next = block_task(p_, task + 2);
         next_rows.add_read(p_.table, next.block, k, next.qk, d.dk);
         next_rows.add_read(p_.table, next.block, v, next.v, d.dv);
-        next_rows.add_span_write(summaries + next.summary, d.dk * x1_);
+        if (pairs)
+          next_rows.add_span_write(words(next), 2 * x);
+        else
+          next_rows.add_span_write(summaries + next.summary, x);
       }
       // phi(K_b) in float for z_b, and as pairs of tokens for S_b's product,
       // which reads it as A^T: word (a, p) = (phi(k_2p)[a], phi(k_2p+1)[a]).
       gather_rows(p_.table, t.block, p_.phi, k, t.qk, d.dk, kap.data(), d.dk);
       simd::pack_row_pairs(kap.data(), d.dk, t.rows, d.dk, kap_pairs.data(), d.dk);
       gather_row_pairs(p_.table, t.block, v, t.v, d.dv, value_pairs.data(), d.dv);
-      float* s = summaries + t.summary;
-      simd::gemm_bf16(d.dk, d.dv, (t.rows + 1) / 2, {kap_pairs.data(), 1, d.dk}, value_pairs.data(),
-                      d.dv, s, x1_, next_rows.prefetch());
-      column_sums(kap.data(), t.rows, d.dk, static_cast<const float*>(nullptr), 0, s + d.dv, x1_);
-    }
-  }
-}
-
-void Bf16Forward::compute_summary_pairs(const bfloat16* k, const bfloat16* v,
-                                        uint16_t* pairs) const {
-  const auto& d = p_.dims;
-  const int64_t tasks = task_count(p_), x = d.dk * x1_, pair_blocks = (p_.blocks + 1) / 2;
-  // Block b of slice bh: the halves b % 2 of the words at pair (bh, b / 2).
-  const auto words = [&](const BlockTask& t) {
-    return pairs + 2 * (t.bh * pair_blocks + t.block / 2) * x;
-  };
-#pragma omp parallel
-  {
-    Tile<float> kap(max_rows_ * d.dk), z(d.dk);
-    Tile<uint32_t> kap_pairs(row_pairs_ * d.dk), value_pairs(row_pairs_ * d.dv);
-    RowLines next_rows;
-#pragma omp for schedule(static)
-    for (int64_t task = 0; task < tasks; ++task) {
-      const BlockTask t = block_task(p_, task);
-      // As compute_summaries.
-      next_rows.clear();
-      if (task + 2 < tasks) {
-        const BlockTask next = block_task(p_, task + 2);
-        next_rows.add_read(p_.table, next.block, k, next.qk, d.dk);
-        next_rows.add_read(p_.table, next.block, v, next.v, d.dv);
-        next_rows.add_span_write(words(next), 2 * x);
+      const int64_t row_pairs = (t.rows + 1) / 2;
+      const simd::PairStrided features{kap_pairs.data(), 1, d.dk};
+      if (!pairs) {
+        float* s = summaries + t.summary;
+        simd::gemm_bf16(d.dk, d.dv, row_pairs, features, value_pairs.data(), d.dv, s, x1_,
+                        next_rows.prefetch());
+        column_sums(kap.data(), t.rows, d.dk, static_cast<const float*>(nullptr), 0, s + d.dv, x1_);
+        continue;
       }
-      gather_rows(p_.table, t.block, p_.phi, k, t.qk, d.dk, kap.data(), d.dk);
-      simd::pack_row_pairs(kap.data(), d.dk, t.rows, d.dk, kap_pairs.data(), d.dk);
-      gather_row_pairs(p_.table, t.block, v, t.v, d.dv, value_pairs.data(), d.dv);
       const int half = int(t.block % 2);
       // An odd M's last block has no partner: its high halves are zeros.
       const bool alone = half == 0 && t.block + 1 == p_.blocks;
       uint16_t* s = words(t);
-      simd::gemm_bf16_halves(d.dk, d.dv, (t.rows + 1) / 2, {kap_pairs.data(), 1, d.dk},
-                             value_pairs.data(), d.dv, reinterpret_cast<uint32_t*>(s), x1_, half,
-                             alone, next_rows.prefetch());
+      simd::gemm_bf16_halves(d.dk, d.dv, row_pairs, features, value_pairs.data(), d.dv,
+                             reinterpret_cast<uint32_t*>(s), x1_, half, alone,
+                             next_rows.prefetch());
       column_sums(kap.data(), t.rows, d.dk, static_cast<const float*>(nullptr), 0, z.data(), 1);
       for (int64_t a = 0; a < d.dk; ++a) {
         uint16_t* word = s + 2 * (a * x1_ + d.dv);

@@ -30,10 +30,11 @@ class Bf16Forward {
                float* summaries_out = nullptr, float* mixed_out = nullptr) const;
 
  private:
-  void compute_summaries(const bfloat16* k, const bfloat16* v, float* summaries) const;
-  // The summaries as the dense bfloat16 mix reads them (Mixer::mix_summary_pairs),
-  // into `pairs` ([B*H, (M + 1) / 2, Dk (Dv + 1)] pairs of bfloat16 halves).
-  void compute_summary_pairs(const bfloat16* k, const bfloat16* v, uint16_t* pairs) const;
+  // Into `summaries` (float), or with `pairs` instead (summaries null) as the
+  // dense bfloat16 mix reads them (Mixer::mix_summary_pairs):
+  // [B*H, (M + 1) / 2, Dk (Dv + 1)] pairs of bfloat16 halves.
+  void compute_summaries(const bfloat16* k, const bfloat16* v, float* summaries,
+                         uint16_t* pairs) const;
   bool compute_outputs(const bfloat16* q, const float* mixed, bfloat16* o) const;
 
   mhla::detail::Problem p_;
