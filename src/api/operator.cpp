@@ -30,6 +30,25 @@ bool check_saved(const char* fn, const char* name, const detail::Problem& p,
   return true;
 }
 
+// The opening of every MHLA entry point here, for float and bfloat16 tokens
+// alike: the validated problem, the block table it points into, o checked.
+// Neither copied nor moved (problem.table views table).
+struct CheckedCall {
+  template <typename S, typename W, typename O>
+  CheckedCall(const char* fn, const Options& options, const TensorView<const S>& q,
+              const TensorView<const S>& k, const TensorView<const S>& v,
+              const TensorView<const W>& w, const TensorView<O>& o)
+      : problem(detail::validate_mhla(fn, options, q, k, v, w)), table(options.layout) {
+    problem.table = table.view();
+    detail::check_output(fn, "o", o, detail::v_shape(problem.dims));
+  }
+  CheckedCall(const CheckedCall&) = delete;
+  CheckedCall& operator=(const CheckedCall&) = delete;
+
+  detail::Problem problem;  // first: validated before the table is built
+  const detail::BlockTable table;
+};
+
 }  // namespace
 
 std::vector<int64_t> saved_summaries_shape(const Options& options,
@@ -49,10 +68,8 @@ void forward(const Options& options, TensorView<const T> q, TensorView<const T> 
              TensorView<const T> v, TensorView<const T> w, TensorView<T> o,
              TensorView<T> saved_summaries, TensorView<T> saved_mixed) {
   const char* fn = "mhla::forward";
-  detail::Problem p = detail::validate_mhla(fn, options, q, k, v, w);
-  const detail::BlockTable table(options.layout);
-  p.table = table.view();
-  detail::check_output(fn, "o", o, detail::v_shape(p.dims));
+  const CheckedCall call(fn, options, q, k, v, w, o);
+  const detail::Problem& p = call.problem;
   const bool save_summaries = check_saved(fn, "saved_summaries", p, saved_summaries);
   const bool save_mixed = check_saved(fn, "saved_mixed", p, saved_mixed);
   const auto mixer = cpu::make_mixer(p, w.data);
@@ -76,10 +93,8 @@ bool run_backward(const Options& options, TensorView<const S> q, TensorView<cons
                   TensorView<S> grad_v, TensorView<T> grad_w, TensorView<const T> saved_summaries,
                   TensorView<const T> saved_mixed, double rounding) {
   const char* fn = "mhla::backward";
-  detail::Problem p = detail::validate_mhla(fn, options, q, k, v, w);
-  const detail::BlockTable table(options.layout);
-  p.table = table.view();
-  detail::check_output(fn, "o", o, detail::v_shape(p.dims));
+  const CheckedCall call(fn, options, q, k, v, w, o);
+  const detail::Problem& p = call.problem;
   detail::check_gradients(fn, p.dims, grad_o, grad_q, grad_k, grad_v);
   detail::check_output(fn, "grad_w", grad_w, w.shape);
   const bool saved = check_saved(fn, "saved_summaries", p, saved_summaries);
@@ -151,10 +166,8 @@ void forward(const Options& options, TensorView<const bfloat16> q, TensorView<co
              TensorView<const bfloat16> v, TensorView<const float> w, TensorView<bfloat16> o,
              TensorView<float> saved_summaries, TensorView<float> saved_mixed) {
   const char* fn = "mhla::forward";
-  detail::Problem p = detail::validate_mhla(fn, options, q, k, v, w);
-  const detail::BlockTable table(options.layout);
-  p.table = table.view();
-  detail::check_output(fn, "o", o, detail::v_shape(p.dims));
+  const CheckedCall call(fn, options, q, k, v, w, o);
+  const detail::Problem& p = call.problem;
   const bool save_summaries = check_saved(fn, "saved_summaries", p, saved_summaries);
   const bool save_mixed = check_saved(fn, "saved_mixed", p, saved_mixed);
   if (p.causal || !cpu::simd::bf16_products_available()) {
