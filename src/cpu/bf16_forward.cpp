@@ -116,12 +116,14 @@ bool Bf16Forward::compute_outputs(const bfloat16* q, const float* mixed, bfloat1
   const auto& d = p_.dims;
   const int64_t tasks = task_count(p_);
   const float eps = float(p_.eps), scale = float(p_.scale);
+  const RowWrite write_o = result_write(d, d.dv, o);
   bool finite = true;
 #pragma omp parallel
   {
     Tile<float> u(max_rows_ * d.dk), y(max_rows_ * d.dv), den(max_rows_);
     Tile<uint32_t> u_pairs(max_rows_ * dk_pairs_), s_pairs(dk_pairs_ * d.dv);
     RowLines next_rows;
+    RowWriter<bfloat16> o_rows(write_o, d.dv);
 #pragma omp for schedule(static) reduction(&& : finite)
     for (int64_t task = 0; task < tasks; ++task) {
       const BlockTask t = block_task(p_, task);
@@ -130,7 +132,7 @@ bool Bf16Forward::compute_outputs(const bfloat16* q, const float* mixed, bfloat1
         const BlockTask next = block_task(p_, task + 1);
         next_rows.add_span_read(mixed + next.summary, d.dk * x1_);
         next_rows.add_read(p_.table, next.block, q, next.qk, d.dk);
-        next_rows.add_write(p_.table, next.block, o, next.v, d.dv);
+        if (!o_rows.streaming()) next_rows.add_write(p_.table, next.block, o, next.v, d.dv);
       }
       // y = phi(Q_i) S~_i on pairs of key features: phi(Q_i)'s by row (rounded
       // as it is gathered), S~_i's rows in pairs (rounded per block: Dk Dv
@@ -146,8 +148,9 @@ bool Bf16Forward::compute_outputs(const bfloat16* q, const float* mixed, bfloat1
       for_each_row(p_.table, t.block, t.v, [&](int64_t row, int64_t offset) {
         // An overflowed denominator would turn the row into silent zeros.
         const float factor = p_.normalize ? 1.0f / (den[row] + eps) : scale;
-        probe += (p_.normalize ? den[row] * 0.0f : 0.0f) +
-                 simd::narrow_scaled(y.data() + row * d.dv, d.dv, factor, o + offset);
+        probe +=
+            (p_.normalize ? den[row] * 0.0f : 0.0f) +
+            simd::narrow_scaled(y.data() + row * d.dv, d.dv, factor, o_rows.target(o + offset));
       });
       finite = finite && probe == probe;
     }

@@ -11,6 +11,7 @@
 
 #include "core/block_table.hpp"
 #include "core/feature_map.hpp"
+#include "cpu/row_writer.hpp"
 #include "cpu/simd/bf16_products.hpp"
 #include "cpu/simd/block_gemm.hpp"
 #include "cpu/simd/feature_map.hpp"
@@ -172,27 +173,31 @@ inline void gather_row_pairs(const mhla::detail::BlockTableView& layout, int64_t
   for (int64_t j = 0; j < width; ++j) out[j] = uint32_t(even[j].bits);
 }
 
-// The scatters below also return whether every value they wrote is finite
+// The scatters below write their rows through the thread's RowWriter for dst
+// (which says whether they add to it; its mode is read once and the rows it
+// targets are restrict: otherwise GCC left these loops scalar, and grad_v's
+// scatter took 3x as long), and also return whether every value they wrote is finite
 // (x * 0 is NaN exactly when x is infinite or NaN; a sum of two finite values
 // can overflow). Folded into the rows' writes the probe timed within noise;
 // the separate passes over the source tiles it replaces were 1.2% of a
 // forward+backward profile.
 
 // Gradient of phi(x) back to x, given features = phi(x) as a tile:
-//   dst[token, d] = phi'(x) * (grad[row, d] + (accumulate ? dst[token, d] : 0)).
+//   dst[token, d] = phi'(x) * (grad[row, d] + (accumulating ? dst[token, d] : 0)).
 // phi' is finite and in [0, 1], so without accumulation the result is finite
 // exactly where grad is.
 template <typename T>
 bool scatter_through_feature(const mhla::detail::BlockTableView& layout, int64_t block,
                              FeatureMap phi, const T* features, const T* grad, int64_t ld,
-                             HeadSlice s, int64_t width, bool accumulate, T* dst) {
+                             HeadSlice s, int64_t width, RowWriter<T>& writer, T* dst) {
+  const bool accumulate = writer.accumulating(), streaming = writer.streaming();
   T probe = 0;
   mhla::detail::dispatch_feature(phi, [&]<FeatureMap Phi>() {
     for_each_row(layout, block, s, [&](int64_t row, int64_t offset) {
       const T* y = features + row * width;
       const T* g = grad + row * ld;
       T* out = dst + offset;
-      prefetch_ahead(out, s.stride, width);
+      if (!streaming) prefetch_ahead(out, s.stride, width);
       T row_probe = 0;
       if (accumulate) {
 #pragma omp simd reduction(+ : row_probe)
@@ -202,11 +207,12 @@ bool scatter_through_feature(const mhla::detail::BlockTableView& layout, int64_t
           row_probe += x * T(0);
         }
       } else {
+        T* __restrict x = writer.target(out);
 #pragma omp simd reduction(+ : row_probe)
         for (int64_t d = 0; d < width; ++d) {
-          const T x = mhla::detail::derivative_from_feature<Phi>(y[d]) * g[d];
-          out[d] = x;
-          row_probe += x * T(0);
+          const T value = mhla::detail::derivative_from_feature<Phi>(y[d]) * g[d];
+          x[d] = value;
+          row_probe += value * T(0);
         }
       }
       probe += row_probe;
@@ -218,12 +224,13 @@ bool scatter_through_feature(const mhla::detail::BlockTableView& layout, int64_t
 // dst[token, 0:width] = tile[row, 0:width] (+ dst when accumulating).
 template <typename T>
 bool scatter_rows(const mhla::detail::BlockTableView& layout, int64_t block, const T* tile,
-                  int64_t ld, HeadSlice s, int64_t width, bool accumulate, T* dst) {
+                  int64_t ld, HeadSlice s, int64_t width, RowWriter<T>& writer, T* dst) {
+  const bool accumulate = writer.accumulating(), streaming = writer.streaming();
   T probe = 0;
   for_each_row(layout, block, s, [&](int64_t row, int64_t offset) {
     const T* g = tile + row * ld;
     T* out = dst + offset;
-    prefetch_ahead(out, s.stride, width);
+    if (!streaming) prefetch_ahead(out, s.stride, width);
     T row_probe = 0;
     if (accumulate) {
 #pragma omp simd reduction(+ : row_probe)
@@ -233,10 +240,12 @@ bool scatter_rows(const mhla::detail::BlockTableView& layout, int64_t block, con
         row_probe += x * T(0);
       }
     } else {
+      T* __restrict x = writer.target(out);
 #pragma omp simd reduction(+ : row_probe)
       for (int64_t d = 0; d < width; ++d) {
-        out[d] = g[d];
-        row_probe += g[d] * T(0);
+        const T value = g[d];
+        x[d] = value;
+        row_probe += value * T(0);
       }
     }
     probe += row_probe;
@@ -250,25 +259,26 @@ bool scatter_rows(const mhla::detail::BlockTableView& layout, int64_t block, con
 // simd::bf16_products_available(). Accumulating reads the old bfloat16 values.
 template <typename RowFn>
 bool scatter_bf16_rows(const mhla::detail::BlockTableView& layout, int64_t block, HeadSlice s,
-                       int64_t width, bfloat16* dst, RowFn&& row_fn) {
+                       int64_t width, RowWriter<bfloat16>& writer, bfloat16* dst, RowFn&& row_fn) {
   thread_local mhla::detail::LineAlignedVector<float> row;
   row.resize(size_t(width));
   float probe = 0;
   for_each_row(layout, block, s, [&](int64_t r, int64_t offset) {
     bfloat16* out = dst + offset;
-    prefetch_ahead(out, s.stride, width);
+    if (!writer.streaming()) prefetch_ahead(out, s.stride, width);
     row_fn(r, out, row.data());
-    probe += simd::narrow_scaled(row.data(), width, 1.0f, out);
+    probe += simd::narrow_scaled(row.data(), width, 1.0f, writer.target(out));
   });
   return probe == probe;
 }
 
 inline bool scatter_through_feature(const mhla::detail::BlockTableView& layout, int64_t block,
                                     FeatureMap phi, const float* features, const float* grad,
-                                    int64_t ld, HeadSlice s, int64_t width, bool accumulate,
-                                    bfloat16* dst) {
+                                    int64_t ld, HeadSlice s, int64_t width,
+                                    RowWriter<bfloat16>& writer, bfloat16* dst) {
+  const bool accumulate = writer.accumulating();
   return mhla::detail::dispatch_feature(phi, [&]<FeatureMap Phi>() {
-    return scatter_bf16_rows(layout, block, s, width, dst,
+    return scatter_bf16_rows(layout, block, s, width, writer, dst,
                              [&](int64_t r, const bfloat16* old, float* x) {
                                const float* y = features + r * width;
                                const float* g = grad + r * ld;
@@ -281,9 +291,10 @@ inline bool scatter_through_feature(const mhla::detail::BlockTableView& layout, 
 }
 
 inline bool scatter_rows(const mhla::detail::BlockTableView& layout, int64_t block,
-                         const float* tile, int64_t ld, HeadSlice s, int64_t width, bool accumulate,
-                         bfloat16* dst) {
-  return scatter_bf16_rows(layout, block, s, width, dst,
+                         const float* tile, int64_t ld, HeadSlice s, int64_t width,
+                         RowWriter<bfloat16>& writer, bfloat16* dst) {
+  const bool accumulate = writer.accumulating();
+  return scatter_bf16_rows(layout, block, s, width, writer, dst,
                            [&](int64_t r, const bfloat16* old, float* x) {
                              const float* g = tile + r * ld;
 #pragma omp simd
