@@ -30,6 +30,10 @@ struct BlockTableView {
 
   int64_t block_size(int64_t block) const { return row_start[block + 1] - row_start[block]; }
   int64_t max_block_size() const { return max_rows; }
+  // The block's one run of consecutive tokens, or null when it has several.
+  const TokenRun* single_run(int64_t block) const {
+    return run_start[block + 1] - run_start[block] == 1 ? runs + run_start[block] : nullptr;
+  }
   // fn(first_token, run_length) for each run of the block, in order.
   template <typename Fn>
   void for_each_run(int64_t block, Fn&& fn) const {

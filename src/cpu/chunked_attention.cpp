@@ -478,11 +478,28 @@ bool ChunkedAttention<T>::key_value_gradients(const S* k, const S* v, const T* s
       }
       const T* ds = summaries_grad + t.summary;
       gather_rows(p_.table, t.block, p_.phi, k, t.qk, d.dk, kap.data(), d.dk);
-      gather_values_with_ones(p_.table, t.block, v, t.v, d.dv, t.rows, vals.data(), ld_x1_);
       // [S_b | z_b] = phi(K)^T [V | 1]:  dphi(K) = [V | 1] dS^T,  dV = phi(K) dS[:, :Dv]
       // (the ones' gradient is not needed).
-      token_block_gemm<S>(false, true, t.rows, d.dk, x1_, vals.data(), ld_x1_, ds, x1_, dkap.data(),
-                          d.dk, next_reads.prefetch());
+      // (bfloat16 values are widened by the gather, for the pair products.)
+      const mhla::detail::TokenRun* run = nullptr;
+      if constexpr (std::is_same_v<S, T>) run = p_.table.single_run(t.block);
+      if (run) {
+        // dphi(K) = V dS[:, :Dv]^T + 1 dz^T with V read in place: the product
+        // reads each of its rows once (one column panel of dphi(K)), so the
+        // gather into [V | 1] was a copy for nothing. dz^T is every row's
+        // start.
+        for (int64_t a = 0; a < d.dk; ++a) dkap[a] = ds[a * x1_ + d.dv];
+        for (int64_t r = 1; r < t.rows; ++r)
+          std::copy(dkap.data(), dkap.data() + d.dk, dkap.data() + r * d.dk);
+        if constexpr (std::is_same_v<S, T>)
+          block_gemm(false, true, t.rows, d.dk, d.dv, T(1),
+                     v + t.v.offset + run->first * t.v.stride, t.v.stride, ds, x1_, T(1),
+                     dkap.data(), d.dk, next_reads.prefetch());
+      } else {
+        gather_values_with_ones(p_.table, t.block, v, t.v, d.dv, t.rows, vals.data(), ld_x1_);
+        token_block_gemm<S>(false, true, t.rows, d.dk, x1_, vals.data(), ld_x1_, ds, x1_,
+                            dkap.data(), d.dk, next_reads.prefetch());
+      }
       token_block_gemm<S>(false, false, t.rows, d.dv, d.dk, kap.data(), d.dk, ds, x1_,
                           dvalues.data(), d.dv, next_writes.prefetch());
       // Causal blocks add to the in-block part parked in grad_k / grad_v.
