@@ -40,8 +40,8 @@ void forward(const Options& options, TensorView<const T> q, TensorView<const T> 
 
 // Gradients of sum(grad_o * o) with respect to q, k, v and w. `o` (and
 // saved_summaries and saved_mixed, if given) must come from forward() on the
-// same inputs; the normalized causal mode reads o (the other modes form
-// grad_o . o from the mixed summaries, sparing a pass over o). grad_w is
+// same inputs (its shape is checked; the CPU kernels form grad_o . o from
+// their products instead of reading it, docs/operator.md). grad_w is
 // summed over the batch, and over heads when w is shared; it has w's shape.
 // Saved summaries are fingerprinted against k and v (key sums and row sums of
 // S_b, recomputed in double): release builds check the first and last block of every

@@ -57,8 +57,8 @@ void linear_attention_backward(const LinearAttentionOptions& options, TensorView
   p.table = table.view();
   p.blocks = p.mixing_blocks = p.w_stride = chunks.num_blocks();
   const cpu::UniformMixer<T> mixer(p);
-  if (!cpu::ChunkedAttention<T>(p, mixer).backward(q.data, k.data, v.data, o.data, grad_o.data,
-                                                   grad_q.data, grad_k.data, grad_v.data, nullptr))
+  if (!cpu::ChunkedAttention<T>(p, mixer).backward(q.data, k.data, v.data, grad_o.data, grad_q.data,
+                                                   grad_k.data, grad_v.data, nullptr))
     detail::report_non_finite_gradients(fn, p, q, k, v, o, grad_o, grad_q, grad_k, grad_v);
 }
 

@@ -109,9 +109,8 @@ bool run_backward(const Options& options, TensorView<const S> q, TensorView<cons
   std::fill(grad_w.data, grad_w.data + detail::checked_product(grad_w.shape, "grad_w"), T(0));
   const bool finite =
       cpu::ChunkedAttention<T>(p, *mixer).backward(
-          q.data, k.data, v.data, o.data, grad_o.data, grad_q.data, grad_k.data, grad_v.data,
-          grad_w.data, saved ? saved_summaries.data : nullptr,
-          saved_mix ? saved_mixed.data : nullptr) &&
+          q.data, k.data, v.data, grad_o.data, grad_q.data, grad_k.data, grad_v.data, grad_w.data,
+          saved ? saved_summaries.data : nullptr, saved_mix ? saved_mixed.data : nullptr) &&
       // grad_w is small ([H,] M, M) and written by the mixer: scanned here.
       detail::first_non_finite(grad_w.data, detail::checked_product(grad_w.shape, "grad_w")) < 0;
   if constexpr (std::is_same_v<S, T>) {

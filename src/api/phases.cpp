@@ -243,9 +243,8 @@ void read_out_backward(const Options& options, TensorView<const T> q, TensorView
   T* dk = p.causal ? token_scratch<T>(cpu::Scratch::token_grad_k, nq) : nullptr;
   T* dv = p.causal ? token_scratch<T>(cpu::Scratch::token_grad_v, nv) : nullptr;
   std::vector<T> diagonal(p.causal ? size_t(p.dims.batch * p.dims.heads * p.blocks) : 0);
-  const bool finite =
-      kernel.output_gradients(q.data, k.data, v.data, o.data, grad_o.data, mixed.data,
-                              dmixed.data(), diagonal.data(), dq, dk, dv, false);
+  const bool finite = kernel.output_gradients(q.data, k.data, v.data, grad_o.data, mixed.data,
+                                              dmixed.data(), diagonal.data(), dq, dk, dv, false);
   add_to(dq, nq, grad_q.data);
   add_to(dmixed, grad_mixed.data);
   if (p.causal) {

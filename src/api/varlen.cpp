@@ -159,7 +159,7 @@ void varlen_backward(const VarlenOptions& options, TensorView<const int64_t> cu_
       [&](int64_t s, const detail::Problem& seq, const cpu::Mixer<T>& mixer, const auto& seq_rows) {
         const bool finite =
             cpu::ChunkedAttention<T>(seq, mixer)
-                .backward(seq_rows(q).data, seq_rows(k).data, seq_rows(v).data, seq_rows(o).data,
+                .backward(seq_rows(q).data, seq_rows(k).data, seq_rows(v).data,
                           seq_rows(grad_o).data, seq_rows(grad_q).data, seq_rows(grad_k).data,
                           seq_rows(grad_v).data, grad_w.data);
         if (!finite)

@@ -136,9 +136,9 @@ bool ChunkedAttention<T>::forward(const T* q, const T* k, const T* v, T* o, T* s
 
 template <typename T>
 template <typename S>
-bool ChunkedAttention<T>::backward(const S* q, const S* k, const S* v, const S* o, const S* grad_o,
-                                   S* grad_q, S* grad_k, S* grad_v, T* grad_w,
-                                   const T* saved_summaries, const T* saved_mixed) const {
+bool ChunkedAttention<T>::backward(const S* q, const S* k, const S* v, const S* grad_o, S* grad_q,
+                                   S* grad_k, S* grad_v, T* grad_w, const T* saved_summaries,
+                                   const T* saved_mixed) const {
   const size_t total = size_t(task_count() * x_);
   const T* summaries = saved_summaries;
   if (!summaries) {
@@ -156,8 +156,8 @@ bool ChunkedAttention<T>::backward(const S* q, const S* k, const S* v, const S* 
     mixer_.mix(summaries, mixed_grad);
     mixed = mixed_grad;
   }
-  const bool finite_q = output_gradients(q, k, v, o, grad_o, mixed, mixed_grad, diagonal_grad,
-                                         grad_q, grad_k, grad_v, true);
+  const bool finite_q = output_gradients(q, k, v, grad_o, mixed, mixed_grad, diagonal_grad, grad_q,
+                                         grad_k, grad_v, true);
   if constexpr (std::is_same_v<S, bfloat16>)
     mixer_.mix_backward_bf16(mixed_grad, summaries, nullptr, summaries_grad, grad_w);
   else
@@ -278,20 +278,13 @@ bool ChunkedAttention<T>::compute_outputs(const T* q, const T* k, const T* v, co
 
 template <typename T>
 template <typename S>
-bool ChunkedAttention<T>::output_gradients(const S* q, const S* k, const S* v, const S* o,
-                                           const S* grad_o, const T* mixed, T* mixed_grad,
-                                           T* diagonal_grad, S* grad_q, S* grad_k, S* grad_v,
-                                           bool park) const {
+bool ChunkedAttention<T>::output_gradients(const S* q, const S* k, const S* v, const S* grad_o,
+                                           const T* mixed, T* mixed_grad, T* diagonal_grad,
+                                           S* grad_q, S* grad_k, S* grad_v, bool park) const {
   const auto& d = p_.dims;
   const T eps = T(p_.eps), scale = T(p_.scale);
   // grad_q is final here; the causal in-block key/value parts are not.
   const RowWrite write_q = result_write(d, d.dk, grad_q);
-  // Normalized and without the causal in-block term, o_t = phi(q_t) S~_i /
-  // (den_t + eps), so g_t . o_t = phi(q_t) . P_t with P = dy[:, :Dv] S~_i^T,
-  // dphi(Q)'s first term: o is not read. At N = 65536, H = 8 that spares a
-  // pass over 134 MB; the backward with both arrays saved took 75.0-79.5
-  // instead of 78.6-81.5 ms (four runs each, Zen 5).
-  const bool o_unread = p_.normalize && !p_.causal;
   bool finite = true;
 #pragma omp parallel
   {
@@ -327,7 +320,6 @@ bool ChunkedAttention<T>::output_gradients(const S* q, const S* k, const S* v, c
           next_reads.add_read(p_.table, next.block, k, next.qk, d.dk);
           next_reads.add_read(p_.table, next.block, v, next.v, d.dv);
         }
-        if (!o_unread) next_writes.add_read(p_.table, next.block, o, next.v, d.dv);
         next_writes.add_span_read(mixed + next.summary, x_);
         if (!q_rows.streaming()) next_writes.add_write(p_.table, next.block, grad_q, next.qk, d.dk);
         if (p_.causal) {
@@ -349,72 +341,77 @@ bool ChunkedAttention<T>::output_gradients(const S* q, const S* k, const S* v, c
       }
       // o = y[:Dv] / den:  dy[:Dv] = g / den,  dy[Dv] = -(g . o) / den.
       // o = scale y[:Dv]:  dy[:Dv] = scale g,  dy[Dv] = 0.
-      // grad_o and o are read in place, row by row (the line requests have
-      // brought them into cache): copying them into tiles first cost a
-      // memory-speed pass over each.
+      // g . o is formed from the products below rather than read: o is never
+      // read (at N = 65536, H = 8 a pass over 134 MB; the backward with both
+      // arrays saved took 75.0-79.5 instead of 78.6-81.5 ms, four runs each,
+      // Zen 5). grad_o is read in place, row by row (the line requests have
+      // brought it into cache): copying it into a tile first cost a
+      // memory-speed pass.
       for_each_row(p_.table, t.block, t.v, [&](int64_t r, int64_t offset) {
         const S* gr = grad_o + offset;
-        const S* outr = o + offset;
         // (Beside the line requests: the bfloat16 backward at N = 65536 took
         // 62.4-65.1 instead of 64.1-66.7 ms; float within noise.)
         prefetch_ahead(gr, t.v.stride, d.dv);
         T* dyr = dy.data() + r * ld_x1_;
-        if (o_unread) {
-          const T inv = T(1) / (den[r] + eps);
+        const T factor = p_.normalize ? T(1) / (den[r] + eps) : scale;
 #pragma omp simd
-          for (int64_t e = 0; e < d.dv; ++e) dyr[e] = value_of(gr[e]) * inv;
-        } else if (p_.normalize) {
-          prefetch_ahead(outr, t.v.stride, d.dv);
-          const T inv = T(1) / (den[r] + eps);
-          T g_dot_o = 0;
-#pragma omp simd reduction(+ : g_dot_o)
-          for (int64_t e = 0; e < d.dv; ++e) {
-            const T g = value_of(gr[e]);
-            dyr[e] = g * inv;
-            g_dot_o += g * value_of(outr[e]);
-          }
-          dyr[d.dv] = -g_dot_o * inv;
-        } else {
-          for (int64_t e = 0; e < d.dv; ++e) dyr[e] = scale * value_of(gr[e]);
-          dyr[d.dv] = 0;
-        }
+        for (int64_t e = 0; e < d.dv; ++e) dyr[e] = value_of(gr[e]) * factor;
+        dyr[d.dv] = 0;
       });
-      // y = phi(Q) mixed_i:  dphi(Q) = dy mixed_i^T. In float also for bfloat16
-      // tokens: normalised, its two terms (dy[:Dv] S~^T and dy[Dv] z~^T) cancel,
-      // and on bfloat16 operands grad_q's error on the test catalogue rose
-      // from 0.005 to 0.48 (the other products below take bfloat16 operands).
-      if (o_unread) {
-        // P first, then dy[Dv] = -(phi(q) . P) / (den + eps) and
-        // dphi(Q) = P + dy[Dv] z~^T.
-        block_gemm(false, true, rows, d.dk, d.dv, T(1), dy.data(), ld_x1_, mixed_i, x1_, T(0),
-                   du.data(), d.dk, next_reads.prefetch());
-        for (int64_t a = 0; a < d.dk; ++a) zt[a] = mixed_i[a * x1_ + d.dv];
-        for (int64_t r = 0; r < rows; ++r) {
+      // y = phi(Q) mixed_i:  dphi(Q) = dy mixed_i^T = P + dy[Dv] z~_i^T with
+      // P = dy[:, :Dv] S~_i^T. In float also for bfloat16 tokens: normalised,
+      // its two terms cancel, and on bfloat16 operands grad_q's error on the
+      // test catalogue rose from 0.005 to 0.48 (the other products below take
+      // bfloat16 operands).
+      block_gemm(false, true, rows, d.dk, d.dv, T(1), dy.data(), ld_x1_, mixed_i, x1_, T(0),
+                 du.data(), d.dk, next_reads.prefetch());
+      // Causal, y += W[i,i] A [V|1] with A = mask(phi(Q) phi(K)^T); first
+      // B = mask(dy[:, :Dv] V^T).
+      if (p_.causal) lower_scores(rows, d.dv, dy.data(), vals.data(), ld_x1_, da.data());
+      // Row by row: g . o = dy[:Dv] . y = phi(q) . P (+ W[i,i] sum_j A[., j]
+      // B[., j]), dy[Dv] from it and dphi(Q) += dy[Dv] z~^T; causal, then
+      //   dA = W[i,i] mask(dy [V|1]^T) = W[i,i] (B + dy[Dv] 1^T),
+      //   dW[i,i] = <mask(dy [V|1]^T), A>, dphi(Q) += dA phi(K),
+      //   dphi(K) = dA^T phi(Q),  d[V|1] = W[i,i] A^T dy
+      // while the row of A and B is in L1 (the causal backward at N = 65536
+      // took 219.8-220.8 ms so, 232.3-232.5 with a second pass over the
+      // triangle, and 229.4-230.2 reading o before).
+      if (p_.normalize)
+        for (int64_t e = 0; e < d.dk; ++e) zt[e] = mixed_i[e * x1_ + d.dv];
+      T dw = 0;
+      for (int64_t r = 0; r < rows; ++r) {
+        T* a_r = a.data() + r * rows;
+        T* b_r = da.data() + r * rows;
+        T dy_z = 0;
+        if (p_.normalize) {
           T* dur = du.data() + r * d.dk;
           const T* ur = u.data() + r * d.dk;
           T dot = 0;
 #pragma omp simd reduction(+ : dot)
-          for (int64_t a = 0; a < d.dk; ++a) dot += ur[a] * dur[a];
-          const T c = -dot * (T(1) / (den[r] + eps));
-          dy[r * ld_x1_ + d.dv] = c;
+          for (int64_t e = 0; e < d.dk; ++e) dot += ur[e] * dur[e];
+          if (p_.causal) {
+            T in_block = 0;
+#pragma omp simd reduction(+ : in_block)
+            for (int64_t c = 0; c <= r; ++c) in_block += a_r[c] * b_r[c];
+            dot += wii * in_block;
+          }
+          dy_z = -dot * (T(1) / (den[r] + eps));
+          dy[r * ld_x1_ + d.dv] = dy_z;
 #pragma omp simd
-          for (int64_t a = 0; a < d.dk; ++a) dur[a] += c * zt[a];
+          for (int64_t e = 0; e < d.dk; ++e) dur[e] += dy_z * zt[e];
         }
-      } else {
-        block_gemm(false, true, rows, d.dk, x1_, T(1), dy.data(), ld_x1_, mixed_i, x1_, T(0),
-                   du.data(), d.dk, next_reads.prefetch());
+        if (p_.causal) {
+          T dw_r = 0;
+#pragma omp simd reduction(+ : dw_r)
+          for (int64_t c = 0; c <= r; ++c) {
+            const T x = b_r[c] + dy_z;
+            dw_r += x * a_r[c];
+            b_r[c] = x * wii;
+          }
+          dw += dw_r;
+        }
       }
       if (p_.causal) {
-        // y += W[i,i] A [V|1], A = mask(phi(Q) phi(K)^T):
-        //   dA = W[i,i] mask(dy [V|1]^T),  dW[i,i] = <mask(dy [V|1]^T), A>,
-        //   dphi(Q) += dA phi(K),  dphi(K) = dA^T phi(Q),  d[V|1] = W[i,i] A^T dy.
-        lower_scores(rows, x1_, dy.data(), vals.data(), ld_x1_, da.data());
-        T dw = 0;
-        for (int64_t r = 0; r < rows; ++r)
-          for (int64_t c = 0; c <= r; ++c) {
-            dw += da[r * rows + c] * a[r * rows + c];
-            da[r * rows + c] *= wii;
-          }
         diagonal_grad[t.bh * p_.blocks + t.block] = dw;
         lower_times(rows, d.dk, T(1), da.data(), kap.data(), d.dk, true, du.data(), d.dk);
         lower_transposed_times(rows, d.dk, T(1), da.data(), u.data(), d.dk, dkap.data(), d.dk);
@@ -515,14 +512,14 @@ bool ChunkedAttention<T>::key_value_gradients(const S* k, const S* v, const T* s
 
 // The member templates for token tensors of the computing type, and the
 // backward's for bfloat16 ones.
-#define MHLA_INSTANTIATE_PHASES(T, S)                                                              \
-  template void ChunkedAttention<T>::compute_summaries<S>(const S*, const S*, T*) const;           \
-  template bool ChunkedAttention<T>::output_gradients<S>(                                          \
-      const S*, const S*, const S*, const S*, const S*, const T*, T*, T*, S*, S*, S*, bool) const; \
-  template bool ChunkedAttention<T>::key_value_gradients<S>(const S*, const S*, const T*, S*, S*,  \
-                                                            bool) const;                           \
-  template bool ChunkedAttention<T>::backward<S>(const S*, const S*, const S*, const S*, const S*, \
-                                                 S*, S*, S*, T*, const T*, const T*) const;
+#define MHLA_INSTANTIATE_PHASES(T, S)                                                             \
+  template void ChunkedAttention<T>::compute_summaries<S>(const S*, const S*, T*) const;          \
+  template bool ChunkedAttention<T>::output_gradients<S>(                                         \
+      const S*, const S*, const S*, const S*, const T*, T*, T*, S*, S*, S*, bool) const;          \
+  template bool ChunkedAttention<T>::key_value_gradients<S>(const S*, const S*, const T*, S*, S*, \
+                                                            bool) const;                          \
+  template bool ChunkedAttention<T>::backward<S>(const S*, const S*, const S*, const S*, S*, S*,  \
+                                                 S*, T*, const T*, const T*) const;
 template class ChunkedAttention<float>;
 template class ChunkedAttention<double>;
 MHLA_INSTANTIATE_PHASES(float, float)

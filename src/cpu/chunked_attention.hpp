@@ -42,8 +42,8 @@ class ChunkedAttention {
   // kernels, so only where simd::bf16_products_available()); not in causal
   // mode, whose in-block gradients are parked in the outputs.
   template <typename S = T>
-  bool backward(const S* q, const S* k, const S* v, const S* o, const S* grad_o, S* grad_q,
-                S* grad_k, S* grad_v, T* grad_w, const T* saved_summaries = nullptr,
+  bool backward(const S* q, const S* k, const S* v, const S* grad_o, S* grad_q, S* grad_k,
+                S* grad_v, T* grad_w, const T* saved_summaries = nullptr,
                 const T* saved_mixed = nullptr) const;
 
   // The three phases and their backward, each on this call's blocks; the mix
@@ -60,9 +60,9 @@ class ChunkedAttention {
   // in-block key gradient is left before phi' for key_value_gradients to
   // finish (one pass over grad_k instead of two).
   template <typename S = T>
-  bool output_gradients(const S* q, const S* k, const S* v, const S* o, const S* grad_o,
-                        const T* mixed, T* mixed_grad, T* diagonal_grad, S* grad_q, S* grad_k,
-                        S* grad_v, bool park) const;
+  bool output_gradients(const S* q, const S* k, const S* v, const S* grad_o, const T* mixed,
+                        T* mixed_grad, T* diagonal_grad, S* grad_q, S* grad_k, S* grad_v,
+                        bool park) const;
   // Backward of 1: writes grad_k and grad_v, or with `add_to_parked` adds the
   // inter-block part to what output_gradients parked there.
   template <typename S = T>
