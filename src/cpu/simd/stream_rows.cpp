@@ -6,6 +6,8 @@
 #include <hwy/foreach_target.h>  // must come before highway.h
 #include <hwy/highway.h>
 
+#include <cstring>
+
 #include "cpu/simd/stream_rows.hpp"
 
 HWY_BEFORE_NAMESPACE();
@@ -20,11 +22,14 @@ void StreamRowsImpl(const void* src, int64_t rows, int64_t lines, void* const* d
   const int64_t words = lines * kWordsPerLine;
   for (int64_t r = 0; r < rows; ++r) {
     const uint32_t* from = static_cast<const uint32_t*>(src) + r * words;
-    auto* to = static_cast<uint32_t*>(dst[r]);
     int64_t i = 0;
-    if (reinterpret_cast<uintptr_t>(to) % kLine == 0)
+    if (reinterpret_cast<uintptr_t>(dst[r]) % kLine == 0) {
+      auto* to = static_cast<uint32_t*>(dst[r]);
       for (; i + lanes <= words; i += lanes) hn::Stream(hn::Load(d, from + i), d, to + i);
-    for (; i < words; ++i) to[i] = from[i];
+    }
+    // The rest (all of a row off a line, which may be off a word too).
+    std::memcpy(static_cast<char*>(dst[r]) + i * int64_t(sizeof(uint32_t)), from + i,
+                size_t(words - i) * sizeof(uint32_t));
   }
 }
 
