@@ -54,9 +54,8 @@ RowWrite result_write(const mhla::detail::AttentionDims& d, int64_t width, const
 // streaming, a row of the writer's buffer, streamed out a few rows at a time
 // (one call of the SIMD kernel per group; rows formed in a block-sized tile
 // and streamed block by block left it in L1 less: the backward took about
-// 1.04x as long). Streamed stores are weakly ordered, so the destructor fences them
-// once, before the region ends (a fence per block stalled on each block's
-// stores).
+// 1.04x as long). Streamed stores are weakly ordered, so the destructor fences
+// them, once per region (a fence per block would wait on each block's stores).
 template <typename T>
 class RowWriter {
  public:
