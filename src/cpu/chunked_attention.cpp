@@ -380,8 +380,9 @@ bool ChunkedAttention<T>::output_gradients(const S* q, const S* k, const S* v, c
         for (int64_t e = 0; e < d.dk; ++e) zt[e] = mixed_i[e * x1_ + d.dv];
       T dw = 0;
       for (int64_t r = 0; r < rows; ++r) {
-        T* a_r = a.data() + r * rows;
-        T* b_r = da.data() + r * rows;
+        // Row r of A and B (causal only: the other modes have no such tiles).
+        T* a_r = p_.causal ? a.data() + r * rows : nullptr;
+        T* b_r = p_.causal ? da.data() + r * rows : nullptr;
         T dy_z = 0;
         if (p_.normalize) {
           T* dur = du.data() + r * d.dk;
@@ -478,22 +479,24 @@ bool ChunkedAttention<T>::key_value_gradients(const S* k, const S* v, const T* s
       // [S_b | z_b] = phi(K)^T [V | 1]:  dphi(K) = [V | 1] dS^T,  dV = phi(K) dS[:, :Dv]
       // (the ones' gradient is not needed).
       // (bfloat16 values are widened by the gather, for the pair products.)
-      const mhla::detail::TokenRun* run = nullptr;
-      if constexpr (std::is_same_v<S, T>) run = p_.table.single_run(t.block);
-      if (run) {
-        // dphi(K) = V dS[:, :Dv]^T + 1 dz^T with V read in place: the product
-        // reads each of its rows once (dphi(K) is one column panel on
-        // AVX-512; narrower targets read them once per panel), so the gather
-        // into [V | 1] was mostly a copy (this phase at N = 16384 took
-        // 7.19-7.24 instead of 7.32-7.49 ms). dz^T is every row's start.
-        for (int64_t a = 0; a < d.dk; ++a) dkap[a] = ds[a * x1_ + d.dv];
-        for (int64_t r = 1; r < t.rows; ++r)
-          std::copy(dkap.data(), dkap.data() + d.dk, dkap.data() + r * d.dk);
-        if constexpr (std::is_same_v<S, T>)
+      bool values_in_place = false;
+      if constexpr (std::is_same_v<S, T>) {
+        if (const mhla::detail::TokenRun* run = p_.table.single_run(t.block)) {
+          // dphi(K) = V dS[:, :Dv]^T + 1 dz^T with V read in place: the product
+          // reads each of its rows once (dphi(K) is one column panel on
+          // AVX-512; narrower targets read them once per panel), so the gather
+          // into [V | 1] was mostly a copy (this phase at N = 16384 took
+          // 7.19-7.24 instead of 7.32-7.49 ms). dz^T is every row's start.
+          for (int64_t a = 0; a < d.dk; ++a) dkap[a] = ds[a * x1_ + d.dv];
+          for (int64_t r = 1; r < t.rows; ++r)
+            std::copy(dkap.data(), dkap.data() + d.dk, dkap.data() + r * d.dk);
           block_gemm(false, true, t.rows, d.dk, d.dv, T(1),
                      v + t.v.offset + run->first * t.v.stride, t.v.stride, ds, x1_, T(1),
                      dkap.data(), d.dk, next_reads.prefetch());
-      } else {
+          values_in_place = true;
+        }
+      }
+      if (!values_in_place) {
         gather_values_with_ones(p_.table, t.block, v, t.v, d.dv, t.rows, vals.data(), ld_x1_);
         token_block_gemm<S>(false, true, t.rows, d.dk, x1_, vals.data(), ld_x1_, ds, x1_,
                             dkap.data(), d.dk, next_reads.prefetch());

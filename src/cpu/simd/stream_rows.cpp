@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "cpu/simd/stream_rows.hpp"
+#include "mhla/line_aligned.hpp"
 
 HWY_BEFORE_NAMESPACE();
 namespace mhla::cpu::simd {
@@ -16,7 +17,8 @@ namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
 void StreamRowsImpl(const void* src, int64_t rows, int64_t lines, void* const* dst) {
-  constexpr int64_t kLine = 64, kWordsPerLine = kLine / int64_t(sizeof(uint32_t));
+  constexpr auto kLine = int64_t(mhla::detail::kCacheLine);
+  constexpr int64_t kWordsPerLine = kLine / int64_t(sizeof(uint32_t));
   const hn::ScalableTag<uint32_t> d;
   const auto lanes = int64_t(hn::Lanes(d));
   const int64_t words = lines * kWordsPerLine;
