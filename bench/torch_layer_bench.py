@@ -9,6 +9,12 @@ Both layers share their weights; the script first checks that they agree, then
 reports the median of interleaved repeats and the speed-up (torch / mhla), for
 the whole layer (projections included, which both spend alike) and for the
 attention step alone (q, k, v and W in, gradients of all four out).
+
+Below each attention row, the step's split, timed interleaved with it: the loss
+and its autograd alone (the same `.square().mean().backward()` on a leaf shaped
+like o, which both steps pay), and the mhla operator alone (mhla.forward keeping
+both saved arrays, then mhla.backward: the calls the step makes, without
+autograd); with the speed-up of the two steps less the shared loss.
 """
 import argparse
 import copy
@@ -18,6 +24,7 @@ import platform
 import torch
 import torch.nn.functional as F
 
+import mhla
 import mhla.torch as mt
 from attention_timing import median_seconds
 
@@ -63,6 +70,30 @@ def attention_step(attend, q, k, v, w, layout):
     return run
 
 
+def loss_step(shape):
+    """The loss and autograd both attention steps run after their forward, on a leaf."""
+    x = torch.randn(shape, requires_grad=True)
+
+    def run():
+        x.grad = None
+        x.square().mean().backward()
+
+    return run
+
+
+def operator_step(layer, q, k, v, w, layout):
+    """The mhla operator's calls in the attention step (forward keeping both arrays, backward), without autograd."""
+    options = mhla.Options(layout, masking=layer.masking, feature_map=layer.feature_map, normalize=layer.normalize)
+    q, k, v, w = (t.detach() for t in (q, k, v, w))
+    grad_o = torch.randn_like(v)
+
+    def run():
+        o, summaries, mixed = mhla.forward(q, k, v, w, options=options, save_summaries=True, save_mixed=True)
+        mhla.backward(q, k, v, w, o, grad_o, summaries=summaries, mixed=mixed, options=options)
+
+    return run
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=16384)
@@ -99,7 +130,8 @@ def main():
         parts = {
             "layer": {"torch": layer_step(reference, x), "mhla": layer_step(layer, x)},
             "attention": {"torch": attention_step(reference.attend, q, k, v, w, layout),
-                          "mhla": attention_step(layer.attend, q, k, v, w, layout)},
+                          "mhla": attention_step(layer.attend, q, k, v, w, layout),
+                          "loss": loss_step(v.shape), "operator": operator_step(layer, q, k, v, w, layout)},
         }
         for threads in args.threads:
             torch.set_num_threads(threads)  # also the OpenMP threads of the extension (one runtime)
@@ -108,8 +140,15 @@ def main():
                 speedup = t["torch"] / t["mhla"]
                 print(f"{heads:>5} {dim:>5} {threads:>7} {part:>9} {1e3 * t['torch']:>9.1f} "
                       f"{1e3 * t['mhla']:>8.1f} {speedup:>7.2f}x {diff:>12.1e}", flush=True)
-                rows.append(dict(heads=heads, dim=dim, threads=threads, part=part, torch_ms=1e3 * t["torch"],
-                                 mhla_ms=1e3 * t["mhla"], speedup=speedup, max_rel_diff=diff))
+                row = dict(heads=heads, dim=dim, threads=threads, part=part, torch_ms=1e3 * t["torch"],
+                           mhla_ms=1e3 * t["mhla"], speedup=speedup, max_rel_diff=diff)
+                if "loss" in t:
+                    row.update(loss_ms=1e3 * t["loss"], operator_ms=1e3 * t["operator"],
+                               speedup_less_loss=(t["torch"] - t["loss"]) / (t["mhla"] - t["loss"]))
+                    print(f"{'':>23} split: loss and autograd alone {row['loss_ms']:.1f} ms, mhla operator "
+                          f"alone {row['operator_ms']:.1f} ms; less the loss {row['speedup_less_loss']:.2f}x",
+                          flush=True)
+                rows.append(row)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(tokens=args.tokens, head_dim=args.head_dim, block=args.block, repeats=args.repeats,
