@@ -83,7 +83,9 @@ namespace {
 
 // backward<T>'s body, also for bfloat16 token tensors (S) with float T;
 // `rounding` widens the saved arrays' fingerprint tolerance for summaries from
-// bfloat16 products (check_saved_summaries_match). A kernel flag of
+// bfloat16 products (check_saved_summaries_match): one rounding of each term
+// of the summaries, three of the mixed summaries' (the mix rounds w and the
+// summaries once more). A kernel flag of
 // non-finite results is reported when S is T; with bfloat16 it returns false
 // for the caller to report through float.
 template <typename S, typename T>
@@ -103,7 +105,7 @@ bool run_backward(const Options& options, TensorView<const S> q, TensorView<cons
   const bool saved_mix = check_saved(fn, "saved_mixed", p, saved_mixed);
   if (saved_mix)
     detail::check_saved_mixed_match(fn, p, k.data, v.data, w.data, saved_mixed.data,
-                                    saved ? saved_summaries.data : nullptr, rounding);
+                                    saved ? saved_summaries.data : nullptr, 3 * rounding);
   const auto mixer = cpu::make_mixer(p, w.data);
   // The kernel adds to grad_w.
   std::fill(grad_w.data, grad_w.data + detail::checked_product(grad_w.shape, "grad_w"), T(0));
@@ -144,9 +146,9 @@ void narrow(const float* src, int64_t n, bfloat16* dst) {
   for (int64_t i = 0; i < n; ++i) dst[i] = to_bfloat16(src[i]);
 }
 
-// What the bfloat16 products add to each term of a saved array's entries:
-// phi(k) rounded to bfloat16 (2^-8, half a unit in its 8th significant bit).
-// (The mix of summaries that forward saves runs in float.)
+// What one rounding to bfloat16 adds to a term of a saved array's entries
+// (2^-8, half a unit in its 8th significant bit): phi(k) in the summaries,
+// and also w and the summaries in the mix.
 constexpr double kBf16Rounding = 0x1p-8;
 
 }  // namespace

@@ -6,9 +6,9 @@
 // once to bfloat16. The phases are ChunkedAttention's; only their operands
 // change:
 //   1. [S_b | z_b]: S_b = phi(K_b)^T V_b on pairs of tokens, z_b in float
-//   2. the mixer's mix_bf16 (the float mix when the mixed summaries are kept);
-//      keeping neither, the dense mix reads the summaries as pairs of blocks
-//      that phase 1 writes rounded (no float array, no packing)
+//   2. the mixer's mix_bf16; keeping neither array, the dense mix reads the
+//      summaries as pairs of blocks that phase 1 writes rounded (no float
+//      array, no packing)
 //   3. y = phi(Q_i) S~_i on pairs of key features, den = phi(Q_i) z~_i in float
 // Not for causal problems (their in-block triangle products are float only)
 // nor without simd::bf16_products_available(): the operator then widens the
