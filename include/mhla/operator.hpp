@@ -59,16 +59,17 @@ void backward(const Options& options, TensorView<const T> q, TensorView<const T>
 
 // bfloat16 q, k, v and o (and gradients), with w, grad_w and the saved arrays
 // in float32. Forward runs the block products on bfloat16 operands with
-// float32 sums where the CPU has AVX512-BF16: phi(q) and phi(k) are rounded to
-// bfloat16 as the products read them, the summaries and normalisers are float32,
-// the dense mix rounds the summaries and w to bfloat16 (also when saved_mixed
-// keeps its result: backward reads it, never o, so o and the gradients see
-// the same mix), and o is rounded once. Backward there reads the
-// bfloat16 tensors in place, runs dphi(q), dS~, dS, dphi(k) and dv on
-// bfloat16 products (dw in float32) and rounds each gradient once. On other CPUs, and in causal
-// mode, both compute in float32 on widened copies in the calling thread's scratch (release_scratch
-// frees them). The fingerprints of the saved arrays allow for the bfloat16 roundings of phi(k), and
-// of w and the summaries in the mix. See docs/operator.md, "bfloat16".
+// float32 sums where the CPU has AVX512-BF16: phi(q) and phi(k) are rounded
+// to bfloat16 as the products read them, the summaries and normalisers are
+// float32, the dense mix rounds the summaries and w to bfloat16 (also when
+// saved_mixed keeps its result: backward reads it, never o, so o and the
+// gradients see the same mix), and o is rounded once. Backward there reads
+// the bfloat16 tensors in place, runs every product (dphi(q), dS~, dS, dw,
+// dphi(k), dv) on bfloat16 operands and rounds each gradient once. On other
+// CPUs, and in causal mode, both compute in float32 on widened copies in the
+// calling thread's scratch (release_scratch frees them). The fingerprints of
+// the saved arrays allow for the bfloat16 roundings of phi(k), and of w and
+// the summaries in the mix. See docs/operator.md, "bfloat16".
 void forward(const Options& options, TensorView<const bfloat16> q, TensorView<const bfloat16> k,
              TensorView<const bfloat16> v, TensorView<const float> w, TensorView<bfloat16> o,
              TensorView<float> saved_summaries = {}, TensorView<float> saved_mixed = {});

@@ -38,8 +38,8 @@ class Mixer {
   // halves zero), sparing the float array and its packing.
   virtual bool takes_summary_pairs() const { return false; }
   virtual void mix_summary_pairs(const uint32_t* /*summary_pairs*/, T* /*mixed*/) const {}
-  // mix_backward() for the bfloat16 backward: the dense mixer's dS product on
-  // bfloat16 operands (dW stays float); the others as mix_backward().
+  // mix_backward() for the bfloat16 backward: the dense mixer's dS and dW
+  // products on bfloat16 operands; the others as mix_backward().
   virtual void mix_backward_bf16(const T* mixed_grad, const T* summaries, const T* diagonal_grad,
                                  T* summaries_grad, T* grad_w) const {
     mix_backward(mixed_grad, summaries, diagonal_grad, summaries_grad, grad_w);

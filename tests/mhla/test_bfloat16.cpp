@@ -95,7 +95,7 @@ OperatorResults<double> double_gradients_at(const Case& c, const Inputs& in,
 // rounded once; phi(q), phi(k), S~ and, in the bfloat16 mix, the summaries
 // and w once more in the products); grad_q 0.011 (its two normalised terms
 // cancel: see ChunkedAttention::output_gradients); grad_v 0.0081; grad_k
-// 0.015 and grad_w 0.052 (their products on bfloat16 operands feed sums that
+// 0.015 and grad_w 0.054 (their products on bfloat16 operands feed sums that
 // cancel: the ones' column against V in dphi(K), dmixed_i against S_b over
 // Dk (Dv + 1) terms in dW). On the paper's setting (elu+1, normalised) the
 // errors are 0.37-1.21x those of the same formula computed in bfloat16
@@ -124,6 +124,23 @@ TEST(Bfloat16, MatchesTheDoublePrecisionOperator) {
       SCOPED_TRACE(save ? "summaries saved" : "summaries recomputed");
       expect_matches_double(c, in, run_bf16(c, in, 1, save), want);
     }
+  }
+}
+
+// Heads wide enough for dW's inner dimension Dk (Dv + 1) to run in several
+// chunks on bfloat16 products (an odd one, whose last pair is padded), and
+// enough blocks for two column panels per slice (masked rows too): against
+// float64, and bit for bit across thread counts.
+TEST(Bfloat16, WideHeadsMatchTheDoublePrecisionOperator) {
+  for (const Case& c : {Case{"wide-ragged", 2, 2, 63, 72, TokenLayout::sequence(70 * 8 + 3, 8)},
+                        Case{"wide-block-causal", 1, 2, 64, 64, TokenLayout::sequence(600, 8),
+                             Masking::block_causal}}) {
+    SCOPED_TRACE(c.label());
+    const Inputs in = make_inputs(c, 9);
+    const Bf16Results one = run_bf16(c, in, 1);
+    expect_matches_double(c, in, one, run_operator<double>(c, as_rounded(in), 1));
+    EXPECT_TRUE(one == run_bf16(c, in, 2)) << "2 threads differ from 1";
+    EXPECT_TRUE(one == run_bf16(c, in, 3)) << "3 threads differ from 1";
   }
 }
 
