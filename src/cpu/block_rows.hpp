@@ -146,6 +146,21 @@ inline void gather_rows(const mhla::detail::BlockTableView& layout, int64_t bloc
   });
 }
 
+// The block's bfloat16 rows as pairs of columns, the A operand of the
+// bfloat16 products (simd::PairStrided{dst, ldd, 1}): row r's values in
+// order, an odd last column paired with zero. The bits are moved, not
+// converted.
+inline void gather_column_pairs(const mhla::detail::BlockTableView& layout, int64_t block,
+                                const bfloat16* src, HeadSlice s, int64_t width, uint32_t* dst,
+                                int64_t ldd) {
+  for_each_row(layout, block, s, [&](int64_t row, int64_t offset) {
+    prefetch_ahead(src + offset, s.stride, width);
+    bfloat16* out = reinterpret_cast<bfloat16*>(dst + row * ldd);
+    std::copy(src + offset, src + offset + width, out);
+    if (width % 2) out[width] = bfloat16{};
+  });
+}
+
 // The block's bfloat16 rows in pairs, as the B operand of the bfloat16
 // products (simd::gemm_bf16): dst[p * ldd + j] holds row 2p's element j in its
 // low half and row 2p + 1's in its high half; an odd last row is paired with

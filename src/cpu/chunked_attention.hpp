@@ -38,9 +38,9 @@ class ChunkedAttention {
   //
   // The backward phases also take bfloat16 token tensors (S = bfloat16, T =
   // float: gathered widened, gradients rounded as they are scattered, and
-  // their products on bfloat16 operands but dphi(Q)'s, all by the bfloat16
-  // kernels, so only where simd::bf16_products_available()); not in causal
-  // mode, whose in-block gradients are parked in the outputs.
+  // their products on bfloat16 operands, all by the bfloat16 kernels, so
+  // only where simd::bf16_products_available()); not in causal mode, whose
+  // in-block gradients are parked in the outputs.
   template <typename S = T>
   bool backward(const S* q, const S* k, const S* v, const S* grad_o, S* grad_q, S* grad_k,
                 S* grad_v, T* grad_w, const T* saved_summaries = nullptr,
