@@ -5,7 +5,8 @@ forward and forward+backward, on the CPU.
         [--tokens 65536] [--heads 8] [--head-dim 64] [--threads 2] [--json out.json]
 
 bfloat16 runs the operator's bfloat16 path (block products on AVX512-BF16
-dot products where the CPU has them; backward in float32 on widened copies);
+dot products where the CPU has them, forward and backward; elsewhere float32
+on widened copies);
 float16 has no path of its own: mhla.torch widens q, k, v (and incoming
 gradients) to float32 and rounds the results back. "torch casts" is the call
 on float32 copies made by torch's own .float(), rounded back by .to(dtype),
