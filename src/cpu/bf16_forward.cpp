@@ -92,7 +92,7 @@ void Bf16Forward::compute_summaries(const bfloat16* k, const bfloat16* v, float*
         float* s = summaries + t.summary;
         simd::gemm_bf16(d.dk, d.dv, row_pairs, features, value_pairs.data(), d.dv, s, x1_,
                         next_rows.prefetch());
-        column_sums(kap.data(), t.rows, d.dk, static_cast<const float*>(nullptr), 0, s + d.dv, x1_);
+        column_sums(kap.data(), t.rows, d.dk, s + d.dv, x1_);
         continue;
       }
       const int half = int(t.block % 2);
@@ -102,7 +102,7 @@ void Bf16Forward::compute_summaries(const bfloat16* k, const bfloat16* v, float*
       simd::gemm_bf16_halves(d.dk, d.dv, row_pairs, features, value_pairs.data(), d.dv,
                              reinterpret_cast<uint32_t*>(s), x1_, half, alone,
                              next_rows.prefetch());
-      column_sums(kap.data(), t.rows, d.dk, static_cast<const float*>(nullptr), 0, z.data(), 1);
+      column_sums(kap.data(), t.rows, d.dk, z.data(), 1);
       for (int64_t a = 0; a < d.dk; ++a) {
         uint16_t* word = s + 2 * (a * x1_ + d.dv);
         word[half] = to_bfloat16(z[a]).bits;

@@ -64,23 +64,20 @@ void token_block_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T
     block_gemm(ta, tb, m, n, k, T(1), a, lda, b, ldb, T(0), c, ldc, prefetch);
 }
 
-// sums[a * ld_sums] = sum_r tile[r, a] weights[r * ld_weights], weights all
-// ones when null: z_b = phi(K_b)^T 1, and the z column of dmixed_i =
-// phi(Q_i)^T dy. One column apart from the GEMMs, whose SIMD tiles would spend
-// a whole pass on it. The sums build up in a contiguous row, so that the loop
-// over a vectorises, and are then written to their strided column (summing
-// into the column itself took 5.6% of the forward at N = 16384).
+// sums[a * ld_sums] = sum_r tile[r, a]: z_b = phi(K_b)^T 1, one column apart
+// from the GEMMs, whose SIMD tiles would spend a whole pass on it. The sums
+// build up in a contiguous row, so that the loop over a vectorises, and are
+// then written to their strided column (summing into the column itself took
+// 5.6% of the forward at N = 16384).
 template <typename T>
-void column_sums(const T* tile, int64_t rows, int64_t width, const T* weights, int64_t ld_weights,
-                 T* sums, int64_t ld_sums) {
+void column_sums(const T* tile, int64_t rows, int64_t width, T* sums, int64_t ld_sums) {
   thread_local std::vector<T> row;
   row.assign(size_t(width), T(0));
   T* acc = row.data();
   for (int64_t r = 0; r < rows; ++r) {
-    const T weight = weights ? weights[r * ld_weights] : T(1);
     const T* x = tile + r * width;
 #pragma omp simd
-    for (int64_t a = 0; a < width; ++a) acc[a] += x[a] * weight;
+    for (int64_t a = 0; a < width; ++a) acc[a] += x[a];
   }
   for (int64_t a = 0; a < width; ++a) sums[a * ld_sums] = acc[a];
 }

@@ -198,7 +198,7 @@ void ChunkedAttention<T>::compute_summaries(const S* k, const S* v, T* summaries
       block_gemm(true, false, d.dk, d.dv, t.rows, T(1), kap.data(), d.dk, vals.data(), d.dv, T(0),
                  s, x1_, next_rows.prefetch());
       // ... and z_b = phi(K_b)^T 1 in the last.
-      column_sums(kap.data(), t.rows, d.dk, static_cast<const T*>(nullptr), 0, s + d.dv, x1_);
+      column_sums(kap.data(), t.rows, d.dk, s + d.dv, x1_);
     }
   }
 }
