@@ -61,7 +61,7 @@ void Bf16Forward::compute_summaries(const bfloat16* k, const bfloat16* v, float*
   };
 #pragma omp parallel
   {
-    Tile<float> kap(max_rows_ * d.dk), z(d.dk);
+    Tile<float> z(d.dk);
     Tile<uint32_t> kap_pairs(row_pairs_ * d.dk), value_pairs(row_pairs_ * d.dv);
     RowLines next_rows;
 #pragma omp for schedule(static)
@@ -81,10 +81,11 @@ void Bf16Forward::compute_summaries(const bfloat16* k, const bfloat16* v, float*
         else
           next_rows.add_span_write(summaries + next.summary, x);
       }
-      // phi(K_b) in float for z_b, and as pairs of tokens for S_b's product,
-      // which reads it as A^T: word (a, p) = (phi(k_2p)[a], phi(k_2p+1)[a]).
-      gather_rows(p_.table, t.block, p_.phi, k, t.qk, d.dk, kap.data(), d.dk);
-      simd::pack_row_pairs(kap.data(), d.dk, t.rows, d.dk, kap_pairs.data(), d.dk);
+      // phi(K_b) as pairs of tokens for S_b's product, which reads it as A^T
+      // (word (a, p) = (phi(k_2p)[a], phi(k_2p+1)[a])), and z_b summed in
+      // float as they are formed.
+      gather_feature_row_pairs(p_.table, t.block, p_.phi, k, t.qk, d.dk, kap_pairs.data(), d.dk,
+                               z.data());
       gather_row_pairs(p_.table, t.block, v, t.v, d.dv, value_pairs.data(), d.dv);
       const int64_t row_pairs = (t.rows + 1) / 2;
       const simd::PairStrided features{kap_pairs.data(), 1, d.dk};
@@ -92,7 +93,7 @@ void Bf16Forward::compute_summaries(const bfloat16* k, const bfloat16* v, float*
         float* s = summaries + t.summary;
         simd::gemm_bf16(d.dk, d.dv, row_pairs, features, value_pairs.data(), d.dv, s, x1_,
                         next_rows.prefetch());
-        column_sums(kap.data(), t.rows, d.dk, s + d.dv, x1_);
+        for (int64_t a = 0; a < d.dk; ++a) s[a * x1_ + d.dv] = z[a];
         continue;
       }
       const int half = int(t.block % 2);
@@ -102,7 +103,6 @@ void Bf16Forward::compute_summaries(const bfloat16* k, const bfloat16* v, float*
       simd::gemm_bf16_halves(d.dk, d.dv, row_pairs, features, value_pairs.data(), d.dv,
                              reinterpret_cast<uint32_t*>(s), x1_, half, alone,
                              next_rows.prefetch());
-      column_sums(kap.data(), t.rows, d.dk, z.data(), 1);
       for (int64_t a = 0; a < d.dk; ++a) {
         uint16_t* word = s + 2 * (a * x1_ + d.dv);
         word[half] = to_bfloat16(z[a]).bits;

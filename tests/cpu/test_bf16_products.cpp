@@ -127,7 +127,7 @@ TEST_F(Bf16Products, ProductsIntoHalvesRoundTheFloatProducts) {
 TEST_F(Bf16Products, PackingsRoundLikeToBfloat16) {
   std::mt19937 rng(4);
   for (const auto& [rows, width] :
-       {std::pair<int64_t, int64_t>{1, 1}, {2, 16}, {7, 33}, {64, 65}}) {
+       {std::pair<int64_t, int64_t>{1, 1}, {2, 16}, {7, 33}, {17, 31}, {33, 70}, {64, 65}}) {
     const int64_t lds = width + 2;
     std::vector<float> src = random_floats(size_t(rows * lds), rng);
     // Ties (an odd and an even last kept bit) and NaN must round as to_bfloat16 does.
@@ -139,10 +139,10 @@ TEST_F(Bf16Products, PackingsRoundLikeToBfloat16) {
     };
     const int64_t row_pairs = (rows + 1) / 2, col_pairs = (width + 1) / 2;
     std::vector<uint32_t> by_rows(size_t(row_pairs * width)), by_cols(size_t(rows * col_pairs)),
-        transposed(size_t(col_pairs * rows));
+        transposed(size_t(col_pairs * (rows + 3)), 0xdeadbeefu);
     pack_row_pairs(src.data(), lds, rows, width, by_rows.data(), width);
     pack_column_pairs(src.data(), lds, rows, width, by_cols.data(), col_pairs);
-    pack_transposed_pairs(src.data(), lds, rows, width, transposed.data(), rows);
+    pack_transposed_pairs(src.data(), lds, rows, width, transposed.data(), rows + 3);
     for (int64_t p = 0; p < row_pairs; ++p)
       for (int64_t j = 0; j < width; ++j)
         ASSERT_EQ(by_rows[size_t(p * width + j)], pair_bits(at(2 * p, j), at(2 * p + 1, j)))
@@ -151,9 +151,13 @@ TEST_F(Bf16Products, PackingsRoundLikeToBfloat16) {
       for (int64_t p = 0; p < col_pairs; ++p) {
         ASSERT_EQ(by_cols[size_t(r * col_pairs + p)], pair_bits(at(r, 2 * p), at(r, 2 * p + 1)))
             << "row " << r << ", column pair " << p << " of " << rows << " x " << width;
-        ASSERT_EQ(transposed[size_t(p * rows + r)], by_cols[size_t(r * col_pairs + p)])
+        ASSERT_EQ(transposed[size_t(p * (rows + 3) + r)], by_cols[size_t(r * col_pairs + p)])
             << "transposed: row " << r << ", column pair " << p;
       }
+    for (int64_t p = 0; p < col_pairs; ++p)
+      for (int64_t r = rows; r < rows + 3; ++r)
+        ASSERT_EQ(transposed[size_t(p * (rows + 3) + r)], 0xdeadbeefu)
+            << "transposed: wrote past row " << rows << " of column pair " << p;
   }
 }
 
@@ -208,6 +212,54 @@ TEST_F(Bf16Products, FeatureRowsMatchTheFeatureMaps) {
         EXPECT_EQ(tile[size_t(r * ld + width)], -7.0f) << "wrote past the row";
         EXPECT_EQ(pairs[size_t(r * ld_pairs + ld_pairs - 1)], 0xdeadbeefu)
             << "wrote past the pairs";
+      }
+    }
+  }
+}
+
+// The fused form (phi, rounding into pairs of rows, column sums) against
+// feature_rows, pack_row_pairs and a plain loop over the rows, bit for bit,
+// with the rows split into runs that start at odd rows too (block tables).
+TEST_F(Bf16Products, FeatureRowPairsMatchFeatureRowsPackedAndSummed) {
+  std::mt19937 rng(7);
+  for (mhla::FeatureMap phi :
+       {mhla::FeatureMap::identity, mhla::FeatureMap::relu, mhla::FeatureMap::elu1}) {
+    for (const auto& [rows, width] :
+         {std::pair<int64_t, int64_t>{1, 1}, {2, 16}, {7, 37}, {64, 64}, {5, 70}, {9, 130}}) {
+      const int64_t ld_src = width + 3, ldd = width + 2, pairs = (rows + 1) / 2;
+      std::vector<bfloat16> src(size_t(rows * ld_src));
+      for (size_t i = 0; i < src.size(); ++i) src[i] = to_bfloat16(random_floats(1, rng)[0] * 8);
+      src[size_t(ld_src * (rows - 1))] = to_bfloat16(std::numeric_limits<float>::quiet_NaN());
+      std::vector<float> tile(size_t(rows * width));
+      feature_rows(phi, src.data(), ld_src, tile.data(), rows, width, width);
+      std::vector<uint32_t> want(size_t(pairs * ldd), 0xdeadbeefu);
+      pack_row_pairs(tile.data(), width, rows, width, want.data(), ldd);
+      std::vector<float> want_sums(size_t(width), 0.0f);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < width; ++c) want_sums[size_t(c)] += tile[size_t(r * width + c)];
+
+      for (int split = 0; split < 4; ++split) {
+        std::vector<uint32_t> got(size_t(pairs * ldd), 0xdeadbeefu);
+        std::vector<float> sums(size_t(width), 0.0f);
+        std::uniform_int_distribution<int64_t> run_length(1, std::max<int64_t>(1, rows / 2));
+        for (int64_t first = 0; first < rows;) {
+          const int64_t len = split == 0 ? rows : std::min(rows - first, run_length(rng));
+          feature_row_pairs(phi, src.data() + first * ld_src, ld_src, first, len, width, got.data(),
+                            ldd, sums.data());
+          first += len;
+        }
+        for (int64_t p = 0; p < pairs; ++p)
+          for (int64_t c = 0; c < ldd; ++c)
+            ASSERT_EQ(got[size_t(p * ldd + c)], want[size_t(p * ldd + c)])
+                << to_string(phi) << " " << rows << "x" << width << ", pair " << p << ", column "
+                << c << ", split " << split;
+        for (int64_t c = 0; c < width; ++c) {
+          if (std::isnan(want_sums[size_t(c)])) {
+            ASSERT_TRUE(std::isnan(sums[size_t(c)])) << "NaN must stay NaN";
+            continue;
+          }
+          ASSERT_EQ(sums[size_t(c)], want_sums[size_t(c)]) << "column " << c << ", split " << split;
+        }
       }
     }
   }

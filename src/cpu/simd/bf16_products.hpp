@@ -68,6 +68,14 @@ void pack_transposed_pairs(const float* src, int64_t lds, int64_t rows, int64_t 
 void feature_rows(FeatureMap phi, const bfloat16* src, int64_t ld_src, float* tile, int64_t rows,
                   int64_t width, int64_t ld, uint32_t* pairs = nullptr, int64_t ld_pairs = 0);
 
+// phi of bfloat16 rows as pairs of rows, as pack_row_pairs writes them (the B
+// operand, or A^T): the rows are rows first, first + 1, ... of that matrix,
+// so a run starting at an odd row fills the high halves of the pair before
+// it, and an odd last row is paired with zero. Adds each column's phi values
+// to sums[0, width) in row order (from zeroed sums: column_sums' values).
+void feature_row_pairs(FeatureMap phi, const bfloat16* src, int64_t ld_src, int64_t first,
+                       int64_t rows, int64_t width, uint32_t* pairs, int64_t ldd, float* sums);
+
 // dst[j] = bfloat16(src[j] * factor) for j < n; returns the sum of
 // dst[j] * 0, NaN exactly when some dst[j] is not finite.
 float narrow_scaled(const float* src, int64_t n, float factor, bfloat16* dst);
