@@ -297,10 +297,11 @@ MHLA_BF16_TARGET float narrow_scaled_avx512(const float* src, int64_t n, float f
 }
 
 // phi on 16 floats, as core/feature_map.hpp defines it (NaN kept: vmaxps
-// returns its second operand when either is NaN).
+// returns its second operand when either is NaN); elu + 1 in the form for
+// values rounded to bfloat16 afterwards (elu1_avx512.hpp).
 template <FeatureMap Phi>
 MHLA_BF16_INLINE __m512 Feature(__m512 x) {
-  if constexpr (Phi == FeatureMap::elu1) return elu1_avx512(x);
+  if constexpr (Phi == FeatureMap::elu1) return elu1_avx512_for_bf16(x);
   if constexpr (Phi == FeatureMap::relu) return _mm512_max_ps(_mm512_setzero_ps(), x);
   return x;
 }
