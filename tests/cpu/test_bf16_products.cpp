@@ -177,6 +177,49 @@ TEST_F(Bf16Products, NarrowingScalesRoundsAndProbes) {
   }
 }
 
+// The scatters' rows: phi' from phi's values times the gradient (plus the old
+// values when accumulating), rounded bit for bit as the float expression, and
+// the probe NaN exactly when a rounded value is not finite.
+TEST_F(Bf16Products, NarrowedGradientsMatchTheFloatExpression) {
+  std::mt19937 rng(8);
+  for (mhla::FeatureMap phi :
+       {mhla::FeatureMap::identity, mhla::FeatureMap::relu, mhla::FeatureMap::elu1}) {
+    for (bool accumulate : {false, true}) {
+      for (int64_t n : {1, 15, 16, 17, 64, 70}) {
+        std::vector<float> features = random_floats(size_t(n), rng);
+        const std::vector<float> grad = random_floats(size_t(n), rng);
+        for (float& y : features) y = std::abs(random_floats(1, rng)[0]) * (rng() % 3 ? 1 : -1);
+        features[0] = std::numeric_limits<float>::quiet_NaN();
+        if (n > 1) features[1] = 1.0f;
+        std::vector<bfloat16> dst(size_t(n + 1));
+        for (bfloat16& x : dst) x = to_bfloat16(random_floats(1, rng)[0]);
+        const std::vector<bfloat16> old = dst;
+        const float probe =
+            narrow_gradient(phi, features.data(), grad.data(), accumulate, n, dst.data());
+        bool finite = true;
+        for (int64_t j = 0; j < n; ++j) {
+          float x = accumulate ? grad[size_t(j)] + to_float(old[size_t(j)]) : grad[size_t(j)];
+          const float y = features[size_t(j)];
+          if (phi == mhla::FeatureMap::relu)
+            x = mhla::detail::derivative_from_feature<mhla::FeatureMap::relu>(y) * x;
+          if (phi == mhla::FeatureMap::elu1)
+            x = mhla::detail::derivative_from_feature<mhla::FeatureMap::elu1>(y) * x;
+          const bfloat16 want = rounded(x);
+          finite = finite && std::isfinite(to_float(want));
+          if (std::isnan(x)) {
+            ASSERT_TRUE(std::isnan(to_float(dst[size_t(j)]))) << "NaN must stay NaN";
+            continue;
+          }
+          ASSERT_EQ(dst[size_t(j)].bits, want.bits)
+              << to_string(phi) << (accumulate ? " accumulating" : "") << ", n " << n << ", " << j;
+        }
+        EXPECT_EQ(dst[size_t(n)].bits, old[size_t(n)].bits) << "wrote past n";
+        EXPECT_EQ(std::isnan(probe), !finite) << to_string(phi) << ", n " << n;
+      }
+    }
+  }
+}
+
 TEST_F(Bf16Products, FeatureRowsMatchTheFeatureMaps) {
   std::mt19937 rng(6);
   for (mhla::FeatureMap phi :

@@ -417,6 +417,56 @@ MHLA_BF16_TARGET void feature_row_pairs_avx512(const bfloat16* src, int64_t ld_s
   }
 }
 
+// phi'(x) from y = phi(x) on 16 floats, as derivative_from_feature in
+// core/feature_map.hpp: min(y, 1) keeps a NaN y as vminps keeps its second
+// operand; relu's [y > 0] is 0 for NaN.
+template <FeatureMap Phi>
+MHLA_BF16_INLINE __m512 Derivative(__m512 y) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  if constexpr (Phi == FeatureMap::elu1) return _mm512_min_ps(one, y);
+  if constexpr (Phi == FeatureMap::relu)
+    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(y, _mm512_setzero_ps(), _CMP_GT_OQ), one);
+  return one;
+}
+
+// 16 values (the first n) of the gradient narrowed by narrow_gradient.
+template <FeatureMap Phi, bool kAccumulate>
+MHLA_BF16_INLINE __m256i GradientVector(const float* features, const float* grad,
+                                        const uint16_t* old, __mmask16 mask, bool whole) {
+  __m512 g = whole ? _mm512_loadu_ps(grad) : _mm512_maskz_loadu_ps(mask, grad);
+  if constexpr (kAccumulate) {
+    const __m256i bits =
+        whole ? _mm256_loadu_si256((const __m256i*)old) : _mm256_maskz_loadu_epi16(mask, old);
+    g = _mm512_add_ps(g, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16)));
+  }
+  if constexpr (Phi != FeatureMap::identity) {
+    const __m512 y = whole ? _mm512_loadu_ps(features) : _mm512_maskz_loadu_ps(mask, features);
+    g = _mm512_mul_ps(Derivative<Phi>(y), g);
+  }
+  return (__m256i)_mm512_cvtneps_pbh(g);
+}
+
+template <FeatureMap Phi, bool kAccumulate>
+MHLA_BF16_TARGET float narrow_gradient_avx512(const float* features, const float* grad,
+                                              bfloat16* dst, int64_t n) {
+  __m512 probe = _mm512_setzero_ps();
+  uint16_t* out = reinterpret_cast<uint16_t*>(dst);
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+    const __m256i b = GradientVector<Phi, kAccumulate>(features + j, grad + j, out + j, 0, true);
+    _mm256_storeu_si256((__m256i*)(out + j), b);
+    probe = AddProbe(probe, b);
+  }
+  if (j < n) {
+    const __mmask16 mask = __mmask16((1u << (n - j)) - 1u);
+    const __m256i b =
+        GradientVector<Phi, kAccumulate>(features + j, grad + j, out + j, mask, false);
+    _mm256_mask_storeu_epi16(out + j, mask, b);
+    probe = AddProbe(probe, b);
+  }
+  return _mm512_reduce_add_ps(probe);
+}
+
 }  // namespace
 
 bool bf16_products_available() {
@@ -462,6 +512,14 @@ float narrow_scaled(const float* src, int64_t n, float factor, bfloat16* dst) {
   return narrow_scaled_avx512(src, n, factor, dst);
 }
 
+float narrow_gradient(FeatureMap phi, const float* features, const float* grad, bool accumulate,
+                      int64_t n, bfloat16* dst) {
+  return mhla::detail::dispatch_feature(phi, [&]<FeatureMap Phi>() {
+    return accumulate ? narrow_gradient_avx512<Phi, true>(features, grad, dst, n)
+                      : narrow_gradient_avx512<Phi, false>(features, grad, dst, n);
+  });
+}
+
 void feature_row_pairs(FeatureMap phi, const bfloat16* src, int64_t ld_src, int64_t first,
                        int64_t rows, int64_t width, uint32_t* pairs, int64_t ldd, float* sums) {
   mhla::detail::dispatch_feature(phi, [&]<FeatureMap Phi>() {
@@ -486,6 +544,11 @@ void pack_row_pairs(const float*, int64_t, int64_t, int64_t, uint32_t*, int64_t)
 void pack_column_pairs(const float*, int64_t, int64_t, int64_t, uint32_t*, int64_t) {}
 void pack_transposed_pairs(const float*, int64_t, int64_t, int64_t, uint32_t*, int64_t) {}
 float narrow_scaled(const float*, int64_t, float, bfloat16*) { return 0; }
+float narrow_gradient(FeatureMap, const float*, const float*, bool, int64_t, bfloat16*) {
+  return 0;
+}
+void feature_row_pairs(FeatureMap, const bfloat16*, int64_t, int64_t, int64_t, int64_t, uint32_t*,
+                       int64_t, float*) {}
 void feature_rows(FeatureMap, const bfloat16*, int64_t, float*, int64_t, int64_t, int64_t,
                   uint32_t*, int64_t) {}
 #endif

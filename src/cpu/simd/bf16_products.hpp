@@ -68,6 +68,14 @@ void pack_transposed_pairs(const float* src, int64_t lds, int64_t rows, int64_t 
 void feature_rows(FeatureMap phi, const bfloat16* src, int64_t ld_src, float* tile, int64_t rows,
                   int64_t width, int64_t ld, uint32_t* pairs = nullptr, int64_t ld_pairs = 0);
 
+// dst[j] = bfloat16(phi'(x_j) grad[j]) for j < n, or accumulating
+// bfloat16(phi'(x_j) (grad[j] + dst[j])), with phi'(x_j) formed from
+// features[j] = phi(x_j) as derivative_from_feature (core/feature_map.hpp)
+// forms it (identity: features unread). Rounds as narrow_scaled does, and
+// returns its probe of the rounded values.
+float narrow_gradient(FeatureMap phi, const float* features, const float* grad, bool accumulate,
+                      int64_t n, bfloat16* dst);
+
 // phi of bfloat16 rows as pairs of rows, as pack_row_pairs writes them (the B
 // operand, or A^T): the rows are rows first, first + 1, ... of that matrix,
 // so a run starting at an odd row fills the high halves of the pair before
