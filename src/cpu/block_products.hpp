@@ -53,17 +53,6 @@ void bf16_block_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const fl
                      const float* b, int64_t ldb, float* c, int64_t ldc,
                      simd::LineRuns prefetch = {});
 
-// The block product for token tensors of type S: bfloat16 ones (the bfloat16
-// backward) on bfloat16 operands, the others in T.
-template <typename S, typename T>
-void token_block_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda,
-                      const T* b, int64_t ldb, T* c, int64_t ldc, simd::LineRuns prefetch) {
-  if constexpr (std::is_same_v<S, bfloat16>)
-    bf16_block_gemm(ta, tb, m, n, k, a, lda, b, ldb, c, ldc, prefetch);
-  else
-    block_gemm(ta, tb, m, n, k, T(1), a, lda, b, ldb, T(0), c, ldc, prefetch);
-}
-
 // sums[a * ld_sums] = sum_r tile[r, a]: z_b = phi(K_b)^T 1, one column apart
 // from the GEMMs, whose SIMD tiles would spend a whole pass on it. The sums
 // build up in a contiguous row, so that the loop over a vectorises, and are

@@ -147,16 +147,18 @@ inline void gather_rows(const mhla::detail::BlockTableView& layout, int64_t bloc
 }
 
 // phi of the block's bfloat16 rows as pairs of rows (simd::feature_row_pairs),
-// the B operand of the bfloat16 products or A^T, with each column's sum of the
-// float phi values in sums[0, width).
+// the B operand of the bfloat16 products or A^T; with `sums`, each column's
+// sum of the float phi values in sums[0, width), and with `tile`, those
+// values as gather_rows writes them.
 inline void gather_feature_row_pairs(const mhla::detail::BlockTableView& layout, int64_t block,
                                      FeatureMap phi, const bfloat16* src, HeadSlice s,
-                                     int64_t width, uint32_t* dst, int64_t ldd, float* sums) {
-  std::fill(sums, sums + width, 0.0f);
+                                     int64_t width, uint32_t* dst, int64_t ldd, float* sums,
+                                     float* tile = nullptr, int64_t ld_tile = 0) {
+  if (sums) std::fill(sums, sums + width, 0.0f);
   int64_t row = 0;
   layout.for_each_run(block, [&](int64_t first, int64_t len) {
     simd::feature_row_pairs(phi, src + s.offset + first * s.stride, s.stride, row, len, width, dst,
-                            ldd, sums);
+                            ldd, sums, tile ? tile + row * ld_tile : nullptr, ld_tile);
     row += len;
   });
 }

@@ -292,6 +292,16 @@ bool ChunkedAttention<T>::output_gradients(const S* q, const S* k, const S* v, c
     Tile<T> u(max_rows_ * d.dk), den(max_rows_), dy(max_rows_ * ld_x1_), du(max_rows_ * d.dk),
         zt(d.dk), dz(d.dk);
     Tile<T> kap, vals, a, da, dkap, dvals;
+    // bfloat16 tokens: phi(Q) as pairs of tokens (dmixed_i's A^T), dy as pairs
+    // of columns (dphi(Q)'s A) and of tokens (dmixed_i's B), S~_i^T's pairs.
+    const int64_t dv_pairs = (d.dv + 1) / 2, row_pairs = (max_rows_ + 1) / 2;
+    Tile<uint32_t> u_pairs, dy_columns, dy_rows, mixed_columns;
+    if constexpr (std::is_same_v<S, bfloat16>) {
+      u_pairs.resize(row_pairs * d.dk);
+      dy_columns.resize(max_rows_ * dv_pairs);
+      dy_rows.resize(row_pairs * d.dv);
+      mixed_columns.resize(dv_pairs * d.dk);
+    }
     if (p_.causal) {
       kap.resize(max_rows_ * d.dk);
       vals.resize(max_rows_ * ld_x1_);
@@ -339,7 +349,13 @@ bool ChunkedAttention<T>::output_gradients(const S* q, const S* k, const S* v, c
         if (mixed_grad != mixed) next_writes.add_span_write(mixed_grad + next.summary, x_);
       }
       const T* mixed_i = mixed + t.summary;
-      gather_rows(p_.table, t.block, p_.phi, q, t.qk, d.dk, u.data(), d.dk);
+      // bfloat16: phi(Q)'s pairs of tokens formed with it (the float values
+      // feed den, g . o and phi').
+      if constexpr (std::is_same_v<S, bfloat16>)
+        gather_feature_row_pairs(p_.table, t.block, p_.phi, q, t.qk, d.dk, u_pairs.data(), d.dk,
+                                 nullptr, u.data(), d.dk);
+      else
+        gather_rows(p_.table, t.block, p_.phi, q, t.qk, d.dk, u.data(), d.dk);
 
       // den_t = phi(q_t) . z~_i (+ causal in-block key sums); eps is added below.
       gemv(rows, d.dk, u.data(), d.dk, mixed_i + d.dv, x1_, den.data());
@@ -363,6 +379,15 @@ bool ChunkedAttention<T>::output_gradients(const S* q, const S* k, const S* v, c
         prefetch_ahead(gr, t.v.stride, d.dv);
         T* dyr = dy.data() + r * ld_x1_;
         const T factor = p_.normalize ? T(1) / (den[r] + eps) : scale;
+        // bfloat16: rounded straight into both products' pair forms, as
+        // packing the float rows would round them; the float rows are kept
+        // only for the causal in-block terms.
+        if constexpr (std::is_same_v<S, bfloat16>) {
+          simd::scaled_pairs(gr, d.dv, factor, dy_columns.data() + r * dv_pairs,
+                             dy_rows.data() + (r / 2) * d.dv, int(r % 2),
+                             p_.causal ? dyr : nullptr);
+          return;
+        }
 #pragma omp simd
         for (int64_t e = 0; e < d.dv; ++e) dyr[e] = value_of(gr[e]) * factor;
       });
@@ -373,8 +398,14 @@ bool ChunkedAttention<T>::output_gradients(const S* q, const S* k, const S* v, c
       // error went from 0.0083 (P in float) to 0.011, and at N = 65536 this
       // phase took 25.4-26.2 instead of 28.0-28.6 ms. (While backward read
       // the rounded o, P on bfloat16 operands took that error to 0.48.)
-      token_block_gemm<S>(false, true, rows, d.dk, d.dv, dy.data(), ld_x1_, mixed_i, x1_, du.data(),
-                          d.dk, next_reads.prefetch());
+      if constexpr (std::is_same_v<S, bfloat16>) {
+        simd::pack_transposed_pairs(mixed_i, x1_, d.dk, d.dv, mixed_columns.data(), d.dk);
+        simd::gemm_bf16(rows, d.dk, dv_pairs, {dy_columns.data(), dv_pairs, 1},
+                        mixed_columns.data(), d.dk, du.data(), d.dk, next_reads.prefetch());
+      } else {
+        block_gemm(false, true, rows, d.dk, d.dv, T(1), dy.data(), ld_x1_, mixed_i, x1_, T(0),
+                   du.data(), d.dk, next_reads.prefetch());
+      }
       // Causal, y += W[i,i] A [V|1] with A = mask(phi(Q) phi(K)^T); first
       // B = mask(dy[:, :Dv] V^T).
       if (p_.causal) lower_scores(rows, d.dv, dy.data(), vals.data(), ld_x1_, da.data());
@@ -451,8 +482,12 @@ bool ChunkedAttention<T>::output_gradients(const S* q, const S* k, const S* v, c
       // y = phi(Q) mixed_i:  dmixed_i = phi(Q)^T dy (mixed_i, if the same array, is no
       // longer read); its z column from the rows above.
       T* dmixed_i = mixed_grad + t.summary;
-      token_block_gemm<S>(true, false, d.dk, d.dv, rows, u.data(), d.dk, dy.data(), ld_x1_,
-                          dmixed_i, x1_, next_writes.prefetch());
+      if constexpr (std::is_same_v<S, bfloat16>)
+        simd::gemm_bf16(d.dk, d.dv, (rows + 1) / 2, {u_pairs.data(), 1, d.dk}, dy_rows.data(), d.dv,
+                        dmixed_i, x1_, next_writes.prefetch());
+      else
+        block_gemm(true, false, d.dk, d.dv, rows, T(1), u.data(), d.dk, dy.data(), ld_x1_, T(0),
+                   dmixed_i, x1_, next_writes.prefetch());
       for (int64_t e = 0; e < d.dk; ++e) dmixed_i[e * x1_ + d.dv] = dz[e];
     }
   }

@@ -6,6 +6,7 @@
 // tests/mhla/test_bfloat16.cpp).
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -220,6 +221,47 @@ TEST_F(Bf16Products, NarrowedGradientsMatchTheFloatExpression) {
   }
 }
 
+// Scaled bfloat16 rows, rounded into both pair forms row by row, against
+// scaling in float and packing the whole matrix, bit for bit (odd row counts
+// and widths too), with the float values when asked for.
+TEST_F(Bf16Products, ScaledPairsMatchThePackedFloatRows) {
+  std::mt19937 rng(9);
+  for (const auto& [rows, width] :
+       {std::pair<int64_t, int64_t>{1, 1}, {2, 15}, {5, 16}, {3, 17}, {8, 64}, {7, 70}}) {
+    const int64_t col_pairs = (width + 1) / 2, row_pairs = (rows + 1) / 2;
+    std::vector<bfloat16> src(size_t(rows * width));
+    for (bfloat16& x : src) x = to_bfloat16(random_floats(1, rng)[0]);
+    std::vector<float> factors = random_floats(size_t(rows), rng), scaled(size_t(rows * width));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < width; ++j)
+        scaled[size_t(r * width + j)] = to_float(src[size_t(r * width + j)]) * factors[size_t(r)];
+    std::vector<uint32_t> want_columns(size_t(rows * col_pairs)),
+        want_rows(size_t(row_pairs * width));
+    pack_column_pairs(scaled.data(), width, rows, width, want_columns.data(), col_pairs);
+    pack_row_pairs(scaled.data(), width, rows, width, want_rows.data(), width);
+
+    for (bool with_wide : {false, true}) {
+      std::vector<uint32_t> columns(size_t(rows * col_pairs) + 1, 0xdeadbeefu),
+          by_rows(size_t(row_pairs * width) + 1, 0xdeadbeefu);
+      std::vector<float> wide(size_t(rows * width) + 1, -7.0f);
+      for (int64_t r = 0; r < rows; ++r)
+        scaled_pairs(src.data() + r * width, width, factors[size_t(r)],
+                     columns.data() + r * col_pairs, by_rows.data() + (r / 2) * width, int(r % 2),
+                     with_wide ? wide.data() + r * width : nullptr);
+      for (size_t i = 0; i < want_columns.size(); ++i)
+        ASSERT_EQ(columns[i], want_columns[i])
+            << rows << "x" << width << ", column pair word " << i;
+      for (size_t i = 0; i < want_rows.size(); ++i)
+        ASSERT_EQ(by_rows[i], want_rows[i]) << rows << "x" << width << ", row pair word " << i;
+      EXPECT_EQ(columns.back(), 0xdeadbeefu) << "wrote past the column pairs";
+      EXPECT_EQ(by_rows.back(), 0xdeadbeefu) << "wrote past the row pairs";
+      for (size_t i = 0; i < scaled.size(); ++i)
+        ASSERT_EQ(wide[i], with_wide ? scaled[i] : -7.0f) << "float value " << i;
+      EXPECT_EQ(wide.back(), -7.0f) << "wrote past the float values";
+    }
+  }
+}
+
 TEST_F(Bf16Products, FeatureRowsMatchTheFeatureMaps) {
   std::mt19937 rng(6);
   for (mhla::FeatureMap phi :
@@ -289,9 +331,10 @@ TEST_F(Bf16Products, Elu1OfEveryBfloat16IsWithinItsBound) {
   EXPECT_GT(worst, 1e-7) << "the short form is expected to differ from exp measurably";
 }
 
-// The fused form (phi, rounding into pairs of rows, column sums) against
-// feature_rows, pack_row_pairs and a plain loop over the rows, bit for bit,
-// with the rows split into runs that start at odd rows too (block tables).
+// The fused form (phi, rounding into pairs of rows, column sums, the float
+// tile) against feature_rows, pack_row_pairs and a plain loop over the rows,
+// bit for bit, with the rows split into runs that start at odd rows too
+// (block tables), with and without the sums and the tile.
 TEST_F(Bf16Products, FeatureRowPairsMatchFeatureRowsPackedAndSummed) {
   std::mt19937 rng(7);
   for (mhla::FeatureMap phi :
@@ -313,11 +356,15 @@ TEST_F(Bf16Products, FeatureRowPairsMatchFeatureRowsPackedAndSummed) {
       for (int split = 0; split < 4; ++split) {
         std::vector<uint32_t> got(size_t(pairs * ldd), 0xdeadbeefu);
         std::vector<float> sums(size_t(width), 0.0f);
+        const int64_t ld_tile = width + 1;
+        std::vector<float> got_tile(size_t(rows * ld_tile), -7.0f);
+        const bool with_tile = split % 2 == 1, with_sums = split != 3;
         std::uniform_int_distribution<int64_t> run_length(1, std::max<int64_t>(1, rows / 2));
         for (int64_t first = 0; first < rows;) {
           const int64_t len = split == 0 ? rows : std::min(rows - first, run_length(rng));
           feature_row_pairs(phi, src.data() + first * ld_src, ld_src, first, len, width, got.data(),
-                            ldd, sums.data());
+                            ldd, with_sums ? sums.data() : nullptr,
+                            with_tile ? got_tile.data() + first * ld_tile : nullptr, ld_tile);
           first += len;
         }
         for (int64_t p = 0; p < pairs; ++p)
@@ -325,7 +372,18 @@ TEST_F(Bf16Products, FeatureRowPairsMatchFeatureRowsPackedAndSummed) {
             ASSERT_EQ(got[size_t(p * ldd + c)], want[size_t(p * ldd + c)])
                 << to_string(phi) << " " << rows << "x" << width << ", pair " << p << ", column "
                 << c << ", split " << split;
+        for (int64_t r = 0; r < rows && with_tile; ++r) {
+          for (int64_t c = 0; c < width; ++c)
+            ASSERT_EQ(std::bit_cast<uint32_t>(got_tile[size_t(r * ld_tile + c)]),
+                      std::bit_cast<uint32_t>(tile[size_t(r * width + c)]))
+                << "tile row " << r << ", column " << c << ", split " << split;
+          ASSERT_EQ(got_tile[size_t(r * ld_tile + width)], -7.0f) << "wrote past tile row " << r;
+        }
         for (int64_t c = 0; c < width; ++c) {
+          if (!with_sums) {
+            ASSERT_EQ(sums[size_t(c)], 0.0f) << "wrote the sums without being given them";
+            continue;
+          }
           if (std::isnan(want_sums[size_t(c)])) {
             ASSERT_TRUE(std::isnan(sums[size_t(c)])) << "NaN must stay NaN";
             continue;

@@ -360,11 +360,31 @@ MHLA_BF16_INLINE void StoreHalves(uint32_t* dst, int64_t n, __m512i words, __mma
   _mm512_mask_storeu_epi16(dst, __mmask32((1ull << (2 * n)) - 1u) & halves, words);
 }
 
+// One vector of a row's features (the first n): added to acc, and stored at
+// `tile` when there is one.
+template <FeatureMap Phi>
+MHLA_BF16_INLINE __m512 RowFeatures(const uint16_t* x, int64_t n, __m512& acc, float* tile) {
+  const __m512 f = FeatureVector<Phi>(x, n);
+  acc = _mm512_add_ps(acc, f);
+  if (tile) {
+    if (n == kLanes)
+      _mm512_storeu_ps(tile, f);
+    else
+      _mm512_mask_storeu_ps(tile, __mmask16((1u << n) - 1u), f);
+  }
+  return f;
+}
+
 template <FeatureMap Phi>
 MHLA_BF16_TARGET void feature_row_pairs_avx512(const bfloat16* src, int64_t ld_src, int64_t first,
                                                int64_t rows, int64_t width, uint32_t* dst,
-                                               int64_t ldd, float* sums) {
+                                               int64_t ldd, float* sums, float* tile,
+                                               int64_t ld_tile) {
   const uint16_t* bits = reinterpret_cast<const uint16_t*>(src);
+  // Row r's vector v of the tile, if there is one.
+  const auto tile_at = [&](int64_t r, int64_t column) {
+    return tile ? tile + r * ld_tile + column : nullptr;
+  };
   // Four vectors of columns at a time, their sums in registers (the float
   // tile's column sums, added in memory row after row, waited on their own
   // stores: a tenth of the summary phase).
@@ -375,21 +395,21 @@ MHLA_BF16_TARGET void feature_row_pairs_avx512(const bfloat16* src, int64_t ld_s
     __m512 acc[kMaxVectors];
     for (int v = 0; v < vectors; ++v) {
       n[v] = std::min(kLanes, cols - v * kLanes);
-      acc[v] = _mm512_maskz_loadu_ps(__mmask16((1u << n[v]) - 1u), sums + j + v * kLanes);
+      acc[v] = sums ? _mm512_maskz_loadu_ps(__mmask16((1u << n[v]) - 1u), sums + j + v * kLanes)
+                    : _mm512_setzero_ps();
     }
     int64_t r = 0;
     // A run that starts at an odd row completes the pair its row belongs to.
     if (first % 2 && rows > 0) {
       uint32_t* out = dst + (first / 2) * ldd + j;
       for (int v = 0; v < vectors; ++v) {
-        const __m512 f = FeatureVector<Phi>(bits + j + v * kLanes, n[v]);
-        acc[v] = _mm512_add_ps(acc[v], f);
+        const int64_t c = j + v * kLanes;
+        const __m512 f = RowFeatures<Phi>(bits + c, n[v], acc[v], tile_at(0, c));
         StoreHalves(out + v * kLanes, n[v], _mm512_slli_epi32(LowHalves(f), 16), 0xAAAAAAAAu);
       }
       r = 1;
     }
     for (; r < rows; r += 2) {
-      const uint16_t* even = bits + r * ld_src + j;
       if (j == 0) {
         prefetch_ahead(src + r * ld_src, ld_src, width);
         prefetch_ahead(src + (r + 1) * ld_src, ld_src, width);
@@ -398,12 +418,12 @@ MHLA_BF16_TARGET void feature_row_pairs_avx512(const bfloat16* src, int64_t ld_s
       const bool pair = r + 1 < rows;
       uint32_t* out = dst + ((first + r) / 2) * ldd + j;
       for (int v = 0; v < vectors; ++v) {
-        const __m512 f = FeatureVector<Phi>(even + v * kLanes, n[v]);
-        acc[v] = _mm512_add_ps(acc[v], f);
-        __m512i words = LowHalves(f);
+        const int64_t c = j + v * kLanes;
+        __m512i words =
+            LowHalves(RowFeatures<Phi>(bits + r * ld_src + c, n[v], acc[v], tile_at(r, c)));
         if (pair) {
-          const __m512 g = FeatureVector<Phi>(even + ld_src + v * kLanes, n[v]);
-          acc[v] = _mm512_add_ps(acc[v], g);
+          const __m512 g =
+              RowFeatures<Phi>(bits + (r + 1) * ld_src + c, n[v], acc[v], tile_at(r + 1, c));
           words = _mm512_or_si512(words, _mm512_slli_epi32(LowHalves(g), 16));
         }
         if (n[v] == kLanes)
@@ -412,9 +432,37 @@ MHLA_BF16_TARGET void feature_row_pairs_avx512(const bfloat16* src, int64_t ld_s
           StoreHalves(out + v * kLanes, n[v], words, 0xFFFFFFFFu);
       }
     }
+    if (!sums) continue;
     for (int v = 0; v < vectors; ++v)
       _mm512_mask_storeu_ps(sums + j + v * kLanes, __mmask16((1u << n[v]) - 1u), acc[v]);
   }
+}
+
+MHLA_BF16_TARGET void scaled_pairs_avx512(const bfloat16* src, int64_t n, float factor,
+                                          uint32_t* columns, uint32_t* rows, int half,
+                                          float* wide) {
+  const __m512 f = _mm512_set1_ps(factor);
+  const uint16_t* x = reinterpret_cast<const uint16_t*>(src);
+  uint16_t* in_order = reinterpret_cast<uint16_t*>(columns);
+  for (int64_t j = 0; j < n; j += kLanes) {
+    const int64_t m = std::min(kLanes, n - j);
+    const __mmask16 mask = __mmask16((1u << m) - 1u);
+    const __m256i bits = m == kLanes ? _mm256_loadu_si256((const __m256i*)(x + j))
+                                     : _mm256_maskz_loadu_epi16(mask, x + j);
+    const __m512 value =
+        _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16)), f);
+    if (wide) _mm512_mask_storeu_ps(wide + j, mask, value);
+    const __m256i rounded = (__m256i)_mm512_cvtneps_pbh(value);
+    _mm256_mask_storeu_epi16(in_order + j, mask, rounded);
+    const __m512i words = _mm512_cvtepu16_epi32(rounded);
+    if (half)
+      StoreHalves(rows + j, m, _mm512_slli_epi32(words, 16), 0xAAAAAAAAu);
+    else if (m == kLanes)
+      _mm512_storeu_si512(rows + j, words);
+    else
+      _mm512_mask_storeu_epi32(rows + j, mask, words);
+  }
+  if (n % 2) in_order[n] = 0;
 }
 
 // phi'(x) from y = phi(x) on 16 floats, as derivative_from_feature in
@@ -512,6 +560,11 @@ float narrow_scaled(const float* src, int64_t n, float factor, bfloat16* dst) {
   return narrow_scaled_avx512(src, n, factor, dst);
 }
 
+void scaled_pairs(const bfloat16* src, int64_t n, float factor, uint32_t* columns, uint32_t* rows,
+                  int half, float* wide) {
+  scaled_pairs_avx512(src, n, factor, columns, rows, half, wide);
+}
+
 float narrow_gradient(FeatureMap phi, const float* features, const float* grad, bool accumulate,
                       int64_t n, bfloat16* dst) {
   return mhla::detail::dispatch_feature(phi, [&]<FeatureMap Phi>() {
@@ -521,9 +574,10 @@ float narrow_gradient(FeatureMap phi, const float* features, const float* grad, 
 }
 
 void feature_row_pairs(FeatureMap phi, const bfloat16* src, int64_t ld_src, int64_t first,
-                       int64_t rows, int64_t width, uint32_t* pairs, int64_t ldd, float* sums) {
+                       int64_t rows, int64_t width, uint32_t* pairs, int64_t ldd, float* sums,
+                       float* tile, int64_t ld_tile) {
   mhla::detail::dispatch_feature(phi, [&]<FeatureMap Phi>() {
-    feature_row_pairs_avx512<Phi>(src, ld_src, first, rows, width, pairs, ldd, sums);
+    feature_row_pairs_avx512<Phi>(src, ld_src, first, rows, width, pairs, ldd, sums, tile, ld_tile);
   });
 }
 
@@ -547,8 +601,9 @@ float narrow_scaled(const float*, int64_t, float, bfloat16*) { return 0; }
 float narrow_gradient(FeatureMap, const float*, const float*, bool, int64_t, bfloat16*) {
   return 0;
 }
+void scaled_pairs(const bfloat16*, int64_t, float, uint32_t*, uint32_t*, int, float*) {}
 void feature_row_pairs(FeatureMap, const bfloat16*, int64_t, int64_t, int64_t, int64_t, uint32_t*,
-                       int64_t, float*) {}
+                       int64_t, float*, float*, int64_t) {}
 void feature_rows(FeatureMap, const bfloat16*, int64_t, float*, int64_t, int64_t, int64_t,
                   uint32_t*, int64_t) {}
 #endif

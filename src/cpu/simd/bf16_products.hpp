@@ -68,6 +68,17 @@ void pack_transposed_pairs(const float* src, int64_t lds, int64_t rows, int64_t 
 void feature_rows(FeatureMap phi, const bfloat16* src, int64_t ld_src, float* tile, int64_t rows,
                   int64_t width, int64_t ld, uint32_t* pairs = nullptr, int64_t ld_pairs = 0);
 
+// A bfloat16 row x (n values) times `factor`, rounded to bfloat16 in the two
+// pair forms of a row-major matrix it is a row of: `columns` gets the row as
+// pack_column_pairs writes it (its values in order, an odd n padded with
+// zero), and half `half` of each of the n words at `rows` the values as
+// pack_row_pairs writes them (half 0 writes whole words, the high halves
+// zero: the pair of an odd last row). With `wide`, the float products too.
+// Each value is rounded from x[j] * factor in float, as the packings would
+// round the float row.
+void scaled_pairs(const bfloat16* x, int64_t n, float factor, uint32_t* columns, uint32_t* rows,
+                  int half, float* wide = nullptr);
+
 // dst[j] = bfloat16(phi'(x_j) grad[j]) for j < n, or accumulating
 // bfloat16(phi'(x_j) (grad[j] + dst[j])), with phi'(x_j) formed from
 // features[j] = phi(x_j) as derivative_from_feature (core/feature_map.hpp)
@@ -79,10 +90,13 @@ float narrow_gradient(FeatureMap phi, const float* features, const float* grad, 
 // phi of bfloat16 rows as pairs of rows, as pack_row_pairs writes them (the B
 // operand, or A^T): the rows are rows first, first + 1, ... of that matrix,
 // so a run starting at an odd row fills the high halves of the pair before
-// it, and an odd last row is paired with zero. Adds each column's phi values
-// to sums[0, width) in row order (from zeroed sums: column_sums' values).
+// it, and an odd last row is paired with zero. With `sums`, adds each
+// column's phi values to sums[0, width) in row order (from zeroed sums:
+// column_sums' values); with `tile`, also writes them there as feature_rows
+// does (row r of this call at tile + r * ld_tile).
 void feature_row_pairs(FeatureMap phi, const bfloat16* src, int64_t ld_src, int64_t first,
-                       int64_t rows, int64_t width, uint32_t* pairs, int64_t ldd, float* sums);
+                       int64_t rows, int64_t width, uint32_t* pairs, int64_t ldd, float* sums,
+                       float* tile = nullptr, int64_t ld_tile = 0);
 
 // dst[j] = bfloat16(src[j] * factor) for j < n; returns the sum of
 // dst[j] * 0, NaN exactly when some dst[j] is not finite.
