@@ -15,6 +15,8 @@
 
 #include "core/feature_map.hpp"
 #include "cpu/simd/bf16_products.hpp"
+#include "cpu/simd/stream_rows.hpp"
+#include "mhla/line_aligned.hpp"
 
 namespace {
 
@@ -162,19 +164,37 @@ TEST_F(Bf16Products, PackingsRoundLikeToBfloat16) {
   }
 }
 
+// Rows scaled and rounded into their destinations, streamed or not (64
+// values are two whole lines; the line-aligned rows stream, the others
+// cannot), bit for bit against mhla::to_bfloat16, with the probe.
 TEST_F(Bf16Products, NarrowingScalesRoundsAndProbes) {
   std::mt19937 rng(5);
-  for (int64_t n : {1, 15, 16, 17, 64, 65}) {
-    std::vector<float> src = random_floats(size_t(n), rng);
-    std::vector<bfloat16> dst(size_t(n) + 1, bfloat16{0x5555});
-    const float probe = narrow_scaled(src.data(), n, 0.75f, dst.data());
-    EXPECT_EQ(probe, 0.0f) << "finite values probe as 0";
-    for (int64_t j = 0; j < n; ++j)
-      ASSERT_EQ(dst[size_t(j)].bits, rounded(src[size_t(j)] * 0.75f).bits) << "n=" << n;
-    EXPECT_EQ(dst[size_t(n)].bits, 0x5555) << "wrote past n";
-    // Finite in float, infinite once rounded: the probe sees the rounded value.
-    src[size_t(n - 1)] = std::numeric_limits<float>::max();
-    EXPECT_TRUE(std::isnan(narrow_scaled(src.data(), n, 1.0f, dst.data()))) << "n=" << n;
+  for (bool stream : {false, true}) {
+    for (int64_t n : {1, 15, 16, 17, 64, 65}) {
+      constexpr int64_t kRows = 3, kLd = 70;
+      std::vector<float> src = random_floats(size_t(kRows * kLd), rng);
+      const std::vector<float> factors = {0.75f, -2.0f, 0.125f};
+      // Row r at a line (r even) or off it by r words, with a guard after it.
+      const int64_t stride = 128;
+      mhla::detail::LineAlignedVector<bfloat16> out(size_t(kRows * stride), bfloat16{0x5555});
+      std::vector<bfloat16*> dst;
+      for (int64_t r = 0; r < kRows; ++r) dst.push_back(out.data() + r * stride + (r % 2) * r);
+      float probe = narrow_rows(src.data(), kLd, kRows, n, factors.data(), dst.data(), stream);
+      if (stream) finish_streaming();
+      EXPECT_EQ(probe, 0.0f) << "finite values probe as 0";
+      for (int64_t r = 0; r < kRows; ++r) {
+        for (int64_t j = 0; j < n; ++j)
+          ASSERT_EQ(dst[size_t(r)][j].bits,
+                    rounded(src[size_t(r * kLd + j)] * factors[size_t(r)]).bits)
+              << "row " << r << ", n " << n << (stream ? ", streamed" : "");
+        EXPECT_EQ(dst[size_t(r)][n].bits, 0x5555) << "wrote past n";
+      }
+      // Finite in float, infinite once rounded: the probe sees the rounded value.
+      src[size_t(kLd + n - 1)] = std::numeric_limits<float>::max();
+      probe = narrow_rows(src.data(), kLd, kRows, n, factors.data(), dst.data(), stream);
+      if (stream) finish_streaming();
+      EXPECT_TRUE(std::isnan(probe)) << "n=" << n;
+    }
   }
 }
 

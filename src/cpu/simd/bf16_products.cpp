@@ -274,28 +274,6 @@ MHLA_BF16_INLINE __m512 AddProbe(__m512 probe, __m256i b) {
   return _mm512_add_ps(probe, _mm512_mul_ps(back, _mm512_setzero_ps()));
 }
 
-MHLA_BF16_TARGET float narrow_scaled_avx512(const float* src, int64_t n, float factor,
-                                            bfloat16* dst) {
-  const __m512 f = _mm512_set1_ps(factor);
-  __m512 probe = _mm512_setzero_ps();
-  uint16_t* out = reinterpret_cast<uint16_t*>(dst);
-  int64_t j = 0;
-  // Whole vectors unmasked, as in feature_rows_avx512, then the tail.
-  for (; j + kLanes <= n; j += kLanes) {
-    const __m256i b = (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_loadu_ps(src + j), f));
-    _mm256_storeu_si256((__m256i*)(out + j), b);
-    probe = AddProbe(probe, b);
-  }
-  if (j < n) {
-    const __mmask16 mask = __mmask16((1u << (n - j)) - 1u);
-    const __m256i b =
-        (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_maskz_loadu_ps(mask, src + j), f));
-    _mm256_mask_storeu_epi16(out + j, mask, b);
-    probe = AddProbe(probe, b);
-  }
-  return _mm512_reduce_add_ps(probe);
-}
-
 // phi on 16 floats, as core/feature_map.hpp defines it (NaN kept: vmaxps
 // returns its second operand when either is NaN); elu + 1 in the form for
 // values rounded to bfloat16 afterwards (elu1_avx512.hpp).
@@ -465,6 +443,45 @@ MHLA_BF16_TARGET void scaled_pairs_avx512(const bfloat16* src, int64_t n, float 
   if (n % 2) in_order[n] = 0;
 }
 
+// 16 values (the first n) of src times f, rounded.
+MHLA_BF16_INLINE __m256i ScaledVector(const float* src, int64_t n, __m512 f) {
+  const __m512 x =
+      n >= kLanes ? _mm512_loadu_ps(src) : _mm512_maskz_loadu_ps(__mmask16((1u << n) - 1u), src);
+  return (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(x, f));
+}
+
+MHLA_BF16_TARGET float narrow_rows_avx512(const float* src, int64_t ld, int64_t rows, int64_t n,
+                                          const float* factors, bfloat16* const* dst, bool stream) {
+  constexpr int64_t kLine = 64;
+  __m512 probe = _mm512_setzero_ps();
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* x = src + r * ld;
+    const __m512 f = _mm512_set1_ps(factors[r]);
+    uint16_t* out = reinterpret_cast<uint16_t*>(dst[r]);
+    // Whole lines on a line: 32 values a store that bypasses the cache.
+    if (stream && reinterpret_cast<uintptr_t>(out) % kLine == 0 && (2 * n) % kLine == 0) {
+      for (int64_t j = 0; j < n; j += 2 * kLanes) {
+        const __m256i low = ScaledVector(x + j, kLanes, f),
+                      high = ScaledVector(x + j + kLanes, kLanes, f);
+        _mm512_stream_si512((__m512i*)(out + j),
+                            _mm512_inserti64x4(_mm512_castsi256_si512(low), high, 1));
+        probe = AddProbe(AddProbe(probe, low), high);
+      }
+      continue;
+    }
+    for (int64_t j = 0; j < n; j += kLanes) {
+      const int64_t m = std::min(kLanes, n - j);
+      const __m256i b = ScaledVector(x + j, m, f);
+      if (m == kLanes)
+        _mm256_storeu_si256((__m256i*)(out + j), b);
+      else
+        _mm256_mask_storeu_epi16(out + j, __mmask16((1u << m) - 1u), b);
+      probe = AddProbe(probe, b);
+    }
+  }
+  return _mm512_reduce_add_ps(probe);
+}
+
 // phi'(x) from y = phi(x) on 16 floats, as derivative_from_feature in
 // core/feature_map.hpp: min(y, 1) keeps a NaN y as vminps keeps its second
 // operand; relu's [y > 0] is 0 for NaN.
@@ -556,8 +573,9 @@ void pack_transposed_pairs(const float* src, int64_t lds, int64_t rows, int64_t 
   pack_transposed_pairs_avx512(src, lds, rows, width, dst, ldd);
 }
 
-float narrow_scaled(const float* src, int64_t n, float factor, bfloat16* dst) {
-  return narrow_scaled_avx512(src, n, factor, dst);
+float narrow_rows(const float* src, int64_t ld, int64_t rows, int64_t n, const float* factors,
+                  bfloat16* const* dst, bool stream) {
+  return narrow_rows_avx512(src, ld, rows, n, factors, dst, stream);
 }
 
 void scaled_pairs(const bfloat16* src, int64_t n, float factor, uint32_t* columns, uint32_t* rows,
@@ -597,11 +615,13 @@ void gemm_bf16_halves(int64_t, int64_t, int64_t, PairStrided, const uint32_t*, i
 void pack_row_pairs(const float*, int64_t, int64_t, int64_t, uint32_t*, int64_t) {}
 void pack_column_pairs(const float*, int64_t, int64_t, int64_t, uint32_t*, int64_t) {}
 void pack_transposed_pairs(const float*, int64_t, int64_t, int64_t, uint32_t*, int64_t) {}
-float narrow_scaled(const float*, int64_t, float, bfloat16*) { return 0; }
 float narrow_gradient(FeatureMap, const float*, const float*, bool, int64_t, bfloat16*) {
   return 0;
 }
 void scaled_pairs(const bfloat16*, int64_t, float, uint32_t*, uint32_t*, int, float*) {}
+float narrow_rows(const float*, int64_t, int64_t, int64_t, const float*, bfloat16* const*, bool) {
+  return 0;
+}
 void feature_row_pairs(FeatureMap, const bfloat16*, int64_t, int64_t, int64_t, int64_t, uint32_t*,
                        int64_t, float*, float*, int64_t) {}
 void feature_rows(FeatureMap, const bfloat16*, int64_t, float*, int64_t, int64_t, int64_t,

@@ -68,6 +68,14 @@ void pack_transposed_pairs(const float* src, int64_t lds, int64_t rows, int64_t 
 void feature_rows(FeatureMap phi, const bfloat16* src, int64_t ld_src, float* tile, int64_t rows,
                   int64_t width, int64_t ld, uint32_t* pairs = nullptr, int64_t ld_pairs = 0);
 
+// dst[r][j] = bfloat16(src[r * ld + j] * factors[r]) for r < rows, j < n;
+// returns the sum of every dst[r][j] * 0, NaN exactly when one is not finite.
+// With `stream`, a row of whole cache lines starting on a line is written with
+// non-temporal stores (the caller then orders them with finish_streaming(),
+// cpu/simd/stream_rows.hpp).
+float narrow_rows(const float* src, int64_t ld, int64_t rows, int64_t n, const float* factors,
+                  bfloat16* const* dst, bool stream);
+
 // A bfloat16 row x (n values) times `factor`, rounded to bfloat16 in the two
 // pair forms of a row-major matrix it is a row of: `columns` gets the row as
 // pack_column_pairs writes it (its values in order, an odd n padded with
@@ -82,7 +90,7 @@ void scaled_pairs(const bfloat16* x, int64_t n, float factor, uint32_t* columns,
 // dst[j] = bfloat16(phi'(x_j) grad[j]) for j < n, or accumulating
 // bfloat16(phi'(x_j) (grad[j] + dst[j])), with phi'(x_j) formed from
 // features[j] = phi(x_j) as derivative_from_feature (core/feature_map.hpp)
-// forms it (identity: features unread). Rounds as narrow_scaled does, and
+// forms it (identity: features unread). Rounds as narrow_rows does, and
 // returns its probe of the rounded values.
 float narrow_gradient(FeatureMap phi, const float* features, const float* grad, bool accumulate,
                       int64_t n, bfloat16* dst);
@@ -97,9 +105,5 @@ float narrow_gradient(FeatureMap phi, const float* features, const float* grad, 
 void feature_row_pairs(FeatureMap phi, const bfloat16* src, int64_t ld_src, int64_t first,
                        int64_t rows, int64_t width, uint32_t* pairs, int64_t ldd, float* sums,
                        float* tile = nullptr, int64_t ld_tile = 0);
-
-// dst[j] = bfloat16(src[j] * factor) for j < n; returns the sum of
-// dst[j] * 0, NaN exactly when some dst[j] is not finite.
-float narrow_scaled(const float* src, int64_t n, float factor, bfloat16* dst);
 
 }  // namespace mhla::cpu::simd
