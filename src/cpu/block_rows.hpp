@@ -285,24 +285,29 @@ bool scatter_rows(const mhla::detail::BlockTableView& layout, int64_t block, con
   return probe == probe;
 }
 
-// The scatters for bfloat16 destinations (the bfloat16 backward): each row
-// formed, rounded and probed in one pass of simd::narrow_gradient, so only
-// where simd::bf16_products_available(). Accumulating reads the old bfloat16
-// values. (Formed in a float row first and then narrowed, the two scatters
-// of key_value_gradients took 16.5 Mcycles of its 52 on one thread of two at
-// N = 65536.)
+// The scatters for bfloat16 destinations (the bfloat16 backward): the block's
+// rows formed, rounded, probed and (when the writer streams) streamed by one
+// call of simd::narrow_gradients, so only where
+// simd::bf16_products_available(); `bias` (Dk values, or none) is added to
+// every row of grad first. Accumulating reads the old bfloat16 values. (Formed
+// in a float row and narrowed row by row through the writer's buffer, the two
+// scatters of key_value_gradients took 16.5 Mcycles of its 52 on one thread
+// of two at N = 65536; a row at a time in one pass, about 11.)
 inline bool scatter_through_feature(const mhla::detail::BlockTableView& layout, int64_t block,
                                     FeatureMap phi, const float* features, const float* grad,
                                     int64_t ld, HeadSlice s, int64_t width,
-                                    RowWriter<bfloat16>& writer, bfloat16* dst) {
-  const bool accumulate = writer.accumulating();
-  float probe = 0;
-  for_each_row(layout, block, s, [&](int64_t r, int64_t offset) {
+                                    RowWriter<bfloat16>& writer, bfloat16* dst,
+                                    const float* bias = nullptr) {
+  thread_local std::vector<bfloat16*> rows;
+  rows.clear();
+  for_each_row(layout, block, s, [&](int64_t, int64_t offset) {
     bfloat16* out = dst + offset;
     if (!writer.streaming()) prefetch_ahead(out, s.stride, width);
-    probe += simd::narrow_gradient(phi, features + r * width, grad + r * ld, accumulate, width,
-                                   writer.target(out));
+    rows.push_back(out);
   });
+  const float probe =
+      simd::narrow_gradients(phi, features, width, grad, ld, bias, writer.accumulating(),
+                             int64_t(rows.size()), width, rows.data(), writer.streaming());
   return probe == probe;
 }
 

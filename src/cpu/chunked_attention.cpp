@@ -542,12 +542,12 @@ bool ChunkedAttention<T>::key_value_gradients(const S* k, const S* v, const T* s
       if constexpr (std::is_same_v<S, bfloat16>) {
         // On bfloat16 products: phi(K)'s pairs come rounded from its gather,
         // V's rows are copied as they are (not widened and packed again), and
-        // dz, the ones' column, is added after the product: dphi(K) =
-        // V dS[:, :Dv]^T + 1 dz^T. At N = 65536 the backward took 60.3-61.9
-        // against 59.7-62.4 ms (alternating runs: within noise). dz is rounded
-        // as dS is: added unrounded, it raised grad_k's largest error on the
-        // test catalogue from 0.015 to 0.021 (and rounded value by value, the
-        // backward took 1.2 ms longer).
+        // dz, the ones' column, is added after the product, as the scatter
+        // forms grad_k: dphi(K) = V dS[:, :Dv]^T + 1 dz^T. At N = 65536 the
+        // backward took 60.3-61.9 against 59.7-62.4 ms (alternating runs:
+        // within noise). dz is rounded as dS is: added unrounded, it raised
+        // grad_k's largest error on the test catalogue from 0.015 to 0.021
+        // (and rounded value by value, the backward took 1.2 ms longer).
         gather_rows(p_.table, t.block, p_.phi, k, t.qk, d.dk, kap.data(), d.dk, kap_pairs.data(),
                     dk_pairs);
         gather_column_pairs(p_.table, t.block, v, t.v, d.dv, value_pairs.data(), dv_pairs);
@@ -561,11 +561,6 @@ bool ChunkedAttention<T>::key_value_gradients(const S* k, const S* v, const T* s
 #pragma omp simd
         for (int64_t a = 0; a < d.dk; ++a)
           dz[a] = std::bit_cast<float>((dz_pairs[a] >> dz_shift) << 16);
-        for (int64_t r = 0; r < t.rows; ++r) {
-          T* row = dkap.data() + r * d.dk;
-#pragma omp simd
-          for (int64_t a = 0; a < d.dk; ++a) row[a] += dz[a];
-        }
         simd::pack_row_pairs(ds, x1_, d.dk, d.dv, ds_rows.data(), d.dv);
         simd::gemm_bf16(t.rows, d.dv, dk_pairs, {kap_pairs.data(), dk_pairs, 1}, ds_rows.data(),
                         d.dv, dvalues.data(), d.dv, next_writes.prefetch());
@@ -592,8 +587,13 @@ bool ChunkedAttention<T>::key_value_gradients(const S* k, const S* v, const T* s
                    dvalues.data(), d.dv, next_writes.prefetch());
       }
       // Causal blocks add to the in-block part parked in grad_k / grad_v.
-      const bool finite_k = scatter_through_feature(p_.table, t.block, p_.phi, kap.data(),
-                                                    dkap.data(), d.dk, t.qk, d.dk, k_rows, grad_k);
+      bool finite_k;
+      if constexpr (std::is_same_v<S, bfloat16>)
+        finite_k = scatter_through_feature(p_.table, t.block, p_.phi, kap.data(), dkap.data(), d.dk,
+                                           t.qk, d.dk, k_rows, grad_k, dz.data());
+      else
+        finite_k = scatter_through_feature(p_.table, t.block, p_.phi, kap.data(), dkap.data(), d.dk,
+                                           t.qk, d.dk, k_rows, grad_k);
       const bool finite_v =
           scatter_rows(p_.table, t.block, dvalues.data(), d.dv, t.v, d.dv, v_rows, grad_v);
       finite = finite && finite_k && finite_v;

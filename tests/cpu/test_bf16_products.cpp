@@ -198,43 +198,57 @@ TEST_F(Bf16Products, NarrowingScalesRoundsAndProbes) {
   }
 }
 
-// The scatters' rows: phi' from phi's values times the gradient (plus the old
-// values when accumulating), rounded bit for bit as the float expression, and
-// the probe NaN exactly when a rounded value is not finite.
+// The scatters' rows: phi' from phi's values times the gradient (plus a bias
+// row, plus the old values when accumulating), rounded bit for bit as the
+// float expression, streamed or not, and the probe NaN exactly when a rounded
+// value is not finite.
 TEST_F(Bf16Products, NarrowedGradientsMatchTheFloatExpression) {
   std::mt19937 rng(8);
   for (mhla::FeatureMap phi :
        {mhla::FeatureMap::identity, mhla::FeatureMap::relu, mhla::FeatureMap::elu1}) {
-    for (bool accumulate : {false, true}) {
+    for (int mode = 0; mode < 4; ++mode) {
+      const bool accumulate = mode == 1, with_bias = mode >= 2, stream = mode == 3;
       for (int64_t n : {1, 15, 16, 17, 64, 70}) {
-        std::vector<float> features = random_floats(size_t(n), rng);
-        const std::vector<float> grad = random_floats(size_t(n), rng);
-        for (float& y : features) y = std::abs(random_floats(1, rng)[0]) * (rng() % 3 ? 1 : -1);
+        constexpr int64_t kRows = 3, kLd = 72, kStride = 128;
+        std::vector<float> features = random_floats(size_t(kRows * kLd), rng);
+        const std::vector<float> grad = random_floats(size_t(kRows * kLd), rng);
+        const std::vector<float> bias = random_floats(size_t(n), rng);
+        for (float& y : features) y = std::abs(y) * (rng() % 3 ? 1.0f : -1.0f);
         features[0] = std::numeric_limits<float>::quiet_NaN();
         if (n > 1) features[1] = 1.0f;
-        std::vector<bfloat16> dst(size_t(n + 1));
-        for (bfloat16& x : dst) x = to_bfloat16(random_floats(1, rng)[0]);
-        const std::vector<bfloat16> old = dst;
-        const float probe =
-            narrow_gradient(phi, features.data(), grad.data(), accumulate, n, dst.data());
+        mhla::detail::LineAlignedVector<bfloat16> out(size_t(kRows * kStride));
+        for (bfloat16& x : out) x = to_bfloat16(random_floats(1, rng)[0]);
+        const std::vector<bfloat16> old(out.begin(), out.end());
+        // Row r at a line (r even) or off it by r values.
+        std::vector<bfloat16*> dst;
+        for (int64_t r = 0; r < kRows; ++r) dst.push_back(out.data() + r * kStride + (r % 2) * r);
+        const float probe = narrow_gradients(phi, features.data(), kLd, grad.data(), kLd,
+                                             with_bias ? bias.data() : nullptr, accumulate, kRows,
+                                             n, dst.data(), stream);
+        if (stream) finish_streaming();
         bool finite = true;
-        for (int64_t j = 0; j < n; ++j) {
-          float x = accumulate ? grad[size_t(j)] + to_float(old[size_t(j)]) : grad[size_t(j)];
-          const float y = features[size_t(j)];
-          if (phi == mhla::FeatureMap::relu)
-            x = mhla::detail::derivative_from_feature<mhla::FeatureMap::relu>(y) * x;
-          if (phi == mhla::FeatureMap::elu1)
-            x = mhla::detail::derivative_from_feature<mhla::FeatureMap::elu1>(y) * x;
-          const bfloat16 want = rounded(x);
-          finite = finite && std::isfinite(to_float(want));
-          if (std::isnan(x)) {
-            ASSERT_TRUE(std::isnan(to_float(dst[size_t(j)]))) << "NaN must stay NaN";
-            continue;
+        for (int64_t r = 0; r < kRows; ++r) {
+          const size_t at = size_t(r * kStride + (r % 2) * r);
+          for (int64_t j = 0; j < n; ++j) {
+            float x = grad[size_t(r * kLd + j)];
+            if (with_bias) x += bias[size_t(j)];
+            if (accumulate) x += to_float(old[at + size_t(j)]);
+            const float y = features[size_t(r * kLd + j)];
+            if (phi == mhla::FeatureMap::relu)
+              x = mhla::detail::derivative_from_feature<mhla::FeatureMap::relu>(y) * x;
+            if (phi == mhla::FeatureMap::elu1)
+              x = mhla::detail::derivative_from_feature<mhla::FeatureMap::elu1>(y) * x;
+            const bfloat16 want = rounded(x);
+            finite = finite && std::isfinite(to_float(want));
+            if (std::isnan(x)) {
+              ASSERT_TRUE(std::isnan(to_float(out[at + size_t(j)]))) << "NaN must stay NaN";
+              continue;
+            }
+            ASSERT_EQ(out[at + size_t(j)].bits, want.bits)
+                << to_string(phi) << ", mode " << mode << ", n " << n << ", row " << r << ", " << j;
           }
-          ASSERT_EQ(dst[size_t(j)].bits, want.bits)
-              << to_string(phi) << (accumulate ? " accumulating" : "") << ", n " << n << ", " << j;
+          EXPECT_EQ(out[at + size_t(n)].bits, old[at + size_t(n)].bits) << "wrote past n";
         }
-        EXPECT_EQ(dst[size_t(n)].bits, old[size_t(n)].bits) << "wrote past n";
         EXPECT_EQ(std::isnan(probe), !finite) << to_string(phi) << ", n " << n;
       }
     }

@@ -494,11 +494,12 @@ MHLA_BF16_INLINE __m512 Derivative(__m512 y) {
   return one;
 }
 
-// 16 values (the first n) of the gradient narrowed by narrow_gradient.
+// 16 values (the first n) of a row narrowed by narrow_gradients.
 template <FeatureMap Phi, bool kAccumulate>
-MHLA_BF16_INLINE __m256i GradientVector(const float* features, const float* grad,
+MHLA_BF16_INLINE __m256i GradientVector(const float* features, const float* grad, const float* bias,
                                         const uint16_t* old, __mmask16 mask, bool whole) {
   __m512 g = whole ? _mm512_loadu_ps(grad) : _mm512_maskz_loadu_ps(mask, grad);
+  if (bias) g = _mm512_add_ps(g, whole ? _mm512_loadu_ps(bias) : _mm512_maskz_loadu_ps(mask, bias));
   if constexpr (kAccumulate) {
     const __m256i bits =
         whole ? _mm256_loadu_si256((const __m256i*)old) : _mm256_maskz_loadu_epi16(mask, old);
@@ -512,22 +513,42 @@ MHLA_BF16_INLINE __m256i GradientVector(const float* features, const float* grad
 }
 
 template <FeatureMap Phi, bool kAccumulate>
-MHLA_BF16_TARGET float narrow_gradient_avx512(const float* features, const float* grad,
-                                              bfloat16* dst, int64_t n) {
+MHLA_BF16_TARGET float narrow_gradients_avx512(const float* features, int64_t ld_features,
+                                               const float* grad, int64_t ld_grad,
+                                               const float* bias, int64_t rows, int64_t n,
+                                               bfloat16* const* dst, bool stream) {
+  constexpr int64_t kLine = 64;
   __m512 probe = _mm512_setzero_ps();
-  uint16_t* out = reinterpret_cast<uint16_t*>(dst);
-  int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes) {
-    const __m256i b = GradientVector<Phi, kAccumulate>(features + j, grad + j, out + j, 0, true);
-    _mm256_storeu_si256((__m256i*)(out + j), b);
-    probe = AddProbe(probe, b);
-  }
-  if (j < n) {
-    const __mmask16 mask = __mmask16((1u << (n - j)) - 1u);
-    const __m256i b =
-        GradientVector<Phi, kAccumulate>(features + j, grad + j, out + j, mask, false);
-    _mm256_mask_storeu_epi16(out + j, mask, b);
-    probe = AddProbe(probe, b);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* y = features + r * ld_features;
+    const float* g = grad + r * ld_grad;
+    uint16_t* out = reinterpret_cast<uint16_t*>(dst[r]);
+    // Whole lines on a line: 32 values a store that bypasses the cache (never
+    // when accumulating: the old values are read).
+    if (!kAccumulate && stream && reinterpret_cast<uintptr_t>(out) % kLine == 0 &&
+        (2 * n) % kLine == 0) {
+      for (int64_t j = 0; j < n; j += 2 * kLanes) {
+        const float* b = bias ? bias + j : nullptr;
+        const __m256i low = GradientVector<Phi, false>(y + j, g + j, b, nullptr, 0, true);
+        const __m256i high = GradientVector<Phi, false>(y + j + kLanes, g + j + kLanes,
+                                                        b ? b + kLanes : nullptr, nullptr, 0, true);
+        _mm512_stream_si512((__m512i*)(out + j),
+                            _mm512_inserti64x4(_mm512_castsi256_si512(low), high, 1));
+        probe = AddProbe(AddProbe(probe, low), high);
+      }
+      continue;
+    }
+    for (int64_t j = 0; j < n; j += kLanes) {
+      const int64_t m = std::min(kLanes, n - j);
+      const __mmask16 mask = __mmask16((1u << m) - 1u);
+      const __m256i b = GradientVector<Phi, kAccumulate>(y + j, g + j, bias ? bias + j : nullptr,
+                                                         out + j, mask, m == kLanes);
+      if (m == kLanes)
+        _mm256_storeu_si256((__m256i*)(out + j), b);
+      else
+        _mm256_mask_storeu_epi16(out + j, mask, b);
+      probe = AddProbe(probe, b);
+    }
   }
   return _mm512_reduce_add_ps(probe);
 }
@@ -583,11 +604,14 @@ void scaled_pairs(const bfloat16* src, int64_t n, float factor, uint32_t* column
   scaled_pairs_avx512(src, n, factor, columns, rows, half, wide);
 }
 
-float narrow_gradient(FeatureMap phi, const float* features, const float* grad, bool accumulate,
-                      int64_t n, bfloat16* dst) {
+float narrow_gradients(FeatureMap phi, const float* features, int64_t ld_features,
+                       const float* grad, int64_t ld_grad, const float* bias, bool accumulate,
+                       int64_t rows, int64_t n, bfloat16* const* dst, bool stream) {
   return mhla::detail::dispatch_feature(phi, [&]<FeatureMap Phi>() {
-    return accumulate ? narrow_gradient_avx512<Phi, true>(features, grad, dst, n)
-                      : narrow_gradient_avx512<Phi, false>(features, grad, dst, n);
+    return accumulate ? narrow_gradients_avx512<Phi, true>(features, ld_features, grad, ld_grad,
+                                                           bias, rows, n, dst, stream)
+                      : narrow_gradients_avx512<Phi, false>(features, ld_features, grad, ld_grad,
+                                                            bias, rows, n, dst, stream);
   });
 }
 
@@ -615,7 +639,8 @@ void gemm_bf16_halves(int64_t, int64_t, int64_t, PairStrided, const uint32_t*, i
 void pack_row_pairs(const float*, int64_t, int64_t, int64_t, uint32_t*, int64_t) {}
 void pack_column_pairs(const float*, int64_t, int64_t, int64_t, uint32_t*, int64_t) {}
 void pack_transposed_pairs(const float*, int64_t, int64_t, int64_t, uint32_t*, int64_t) {}
-float narrow_gradient(FeatureMap, const float*, const float*, bool, int64_t, bfloat16*) {
+float narrow_gradients(FeatureMap, const float*, int64_t, const float*, int64_t, const float*, bool,
+                       int64_t, int64_t, bfloat16* const*, bool) {
   return 0;
 }
 void scaled_pairs(const bfloat16*, int64_t, float, uint32_t*, uint32_t*, int, float*) {}

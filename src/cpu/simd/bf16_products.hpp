@@ -87,13 +87,15 @@ float narrow_rows(const float* src, int64_t ld, int64_t rows, int64_t n, const f
 void scaled_pairs(const bfloat16* x, int64_t n, float factor, uint32_t* columns, uint32_t* rows,
                   int half, float* wide = nullptr);
 
-// dst[j] = bfloat16(phi'(x_j) grad[j]) for j < n, or accumulating
-// bfloat16(phi'(x_j) (grad[j] + dst[j])), with phi'(x_j) formed from
-// features[j] = phi(x_j) as derivative_from_feature (core/feature_map.hpp)
-// forms it (identity: features unread). Rounds as narrow_rows does, and
-// returns its probe of the rounded values.
-float narrow_gradient(FeatureMap phi, const float* features, const float* grad, bool accumulate,
-                      int64_t n, bfloat16* dst);
+// dst[r][j] = bfloat16(phi'(x) (grad[r, j] + bias[j])) for r < rows, j < n,
+// or accumulating bfloat16(phi'(x) (grad[r, j] + bias[j] + dst[r][j])), with
+// phi'(x) formed from features[r, j] = phi(x) as derivative_from_feature
+// (core/feature_map.hpp) forms it (identity: features unread) and no bias
+// term without `bias`. Rounds and probes as narrow_rows does, and streams as
+// it does (never when accumulating).
+float narrow_gradients(FeatureMap phi, const float* features, int64_t ld_features,
+                       const float* grad, int64_t ld_grad, const float* bias, bool accumulate,
+                       int64_t rows, int64_t n, bfloat16* const* dst, bool stream);
 
 // phi of bfloat16 rows as pairs of rows, as pack_row_pairs writes them (the B
 // operand, or A^T): the rows are rows first, first + 1, ... of that matrix,
