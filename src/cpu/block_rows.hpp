@@ -292,7 +292,8 @@ bool scatter_rows(const mhla::detail::BlockTableView& layout, int64_t block, con
 // every row of grad first. Accumulating reads the old bfloat16 values. (Formed
 // in a float row and narrowed row by row through the writer's buffer, the two
 // scatters of key_value_gradients took 16.5 Mcycles of its 52 on one thread
-// of two at N = 65536; a row at a time in one pass, about 11.)
+// of two at N = 65536; one pass a row brought the phase from 19.2-20.3 to
+// 18.2-19.2 ms, and one call a block, with dz as the bias, to 16.6-16.7.)
 inline bool scatter_through_feature(const mhla::detail::BlockTableView& layout, int64_t block,
                                     FeatureMap phi, const float* features, const float* grad,
                                     int64_t ld, HeadSlice s, int64_t width,
