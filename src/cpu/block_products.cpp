@@ -31,9 +31,9 @@ void bf16_block_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const fl
                      const float* b, int64_t ldb, float* c, int64_t ldc, simd::LineRuns prefetch) {
   assert(!(ta && tb));
   thread_local mhla::detail::LineAlignedVector<uint32_t> a_pairs, b_pairs;
-  const int64_t pairs = (k + 1) / 2;
+  const int64_t pairs = (k + 1) / 2, ldb_pairs = simd::padded_pair_stride(n);
   a_pairs.resize(size_t(m * pairs));
-  b_pairs.resize(size_t(pairs * n));
+  b_pairs.resize(size_t(pairs * ldb_pairs));
   // A: pairs down its columns when transposed (read as A^T), else along its rows.
   if (ta)
     simd::pack_row_pairs(a, lda, k, m, a_pairs.data(), m);
@@ -43,10 +43,10 @@ void bf16_block_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const fl
       ta ? simd::PairStrided{a_pairs.data(), 1, m} : simd::PairStrided{a_pairs.data(), pairs, 1};
   // B by rows of pairs: a transposed B's pairs run along its rows.
   if (tb)
-    simd::pack_transposed_pairs(b, ldb, n, k, b_pairs.data(), n);
+    simd::pack_transposed_pairs(b, ldb, n, k, b_pairs.data(), ldb_pairs);
   else
-    simd::pack_row_pairs(b, ldb, k, n, b_pairs.data(), n);
-  simd::gemm_bf16(m, n, pairs, op_a, b_pairs.data(), n, c, ldc, prefetch);
+    simd::pack_row_pairs(b, ldb, k, n, b_pairs.data(), ldb_pairs);
+  simd::gemm_bf16(m, n, pairs, op_a, b_pairs.data(), ldb_pairs, c, ldc, prefetch);
 }
 
 }  // namespace mhla::cpu

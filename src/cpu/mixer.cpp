@@ -176,10 +176,10 @@ void DenseMixer<T>::mix_pairs(const T* summaries, const uint32_t* summary_pairs,
       int64_t ldb = x_;
       if (!summary_pairs) {
         thread_local detail::LineAlignedVector<uint32_t> s_pairs;
-        s_pairs.resize(size_t(pairs * cols));
-        simd::pack_row_pairs(summaries + bh * ms * x_ + c0, x_, ms, cols, s_pairs.data(), cols);
+        ldb = simd::padded_pair_stride(cols);
+        s_pairs.resize(size_t(pairs * ldb));
+        simd::pack_row_pairs(summaries + bh * ms * x_ + c0, x_, ms, cols, s_pairs.data(), ldb);
         b = s_pairs.data();
-        ldb = cols;
       }
       const uint32_t* w =
           w_pairs.data() + (p_.per_head_mixing ? bh % p_.dims.heads : 0) * m * pairs;
