@@ -288,8 +288,8 @@ bool scatter_rows(const mhla::detail::BlockTableView& layout, int64_t block, con
 // The scatters for bfloat16 destinations (the bfloat16 backward): the block's
 // rows formed, rounded, probed and (when the writer streams) streamed by one
 // call of simd::narrow_gradients, so only where
-// simd::bf16_products_available(); `bias` (Dk values, or none) is added to
-// every row of grad first. Accumulating reads the old bfloat16 values. (Formed
+// simd::bf16_products_available(); `bias` (simd::RowBias) is added to grad's
+// rows first. Accumulating reads the old bfloat16 values. (Formed
 // in a float row and narrowed row by row through the writer's buffer, the two
 // scatters of key_value_gradients took 16.5 Mcycles of its 52 on one thread
 // of two at N = 65536; one pass a row brought the phase from 19.2-20.3 to
@@ -298,7 +298,7 @@ inline bool scatter_through_feature(const mhla::detail::BlockTableView& layout, 
                                     FeatureMap phi, const float* features, const float* grad,
                                     int64_t ld, HeadSlice s, int64_t width,
                                     RowWriter<bfloat16>& writer, bfloat16* dst,
-                                    const float* bias = nullptr) {
+                                    simd::RowBias bias = {}) {
   thread_local std::vector<bfloat16*> rows;
   rows.clear();
   for_each_row(layout, block, s, [&](int64_t, int64_t offset) {

@@ -290,7 +290,7 @@ bool ChunkedAttention<T>::output_gradients(const S* q, const S* k, const S* v, c
 #pragma omp parallel
   {
     Tile<T> u(max_rows_ * d.dk), den(max_rows_), dy(max_rows_ * ld_x1_), du(max_rows_ * d.dk),
-        zt(d.dk), dz(d.dk);
+        zt(d.dk), dz(d.dk), dy_z_rows(max_rows_);
     Tile<T> kap, vals, a, da, dkap, dvals;
     // bfloat16 tokens: phi(Q) as pairs of tokens (dmixed_i's A^T), dy as pairs
     // of columns (dphi(Q)'s A) and of tokens (dmixed_i's B), S~_i^T's pairs.
@@ -409,76 +409,101 @@ bool ChunkedAttention<T>::output_gradients(const S* q, const S* k, const S* v, c
       // Causal, y += W[i,i] A [V|1] with A = mask(phi(Q) phi(K)^T); first
       // B = mask(dy[:, :Dv] V^T).
       if (p_.causal) lower_scores(rows, d.dv, dy.data(), vals.data(), ld_x1_, da.data());
-      // Row by row: g . o = dy[:Dv] . y = phi(q) . P (+ W[i,i] sum_j A[., j]
-      // B[., j]), dy[Dv] from it and dphi(Q) += dy[Dv] z~^T; causal, then
-      //   dA = W[i,i] mask(dy [V|1]^T) = W[i,i] (B + dy[Dv] 1^T),
-      //   dW[i,i] = <mask(dy [V|1]^T), A>, dphi(Q) += dA phi(K),
-      //   dphi(K) = dA^T phi(Q),  d[V|1] = W[i,i] A^T dy
-      // while the row of A and B is in L1 (the causal backward at N = 65536
-      // took 219.8-220.8 ms so, 232.3-232.5 with a second pass over the
-      // triangle, and 229.4-230.2 reading o before).
-      if (p_.normalize)
-        for (int64_t e = 0; e < d.dk; ++e) zt[e] = mixed_i[e * x1_ + d.dv];
-      // dmixed_i's z column, phi(Q)^T dy[:, Dv], summed here row by row
-      // while the rows are in L1 (a pass over the tiles afterwards before;
-      // at N = 65536 the change was within noise, float and bfloat16).
-      std::fill(dz.begin(), dz.end(), T(0));
-      T dw = 0;
-      for (int64_t r = 0; r < rows; ++r) {
-        // Row r of A and B (causal only: the other modes have no such tiles).
-        T* a_r = p_.causal ? a.data() + r * rows : nullptr;
-        T* b_r = p_.causal ? da.data() + r * rows : nullptr;
-        T dy_z = 0;
-        if (p_.normalize) {
-          T* dur = du.data() + r * d.dk;
-          const T* ur = u.data() + r * d.dk;
-          T dot = 0;
-#pragma omp simd reduction(+ : dot)
-          for (int64_t e = 0; e < d.dk; ++e) dot += ur[e] * dur[e];
-          if (p_.causal) {
-            T in_block = 0;
-#pragma omp simd reduction(+ : in_block)
-            for (int64_t c = 0; c <= r; ++c) in_block += a_r[c] * b_r[c];
-            dot += wii * in_block;
-          }
-          dy_z = -dot * (T(1) / (den[r] + eps));
+      // bfloat16, not causal: the row loop's steps as SIMD passes over the
+      // block (all dot products; dz = phi(Q)^T dy[:, Dv]), and dphi(Q) +=
+      // dy[Dv] z~^T added in the scatter (at N = 65536 this phase took
+      // 19.5-19.9 instead of 20.0-20.6 ms, minima of three alternating runs).
+      bool rows_done = false;
+      if constexpr (std::is_same_v<S, bfloat16>) {
+        if (!p_.causal) {
+          std::fill(dz.begin(), dz.end(), T(0));
+          if (p_.normalize) {
+            for (int64_t e = 0; e < d.dk; ++e) zt[e] = mixed_i[e * x1_ + d.dv];
+            simd::row_dots(u.data(), du.data(), d.dk, rows, d.dk, dy_z_rows.data());
 #pragma omp simd
-          for (int64_t e = 0; e < d.dk; ++e) {
-            dur[e] += dy_z * zt[e];
-            dz[e] += ur[e] * dy_z;
+            for (int64_t r = 0; r < rows; ++r)
+              dy_z_rows[r] = -dy_z_rows[r] * (T(1) / (den[r] + eps));
+            simd::weighted_column_sums(u.data(), d.dk, rows, d.dk, dy_z_rows.data(), dz.data());
+          }
+          const simd::RowBias bias =
+              p_.normalize ? simd::RowBias{zt.data(), dy_z_rows.data()} : simd::RowBias{};
+          finite = finite && scatter_through_feature(p_.table, t.block, p_.phi, u.data(), du.data(),
+                                                     d.dk, t.qk, d.dk, q_rows, grad_q, bias);
+          rows_done = true;
+        }
+      }
+      if (!rows_done) {
+        // Row by row: g . o = dy[:Dv] . y = phi(q) . P (+ W[i,i] sum_j A[., j]
+        // B[., j]), dy[Dv] from it and dphi(Q) += dy[Dv] z~^T; causal, then
+        //   dA = W[i,i] mask(dy [V|1]^T) = W[i,i] (B + dy[Dv] 1^T),
+        //   dW[i,i] = <mask(dy [V|1]^T), A>, dphi(Q) += dA phi(K),
+        //   dphi(K) = dA^T phi(Q),  d[V|1] = W[i,i] A^T dy
+        // while the row of A and B is in L1 (the causal backward at N = 65536
+        // took 219.8-220.8 ms so, 232.3-232.5 with a second pass over the
+        // triangle, and 229.4-230.2 reading o before).
+        if (p_.normalize)
+          for (int64_t e = 0; e < d.dk; ++e) zt[e] = mixed_i[e * x1_ + d.dv];
+        // dmixed_i's z column, phi(Q)^T dy[:, Dv], summed here row by row
+        // while the rows are in L1 (a pass over the tiles afterwards before;
+        // at N = 65536 the change was within noise, float and bfloat16).
+        std::fill(dz.begin(), dz.end(), T(0));
+        T dw = 0;
+        for (int64_t r = 0; r < rows; ++r) {
+          // Row r of A and B (causal only: the other modes have no such tiles).
+          T* a_r = p_.causal ? a.data() + r * rows : nullptr;
+          T* b_r = p_.causal ? da.data() + r * rows : nullptr;
+          T dy_z = 0;
+          if (p_.normalize) {
+            T* dur = du.data() + r * d.dk;
+            const T* ur = u.data() + r * d.dk;
+            T dot = 0;
+#pragma omp simd reduction(+ : dot)
+            for (int64_t e = 0; e < d.dk; ++e) dot += ur[e] * dur[e];
+            if (p_.causal) {
+              T in_block = 0;
+#pragma omp simd reduction(+ : in_block)
+              for (int64_t c = 0; c <= r; ++c) in_block += a_r[c] * b_r[c];
+              dot += wii * in_block;
+            }
+            dy_z = -dot * (T(1) / (den[r] + eps));
+#pragma omp simd
+            for (int64_t e = 0; e < d.dk; ++e) {
+              dur[e] += dy_z * zt[e];
+              dz[e] += ur[e] * dy_z;
+            }
+          }
+          if (p_.causal) {
+            T dw_r = 0;
+#pragma omp simd reduction(+ : dw_r)
+            for (int64_t c = 0; c <= r; ++c) {
+              const T x = b_r[c] + dy_z;
+              dw_r += x * a_r[c];
+              b_r[c] = x * wii;
+            }
+            dw += dw_r;
           }
         }
         if (p_.causal) {
-          T dw_r = 0;
-#pragma omp simd reduction(+ : dw_r)
-          for (int64_t c = 0; c <= r; ++c) {
-            const T x = b_r[c] + dy_z;
-            dw_r += x * a_r[c];
-            b_r[c] = x * wii;
-          }
-          dw += dw_r;
+          diagonal_grad[t.bh * p_.blocks + t.block] = dw;
+          lower_times(rows, d.dk, T(1), da.data(), kap.data(), d.dk, true, du.data(), d.dk);
+          lower_transposed_times(rows, d.dk, T(1), da.data(), u.data(), d.dk, dkap.data(), d.dk);
+          // (The ones' column of [V | 1] has no gradient to keep.)
+          lower_transposed_times(rows, d.dv, wii, a.data(), dy.data(), ld_x1_, dvals.data(), d.dv);
+          // Park the in-block key/value gradients in the outputs, where
+          // key_value_gradients adds the inter-block part, applies phi' and
+          // checks the sums; or finish them here.
+          const bool finite_k =
+              park ? scatter_rows(p_.table, t.block, dkap.data(), d.dk, t.qk, d.dk, k_rows, grad_k)
+                   : scatter_through_feature(p_.table, t.block, p_.phi, kap.data(), dkap.data(),
+                                             d.dk, t.qk, d.dk, k_rows, grad_k);
+          const bool finite_v =
+              scatter_rows(p_.table, t.block, dvals.data(), d.dv, t.v, d.dv, v_rows, grad_v);
+          finite = finite && (park || (finite_k && finite_v));
         }
+        const bool finite_q = scatter_through_feature(p_.table, t.block, p_.phi, u.data(),
+                                                      du.data(), d.dk, t.qk, d.dk, q_rows, grad_q);
+        finite = finite && finite_q;
       }
-      if (p_.causal) {
-        diagonal_grad[t.bh * p_.blocks + t.block] = dw;
-        lower_times(rows, d.dk, T(1), da.data(), kap.data(), d.dk, true, du.data(), d.dk);
-        lower_transposed_times(rows, d.dk, T(1), da.data(), u.data(), d.dk, dkap.data(), d.dk);
-        // (The ones' column of [V | 1] has no gradient to keep.)
-        lower_transposed_times(rows, d.dv, wii, a.data(), dy.data(), ld_x1_, dvals.data(), d.dv);
-        // Park the in-block key/value gradients in the outputs, where
-        // key_value_gradients adds the inter-block part, applies phi' and
-        // checks the sums; or finish them here.
-        const bool finite_k =
-            park ? scatter_rows(p_.table, t.block, dkap.data(), d.dk, t.qk, d.dk, k_rows, grad_k)
-                 : scatter_through_feature(p_.table, t.block, p_.phi, kap.data(), dkap.data(), d.dk,
-                                           t.qk, d.dk, k_rows, grad_k);
-        const bool finite_v =
-            scatter_rows(p_.table, t.block, dvals.data(), d.dv, t.v, d.dv, v_rows, grad_v);
-        finite = finite && (park || (finite_k && finite_v));
-      }
-      const bool finite_q = scatter_through_feature(p_.table, t.block, p_.phi, u.data(), du.data(),
-                                                    d.dk, t.qk, d.dk, q_rows, grad_q);
-      finite = finite && finite_q;
       // y = phi(Q) mixed_i:  dmixed_i = phi(Q)^T dy (mixed_i, if the same array, is no
       // longer read); its z column from the rows above.
       T* dmixed_i = mixed_grad + t.summary;
@@ -590,7 +615,7 @@ bool ChunkedAttention<T>::key_value_gradients(const S* k, const S* v, const T* s
       bool finite_k;
       if constexpr (std::is_same_v<S, bfloat16>)
         finite_k = scatter_through_feature(p_.table, t.block, p_.phi, kap.data(), dkap.data(), d.dk,
-                                           t.qk, d.dk, k_rows, grad_k, dz.data());
+                                           t.qk, d.dk, k_rows, grad_k, {dz.data()});
       else
         finite_k = scatter_through_feature(p_.table, t.block, p_.phi, kap.data(), dkap.data(), d.dk,
                                            t.qk, d.dk, k_rows, grad_k);

@@ -199,20 +199,22 @@ TEST_F(Bf16Products, NarrowingScalesRoundsAndProbes) {
 }
 
 // The scatters' rows: phi' from phi's values times the gradient (plus a bias
-// row, plus the old values when accumulating), rounded bit for bit as the
-// float expression, streamed or not, and the probe NaN exactly when a rounded
-// value is not finite.
+// row, scaled per row or not, plus the old values when accumulating), rounded
+// bit for bit as the float expression, streamed or not, and the probe NaN
+// exactly when a rounded value is not finite.
 TEST_F(Bf16Products, NarrowedGradientsMatchTheFloatExpression) {
   std::mt19937 rng(8);
   for (mhla::FeatureMap phi :
        {mhla::FeatureMap::identity, mhla::FeatureMap::relu, mhla::FeatureMap::elu1}) {
-    for (int mode = 0; mode < 4; ++mode) {
-      const bool accumulate = mode == 1, with_bias = mode >= 2, stream = mode == 3;
+    for (int mode = 0; mode < 6; ++mode) {
+      const bool accumulate = mode == 1 || mode == 4, with_bias = mode >= 2, scaled = mode >= 4,
+                 stream = mode == 3 || mode == 5;
       for (int64_t n : {1, 15, 16, 17, 64, 70}) {
         constexpr int64_t kRows = 3, kLd = 72, kStride = 128;
         std::vector<float> features = random_floats(size_t(kRows * kLd), rng);
         const std::vector<float> grad = random_floats(size_t(kRows * kLd), rng);
-        const std::vector<float> bias = random_floats(size_t(n), rng);
+        const std::vector<float> bias = random_floats(size_t(n), rng),
+                                 scales = random_floats(size_t(kRows), rng);
         for (float& y : features) y = std::abs(y) * (rng() % 3 ? 1.0f : -1.0f);
         features[0] = std::numeric_limits<float>::quiet_NaN();
         if (n > 1) features[1] = 1.0f;
@@ -222,16 +224,18 @@ TEST_F(Bf16Products, NarrowedGradientsMatchTheFloatExpression) {
         // Row r at a line (r even) or off it by r values.
         std::vector<bfloat16*> dst;
         for (int64_t r = 0; r < kRows; ++r) dst.push_back(out.data() + r * kStride + (r % 2) * r);
-        const float probe = narrow_gradients(phi, features.data(), kLd, grad.data(), kLd,
-                                             with_bias ? bias.data() : nullptr, accumulate, kRows,
-                                             n, dst.data(), stream);
+        const float probe = narrow_gradients(
+            phi, features.data(), kLd, grad.data(), kLd,
+            RowBias{with_bias ? bias.data() : nullptr, scaled ? scales.data() : nullptr},
+            accumulate, kRows, n, dst.data(), stream);
         if (stream) finish_streaming();
         bool finite = true;
         for (int64_t r = 0; r < kRows; ++r) {
           const size_t at = size_t(r * kStride + (r % 2) * r);
           for (int64_t j = 0; j < n; ++j) {
             float x = grad[size_t(r * kLd + j)];
-            if (with_bias) x += bias[size_t(j)];
+            if (with_bias)
+              x = scaled ? std::fma(scales[size_t(r)], bias[size_t(j)], x) : x + bias[size_t(j)];
             if (accumulate) x += to_float(old[at + size_t(j)]);
             const float y = features[size_t(r * kLd + j)];
             if (phi == mhla::FeatureMap::relu)
@@ -293,6 +297,41 @@ TEST_F(Bf16Products, ScaledPairsMatchThePackedFloatRows) {
         ASSERT_EQ(wide[i], with_wide ? scaled[i] : -7.0f) << "float value " << i;
       EXPECT_EQ(wide.back(), -7.0f) << "wrote past the float values";
     }
+  }
+}
+
+// The rows' dot products and the weighted column sums against double
+// precision, on ragged widths, with nothing written past them.
+TEST_F(Bf16Products, RowDotsAndWeightedColumnSumsMatchDoublePrecision) {
+  std::mt19937 rng(10);
+  for (const auto& [rows, n] :
+       {std::pair<int64_t, int64_t>{1, 1}, {3, 15}, {7, 17}, {256, 64}, {5, 70}, {4, 130}}) {
+    const int64_t ld = n + 3;
+    const std::vector<float> a = random_floats(size_t(rows * ld), rng),
+                             b = random_floats(size_t(rows * ld), rng),
+                             weights = random_floats(size_t(rows), rng);
+    std::vector<float> dots(size_t(rows) + 1, -7.0f), sums(size_t(n) + 1, -7.0f);
+    row_dots(a.data(), b.data(), ld, rows, n, dots.data());
+    weighted_column_sums(a.data(), ld, rows, n, weights.data(), sums.data());
+    for (int64_t r = 0; r < rows; ++r) {
+      double want = 0, size = 0;
+      for (int64_t j = 0; j < n; ++j) {
+        want += double(a[size_t(r * ld + j)]) * b[size_t(r * ld + j)];
+        size += std::abs(double(a[size_t(r * ld + j)]) * b[size_t(r * ld + j)]);
+      }
+      ASSERT_NEAR(dots[size_t(r)], want, 1e-6 * size) << "row " << r << " of " << rows << "x" << n;
+    }
+    for (int64_t j = 0; j < n; ++j) {
+      double want = 0, size = 0;
+      for (int64_t r = 0; r < rows; ++r) {
+        want += double(weights[size_t(r)]) * a[size_t(r * ld + j)];
+        size += std::abs(double(weights[size_t(r)]) * a[size_t(r * ld + j)]);
+      }
+      ASSERT_NEAR(sums[size_t(j)], want, 1e-6 * size)
+          << "column " << j << " of " << rows << "x" << n;
+    }
+    EXPECT_EQ(dots.back(), -7.0f) << "wrote past the rows";
+    EXPECT_EQ(sums.back(), -7.0f) << "wrote past the columns";
   }
 }
 

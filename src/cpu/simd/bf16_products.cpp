@@ -497,9 +497,13 @@ MHLA_BF16_INLINE __m512 Derivative(__m512 y) {
 // 16 values (the first n) of a row narrowed by narrow_gradients.
 template <FeatureMap Phi, bool kAccumulate>
 MHLA_BF16_INLINE __m256i GradientVector(const float* features, const float* grad, const float* bias,
-                                        const uint16_t* old, __mmask16 mask, bool whole) {
+                                        const float* bias_scale, const uint16_t* old,
+                                        __mmask16 mask, bool whole) {
   __m512 g = whole ? _mm512_loadu_ps(grad) : _mm512_maskz_loadu_ps(mask, grad);
-  if (bias) g = _mm512_add_ps(g, whole ? _mm512_loadu_ps(bias) : _mm512_maskz_loadu_ps(mask, bias));
+  if (bias) {
+    const __m512 b = whole ? _mm512_loadu_ps(bias) : _mm512_maskz_loadu_ps(mask, bias);
+    g = bias_scale ? _mm512_fmadd_ps(_mm512_set1_ps(*bias_scale), b, g) : _mm512_add_ps(g, b);
+  }
   if constexpr (kAccumulate) {
     const __m256i bits =
         whole ? _mm256_loadu_si256((const __m256i*)old) : _mm256_maskz_loadu_epi16(mask, old);
@@ -514,24 +518,25 @@ MHLA_BF16_INLINE __m256i GradientVector(const float* features, const float* grad
 
 template <FeatureMap Phi, bool kAccumulate>
 MHLA_BF16_TARGET float narrow_gradients_avx512(const float* features, int64_t ld_features,
-                                               const float* grad, int64_t ld_grad,
-                                               const float* bias, int64_t rows, int64_t n,
-                                               bfloat16* const* dst, bool stream) {
+                                               const float* grad, int64_t ld_grad, RowBias bias,
+                                               int64_t rows, int64_t n, bfloat16* const* dst,
+                                               bool stream) {
   constexpr int64_t kLine = 64;
   __m512 probe = _mm512_setzero_ps();
   for (int64_t r = 0; r < rows; ++r) {
     const float* y = features + r * ld_features;
     const float* g = grad + r * ld_grad;
+    const float* scale = bias.scales ? bias.scales + r : nullptr;
     uint16_t* out = reinterpret_cast<uint16_t*>(dst[r]);
     // Whole lines on a line: 32 values a store that bypasses the cache (never
     // when accumulating: the old values are read).
     if (!kAccumulate && stream && reinterpret_cast<uintptr_t>(out) % kLine == 0 &&
         (2 * n) % kLine == 0) {
       for (int64_t j = 0; j < n; j += 2 * kLanes) {
-        const float* b = bias ? bias + j : nullptr;
-        const __m256i low = GradientVector<Phi, false>(y + j, g + j, b, nullptr, 0, true);
-        const __m256i high = GradientVector<Phi, false>(y + j + kLanes, g + j + kLanes,
-                                                        b ? b + kLanes : nullptr, nullptr, 0, true);
+        const float* b = bias.values ? bias.values + j : nullptr;
+        const __m256i low = GradientVector<Phi, false>(y + j, g + j, b, scale, nullptr, 0, true);
+        const __m256i high = GradientVector<Phi, false>(
+            y + j + kLanes, g + j + kLanes, b ? b + kLanes : nullptr, scale, nullptr, 0, true);
         _mm512_stream_si512((__m512i*)(out + j),
                             _mm512_inserti64x4(_mm512_castsi256_si512(low), high, 1));
         probe = AddProbe(AddProbe(probe, low), high);
@@ -541,8 +546,8 @@ MHLA_BF16_TARGET float narrow_gradients_avx512(const float* features, int64_t ld
     for (int64_t j = 0; j < n; j += kLanes) {
       const int64_t m = std::min(kLanes, n - j);
       const __mmask16 mask = __mmask16((1u << m) - 1u);
-      const __m256i b = GradientVector<Phi, kAccumulate>(y + j, g + j, bias ? bias + j : nullptr,
-                                                         out + j, mask, m == kLanes);
+      const __m256i b = GradientVector<Phi, kAccumulate>(
+          y + j, g + j, bias.values ? bias.values + j : nullptr, scale, out + j, mask, m == kLanes);
       if (m == kLanes)
         _mm256_storeu_si256((__m256i*)(out + j), b);
       else
@@ -551,6 +556,43 @@ MHLA_BF16_TARGET float narrow_gradients_avx512(const float* features, int64_t ld
     }
   }
   return _mm512_reduce_add_ps(probe);
+}
+
+MHLA_BF16_TARGET void row_dots_avx512(const float* a, const float* b, int64_t ld, int64_t rows,
+                                      int64_t n, float* out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* x = a + r * ld;
+    const float* y = b + r * ld;
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t j = 0; j < n; j += kLanes) {
+      const __mmask16 mask = __mmask16((1u << std::min(kLanes, n - j)) - 1u);
+      acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask, x + j), _mm512_maskz_loadu_ps(mask, y + j),
+                            acc);
+    }
+    out[r] = _mm512_reduce_add_ps(acc);
+  }
+}
+
+MHLA_BF16_TARGET void weighted_column_sums_avx512(const float* a, int64_t ld, int64_t rows,
+                                                  int64_t n, const float* weights, float* out) {
+  // Four vectors of columns at a time, summed in registers down the rows.
+  for (int64_t j = 0; j < n; j += kMaxVectors * kLanes) {
+    const int64_t cols = std::min(kMaxVectors * kLanes, n - j);
+    const int vectors = int((cols + kLanes - 1) / kLanes);
+    __mmask16 mask[kMaxVectors];
+    __m512 acc[kMaxVectors];
+    for (int v = 0; v < vectors; ++v) {
+      mask[v] = __mmask16((1u << std::min(kLanes, cols - v * kLanes)) - 1u);
+      acc[v] = _mm512_setzero_ps();
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      const __m512 w = _mm512_set1_ps(weights[r]);
+      for (int v = 0; v < vectors; ++v)
+        acc[v] =
+            _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask[v], a + r * ld + j + v * kLanes), w, acc[v]);
+    }
+    for (int v = 0; v < vectors; ++v) _mm512_mask_storeu_ps(out + j + v * kLanes, mask[v], acc[v]);
+  }
 }
 
 }  // namespace
@@ -604,8 +646,17 @@ void scaled_pairs(const bfloat16* src, int64_t n, float factor, uint32_t* column
   scaled_pairs_avx512(src, n, factor, columns, rows, half, wide);
 }
 
+void row_dots(const float* a, const float* b, int64_t ld, int64_t rows, int64_t n, float* out) {
+  row_dots_avx512(a, b, ld, rows, n, out);
+}
+
+void weighted_column_sums(const float* a, int64_t ld, int64_t rows, int64_t n, const float* weights,
+                          float* out) {
+  weighted_column_sums_avx512(a, ld, rows, n, weights, out);
+}
+
 float narrow_gradients(FeatureMap phi, const float* features, int64_t ld_features,
-                       const float* grad, int64_t ld_grad, const float* bias, bool accumulate,
+                       const float* grad, int64_t ld_grad, RowBias bias, bool accumulate,
                        int64_t rows, int64_t n, bfloat16* const* dst, bool stream) {
   return mhla::detail::dispatch_feature(phi, [&]<FeatureMap Phi>() {
     return accumulate ? narrow_gradients_avx512<Phi, true>(features, ld_features, grad, ld_grad,
@@ -639,7 +690,9 @@ void gemm_bf16_halves(int64_t, int64_t, int64_t, PairStrided, const uint32_t*, i
 void pack_row_pairs(const float*, int64_t, int64_t, int64_t, uint32_t*, int64_t) {}
 void pack_column_pairs(const float*, int64_t, int64_t, int64_t, uint32_t*, int64_t) {}
 void pack_transposed_pairs(const float*, int64_t, int64_t, int64_t, uint32_t*, int64_t) {}
-float narrow_gradients(FeatureMap, const float*, int64_t, const float*, int64_t, const float*, bool,
+void row_dots(const float*, const float*, int64_t, int64_t, int64_t, float*) {}
+void weighted_column_sums(const float*, int64_t, int64_t, int64_t, const float*, float*) {}
+float narrow_gradients(FeatureMap, const float*, int64_t, const float*, int64_t, RowBias, bool,
                        int64_t, int64_t, bfloat16* const*, bool) {
   return 0;
 }

@@ -94,15 +94,30 @@ float narrow_rows(const float* src, int64_t ld, int64_t rows, int64_t n, const f
 void scaled_pairs(const bfloat16* x, int64_t n, float factor, uint32_t* columns, uint32_t* rows,
                   int half, float* wide = nullptr);
 
-// dst[r][j] = bfloat16(phi'(x) (grad[r, j] + bias[j])) for r < rows, j < n,
-// or accumulating bfloat16(phi'(x) (grad[r, j] + bias[j] + dst[r][j])), with
-// phi'(x) formed from features[r, j] = phi(x) as derivative_from_feature
-// (core/feature_map.hpp) forms it (identity: features unread) and no bias
-// term without `bias`. Rounds and probes as narrow_rows does, and streams as
-// it does (never when accumulating).
+// A row added to every row r of a gradient, scaled by scales[r] (by 1, an
+// exact add, without scales); none without values.
+struct RowBias {
+  const float* values = nullptr;
+  const float* scales = nullptr;
+};
+
+// dst[r][j] = bfloat16(phi'(x) (grad[r, j] + b[r, j])) for r < rows, j < n,
+// or accumulating bfloat16(phi'(x) (grad[r, j] + b[r, j] + dst[r][j])), with
+// b the bias (its scaled values as one multiply-add), and phi'(x) formed from
+// features[r, j] = phi(x) as derivative_from_feature (core/feature_map.hpp)
+// forms it (identity: features unread). Rounds and probes as narrow_rows
+// does, and streams as it does (never when accumulating).
 float narrow_gradients(FeatureMap phi, const float* features, int64_t ld_features,
-                       const float* grad, int64_t ld_grad, const float* bias, bool accumulate,
+                       const float* grad, int64_t ld_grad, RowBias bias, bool accumulate,
                        int64_t rows, int64_t n, bfloat16* const* dst, bool stream);
+
+// out[r] = sum_j a[r, j] b[r, j] for r < rows, j < n (a and b ld apart): the
+// rows' dot products, each summed in one fixed order.
+void row_dots(const float* a, const float* b, int64_t ld, int64_t rows, int64_t n, float* out);
+
+// out[j] = sum_r weights[r] a[r, j] for j < n, the rows summed in order.
+void weighted_column_sums(const float* a, int64_t ld, int64_t rows, int64_t n, const float* weights,
+                          float* out);
 
 // phi of bfloat16 rows as pairs of rows, as pack_row_pairs writes them (the B
 // operand, or A^T): the rows are rows first, first + 1, ... of that matrix,
