@@ -614,23 +614,28 @@ MHLA_BF16_TARGET void row_dots_avx512(const float* a, const float* b, int64_t ld
 
 MHLA_BF16_TARGET void weighted_column_sums_avx512(const float* a, int64_t ld, int64_t rows,
                                                   int64_t n, const float* weights, float* out) {
-  // Four vectors of columns at a time, summed in registers down the rows.
+  // Four vectors of columns at a time, summed in registers down the rows: a
+  // fixed count of vectors, those past n masked off entirely, so that the
+  // unrolled loops keep the sums in registers.
   for (int64_t j = 0; j < n; j += kMaxVectors * kLanes) {
-    const int64_t cols = std::min(kMaxVectors * kLanes, n - j);
-    const int vectors = int((cols + kLanes - 1) / kLanes);
     __mmask16 mask[kMaxVectors];
     __m512 acc[kMaxVectors];
-    for (int v = 0; v < vectors; ++v) {
-      mask[v] = __mmask16((1u << std::min(kLanes, cols - v * kLanes)) - 1u);
+#pragma GCC unroll 4
+    for (int v = 0; v < kMaxVectors; ++v) {
+      const int64_t m = std::clamp<int64_t>(n - j - v * kLanes, 0, kLanes);
+      mask[v] = __mmask16((1u << m) - 1u);
       acc[v] = _mm512_setzero_ps();
     }
     for (int64_t r = 0; r < rows; ++r) {
       const __m512 w = _mm512_set1_ps(weights[r]);
-      for (int v = 0; v < vectors; ++v)
+#pragma GCC unroll 4
+      for (int v = 0; v < kMaxVectors; ++v)
         acc[v] =
             _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask[v], a + r * ld + j + v * kLanes), w, acc[v]);
     }
-    for (int v = 0; v < vectors; ++v) _mm512_mask_storeu_ps(out + j + v * kLanes, mask[v], acc[v]);
+#pragma GCC unroll 4
+    for (int v = 0; v < kMaxVectors; ++v)
+      _mm512_mask_storeu_ps(out + j + v * kLanes, mask[v], acc[v]);
   }
 }
 
