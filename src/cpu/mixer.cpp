@@ -172,7 +172,7 @@ void DenseMixer<T>::mix_pairs(const T* summaries, const uint32_t* summary_pairs,
       // The panel's summaries as pairs of blocks, [pairs, cols] words: read in
       // place when the caller wrote them so, else packed here (512 KiB at
       // M = 256, in L2 while every row tile of W reads them).
-      const uint32_t* b = summary_pairs + bh * pairs * x_ + c0;
+      const uint32_t* b = summary_pairs ? summary_pairs + bh * pairs * x_ + c0 : nullptr;
       int64_t ldb = x_;
       if (!summary_pairs) {
         thread_local detail::LineAlignedVector<uint32_t> s_pairs;

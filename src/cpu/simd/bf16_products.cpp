@@ -533,23 +533,26 @@ MHLA_BF16_INLINE __m512 Derivative(__m512 y) {
   return one;
 }
 
-// 16 values (the first n) of a row narrowed by narrow_gradients.
+// Values j.. of a row narrowed by narrow_gradients (16, or those in mask):
+// the row's features, gradient, bias (or none) and old values, each pointer
+// offset only where it is read.
 template <FeatureMap Phi, bool kAccumulate>
 MHLA_BF16_INLINE __m256i GradientVector(const float* features, const float* grad, const float* bias,
-                                        const float* bias_scale, const uint16_t* old,
+                                        const float* bias_scale, const uint16_t* old, int64_t j,
                                         __mmask16 mask, bool whole) {
-  __m512 g = whole ? _mm512_loadu_ps(grad) : _mm512_maskz_loadu_ps(mask, grad);
+  __m512 g = whole ? _mm512_loadu_ps(grad + j) : _mm512_maskz_loadu_ps(mask, grad + j);
   if (bias) {
-    const __m512 b = whole ? _mm512_loadu_ps(bias) : _mm512_maskz_loadu_ps(mask, bias);
+    const __m512 b = whole ? _mm512_loadu_ps(bias + j) : _mm512_maskz_loadu_ps(mask, bias + j);
     g = bias_scale ? _mm512_fmadd_ps(_mm512_set1_ps(*bias_scale), b, g) : _mm512_add_ps(g, b);
   }
   if constexpr (kAccumulate) {
-    const __m256i bits =
-        whole ? _mm256_loadu_si256((const __m256i*)old) : _mm256_maskz_loadu_epi16(mask, old);
+    const __m256i bits = whole ? _mm256_loadu_si256((const __m256i*)(old + j))
+                               : _mm256_maskz_loadu_epi16(mask, old + j);
     g = _mm512_add_ps(g, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16)));
   }
   if constexpr (Phi != FeatureMap::identity) {
-    const __m512 y = whole ? _mm512_loadu_ps(features) : _mm512_maskz_loadu_ps(mask, features);
+    const __m512 y =
+        whole ? _mm512_loadu_ps(features + j) : _mm512_maskz_loadu_ps(mask, features + j);
     g = _mm512_mul_ps(Derivative<Phi>(y), g);
   }
   return (__m256i)_mm512_cvtneps_pbh(g);
@@ -563,7 +566,8 @@ MHLA_BF16_TARGET float narrow_gradients_avx512(const float* features, int64_t ld
   constexpr int64_t kLine = 64;
   __m512 probe = _mm512_setzero_ps();
   for (int64_t r = 0; r < rows; ++r) {
-    const float* y = features + r * ld_features;
+    // (The identity reads no features, which may then be null.)
+    const float* y = Phi == FeatureMap::identity ? nullptr : features + r * ld_features;
     const float* g = grad + r * ld_grad;
     const float* scale = bias.scales ? bias.scales + r : nullptr;
     uint16_t* out = reinterpret_cast<uint16_t*>(dst[r]);
@@ -572,10 +576,10 @@ MHLA_BF16_TARGET float narrow_gradients_avx512(const float* features, int64_t ld
     if (!kAccumulate && stream && reinterpret_cast<uintptr_t>(out) % kLine == 0 &&
         (2 * n) % kLine == 0) {
       for (int64_t j = 0; j < n; j += 2 * kLanes) {
-        const float* b = bias.values ? bias.values + j : nullptr;
-        const __m256i low = GradientVector<Phi, false>(y + j, g + j, b, scale, nullptr, 0, true);
-        const __m256i high = GradientVector<Phi, false>(
-            y + j + kLanes, g + j + kLanes, b ? b + kLanes : nullptr, scale, nullptr, 0, true);
+        const __m256i low =
+            GradientVector<Phi, false>(y, g, bias.values, scale, nullptr, j, 0, true);
+        const __m256i high =
+            GradientVector<Phi, false>(y, g, bias.values, scale, nullptr, j + kLanes, 0, true);
         _mm512_stream_si512((__m512i*)(out + j),
                             _mm512_inserti64x4(_mm512_castsi256_si512(low), high, 1));
         probe = AddProbe(AddProbe(probe, low), high);
@@ -585,8 +589,8 @@ MHLA_BF16_TARGET float narrow_gradients_avx512(const float* features, int64_t ld
     for (int64_t j = 0; j < n; j += kLanes) {
       const int64_t m = std::min(kLanes, n - j);
       const __mmask16 mask = __mmask16((1u << m) - 1u);
-      const __m256i b = GradientVector<Phi, kAccumulate>(
-          y + j, g + j, bias.values ? bias.values + j : nullptr, scale, out + j, mask, m == kLanes);
+      const __m256i b =
+          GradientVector<Phi, kAccumulate>(y, g, bias.values, scale, out, j, mask, m == kLanes);
       if (m == kLanes)
         _mm256_storeu_si256((__m256i*)(out + j), b);
       else
