@@ -70,8 +70,10 @@ void pack_transposed_pairs(const float* src, int64_t lds, int64_t rows, int64_t 
                            uint32_t* dst, int64_t ldd);
 
 // tile[r * ld + c] = phi(src[r * ld_src + c]) for r < rows, c < width, from
-// bfloat16 rows (widened exactly); with `pairs`, also phi's values rounded to
-// bfloat16 as pack_column_pairs writes them (row r at pairs + r * ld_pairs).
+// bfloat16 rows (widened exactly; elu+1 in the shorter form for bfloat16
+// features, cpu/simd/elu1_avx512.hpp); with `pairs`, also phi's values
+// rounded to bfloat16 as pack_column_pairs writes them (row r at
+// pairs + r * ld_pairs).
 void feature_rows(FeatureMap phi, const bfloat16* src, int64_t ld_src, float* tile, int64_t rows,
                   int64_t width, int64_t ld, uint32_t* pairs = nullptr, int64_t ld_pairs = 0);
 
@@ -111,6 +113,8 @@ float narrow_gradients(FeatureMap phi, const float* features, int64_t ld_feature
                        const float* grad, int64_t ld_grad, RowBias bias, bool accumulate,
                        int64_t rows, int64_t n, bfloat16* const* dst, bool stream);
 
+// Float helpers of the bfloat16 backward (AVX-512, so also only when
+// bf16_products_available()):
 // out[r] = sum_j a[r, j] b[r, j] for r < rows, j < n (a and b ld apart): the
 // rows' dot products, each summed in one fixed order.
 void row_dots(const float* a, const float* b, int64_t ld, int64_t rows, int64_t n, float* out);
