@@ -482,42 +482,52 @@ MHLA_BF16_TARGET void scaled_pairs_avx512(const bfloat16* src, int64_t n, float 
   if (n % 2) in_order[n] = 0;
 }
 
-// 16 values (the first n) of src times f, rounded.
-MHLA_BF16_INLINE __m256i ScaledVector(const float* src, int64_t n, __m512 f) {
-  const __m512 x =
-      n >= kLanes ? _mm512_loadu_ps(src) : _mm512_maskz_loadu_ps(__mmask16((1u << n) - 1u), src);
-  return (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(x, f));
+// A row of n bfloat16 values into out, 16 at a time from vector(j, mask,
+// whole) (whole: all 16 lanes, else those in mask), each probed: with
+// `stream`, a row of whole cache lines starting on a line goes out 32 values
+// a store, bypassing the cache. (A functor, not a lambda: lambdas do not take
+// the target.)
+template <typename Vector>
+MHLA_BF16_INLINE void NarrowedRow(uint16_t* out, int64_t n, bool stream, const Vector& vector,
+                                  __m512& probe) {
+  constexpr int64_t kLine = 64;
+  if (stream && reinterpret_cast<uintptr_t>(out) % kLine == 0 && (2 * n) % kLine == 0) {
+    for (int64_t j = 0; j < n; j += 2 * kLanes) {
+      const __m256i low = vector(j, 0, true), high = vector(j + kLanes, 0, true);
+      _mm512_stream_si512((__m512i*)(out + j),
+                          _mm512_inserti64x4(_mm512_castsi256_si512(low), high, 1));
+      probe = AddProbe(AddProbe(probe, low), high);
+    }
+    return;
+  }
+  for (int64_t j = 0; j < n; j += kLanes) {
+    const int64_t m = std::min(kLanes, n - j);
+    const __mmask16 mask = __mmask16((1u << m) - 1u);
+    const __m256i b = vector(j, mask, m == kLanes);
+    if (m == kLanes)
+      _mm256_storeu_si256((__m256i*)(out + j), b);
+    else
+      _mm256_mask_storeu_epi16(out + j, mask, b);
+    probe = AddProbe(probe, b);
+  }
 }
+
+// Values j.. of a row of src times f, rounded (narrow_rows).
+struct ScaledVector {
+  const float* src;
+  __m512 f;
+  MHLA_BF16_INLINE __m256i operator()(int64_t j, __mmask16 mask, bool whole) const {
+    const __m512 x = whole ? _mm512_loadu_ps(src + j) : _mm512_maskz_loadu_ps(mask, src + j);
+    return (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(x, f));
+  }
+};
 
 MHLA_BF16_TARGET float narrow_rows_avx512(const float* src, int64_t ld, int64_t rows, int64_t n,
                                           const float* factors, bfloat16* const* dst, bool stream) {
-  constexpr int64_t kLine = 64;
   __m512 probe = _mm512_setzero_ps();
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* x = src + r * ld;
-    const __m512 f = _mm512_set1_ps(factors[r]);
-    uint16_t* out = reinterpret_cast<uint16_t*>(dst[r]);
-    // Whole lines on a line: 32 values a store that bypasses the cache.
-    if (stream && reinterpret_cast<uintptr_t>(out) % kLine == 0 && (2 * n) % kLine == 0) {
-      for (int64_t j = 0; j < n; j += 2 * kLanes) {
-        const __m256i low = ScaledVector(x + j, kLanes, f),
-                      high = ScaledVector(x + j + kLanes, kLanes, f);
-        _mm512_stream_si512((__m512i*)(out + j),
-                            _mm512_inserti64x4(_mm512_castsi256_si512(low), high, 1));
-        probe = AddProbe(AddProbe(probe, low), high);
-      }
-      continue;
-    }
-    for (int64_t j = 0; j < n; j += kLanes) {
-      const int64_t m = std::min(kLanes, n - j);
-      const __m256i b = ScaledVector(x + j, m, f);
-      if (m == kLanes)
-        _mm256_storeu_si256((__m256i*)(out + j), b);
-      else
-        _mm256_mask_storeu_epi16(out + j, __mmask16((1u << m) - 1u), b);
-      probe = AddProbe(probe, b);
-    }
-  }
+  for (int64_t r = 0; r < rows; ++r)
+    NarrowedRow(reinterpret_cast<uint16_t*>(dst[r]), n, stream,
+                ScaledVector{src + r * ld, _mm512_set1_ps(factors[r])}, probe);
   return _mm512_reduce_add_ps(probe);
 }
 
@@ -533,70 +543,50 @@ MHLA_BF16_INLINE __m512 Derivative(__m512 y) {
   return one;
 }
 
-// Values j.. of a row narrowed by narrow_gradients (16, or those in mask):
-// the row's features, gradient, bias (or none) and old values, each pointer
-// offset only where it is read.
+// Values j.. of a row narrowed by narrow_gradients: the row's features,
+// gradient, bias (or none) and old values, each pointer offset only where it
+// is read.
 template <FeatureMap Phi, bool kAccumulate>
-MHLA_BF16_INLINE __m256i GradientVector(const float* features, const float* grad, const float* bias,
-                                        const float* bias_scale, const uint16_t* old, int64_t j,
-                                        __mmask16 mask, bool whole) {
-  __m512 g = whole ? _mm512_loadu_ps(grad + j) : _mm512_maskz_loadu_ps(mask, grad + j);
-  if (bias) {
-    const __m512 b = whole ? _mm512_loadu_ps(bias + j) : _mm512_maskz_loadu_ps(mask, bias + j);
-    g = bias_scale ? _mm512_fmadd_ps(_mm512_set1_ps(*bias_scale), b, g) : _mm512_add_ps(g, b);
+struct GradientVector {
+  const float* features;
+  const float* grad;
+  const float* bias;
+  const float* bias_scale;
+  const uint16_t* old;
+  MHLA_BF16_INLINE __m256i operator()(int64_t j, __mmask16 mask, bool whole) const {
+    __m512 g = whole ? _mm512_loadu_ps(grad + j) : _mm512_maskz_loadu_ps(mask, grad + j);
+    if (bias) {
+      const __m512 b = whole ? _mm512_loadu_ps(bias + j) : _mm512_maskz_loadu_ps(mask, bias + j);
+      g = bias_scale ? _mm512_fmadd_ps(_mm512_set1_ps(*bias_scale), b, g) : _mm512_add_ps(g, b);
+    }
+    if constexpr (kAccumulate) {
+      const __m256i bits = whole ? _mm256_loadu_si256((const __m256i*)(old + j))
+                                 : _mm256_maskz_loadu_epi16(mask, old + j);
+      g = _mm512_add_ps(g, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16)));
+    }
+    if constexpr (Phi != FeatureMap::identity) {
+      const __m512 y =
+          whole ? _mm512_loadu_ps(features + j) : _mm512_maskz_loadu_ps(mask, features + j);
+      g = _mm512_mul_ps(Derivative<Phi>(y), g);
+    }
+    return (__m256i)_mm512_cvtneps_pbh(g);
   }
-  if constexpr (kAccumulate) {
-    const __m256i bits = whole ? _mm256_loadu_si256((const __m256i*)(old + j))
-                               : _mm256_maskz_loadu_epi16(mask, old + j);
-    g = _mm512_add_ps(g, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16)));
-  }
-  if constexpr (Phi != FeatureMap::identity) {
-    const __m512 y =
-        whole ? _mm512_loadu_ps(features + j) : _mm512_maskz_loadu_ps(mask, features + j);
-    g = _mm512_mul_ps(Derivative<Phi>(y), g);
-  }
-  return (__m256i)_mm512_cvtneps_pbh(g);
-}
+};
 
 template <FeatureMap Phi, bool kAccumulate>
 MHLA_BF16_TARGET float narrow_gradients_avx512(const float* features, int64_t ld_features,
                                                const float* grad, int64_t ld_grad, RowBias bias,
                                                int64_t rows, int64_t n, bfloat16* const* dst,
                                                bool stream) {
-  constexpr int64_t kLine = 64;
   __m512 probe = _mm512_setzero_ps();
   for (int64_t r = 0; r < rows; ++r) {
-    // (The identity reads no features, which may then be null.)
-    const float* y = Phi == FeatureMap::identity ? nullptr : features + r * ld_features;
-    const float* g = grad + r * ld_grad;
-    const float* scale = bias.scales ? bias.scales + r : nullptr;
     uint16_t* out = reinterpret_cast<uint16_t*>(dst[r]);
-    // Whole lines on a line: 32 values a store that bypasses the cache (never
-    // when accumulating: the old values are read).
-    if (!kAccumulate && stream && reinterpret_cast<uintptr_t>(out) % kLine == 0 &&
-        (2 * n) % kLine == 0) {
-      for (int64_t j = 0; j < n; j += 2 * kLanes) {
-        const __m256i low =
-            GradientVector<Phi, false>(y, g, bias.values, scale, nullptr, j, 0, true);
-        const __m256i high =
-            GradientVector<Phi, false>(y, g, bias.values, scale, nullptr, j + kLanes, 0, true);
-        _mm512_stream_si512((__m512i*)(out + j),
-                            _mm512_inserti64x4(_mm512_castsi256_si512(low), high, 1));
-        probe = AddProbe(AddProbe(probe, low), high);
-      }
-      continue;
-    }
-    for (int64_t j = 0; j < n; j += kLanes) {
-      const int64_t m = std::min(kLanes, n - j);
-      const __mmask16 mask = __mmask16((1u << m) - 1u);
-      const __m256i b =
-          GradientVector<Phi, kAccumulate>(y, g, bias.values, scale, out, j, mask, m == kLanes);
-      if (m == kLanes)
-        _mm256_storeu_si256((__m256i*)(out + j), b);
-      else
-        _mm256_mask_storeu_epi16(out + j, mask, b);
-      probe = AddProbe(probe, b);
-    }
+    // (The identity reads no features, which may then be null.)
+    const GradientVector<Phi, kAccumulate> vector{
+        Phi == FeatureMap::identity ? nullptr : features + r * ld_features, grad + r * ld_grad,
+        bias.values, bias.scales ? bias.scales + r : nullptr, out};
+    // Never streamed when accumulating: the old values are read.
+    NarrowedRow(out, n, stream && !kAccumulate, vector, probe);
   }
   return _mm512_reduce_add_ps(probe);
 }
