@@ -101,6 +101,18 @@ void check_layout_and_mixing_shape(const char* fn, const Options& options,
                                    const std::vector<int64_t>& w_shape, const void* w,
                                    Problem& problem);
 
+// Whether values[0, n) are all finite, and non-negative when `normalize`: one
+// pass without branches, which the compiler vectorises (x - x is 0 exactly
+// when x is finite). Element by element with the message's search, the check
+// took about 1% of a forward+backward at N = 16384, M = 128 on one thread.
+template <typename T>
+bool mixing_values_pass(const T* values, int64_t n, bool normalize) {
+  bool pass = true;
+  for (int64_t j = 0; j < n; ++j)
+    pass &= (values[j] - values[j] == T(0)) & !(normalize & (values[j] < T(0)));
+  return pass;
+}
+
 // Normalized mode divides by mixed key sums; a negative weight could make them
 // vanish, so it is refused. Only the entries the mode reads are checked: the
 // top-left mixing_blocks x mixing_blocks of a dense w.
@@ -122,14 +134,18 @@ void check_mixing_values(const char* fn, const Problem& problem, const T* w) {
                    "(use normalize = false, or keep w non-negative)");
     };
     if (problem.toeplitz) {
-      for (int64_t d = 0; d <= length; ++d)
-        check(w[h * (length + 1) + d], [&] { return std::to_string(d); });
+      const T* diagonals = w + h * (length + 1);
+      if (mixing_values_pass(diagonals, length + 1, problem.normalize)) continue;
+      for (int64_t d = 0; d <= length; ++d) check(diagonals[d], [&] { return std::to_string(d); });
       continue;
     }
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t b = 0; b < (problem.lower_triangular() ? i + 1 : m); ++b)
-        check(w[(h * stride + i) * stride + b],
-              [&] { return std::to_string(i) + ", " + std::to_string(b); });
+    for (int64_t i = 0; i < m; ++i) {
+      const T* row = w + (h * stride + i) * stride;
+      const int64_t n = problem.lower_triangular() ? i + 1 : m;
+      if (mixing_values_pass(row, n, problem.normalize)) continue;
+      for (int64_t b = 0; b < n; ++b)
+        check(row[b], [&] { return std::to_string(i) + ", " + std::to_string(b); });
+    }
   }
 }
 

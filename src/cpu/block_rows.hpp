@@ -11,6 +11,7 @@
 
 #include "core/block_table.hpp"
 #include "core/feature_map.hpp"
+#include "cpu/row_bias.hpp"
 #include "cpu/row_writer.hpp"
 #include "cpu/simd/bf16_products.hpp"
 #include "cpu/simd/block_gemm.hpp"
@@ -215,26 +216,33 @@ inline void gather_row_pairs(const mhla::detail::BlockTableView& layout, int64_t
 // forward+backward profile.
 
 // Gradient of phi(x) back to x, given features = phi(x) as a tile:
-//   dst[token, d] = phi'(x) * (grad[row, d] + (accumulating ? dst[token, d] : 0)).
-// phi' is finite and in [0, 1], so without accumulation the result is finite
-// exactly where grad is.
+//   dst[token, d] = phi'(x) * (grad[row, d] + b[row, d] + (accumulating ? dst[token, d] : 0))
+// with b the bias (RowBias: its scaled values as one multiply-add, none
+// without values). phi' is finite and in [0, 1], so without accumulation the
+// result is finite exactly where grad + b is.
 template <typename T>
 bool scatter_through_feature(const mhla::detail::BlockTableView& layout, int64_t block,
                              FeatureMap phi, const T* features, const T* grad, int64_t ld,
-                             HeadSlice s, int64_t width, RowWriter<T>& writer, T* dst) {
+                             HeadSlice s, int64_t width, RowWriter<T>& writer, T* dst,
+                             RowBias<T> bias = {}) {
   const bool accumulate = writer.accumulating(), streaming = writer.streaming();
   T probe = 0;
-  mhla::detail::dispatch_feature(phi, [&]<FeatureMap Phi>() {
+  // The bias and phi as template arguments: each loop below then vectorises
+  // without a test per element.
+  const auto rows = [&]<FeatureMap Phi, bool kBias>() {
     for_each_row(layout, block, s, [&](int64_t row, int64_t offset) {
       const T* y = features + row * width;
       const T* g = grad + row * ld;
+      const T* b = bias.values;
+      const T scale = bias.scales ? bias.scales[row] : T(1);
       T* out = dst + offset;
       if (!streaming) prefetch_ahead(out, s.stride, width);
       T row_probe = 0;
       if (accumulate) {
 #pragma omp simd reduction(+ : row_probe)
         for (int64_t d = 0; d < width; ++d) {
-          const T x = mhla::detail::derivative_from_feature<Phi>(y[d]) * (g[d] + out[d]);
+          const T gd = kBias ? g[d] + b[d] * scale : g[d];
+          const T x = mhla::detail::derivative_from_feature<Phi>(y[d]) * (gd + out[d]);
           out[d] = x;
           row_probe += x * T(0);
         }
@@ -242,13 +250,20 @@ bool scatter_through_feature(const mhla::detail::BlockTableView& layout, int64_t
         T* __restrict x = writer.target(out);
 #pragma omp simd reduction(+ : row_probe)
         for (int64_t d = 0; d < width; ++d) {
-          const T value = mhla::detail::derivative_from_feature<Phi>(y[d]) * g[d];
+          const T gd = kBias ? g[d] + b[d] * scale : g[d];
+          const T value = mhla::detail::derivative_from_feature<Phi>(y[d]) * gd;
           x[d] = value;
           row_probe += value * T(0);
         }
       }
       probe += row_probe;
     });
+  };
+  mhla::detail::dispatch_feature(phi, [&]<FeatureMap Phi>() {
+    if (bias.values)
+      rows.template operator()<Phi, true>();
+    else
+      rows.template operator()<Phi, false>();
   });
   return probe == probe;
 }
@@ -298,7 +313,7 @@ inline bool scatter_through_feature(const mhla::detail::BlockTableView& layout, 
                                     FeatureMap phi, const float* features, const float* grad,
                                     int64_t ld, HeadSlice s, int64_t width,
                                     RowWriter<bfloat16>& writer, bfloat16* dst,
-                                    simd::RowBias bias = {}) {
+                                    RowBias<float> bias = {}) {
   thread_local std::vector<bfloat16*> rows;
   rows.clear();
   for_each_row(layout, block, s, [&](int64_t, int64_t offset) {

@@ -409,24 +409,26 @@ bool ChunkedAttention<T>::output_gradients(const S* q, const S* k, const S* v, c
       // Causal, y += W[i,i] A [V|1] with A = mask(phi(Q) phi(K)^T); first
       // B = mask(dy[:, :Dv] V^T).
       if (p_.causal) lower_scores(rows, d.dv, dy.data(), vals.data(), ld_x1_, da.data());
+      // dphi(Q) += dy[Dv] z~^T is added by the scatter: z~_i scaled by each
+      // row's dy[Dv], which the steps below leave in dy_z_rows.
+      if (p_.normalize)
+        for (int64_t e = 0; e < d.dk; ++e) zt[e] = mixed_i[e * x1_ + d.dv];
+      const RowBias<T> bias = p_.normalize ? RowBias<T>{zt.data(), dy_z_rows.data()} : RowBias<T>{};
       // bfloat16, not causal: the row loop's steps as SIMD passes over the
-      // block (all dot products; dz = phi(Q)^T dy[:, Dv]), and dphi(Q) +=
-      // dy[Dv] z~^T added in the scatter (at N = 65536 this phase took
-      // 19.5-19.9 instead of 20.0-20.6 ms, minima of three alternating runs).
+      // block (all dot products; dz = phi(Q)^T dy[:, Dv]; at N = 65536 this
+      // phase took 19.5-19.9 instead of 20.0-20.6 ms, minima of three
+      // alternating runs).
       bool rows_done = false;
       if constexpr (std::is_same_v<S, bfloat16>) {
         if (!p_.causal) {
           std::fill(dz.begin(), dz.end(), T(0));
           if (p_.normalize) {
-            for (int64_t e = 0; e < d.dk; ++e) zt[e] = mixed_i[e * x1_ + d.dv];
             simd::row_dots(u.data(), du.data(), d.dk, rows, d.dk, dy_z_rows.data());
 #pragma omp simd
             for (int64_t r = 0; r < rows; ++r)
               dy_z_rows[r] = -dy_z_rows[r] * (T(1) / (den[r] + eps));
             simd::weighted_column_sums(u.data(), d.dk, rows, d.dk, dy_z_rows.data(), dz.data());
           }
-          const simd::RowBias bias =
-              p_.normalize ? simd::RowBias{zt.data(), dy_z_rows.data()} : simd::RowBias{};
           finite = finite && scatter_through_feature(p_.table, t.block, p_.phi, u.data(), du.data(),
                                                      d.dk, t.qk, d.dk, q_rows, grad_q, bias);
           rows_done = true;
@@ -434,15 +436,13 @@ bool ChunkedAttention<T>::output_gradients(const S* q, const S* k, const S* v, c
       }
       if (!rows_done) {
         // Row by row: g . o = dy[:Dv] . y = phi(q) . P (+ W[i,i] sum_j A[., j]
-        // B[., j]), dy[Dv] from it and dphi(Q) += dy[Dv] z~^T; causal, then
+        // B[., j]) and dy[Dv] from it; causal, then
         //   dA = W[i,i] mask(dy [V|1]^T) = W[i,i] (B + dy[Dv] 1^T),
         //   dW[i,i] = <mask(dy [V|1]^T), A>, dphi(Q) += dA phi(K),
         //   dphi(K) = dA^T phi(Q),  d[V|1] = W[i,i] A^T dy
         // while the row of A and B is in L1 (the causal backward at N = 65536
         // took 219.8-220.8 ms so, 232.3-232.5 with a second pass over the
         // triangle, and 229.4-230.2 reading o before).
-        if (p_.normalize)
-          for (int64_t e = 0; e < d.dk; ++e) zt[e] = mixed_i[e * x1_ + d.dv];
         // dmixed_i's z column, phi(Q)^T dy[:, Dv], summed here row by row
         // while the rows are in L1 (a pass over the tiles afterwards before;
         // at N = 65536 the change was within noise, float and bfloat16).
@@ -454,7 +454,7 @@ bool ChunkedAttention<T>::output_gradients(const S* q, const S* k, const S* v, c
           T* b_r = p_.causal ? da.data() + r * rows : nullptr;
           T dy_z = 0;
           if (p_.normalize) {
-            T* dur = du.data() + r * d.dk;
+            const T* dur = du.data() + r * d.dk;
             const T* ur = u.data() + r * d.dk;
             T dot = 0;
 #pragma omp simd reduction(+ : dot)
@@ -466,11 +466,9 @@ bool ChunkedAttention<T>::output_gradients(const S* q, const S* k, const S* v, c
               dot += wii * in_block;
             }
             dy_z = -dot * (T(1) / (den[r] + eps));
+            dy_z_rows[r] = dy_z;
 #pragma omp simd
-            for (int64_t e = 0; e < d.dk; ++e) {
-              dur[e] += dy_z * zt[e];
-              dz[e] += ur[e] * dy_z;
-            }
+            for (int64_t e = 0; e < d.dk; ++e) dz[e] += ur[e] * dy_z;
           }
           if (p_.causal) {
             T dw_r = 0;
@@ -500,8 +498,8 @@ bool ChunkedAttention<T>::output_gradients(const S* q, const S* k, const S* v, c
               scatter_rows(p_.table, t.block, dvals.data(), d.dv, t.v, d.dv, v_rows, grad_v);
           finite = finite && (park || (finite_k && finite_v));
         }
-        const bool finite_q = scatter_through_feature(p_.table, t.block, p_.phi, u.data(),
-                                                      du.data(), d.dk, t.qk, d.dk, q_rows, grad_q);
+        const bool finite_q = scatter_through_feature(
+            p_.table, t.block, p_.phi, u.data(), du.data(), d.dk, t.qk, d.dk, q_rows, grad_q, bias);
         finite = finite && finite_q;
       }
       // y = phi(Q) mixed_i:  dmixed_i = phi(Q)^T dy (mixed_i, if the same array, is no
@@ -529,18 +527,18 @@ bool ChunkedAttention<T>::key_value_gradients(const S* k, const S* v, const T* s
   bool finite = true;
 #pragma omp parallel
   {
-    Tile<T> kap(max_rows_ * d.dk), vals, dkap(max_rows_ * d.dk), dvalues(max_rows_ * d.dv), dz;
+    Tile<T> kap(max_rows_ * d.dk), vals, dkap(max_rows_ * d.dk), dvalues(max_rows_ * d.dv),
+        dz(d.dk);
     // bfloat16 tokens: phi(K) and V as pairs of columns, dS's two operand forms.
     const int64_t dk_pairs = (d.dk + 1) / 2, dv_pairs = (d.dv + 1) / 2;
     Tile<uint32_t> kap_pairs, value_pairs, ds_columns, ds_rows;
     if constexpr (std::is_same_v<S, bfloat16>) {
-      dz.resize(d.dk);
       kap_pairs.resize(max_rows_ * dk_pairs);
       value_pairs.resize(max_rows_ * dv_pairs);
       ds_columns.resize((x1_ + 1) / 2 * d.dk);
       ds_rows.resize(dk_pairs * d.dv);
     } else {
-      vals.resize(max_rows_ * ld_x1_);
+      vals.resize(max_rows_ * d.dv);
     }
     RowLines next_reads, next_writes;
     RowWriter<S> k_rows(write_k, d.dk), v_rows(write_v, d.dv);
@@ -591,34 +589,31 @@ bool ChunkedAttention<T>::key_value_gradients(const S* k, const S* v, const T* s
                         d.dv, dvalues.data(), d.dv, next_writes.prefetch());
       } else {
         gather_rows(p_.table, t.block, p_.phi, k, t.qk, d.dk, kap.data(), d.dk);
+        // dphi(K) = V dS[:, :Dv]^T + 1 dz^T, the second term added by the
+        // scatter (filling every row of dphi(K) with dz before the product
+        // cost a copy of the tile per block). V is read in place when the
+        // block is one run of tokens: the product reads each of its rows once
+        // (dphi(K) is one column panel on AVX-512; narrower targets read them
+        // once per panel), so a gather was mostly a copy (this phase at
+        // N = 16384 took 7.19-7.24 instead of 7.32-7.49 ms).
+        const S* values = vals.data();
+        int64_t ld_values = d.dv;
         if (const mhla::detail::TokenRun* run = p_.table.single_run(t.block)) {
-          // dphi(K) = V dS[:, :Dv]^T + 1 dz^T with V read in place: the product
-          // reads each of its rows once (dphi(K) is one column panel on
-          // AVX-512; narrower targets read them once per panel), so the gather
-          // into [V | 1] was mostly a copy (this phase at N = 16384 took
-          // 7.19-7.24 instead of 7.32-7.49 ms). dz^T is every row's start.
-          for (int64_t a = 0; a < d.dk; ++a) dkap[a] = ds[a * x1_ + d.dv];
-          for (int64_t r = 1; r < t.rows; ++r)
-            std::copy(dkap.data(), dkap.data() + d.dk, dkap.data() + r * d.dk);
-          block_gemm(false, true, t.rows, d.dk, d.dv, T(1),
-                     v + t.v.offset + run->first * t.v.stride, t.v.stride, ds, x1_, T(1),
-                     dkap.data(), d.dk, next_reads.prefetch());
+          values = v + t.v.offset + run->first * t.v.stride;
+          ld_values = t.v.stride;
         } else {
-          gather_values_with_ones(p_.table, t.block, v, t.v, d.dv, t.rows, vals.data(), ld_x1_);
-          block_gemm(false, true, t.rows, d.dk, x1_, T(1), vals.data(), ld_x1_, ds, x1_, T(0),
-                     dkap.data(), d.dk, next_reads.prefetch());
+          gather_rows(p_.table, t.block, FeatureMap::identity, v, t.v, d.dv, vals.data(), d.dv);
         }
+        for (int64_t a = 0; a < d.dk; ++a) dz[a] = ds[a * x1_ + d.dv];
+        block_gemm(false, true, t.rows, d.dk, d.dv, T(1), values, ld_values, ds, x1_, T(0),
+                   dkap.data(), d.dk, next_reads.prefetch());
         block_gemm(false, false, t.rows, d.dv, d.dk, T(1), kap.data(), d.dk, ds, x1_, T(0),
                    dvalues.data(), d.dv, next_writes.prefetch());
       }
       // Causal blocks add to the in-block part parked in grad_k / grad_v.
-      bool finite_k;
-      if constexpr (std::is_same_v<S, bfloat16>)
-        finite_k = scatter_through_feature(p_.table, t.block, p_.phi, kap.data(), dkap.data(), d.dk,
-                                           t.qk, d.dk, k_rows, grad_k, {dz.data()});
-      else
-        finite_k = scatter_through_feature(p_.table, t.block, p_.phi, kap.data(), dkap.data(), d.dk,
-                                           t.qk, d.dk, k_rows, grad_k);
+      const bool finite_k =
+          scatter_through_feature(p_.table, t.block, p_.phi, kap.data(), dkap.data(), d.dk, t.qk,
+                                  d.dk, k_rows, grad_k, RowBias<T>{dz.data()});
       const bool finite_v =
           scatter_rows(p_.table, t.block, dvalues.data(), d.dv, t.v, d.dv, v_rows, grad_v);
       finite = finite && finite_k && finite_v;

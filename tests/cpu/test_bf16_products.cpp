@@ -224,10 +224,11 @@ TEST_F(Bf16Products, NarrowedGradientsMatchTheFloatExpression) {
         // Row r at a line (r even) or off it by r values.
         std::vector<bfloat16*> dst;
         for (int64_t r = 0; r < kRows; ++r) dst.push_back(out.data() + r * kStride + (r % 2) * r);
-        const float probe = narrow_gradients(
-            phi, features.data(), kLd, grad.data(), kLd,
-            RowBias{with_bias ? bias.data() : nullptr, scaled ? scales.data() : nullptr},
-            accumulate, kRows, n, dst.data(), stream);
+        const float probe =
+            narrow_gradients(phi, features.data(), kLd, grad.data(), kLd,
+                             mhla::cpu::RowBias<float>{with_bias ? bias.data() : nullptr,
+                                                       scaled ? scales.data() : nullptr},
+                             accumulate, kRows, n, dst.data(), stream);
         if (stream) finish_streaming();
         bool finite = true;
         for (int64_t r = 0; r < kRows; ++r) {

@@ -575,9 +575,9 @@ struct GradientVector {
 
 template <FeatureMap Phi, bool kAccumulate>
 MHLA_BF16_TARGET float narrow_gradients_avx512(const float* features, int64_t ld_features,
-                                               const float* grad, int64_t ld_grad, RowBias bias,
-                                               int64_t rows, int64_t n, bfloat16* const* dst,
-                                               bool stream) {
+                                               const float* grad, int64_t ld_grad,
+                                               RowBias<float> bias, int64_t rows, int64_t n,
+                                               bfloat16* const* dst, bool stream) {
   __m512 probe = _mm512_setzero_ps();
   for (int64_t r = 0; r < rows; ++r) {
     uint16_t* out = reinterpret_cast<uint16_t*>(dst[r]);
@@ -694,7 +694,7 @@ void weighted_column_sums(const float* a, int64_t ld, int64_t rows, int64_t n, c
 }
 
 float narrow_gradients(FeatureMap phi, const float* features, int64_t ld_features,
-                       const float* grad, int64_t ld_grad, RowBias bias, bool accumulate,
+                       const float* grad, int64_t ld_grad, RowBias<float> bias, bool accumulate,
                        int64_t rows, int64_t n, bfloat16* const* dst, bool stream) {
   return mhla::detail::dispatch_feature(phi, [&]<FeatureMap Phi>() {
     return accumulate ? narrow_gradients_avx512<Phi, true>(features, ld_features, grad, ld_grad,
@@ -730,8 +730,8 @@ void pack_column_pairs(const float*, int64_t, int64_t, int64_t, uint32_t*, int64
 void pack_transposed_pairs(const float*, int64_t, int64_t, int64_t, uint32_t*, int64_t) {}
 void row_dots(const float*, const float*, int64_t, int64_t, int64_t, float*) {}
 void weighted_column_sums(const float*, int64_t, int64_t, int64_t, const float*, float*) {}
-float narrow_gradients(FeatureMap, const float*, int64_t, const float*, int64_t, RowBias, bool,
-                       int64_t, int64_t, bfloat16* const*, bool) {
+float narrow_gradients(FeatureMap, const float*, int64_t, const float*, int64_t, RowBias<float>,
+                       bool, int64_t, int64_t, bfloat16* const*, bool) {
   return 0;
 }
 void scaled_pairs(const bfloat16*, int64_t, float, uint32_t*, uint32_t*, int, float*) {}

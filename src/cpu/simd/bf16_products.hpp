@@ -9,6 +9,7 @@
 // operator otherwise computes in float (widening its inputs).
 #include <cstdint>
 
+#include "cpu/row_bias.hpp"
 #include "cpu/simd/block_gemm.hpp"
 #include "mhla/bfloat16.hpp"
 #include "mhla/options.hpp"
@@ -96,13 +97,6 @@ float narrow_rows(const float* src, int64_t ld, int64_t rows, int64_t n, const f
 void scaled_pairs(const bfloat16* x, int64_t n, float factor, uint32_t* columns, uint32_t* rows,
                   int half, float* wide = nullptr);
 
-// A row added to every row r of a gradient, scaled by scales[r] (by 1, an
-// exact add, without scales); none without values.
-struct RowBias {
-  const float* values = nullptr;
-  const float* scales = nullptr;
-};
-
 // dst[r][j] = bfloat16(phi'(x) (grad[r, j] + b[r, j])) for r < rows, j < n,
 // or accumulating bfloat16(phi'(x) (grad[r, j] + b[r, j] + dst[r][j])), with
 // b the bias (its scaled values as one multiply-add), and phi'(x) formed from
@@ -110,7 +104,7 @@ struct RowBias {
 // forms it (identity: features unread). Rounds and probes as narrow_rows
 // does, and streams as it does (never when accumulating).
 float narrow_gradients(FeatureMap phi, const float* features, int64_t ld_features,
-                       const float* grad, int64_t ld_grad, RowBias bias, bool accumulate,
+                       const float* grad, int64_t ld_grad, RowBias<float> bias, bool accumulate,
                        int64_t rows, int64_t n, bfloat16* const* dst, bool stream);
 
 // Float helpers of the bfloat16 backward (AVX-512, so also only when
