@@ -4,7 +4,9 @@
 // written between rows), and the special values.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <random>
 #include <vector>
@@ -51,6 +53,37 @@ TEST_P(FeatureMapKernel, Elu1MatchesExpAcrossItsRange) {
       expect_close(x[i], y[i], elu1(x[i]));
     }
   }
+}
+
+// The AVX-512 form (cpu/simd/elu1_avx512.hpp, a table of 2^(j / 16) and a
+// cubic) on every 127th float from 0 down to -110: within 1.07 ulp of exp in
+// double (all floats checked once: at most 1.069), within one smallest
+// subnormal where the result is subnormal. A wrong table entry or coefficient
+// of the cubic's takes the error past the bound.
+TEST_P(FeatureMapKernel, Elu1OnAvx512IsWithinItsUlpBound) {
+  if (!mhla::cpu::simd::active_target_is_avx512())
+    GTEST_SKIP() << "the other targets use glibc's expf";
+  constexpr uint32_t kFirst = 0x80000000u, kLast = 0xC2DC0000u, kStep = 127;  // -0 .. -110
+  std::vector<float> x;
+  for (uint64_t bits = kFirst; bits < kLast; bits += kStep)
+    x.push_back(std::bit_cast<float>(uint32_t(bits)));
+  std::vector<float> y(x.size());
+  mhla::cpu::simd::apply_feature(FeatureMap::elu1, x.data(), int64_t(x.size()), y.data(), 1,
+                                 int64_t(x.size()), int64_t(x.size()));
+  double worst = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double want = std::exp(double(x[i])), error = std::abs(double(y[i]) - want);
+    if (want < double(std::numeric_limits<float>::min())) {
+      ASSERT_LE(error, double(std::numeric_limits<float>::denorm_min())) << "x = " << x[i];
+      continue;
+    }
+    int exponent = 0;
+    std::frexp(want, &exponent);
+    const double ulps = error / std::ldexp(1.0, exponent - 24);
+    ASSERT_LE(ulps, 1.07) << "x = " << x[i];
+    worst = std::max(worst, ulps);
+  }
+  EXPECT_GT(worst, 0.5) << "some results are expected off the nearest float";
 }
 
 TEST_P(FeatureMapKernel, SpecialValues) {
