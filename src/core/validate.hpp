@@ -1,8 +1,12 @@
 #pragma once
 // Argument checks at the API boundary. Each public entry point validates once,
 // here, and the kernels behind it assume valid input (debug asserts only).
+#include <bit>
 #include <cmath>
+#include <cstdint>
+#include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "core/block_table.hpp"
@@ -102,15 +106,23 @@ void check_layout_and_mixing_shape(const char* fn, const Options& options,
                                    Problem& problem);
 
 // Whether values[0, n) are all finite, and non-negative when `normalize`: one
-// pass without branches, which the compiler vectorises (x - x is 0 exactly
-// when x is finite). Element by element with the message's search, the check
-// took about 1% of a forward+backward at N = 16384, M = 128 on one thread.
+// branch-free pass over the values' bit patterns, which the compiler
+// vectorises (its float compares it left scalar). Exponent bits all set: not
+// finite; above the sign bit alone: below zero (-0 passes, as -0 < 0 is
+// false). Element by element with the message's search, the check took about
+// 1% of a forward+backward at N = 16384, M = 128 on one thread.
 template <typename T>
 bool mixing_values_pass(const T* values, int64_t n, bool normalize) {
-  bool pass = true;
-  for (int64_t j = 0; j < n; ++j)
-    pass &= (values[j] - values[j] == T(0)) & !(normalize & (values[j] < T(0)));
-  return pass;
+  using Bits = std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;
+  constexpr Bits kSign = Bits(1) << (8 * sizeof(Bits) - 1);
+  constexpr Bits kExponent = std::bit_cast<Bits>(std::numeric_limits<T>::infinity());
+  const Bits largest = normalize ? kSign : ~Bits(0);
+  Bits failed = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    const Bits bits = std::bit_cast<Bits>(values[j]);
+    failed |= Bits((bits & kExponent) == kExponent) | Bits(bits > largest);
+  }
+  return failed == 0;
 }
 
 // Normalized mode divides by mixed key sums; a negative weight could make them

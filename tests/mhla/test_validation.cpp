@@ -1,5 +1,8 @@
 // Bad input must raise mhla::Error with a message naming the argument, what was
 // expected and what was given; never a crash or silent garbage.
+#include <cmath>
+#include <limits>
+
 #include "test_support.hpp"
 
 namespace mhla::test {
@@ -188,6 +191,23 @@ TEST(Validation, NegativeOrNonFiniteMixingWeights) {
   Call c4;
   c4.w[2] = std::nanf("");
   EXPECT_THAT(error_of(c4), HasSubstr("w[1, 0] is not finite"));
+  // The edges of the one-pass check on the weights' bit patterns: -0 is not
+  // below zero; -NaN and the infinities are not finite, with or without
+  // normalisation; the smallest negative subnormal is negative.
+  Call zero;
+  zero.w[1] = -0.0f;
+  EXPECT_EQ(error_of(zero), "no error");
+  for (const bool normalize : {true, false})
+    for (const float bad : {-std::nanf(""), std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity()}) {
+      Call c;
+      c.w[3] = bad;
+      c.options.normalize = normalize;
+      EXPECT_THAT(error_of(c), HasSubstr("w[1, 1] is not finite")) << bad << " " << normalize;
+    }
+  Call tiny;
+  tiny.w[1] = -std::numeric_limits<float>::denorm_min();
+  EXPECT_THAT(error_of(tiny), HasSubstr("w[0, 1] = -0.000000 is negative"));
 }
 
 TEST(Validation, ToeplitzMixingShapesAndMasking) {
