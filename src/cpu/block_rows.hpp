@@ -303,7 +303,7 @@ bool scatter_rows(const mhla::detail::BlockTableView& layout, int64_t block, con
 // The scatters for bfloat16 destinations (the bfloat16 backward): the block's
 // rows formed, rounded, probed and (when the writer streams) streamed by one
 // call of simd::narrow_gradients, so only where
-// simd::bf16_products_available(); `bias` (simd::RowBias) is added to grad's
+// simd::bf16_products_available(); `bias` (RowBias) is added to grad's
 // rows first. Accumulating reads the old bfloat16 values. (Formed
 // in a float row and narrowed row by row through the writer's buffer, the two
 // scatters of key_value_gradients took 16.5 Mcycles of its 52 on one thread

@@ -414,6 +414,8 @@ bool ChunkedAttention<T>::output_gradients(const S* q, const S* k, const S* v, c
       if (p_.normalize)
         for (int64_t e = 0; e < d.dk; ++e) zt[e] = mixed_i[e * x1_ + d.dv];
       const RowBias<T> bias = p_.normalize ? RowBias<T>{zt.data(), dy_z_rows.data()} : RowBias<T>{};
+      // dmixed_i's z column, phi(Q)^T dy[:, Dv], summed into dz below.
+      std::fill(dz.begin(), dz.end(), T(0));
       // bfloat16, not causal: the row loop's steps as SIMD passes over the
       // block (all dot products; dz = phi(Q)^T dy[:, Dv]; at N = 65536 this
       // phase took 19.5-19.9 instead of 20.0-20.6 ms, minima of three
@@ -421,7 +423,6 @@ bool ChunkedAttention<T>::output_gradients(const S* q, const S* k, const S* v, c
       bool rows_done = false;
       if constexpr (std::is_same_v<S, bfloat16>) {
         if (!p_.causal) {
-          std::fill(dz.begin(), dz.end(), T(0));
           if (p_.normalize) {
             simd::row_dots(u.data(), du.data(), d.dk, rows, d.dk, dy_z_rows.data());
 #pragma omp simd
@@ -443,10 +444,9 @@ bool ChunkedAttention<T>::output_gradients(const S* q, const S* k, const S* v, c
         // while the row of A and B is in L1 (the causal backward at N = 65536
         // took 219.8-220.8 ms so, 232.3-232.5 with a second pass over the
         // triangle, and 229.4-230.2 reading o before).
-        // dmixed_i's z column, phi(Q)^T dy[:, Dv], summed here row by row
-        // while the rows are in L1 (a pass over the tiles afterwards before;
-        // at N = 65536 the change was within noise, float and bfloat16).
-        std::fill(dz.begin(), dz.end(), T(0));
+        // dz summed here row by row while the rows are in L1 (a pass over the
+        // tiles afterwards before; at N = 65536 the change was within noise,
+        // float and bfloat16).
         T dw = 0;
         for (int64_t r = 0; r < rows; ++r) {
           // Row r of A and B (causal only: the other modes have no such tiles).
