@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "api/private_state_backward.hpp"
 #include "mhla/baselines.hpp"
 #include "mhla/error.hpp"
 #include "mhla/operator.hpp"
@@ -296,9 +297,12 @@ void AttentionLayer<T>::backward(const T* x, const T* dy, int64_t batch, T* dx) 
       const int64_t m = config.layout.num_blocks(), wh = mixing_heads();
       grad_w_.assign(size_t(wh * m * m), T(0));
       const std::vector<int64_t> saved_shape = saved_summaries_shape(options, shape, shape);
-      mhla::backward<T>(options, q, k, v, {w_.data(), mixing_shape()}, o, go, gq, gk, gv,
-                        {grad_w_.data(), mixing_shape()}, {summaries_.data(), saved_shape},
-                        {mixed_summaries_.data(), saved_shape});
+      // The saved arrays are this layer's own, from its forward on these
+      // very tensors: their fingerprint check would only cost time.
+      detail::backward_with_private_state<T>(
+          options, q, k, v, {w_.data(), mixing_shape()}, o, go, gq, gk, gv,
+          {grad_w_.data(), mixing_shape()}, {summaries_.data(), saved_shape},
+          {mixed_summaries_.data(), saved_shape});
       T* grad = mixing_parameter.grad.data();
       if (design.mixing_param == MixingParam::clamp) {
         for (size_t i = 0; i < grad_w_.size(); ++i) grad[i] += grad_w_[i];

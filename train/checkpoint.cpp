@@ -32,7 +32,10 @@ void save_checkpoint(const std::string& path, const RunConfig& config, const Mod
 
 TrainingState load_checkpoint(const std::string& path, const RunConfig& config, Model<float>& model,
                               AdamW<float>& optimizer) {
-  const std::vector<uint8_t> bytes = io::read_file(path);
+  const io::InputFile input(path);
+  // The header's length first: another kind of file is refused before it is read whole.
+  check_safetensors_preamble(input.head(9), input.size(), path);
+  const std::vector<uint8_t> bytes = input.read_all();
   const SafeTensors file = decode_safetensors(bytes, path);
   auto meta = [&](const char* key) -> const std::string& {
     auto it = file.metadata.find(key);

@@ -2,10 +2,13 @@
 
 #include <zlib.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <memory>
 
 #include "mhla/error.hpp"
+#include "mhla_support/checked_math.hpp"
+#include "mhla_support/files.hpp"
 
 namespace mhla::train {
 namespace {
@@ -13,51 +16,58 @@ namespace {
 // Fashion-MNIST's training-set pixel mean and standard deviation (on [0, 1]).
 constexpr float kMean = 0.2860f, kStd = 0.3530f;
 
-std::vector<uint8_t> read_gzip(const std::string& path) {
+// Reads up to `count` decompressed bytes; fewer only at the stream's end.
+size_t read_some(gzFile file, uint8_t* out, size_t count, const std::string& path) {
+  size_t done = 0;
+  while (done < count) {
+    const unsigned ask = unsigned(std::min<size_t>(count - done, size_t(1) << 30));
+    const int got = gzread(file, out + done, ask);
+    if (got < 0) {
+      int code = 0;
+      throw Error(path + ": not a valid gzip file (" + gzerror(file, &code) + ")");
+    }
+    if (got == 0) break;
+    done += size_t(got);
+  }
+  return done;
+}
+
+uint32_t big_endian(const uint8_t* b) {
+  return uint32_t(b[0]) << 24 | uint32_t(b[1]) << 16 | uint32_t(b[2]) << 8 | uint32_t(b[3]);
+}
+
+// A gzipped IDX file of unsigned bytes with `rank` dimensions: its dimensions
+// into `dims`, and its data. The header is read and checked first; then
+// exactly the bytes it announces, so a wrong or endless input stops early.
+std::vector<uint8_t> read_idx(const std::string& path, int rank, std::vector<int64_t>& dims) {
   if (!std::filesystem::exists(path))
     throw Error(
         path +
         ": not found (apt-get install dataset-fashion-mnist, or pass the folder with --data)");
+  io::require_regular_file(path);
   std::unique_ptr<gzFile_s, int (*)(gzFile)> file(gzopen(path.c_str(), "rb"), gzclose);
   if (!file) throw Error(path + ": cannot open");
-  std::vector<uint8_t> bytes;
-  uint8_t chunk[1 << 16];
-  for (;;) {
-    const int got = gzread(file.get(), chunk, sizeof chunk);
-    if (got < 0) {
-      int code = 0;
-      throw Error(path + ": not a valid gzip file (" + gzerror(file.get(), &code) + ")");
-    }
-    if (got == 0) break;
-    bytes.insert(bytes.end(), chunk, chunk + got);
-  }
-  return bytes;
-}
-
-uint32_t big_endian(const std::vector<uint8_t>& b, size_t at) {
-  return uint32_t(b[at]) << 24 | uint32_t(b[at + 1]) << 16 | uint32_t(b[at + 2]) << 8 |
-         uint32_t(b[at + 3]);
-}
-
-// An IDX file of unsigned bytes with `rank` dimensions: returns the dimensions.
-std::vector<int64_t> idx_header(const std::vector<uint8_t>& bytes, int rank,
-                                const std::string& path) {
-  const size_t header = 4 + 4 * size_t(rank);
-  if (bytes.size() < header) throw Error(path + ": truncated IDX header");
-  const uint32_t magic = big_endian(bytes, 0);
+  std::vector<uint8_t> header(4 + 4 * size_t(rank));
+  if (read_some(file.get(), header.data(), header.size(), path) != header.size())
+    throw Error(path + ": truncated IDX header");
+  const uint32_t magic = big_endian(header.data());
   if (magic != (0x0800u | uint32_t(rank)))
     throw Error(path + ": not an IDX file of " + std::to_string(rank) +
                 "-D unsigned bytes (magic " + std::to_string(magic) + ")");
-  std::vector<int64_t> dims;
-  int64_t total = 1;
-  for (int i = 0; i < rank; ++i) {
-    dims.push_back(big_endian(bytes, 4 + 4 * size_t(i)));
-    total *= dims.back();
-  }
-  if (bytes.size() != header + size_t(total))
-    throw Error(path + ": " + std::to_string(bytes.size() - header) +
+  dims.clear();
+  for (int i = 0; i < rank; ++i) dims.push_back(big_endian(header.data() + 4 + 4 * size_t(i)));
+  const int64_t total = detail::checked_product(dims, path + ": IDX dimensions");
+  // A data set for a 2-core trainer, not a data lake: beyond 2^31 bytes is a wrong file.
+  if (total > (int64_t(1) << 31))
+    throw Error(path + ": IDX header announces " + std::to_string(total) + " bytes; too large");
+  std::vector<uint8_t> data(static_cast<size_t>(total));
+  const size_t got = read_some(file.get(), data.data(), data.size(), path);
+  uint8_t extra = 0;
+  if (got != data.size() || read_some(file.get(), &extra, 1, path) != 0)
+    throw Error(path + ": " + (got != data.size() ? std::to_string(got) : "more than " +
+                                                        std::to_string(got)) +
                 " data bytes, the header promises " + std::to_string(total));
-  return dims;
+  return data;
 }
 
 }  // namespace
@@ -66,9 +76,9 @@ ImageSet load_fashion_mnist(const std::string& dir, bool train) {
   const std::string prefix = dir + "/" + (train ? "train" : "t10k");
   const std::string images_path = prefix + "-images-idx3-ubyte.gz",
                     labels_path = prefix + "-labels-idx1-ubyte.gz";
-  const std::vector<uint8_t> images = read_gzip(images_path), labels = read_gzip(labels_path);
-  const std::vector<int64_t> image_dims = idx_header(images, 3, images_path);
-  const std::vector<int64_t> label_dims = idx_header(labels, 1, labels_path);
+  std::vector<int64_t> image_dims, label_dims;
+  std::vector<uint8_t> images = read_idx(images_path, 3, image_dims);
+  std::vector<uint8_t> labels = read_idx(labels_path, 1, label_dims);
   if (image_dims[0] != label_dims[0])
     throw Error(images_path + " holds " + std::to_string(image_dims[0]) + " images but " +
                 labels_path + " " + std::to_string(label_dims[0]) + " labels");
@@ -76,8 +86,8 @@ ImageSet load_fashion_mnist(const std::string& dir, bool train) {
   set.count = image_dims[0];
   set.height = image_dims[1];
   set.width = image_dims[2];
-  set.pixels.assign(images.begin() + 16, images.end());
-  set.labels.assign(labels.begin() + 8, labels.end());
+  set.pixels = std::move(images);
+  set.labels = std::move(labels);
   for (uint8_t label : set.labels)
     if (label > 9) throw Error(labels_path + ": label " + std::to_string(label) + " outside 0..9");
   return set;

@@ -36,6 +36,15 @@ std::vector<uint8_t> encode_safetensors(const SafeTensors& file) {
   return std::move(out.bytes());
 }
 
+void check_safetensors_preamble(std::span<const uint8_t> head, uint64_t size,
+                                const std::string& source) {
+  io::ByteReader in(head, source);
+  const uint64_t header_length = uint64_t(in.i64("header length"));
+  if (header_length > size - 8 || in.remaining() == 0 || in.u8("header") != '{')
+    throw Error(source + ": not a safetensors file (an 8-byte header length, at most the " +
+                std::to_string(size) + " bytes of the file, then a JSON object)");
+}
+
 SafeTensors decode_safetensors(std::span<const uint8_t> bytes, const std::string& source) {
   io::ByteReader in(bytes, source);
   const int64_t header_length = in.i64("header length");

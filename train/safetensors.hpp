@@ -25,5 +25,10 @@ std::vector<uint8_t> encode_safetensors(const SafeTensors& file);
 // Treats the bytes as untrusted: a bad length, JSON, dtype, shape or offset is an
 // mhla::Error that starts with `source` and says what is wrong.
 SafeTensors decode_safetensors(std::span<const uint8_t> bytes, const std::string& source);
+// The first bytes of a file of `size` bytes (at least 9 where there are):
+// an mhla::Error unless they open a safetensors file whose header fits in it,
+// so a reader can refuse another kind of file before reading it whole.
+void check_safetensors_preamble(std::span<const uint8_t> head, uint64_t size,
+                                const std::string& source);
 
 }  // namespace mhla::train

@@ -4,10 +4,10 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
-#include <sstream>
+#include <vector>
 
 #include "mhla/error.hpp"
+#include "mhla_support/files.hpp"
 
 namespace mhla::train {
 namespace {
@@ -64,13 +64,13 @@ const std::vector<std::string>& test_books() {
 
 std::string read_bible_text(const std::string& path) {
   if (path.empty()) return run_bible();
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    throw Error("text corpus: cannot open '" + path + "' (expected the text as '" + kBibleCommand +
-                "' prints it)");
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
+  try {
+    const std::vector<uint8_t> bytes = io::InputFile(path).read_all();
+    return std::string(bytes.begin(), bytes.end());
+  } catch (const Error& e) {
+    throw Error(std::string("text corpus: ") + e.what() + " (expected the text as '" +
+                kBibleCommand + "' prints it)");
+  }
 }
 
 TextCorpus split_bible_text(const std::string& text, const std::string& source) {

@@ -43,13 +43,12 @@ void forward(const Options& options, TensorView<const T> q, TensorView<const T> 
 // same inputs (its shape is checked; the CPU kernels form grad_o . o from
 // their products instead of reading it, docs/operator.md). grad_w is
 // summed over the batch, and over heads when w is shared; it has w's shape.
-// Saved summaries are fingerprinted against k and v (key sums and row sums of
-// S_b, recomputed in double): release builds check the first and last block of every
-// (batch, head), debug builds every block. Saved mixed summaries are
-// fingerprinted against w and the block summaries in every block (two
-// entries each, see core/saved_summaries_check.hpp; the block entries from
-// saved_summaries when given, else from k and v), so that a w changed since
-// forward is caught. A mismatch is an mhla::Error rather than wrong gradients.
+// Saved summaries and saved mixed summaries are fingerprinted in every block
+// against k, v and w (each block's key sums z_b and S_b r for a fixed probe r,
+// and their mix by w, recomputed in double: core/saved_state_check.hpp), so
+// that arrays saved for other k or v, or before w changed (an optimizer step
+// between forward and backward), are an mhla::Error rather than wrong
+// gradients. The check reads k and v once.
 template <typename T>
 void backward(const Options& options, TensorView<const T> q, TensorView<const T> k,
               TensorView<const T> v, TensorView<const T> w, TensorView<const T> o,

@@ -23,7 +23,9 @@ enum class Masking {
 
 struct LinearAttentionOptions {
   Masking masking = Masking::none;
-  FeatureMap feature_map = FeatureMap::identity;
+  // elu+1 is positive, so the normaliser cannot vanish; the layers, the
+  // decoder and the mhla program default to it as well.
+  FeatureMap feature_map = FeatureMap::elu1;
   // normalized:   o_t = phi(q_t)^T S / (phi(q_t)^T z + eps)
   // unnormalized: o_t = scale * phi(q_t)^T S
   bool normalize = true;

@@ -6,7 +6,7 @@ results of the same kind as their first argument. Shapes follow the operator:
 ``q, k [B, N, H, Dk]``, ``v [B, N, H, Dv]``, ``w [M, M]`` or ``[H, M, M]``
 (Toeplitz: ``[L + 1]`` or ``[H, L + 1]``). Options are those of the C++
 operator: ``masking`` ("none", "causal", "block_causal"), ``feature_map``
-("identity", "relu", "elu1"), ``normalize``, ``eps``, ``scale`` and ``mixing``
+("identity", "relu", "elu1", the default), ``normalize``, ``eps``, ``scale`` and ``mixing``
 ("dense", "toeplitz"), as keywords (None: the operator's default) or as one
 ``options=mhla.Options(layout, masking=...)`` object; the enums are
 ``mhla.Masking``, ``mhla.FeatureMap`` and ``mhla.MixingForm``.

@@ -76,8 +76,11 @@ class _MHLAFunction(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_o):
         q, k, v, w, o, summaries, mixed = (t.detach() for t in ctx.saved_tensors)
-        grads = _tensors(*_core.backward(q, k, v, w, o, _operand(grad_o), summaries=summaries, mixed=mixed,
-                                         options=ctx.options))
+        # The saved arrays cannot be stale here: only this context holds them, and torch refuses
+        # to get here (its saved tensors' version counters) after q, k, v or w changed in place.
+        # So backward skips the fingerprint check that mhla.backward runs on arrays from outside.
+        grads = _tensors(*_core._backward_private_state(q, k, v, w, o, _operand(grad_o), summaries=summaries,
+                                                        mixed=mixed, options=ctx.options))
         return (*grads, None)
 
 
@@ -556,6 +559,8 @@ class MHLA1d(_MHLALayer):
         batch, tokens, _ = x.shape
         if batch != cache.batch:
             raise ValueError(f"the cache holds {cache.batch} sequences, x has {batch}")
+        if tokens == 0:
+            raise ValueError(f"MHLA1d.decode needs at least one new token per sequence; x has shape {tuple(x.shape)}")
         q, k, v = self._project(x)
         q32, k32, v32 = (t.to(torch.float32).contiguous() for t in (q, k, v))
         decoder = cache.decoder

@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 
+#include "api/private_state_backward.hpp"
 #include "conversion_bindings.hpp"
 #include "decoder_bindings.hpp"
 #include "dlpack_buffer.hpp"
@@ -113,9 +114,19 @@ py::tuple mhla_forward(py::handle q_, py::handle k_, py::handle v_, py::handle w
   return py::make_tuple(std::move(o), std::move(summaries), py::cast(std::move(*mixed)));
 }
 
+// mhla::backward, or with `private_state` the internal one that trusts the
+// saved arrays (only mhla.torch's autograd function asks for it).
+template <typename... Args>
+void run_backward(bool private_state, const Args&... args) {
+  if (private_state)
+    detail::backward_with_private_state(args...);
+  else
+    mhla::backward(args...);
+}
+
 py::tuple mhla_backward(py::handle q_, py::handle k_, py::handle v_, py::handle w_, py::handle o_,
                         py::handle grad_o_, py::handle summaries_, py::handle mixed_,
-                        const Options& options) {
+                        const Options& options, bool private_state) {
   ImportedTensor q = operator_tensor(q_, "q"), k = operator_tensor(k_, "k"),
                  v = operator_tensor(v_, "v"), o = operator_tensor(o_, "o"),
                  grad_o = operator_tensor(grad_o_, "grad_o");
@@ -140,19 +151,20 @@ py::tuple mhla_backward(py::handle q_, py::handle k_, py::handle v_, py::handle 
       gw(w.dtype(), w.shape());
   if (bf16) {
     compute([&] {
-      backward(options, q.view<bfloat16>(), k.view<bfloat16>(), v.view<bfloat16>(), w.view<float>(),
-               o.view<bfloat16>(), grad_o.view<bfloat16>(), gq.view<bfloat16>(),
-               gk.view<bfloat16>(), gv.view<bfloat16>(), gw.view<float>(),
-               summaries ? summaries->view<float>() : TensorView<const float>{},
-               mixed ? mixed->view<float>() : TensorView<const float>{});
+      run_backward(private_state, options, q.view<bfloat16>(), k.view<bfloat16>(),
+                   v.view<bfloat16>(), w.view<float>(), o.view<bfloat16>(),
+                   grad_o.view<bfloat16>(), gq.view<bfloat16>(), gk.view<bfloat16>(),
+                   gv.view<bfloat16>(), gw.view<float>(),
+                   summaries ? summaries->view<float>() : TensorView<const float>{},
+                   mixed ? mixed->view<float>() : TensorView<const float>{});
     });
   } else {
     dispatch(q.dtype(), [&]<typename T>() {
       compute([&] {
-        backward<T>(options, q.view<T>(), k.view<T>(), v.view<T>(), w.view<T>(), o.view<T>(),
-                    grad_o.view<T>(), gq.view<T>(), gk.view<T>(), gv.view<T>(), gw.view<T>(),
-                    summaries ? summaries->view<T>() : TensorView<const T>{},
-                    mixed ? mixed->view<T>() : TensorView<const T>{});
+        run_backward(private_state, options, q.view<T>(), k.view<T>(), v.view<T>(), w.view<T>(),
+                     o.view<T>(), grad_o.view<T>(), gq.view<T>(), gk.view<T>(), gv.view<T>(),
+                     gw.view<T>(), summaries ? summaries->view<T>() : TensorView<const T>{},
+                     mixed ? mixed->view<T>() : TensorView<const T>{});
       });
     });
   }
@@ -340,13 +352,25 @@ PYBIND11_MODULE(_core, m) {
          py::object scale, py::object mixing) {
         return mhla_backward(
             q, k, v, w, o, grad_o, summaries, mixed,
-            options_of(options, layout, {masking, feature_map, normalize, eps, scale}, mixing));
+            options_of(options, layout, {masking, feature_map, normalize, eps, scale}, mixing),
+            false);
       },
       "q"_a, "k"_a, "v"_a, "w"_a, "o"_a, "grad_o"_a, py::kw_only(), "summaries"_a = py::none(),
       "mixed"_a = py::none(), "options"_a = py::none(), "layout"_a = py::none(),
       "masking"_a = py::none(), "feature_map"_a = py::none(), "normalize"_a = py::none(),
       "eps"_a = py::none(), "scale"_a = py::none(), "mixing"_a = py::none(),
-      "Returns (grad_q, grad_k, grad_v, grad_w).");
+      "Returns (grad_q, grad_k, grad_v, grad_w). Saved summaries and mixed summaries are held to "
+      "fingerprints of k, v and w in every block: arrays from other inputs are a ValueError.");
+  m.def(
+      "_backward_private_state",
+      [](py::handle q, py::handle k, py::handle v, py::handle w, py::handle o, py::handle grad_o,
+         py::handle summaries, py::handle mixed, const Options& options) {
+        return mhla_backward(q, k, v, w, o, grad_o, summaries, mixed, options, true);
+      },
+      "q"_a, "k"_a, "v"_a, "w"_a, "o"_a, "grad_o"_a, py::kw_only(), "summaries"_a, "mixed"_a,
+      "options"_a,
+      "backward without the saved arrays' check, for mhla.torch's autograd function: it keeps "
+      "them in its context and torch refuses a backward after an input changed in place.");
   m.def(
       "linear_attention_forward",
       [](py::handle q, py::handle k, py::handle v, py::object options, py::object masking,

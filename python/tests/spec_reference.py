@@ -35,7 +35,7 @@ def dense_mixing(w, mixing, blocks):
     return expanded * (distance >= 0)
 
 
-def mhla_attention(q, k, v, w, layout, masking="none", feature_map="identity", normalize=True, eps=1e-6, scale=None,
+def mhla_attention(q, k, v, w, layout, masking="none", feature_map="elu1", normalize=True, eps=1e-6, scale=None,
          mixing="dense"):
     blk = block_of_tokens(layout)
     W = dense_mixing(w, mixing, layout.num_blocks)
@@ -53,7 +53,7 @@ def mhla_attention(q, k, v, w, layout, masking="none", feature_map="identity", n
     return numerator * (q.shape[-1] ** -0.5 if scale is None else scale)
 
 
-def linear_attention(q, k, v, masking="none", feature_map="identity", normalize=True, eps=1e-6, scale=None):
+def linear_attention(q, k, v, masking="none", feature_map="elu1", normalize=True, eps=1e-6, scale=None):
     import mhla
 
     n = q.shape[1]

@@ -1,4 +1,6 @@
 """Bad input is a Python exception naming the problem, never a crash."""
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -183,3 +185,113 @@ def test_oversized_mixing_and_impossible_allocations():
         mhla.init_mixing(mhla.Layout.sequence(65536, 1))
     with pytest.raises(MemoryError, match="init_toeplitz_mixing: cannot allocate .* bytes"):
         mhla.init_toeplitz_mixing(2**62)
+
+
+def _stale_case():
+    # The audit's reproducer: relu features, feature 0 of block 1 all zero.
+    L = mhla.Layout.sequence(8, 4)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.rand(1, 8, 1, d, dtype=torch.float64, generator=g) for d in (3, 3, 4))
+    k[0, 4:, 0, 0] = -1.0
+    w = torch.tensor([[.6, .4], [.3, .7]], dtype=torch.float64)
+    return L, q, k, v, w
+
+
+def test_stale_mixed_summaries_after_an_optimizer_step_are_refused():
+    L, q, k, v, w = _stale_case()
+    o, s, m = mhla.forward(q, k, v, w, layout=L, feature_map="relu", save_summaries=True, save_mixed=True)
+    g = torch.ones_like(o)
+    mhla.backward(q, k, v, w, o, g, summaries=s, mixed=m, layout=L, feature_map="relu")
+    w2 = w.clone()
+    w2[0, 1] = 0.9
+    with pytest.raises(ValueError, match="saved_mixed does not belong to these k, v and w"):
+        mhla.backward(q, k, v, w2, o, g, summaries=s, mixed=m, layout=L, feature_map="relu")
+    v2 = v.clone()
+    v2[0, 5, 0, 1] += 0.5
+    with pytest.raises(ValueError, match="saved_mixed does not belong to these k, v and w"):
+        mhla.backward(q, k, v2, w, o, g, mixed=m, layout=L, feature_map="relu")
+
+
+def test_stale_summaries_in_a_middle_block_are_refused():
+    layout = mhla.Layout.sequence(20, 4)  # five blocks; the change is in block 2
+    q, k, v = (torch.rand(2, 20, 2, d, dtype=torch.float64) for d in (3, 3, 4))
+    w = torch.as_tensor(mhla.init_mixing(layout)).double()
+    o, s = mhla.forward(q, k, v, w, layout=layout, save_summaries=True)
+    g = torch.rand_like(o)
+    for changed in ("k", "v"):
+        k2, v2 = k.clone(), v.clone()
+        (k2 if changed == "k" else v2)[1, 9, 1, 2] += 0.25
+        with pytest.raises(ValueError, match="saved_summaries do not belong to these k and v: block 2 of "
+                                             "batch 1, head 1"):
+            mhla.backward(q, k2, v2, w, o, g, summaries=s, layout=layout)
+
+
+def test_decoder_load_refuses_endless_and_special_files(tmp_path):
+    for path, message in (("/dev/zero", "character device, not a regular file"), (tmp_path, "directory")):
+        with pytest.raises(ValueError, match=message):
+            mhla.Decoder.load(path)
+    fifo = tmp_path / "state.fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(ValueError, match="FIFO"):
+        mhla.Decoder.load(fifo)  # would wait for a writer forever if it were opened blocking
+    huge = tmp_path / "huge.bin"
+    with open(huge, "wb") as f:
+        f.truncate(8 << 30)  # sparse: no disk is used
+    with pytest.raises(ValueError, match="no MHLADEC header"):
+        mhla.Decoder.load(huge)  # refused by its magic, not read whole
+
+
+def test_zero_length_inputs_are_named_errors():
+    q = torch.rand(1, 0, 2, 3)
+    with pytest.raises(ValueError, match="q"):
+        mhla.forward(q, q, torch.rand(1, 0, 2, 4), torch.ones(1, 1), layout=mhla.Layout.sequence(1, 1))
+    with pytest.raises(ValueError, match="q"):
+        mt.linear_attention(q, q, torch.rand(1, 0, 2, 4))
+    with pytest.raises(ValueError, match="q"):
+        mt.softmax_attention(q, q, torch.rand(1, 0, 2, 4))
+    layer = mt.MHLA1d(8, 2, block_size=4, max_tokens=8, causal=True)
+    with pytest.raises(ValueError, match="MHLA1d was built for 1..8 tokens, got 0"):
+        layer(torch.randn(1, 0, 8))
+    cache = layer.new_cache(batch=1)
+    with pytest.raises(ValueError, match=r"MHLA1d.decode needs at least one new token per sequence; x has "
+                                         r"shape \(1, 0, 8\)"):
+        layer.decode(torch.rand(1, 0, 8), cache)
+    with pytest.raises(ValueError, match="the cache holds 1 sequences, x has 0"):
+        layer.decode(torch.rand(0, 1, 8), cache)
+    decoder = mhla.Decoder(torch.ones(2, 2), heads=2, dk=3, dv=4, block=4)
+    with pytest.raises(ValueError, match="q"):
+        decoder.step(q, q, torch.rand(1, 0, 2, 4))
+    with pytest.raises(ValueError, match="q"):
+        decoder.prefill(0, q, q, torch.rand(1, 0, 2, 4))
+    with pytest.raises(ValueError, match=r"q has shape \[1, 0, 2, 3\]; every extent must be positive"):
+        mt.varlen_attention(q, q, torch.rand(1, 0, 2, 4), torch.ones(1, 1), [0], block=4)
+
+
+def test_every_entry_defaults_to_elu1():
+    assert mhla.Options(LAYOUT).feature_map == mhla.FeatureMap.elu1
+    assert mhla.LinearOptions().feature_map == mhla.FeatureMap.elu1
+    assert mhla.DecoderOptions(heads=1, dk=1, dv=1, block=1).feature_map == mhla.FeatureMap.elu1
+    q, k, v, w = good()
+    q = q - 0.5  # where elu+1, relu and identity all differ
+    o, _ = mhla.forward(q, k, v, w, layout=LAYOUT)
+    o_elu, _ = mhla.forward(q, k, v, w, layout=LAYOUT, feature_map="elu1")
+    o_id, _ = mhla.forward(q, k, v, w, layout=LAYOUT, feature_map="identity", normalize=False)
+    assert torch.equal(o, o_elu) and not torch.allclose(o, o_id)
+    assert torch.equal(mt.mhla_attention(q, k, v, w, LAYOUT), o_elu)
+    assert torch.equal(mt.linear_attention(q, k, v), mt.linear_attention(q, k, v, feature_map="elu1"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_the_autograd_functions_saved_state_cannot_go_stale(dtype):
+    # mhla.torch keeps its saved arrays private and skips their check: an input changed in place
+    # between forward and backward must still be refused, by torch itself. (Where the function
+    # receives a converted copy, e.g. a float64 w for float32 q, the copy cannot change and the
+    # gradients are those of the recorded values, as for any torch op.)
+    q, k, v, w = (t.to(dtype) for t in good())
+    for changed in ("k", "v", "w"):
+        leaves = {name: t.clone().requires_grad_(True) for name, t in zip("qkvw", (q, k, v, w))}
+        o = mt.mhla_attention(leaves["q"], leaves["k"], leaves["v"], leaves["w"], LAYOUT)
+        with torch.no_grad():
+            leaves[changed].add_(0.5)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            o.sum().backward()

@@ -18,7 +18,7 @@ def inputs():
 
 def test_defaults_are_the_operators_and_names_parse_to_enums():
     o = mhla.Options(LAYOUT)
-    assert o.masking == mhla.Masking.none and o.feature_map == mhla.FeatureMap.identity
+    assert o.masking == mhla.Masking.none and o.feature_map == mhla.FeatureMap.elu1
     assert o.normalize is True and o.eps == 1e-6 and o.scale is None
     assert o.mixing == mhla.MixingForm.dense and o.layout == LAYOUT
     c = mhla.Options(LAYOUT, masking="causal", feature_map=mhla.FeatureMap.elu1, mixing="toeplitz")

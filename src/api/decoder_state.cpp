@@ -24,6 +24,11 @@ uint32_t crc32_of(std::span<const uint8_t> bytes) {
   return uint32_t(crc32_z(crc32(0L, Z_NULL, 0), bytes.data(), bytes.size()));
 }
 
+void check_magic(std::span<const uint8_t> bytes, const std::string& source) {
+  if (bytes.size() < sizeof kMagic || !std::equal(kMagic, kMagic + sizeof kMagic, bytes.begin()))
+    throw Error(source + ": not an mhla decoder state (no MHLADEC header)");
+}
+
 // A stored enum byte, checked against its range.
 template <typename Enum>
 Enum read_enum(io::ByteReader& in, const char* field, Enum last) {
@@ -120,17 +125,20 @@ std::vector<uint8_t> Decoder::serialize() const {
 void Decoder::save(const std::string& path) const { io::write_file_atomically(path, serialize()); }
 
 Decoder Decoder::load(const std::string& path, const std::optional<DecoderOptions>& expect) {
-  const std::vector<uint8_t> bytes = io::read_file(path);
-  return deserialize(bytes, expect, "decoder state '" + path + "'");
+  const std::string source = "decoder state '" + path + "'";
+  const io::InputFile file(path);
+  // The magic first: another kind of file is refused before it is read whole.
+  check_magic(file.head(sizeof kMagic), source);
+  return deserialize(file.read_all(), expect, source);
 }
 
 Decoder Decoder::deserialize(std::span<const uint8_t> bytes,
                              const std::optional<DecoderOptions>& expect,
                              const std::string& source) {
   io::ByteReader in(bytes, source);
-  if (bytes.size() < kHeader + kChecksum ||
-      !std::equal(kMagic, kMagic + sizeof kMagic, bytes.begin()))
-    throw Error(source + ": not an mhla decoder state (no MHLADEC header)");
+  check_magic(bytes, source);
+  if (bytes.size() < kHeader + kChecksum)
+    throw Error(source + ": truncated: " + std::to_string(bytes.size()) + " bytes");
   in.skip(sizeof kMagic, "magic");
   const uint32_t version = in.u32("version");
   if (version != kVersion)

@@ -2,7 +2,8 @@
 // kernel with the mixer (dense or Toeplitz W) the options ask for.
 #include "mhla/operator.hpp"
 #include "core/finite_results.hpp"
-#include "core/saved_summaries_check.hpp"
+#include "api/private_state_backward.hpp"
+#include "core/saved_state_check.hpp"
 #include "cpu/bf16_forward.hpp"
 #include "cpu/chunked_attention.hpp"
 #include "cpu/simd/bf16_products.hpp"
@@ -83,7 +84,7 @@ namespace {
 
 // backward<T>'s body, also for bfloat16 token tensors (S) with float T;
 // `rounding` widens the saved arrays' fingerprint tolerance for summaries from
-// bfloat16 products (check_saved_summaries_match): one rounding of each term
+// bfloat16 products (core/saved_state_check.hpp): one rounding of each term
 // of the summaries, three of the mixed summaries' (the mix rounds w and the
 // summaries once more). A kernel flag of
 // non-finite results is reported when S is T; with bfloat16 it returns false
@@ -93,19 +94,19 @@ bool run_backward(const Options& options, TensorView<const S> q, TensorView<cons
                   TensorView<const S> v, TensorView<const T> w, TensorView<const S> o,
                   TensorView<const S> grad_o, TensorView<S> grad_q, TensorView<S> grad_k,
                   TensorView<S> grad_v, TensorView<T> grad_w, TensorView<const T> saved_summaries,
-                  TensorView<const T> saved_mixed, double rounding) {
+                  TensorView<const T> saved_mixed, double rounding, bool verify) {
   const char* fn = "mhla::backward";
   const CheckedCall call(fn, options, q, k, v, w, o);
   const detail::Problem& p = call.problem;
   detail::check_gradients(fn, p.dims, grad_o, grad_q, grad_k, grad_v);
   detail::check_output(fn, "grad_w", grad_w, w.shape);
   const bool saved = check_saved(fn, "saved_summaries", p, saved_summaries);
-  if (saved)
-    detail::check_saved_summaries_match(fn, p, k.data, v.data, saved_summaries.data, rounding);
   const bool saved_mix = check_saved(fn, "saved_mixed", p, saved_mixed);
-  if (saved_mix)
-    detail::check_saved_mixed_match(fn, p, k.data, v.data, w.data, saved_mixed.data,
-                                    saved ? saved_summaries.data : nullptr, 3 * rounding);
+  if (verify && (saved || saved_mix)) {
+    const detail::Fingerprints prints = detail::fingerprints(p, k.data, v.data, w.data);
+    if (saved) detail::check_saved_summaries_match(fn, p, prints, saved_summaries.data, rounding);
+    if (saved_mix) detail::check_saved_mixed_match(fn, p, prints, saved_mixed.data, 3 * rounding);
+  }
   const auto mixer = cpu::make_mixer(p, w.data);
   // The kernel adds to grad_w.
   std::fill(grad_w.data, grad_w.data + detail::checked_product(grad_w.shape, "grad_w"), T(0));
@@ -151,6 +152,42 @@ void narrow(const float* src, int64_t n, bfloat16* dst) {
 // and also w and the summaries in the mix.
 constexpr double kBf16Rounding = 0x1p-8;
 
+// The bfloat16 backward, its saved arrays verified or not.
+void backward_bf16(const Options& options, TensorView<const bfloat16> q,
+                   TensorView<const bfloat16> k, TensorView<const bfloat16> v,
+                   TensorView<const float> w, TensorView<const bfloat16> o,
+                   TensorView<const bfloat16> grad_o, TensorView<bfloat16> grad_q,
+                   TensorView<bfloat16> grad_k, TensorView<bfloat16> grad_v,
+                   TensorView<float> grad_w, TensorView<const float> saved_summaries,
+                   TensorView<const float> saved_mixed, bool verify) {
+  const char* fn = "mhla::backward";
+  // The bfloat16 kernels read and write the bfloat16 tensors in place (not in
+  // causal mode: its in-block gradients are parked in the outputs between
+  // phases). A flag of non-finite results is checked, and reported, by the
+  // float path below.
+  if (options.masking != Masking::causal && cpu::simd::bf16_products_available() &&
+      run_backward<bfloat16, float>(options, q, k, v, w, o, grad_o, grad_q, grad_k, grad_v, grad_w,
+                                    saved_summaries, saved_mixed, kBf16Rounding, verify))
+    return;
+  // The float kernels on widened copies (the bfloat16 buffers are checked
+  // here; the float call checks the rest).
+  const detail::AttentionDims d = detail::check_qkv(fn, q, k, v);
+  detail::check_output(fn, "o", o, detail::v_shape(d));
+  detail::check_gradients(fn, d, grad_o, grad_q, grad_k, grad_v);
+  const int64_t nq = elements(grad_q), nv = elements(grad_v);
+  float* gq = cpu::scratch<float>(cpu::Scratch::token_grad_q, size_t(nq));
+  float* gk = cpu::scratch<float>(cpu::Scratch::token_grad_k, size_t(nq));
+  float* gv = cpu::scratch<float>(cpu::Scratch::token_grad_v, size_t(nv));
+  run_backward<float, float>(
+      options, widened(q, cpu::Scratch::widened_q), widened(k, cpu::Scratch::widened_k),
+      widened(v, cpu::Scratch::widened_v), w, widened(o, cpu::Scratch::widened_o),
+      widened(grad_o, cpu::Scratch::widened_grad_o), {gq, grad_q.shape}, {gk, grad_k.shape},
+      {gv, grad_v.shape}, grad_w, saved_summaries, saved_mixed, kBf16Rounding, verify);
+  narrow(gq, nq, grad_q.data);
+  narrow(gk, nq, grad_k.data);
+  narrow(gv, nv, grad_v.data);
+}
+
 }  // namespace
 
 template <typename T>
@@ -160,8 +197,46 @@ void backward(const Options& options, TensorView<const T> q, TensorView<const T>
               TensorView<T> grad_v, TensorView<T> grad_w, TensorView<const T> saved_summaries,
               TensorView<const T> saved_mixed) {
   run_backward<T, T>(options, q, k, v, w, o, grad_o, grad_q, grad_k, grad_v, grad_w,
-                     saved_summaries, saved_mixed, 0.0);
+                     saved_summaries, saved_mixed, 0.0, true);
 }
+
+void backward(const Options& options, TensorView<const bfloat16> q, TensorView<const bfloat16> k,
+              TensorView<const bfloat16> v, TensorView<const float> w, TensorView<const bfloat16> o,
+              TensorView<const bfloat16> grad_o, TensorView<bfloat16> grad_q,
+              TensorView<bfloat16> grad_k, TensorView<bfloat16> grad_v, TensorView<float> grad_w,
+              TensorView<const float> saved_summaries, TensorView<const float> saved_mixed) {
+  backward_bf16(options, q, k, v, w, o, grad_o, grad_q, grad_k, grad_v, grad_w, saved_summaries,
+                saved_mixed, true);
+}
+
+namespace detail {
+
+template <typename T>
+void backward_with_private_state(const Options& options, TensorView<const T> q,
+                                 TensorView<const T> k, TensorView<const T> v,
+                                 TensorView<const T> w, TensorView<const T> o,
+                                 TensorView<const T> grad_o, TensorView<T> grad_q,
+                                 TensorView<T> grad_k, TensorView<T> grad_v, TensorView<T> grad_w,
+                                 TensorView<const T> saved_summaries,
+                                 TensorView<const T> saved_mixed) {
+  run_backward<T, T>(options, q, k, v, w, o, grad_o, grad_q, grad_k, grad_v, grad_w,
+                     saved_summaries, saved_mixed, 0.0, false);
+}
+
+void backward_with_private_state(const Options& options, TensorView<const bfloat16> q,
+                                 TensorView<const bfloat16> k, TensorView<const bfloat16> v,
+                                 TensorView<const float> w, TensorView<const bfloat16> o,
+                                 TensorView<const bfloat16> grad_o, TensorView<bfloat16> grad_q,
+                                 TensorView<bfloat16> grad_k, TensorView<bfloat16> grad_v,
+                                 TensorView<float> grad_w, TensorView<const float> saved_summaries,
+                                 TensorView<const float> saved_mixed) {
+  backward_bf16(options, q, k, v, w, o, grad_o, grad_q, grad_k, grad_v, grad_w, saved_summaries,
+                saved_mixed, false);
+}
+
+}  // namespace detail
+
+
 
 void forward(const Options& options, TensorView<const bfloat16> q, TensorView<const bfloat16> k,
              TensorView<const bfloat16> v, TensorView<const float> w, TensorView<bfloat16> o,
@@ -191,39 +266,6 @@ void forward(const Options& options, TensorView<const bfloat16> q, TensorView<co
   detail::report_non_finite_output(
       fn, p, widened(q, cpu::Scratch::widened_q), widened(k, cpu::Scratch::widened_k),
       widened(v, cpu::Scratch::widened_v), TensorView<float>{const_cast<float*>(of.data), o.shape});
-}
-
-void backward(const Options& options, TensorView<const bfloat16> q, TensorView<const bfloat16> k,
-              TensorView<const bfloat16> v, TensorView<const float> w, TensorView<const bfloat16> o,
-              TensorView<const bfloat16> grad_o, TensorView<bfloat16> grad_q,
-              TensorView<bfloat16> grad_k, TensorView<bfloat16> grad_v, TensorView<float> grad_w,
-              TensorView<const float> saved_summaries, TensorView<const float> saved_mixed) {
-  const char* fn = "mhla::backward";
-  // The bfloat16 kernels read and write the bfloat16 tensors in place (not in
-  // causal mode: its in-block gradients are parked in the outputs between
-  // phases). A flag of non-finite results is checked, and reported, by the
-  // float path below.
-  if (options.masking != Masking::causal && cpu::simd::bf16_products_available() &&
-      run_backward<bfloat16, float>(options, q, k, v, w, o, grad_o, grad_q, grad_k, grad_v, grad_w,
-                                    saved_summaries, saved_mixed, kBf16Rounding))
-    return;
-  // The float kernels on widened copies (the bfloat16 buffers are checked
-  // here; the float call checks the rest).
-  const detail::AttentionDims d = detail::check_qkv(fn, q, k, v);
-  detail::check_output(fn, "o", o, detail::v_shape(d));
-  detail::check_gradients(fn, d, grad_o, grad_q, grad_k, grad_v);
-  const int64_t nq = elements(grad_q), nv = elements(grad_v);
-  float* gq = cpu::scratch<float>(cpu::Scratch::token_grad_q, size_t(nq));
-  float* gk = cpu::scratch<float>(cpu::Scratch::token_grad_k, size_t(nq));
-  float* gv = cpu::scratch<float>(cpu::Scratch::token_grad_v, size_t(nv));
-  run_backward<float, float>(
-      options, widened(q, cpu::Scratch::widened_q), widened(k, cpu::Scratch::widened_k),
-      widened(v, cpu::Scratch::widened_v), w, widened(o, cpu::Scratch::widened_o),
-      widened(grad_o, cpu::Scratch::widened_grad_o), {gq, grad_q.shape}, {gk, grad_k.shape},
-      {gv, grad_v.shape}, grad_w, saved_summaries, saved_mixed, kBf16Rounding);
-  narrow(gq, nq, grad_q.data);
-  narrow(gk, nq, grad_k.data);
-  narrow(gv, nv, grad_v.data);
 }
 
 void release_scratch() { cpu::release_scratch_buffers(); }
@@ -259,7 +301,11 @@ FlopCount mhla_flops(int64_t batch, int64_t tokens, int64_t heads, int64_t dk, i
   template void backward<T>(const Options&, TensorView<const T>, TensorView<const T>,              \
                             TensorView<const T>, TensorView<const T>, TensorView<const T>,         \
                             TensorView<const T>, TensorView<T>, TensorView<T>, TensorView<T>,      \
-                            TensorView<T>, TensorView<const T>, TensorView<const T>);
+                            TensorView<T>, TensorView<const T>, TensorView<const T>);      \
+  template void detail::backward_with_private_state<T>(                                            \
+      const Options&, TensorView<const T>, TensorView<const T>, TensorView<const T>,               \
+      TensorView<const T>, TensorView<const T>, TensorView<const T>, TensorView<T>, TensorView<T>, \
+      TensorView<T>, TensorView<T>, TensorView<const T>, TensorView<const T>);
 MHLA_INSTANTIATE_OPERATOR(float)
 MHLA_INSTANTIATE_OPERATOR(double)
 #undef MHLA_INSTANTIATE_OPERATOR

@@ -1,5 +1,10 @@
 #include "mhla_support/files.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -13,20 +18,68 @@ namespace {
   throw Error(what + " '" + path + "': " + std::strerror(errno));
 }
 
+const char* kind_of(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO (pipe)";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
+[[noreturn]] void not_regular(const std::string& path, mode_t mode) {
+  throw Error("'" + path + "' is " + kind_of(mode) +
+              ", not a regular file; save the data to a file and pass that");
+}
+
 }  // namespace
 
-std::vector<uint8_t> read_file(const std::string& path) {
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (!f) fail("cannot open", path);
-  std::vector<uint8_t> bytes;
-  uint8_t chunk[1 << 16];
-  size_t got = 0;
-  while ((got = std::fread(chunk, 1, sizeof chunk, f)) > 0)
-    bytes.insert(bytes.end(), chunk, chunk + got);
-  const bool failed = std::ferror(f);
-  std::fclose(f);
-  if (failed) fail("cannot read", path);
+InputFile::InputFile(const std::string& path) : path_(path) {
+  // O_NONBLOCK: opening a FIFO that no one writes would otherwise wait
+  // forever before fstat could refuse it. Regular files ignore the flag.
+  fd_ = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd_ < 0) fail("cannot open", path);
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0) {
+    const int saved = errno;
+    ::close(fd_);
+    errno = saved;
+    fail("cannot read", path);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd_);
+    not_regular(path, st.st_mode);
+  }
+  size_ = uint64_t(st.st_size);
+}
+
+InputFile::~InputFile() { ::close(fd_); }
+
+std::vector<uint8_t> InputFile::read(uint64_t offset, uint64_t count) const {
+  if (offset > size_ || count > size_ - offset)
+    throw Error("'" + path_ + "' holds " + std::to_string(size_) + " bytes; reading " +
+                std::to_string(count) + " from byte " + std::to_string(offset) +
+                " runs past its end (truncated file)");
+  std::vector<uint8_t> bytes(static_cast<size_t>(count));
+  uint64_t done = 0;
+  while (done < count) {
+    const ssize_t got = ::pread(fd_, bytes.data() + done, size_t(count - done), off_t(offset + done));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) fail("cannot read", path_);
+    if (got == 0)
+      throw Error("'" + path_ + "' ended after " + std::to_string(offset + done) +
+                  " bytes while it was read (changed by another process?)");
+    done += uint64_t(got);
+  }
   return bytes;
+}
+
+std::vector<uint8_t> InputFile::head(uint64_t count) const { return read(0, std::min(count, size_)); }
+
+void require_regular_file(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) fail("cannot open", path);
+  if (!S_ISREG(st.st_mode)) not_regular(path, st.st_mode);
 }
 
 void write_file_atomically(const std::string& path, const std::vector<uint8_t>& bytes) {

@@ -2,13 +2,20 @@
 // fuzzer written as .npy files (float32 or float64, [B, N, H, D] or PyTorch's
 // [B, H, N, D] with --order bhnd) and turned into flags; flaws the command line
 // cannot express become file-level ones (a missing or truncated file, mixed
-// dtypes, a bad flag value). Every run must end in exactly one of two ways:
+// dtypes, a bad flag value, a corrupt .npz member, an input that is /dev/zero
+// or a FIFO). Every run must end in exactly one of two ways:
 // exit 0 with outputs equal to the double-precision reference, or a non-zero
 // exit with a named error line. A crash, a signal, a sanitizer report or a
 // timeout (30 s) is a failure.
 //
 //   mhla_cli_fuzz MHLA_PROGRAM WORK_DIR CASES [FIRST_SEED]
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <zip.h>
+
+#include <algorithm>
+#include <iterator>
+#include <stdexcept>
 
 #include <cstdio>
 #include <cstdlib>
@@ -159,6 +166,25 @@ class CliCase {
       const fs::path v = dir_ / "v.npy";
       fs::resize_file(v, fs::file_size(v) - 3);
     }
+    // File-level flaws of their own, on some consistent calls: a corrupt
+    // archive member, or an input that is not a regular file.
+    if (flaw_.empty() && std::bernoulli_distribution(0.15)(rng)) {
+      switch (std::uniform_int_distribution<int>(0, 2)(rng)) {
+        case 0:
+          write_corrupt_archive(rng);
+          break;
+        case 1:
+          flaw_ = "q is /dev/zero";
+          replace_file("q", "/dev/zero");
+          break;
+        default: {
+          flaw_ = "q is a FIFO";
+          const fs::path fifo = dir_ / "q.fifo";
+          if (mkfifo(fifo.c_str(), 0600) != 0) throw std::runtime_error("mkfifo failed");
+          replace_file("q", fifo.string());
+        }
+      }
+    }
     if (c_.flaw == "saved summaries shape") {
       const char* bad_flags[] = {" --block 0",  " --masking sideways",
                                  " --eps abc",  " --feature-map softmax",
@@ -167,6 +193,53 @@ class CliCase {
       flaw_ = "bad flag value:" + bad;
       flags_ += bad;
     }
+  }
+
+  // Points --NAME at another path.
+  void replace_file(const std::string& name, const std::string& path) {
+    const std::string flag = " --" + std::string(name) + " ";
+    const size_t at = files_.find(flag);
+    const size_t end = files_.find(' ', at + flag.size());
+    files_.replace(at, (end == std::string::npos ? files_.size() : end) - at, flag + path);
+  }
+
+  // The .npy files as one .npz of stored members (as np.savez writes it),
+  // passed with --inputs, with one byte of one member's data flipped: only
+  // the member's CRC-32 can tell.
+  void write_corrupt_archive(std::mt19937_64& rng) {
+    std::vector<std::string> names = {"q", "k", "v", "w"};
+    if (c_.backward) names.push_back("grad_o");
+    const fs::path archive = dir_ / "inputs.npz";
+    int error = 0;
+    zip_t* zip = zip_open(archive.c_str(), ZIP_CREATE | ZIP_TRUNCATE, &error);
+    if (!zip) throw std::runtime_error("zip_open failed");
+    std::vector<std::vector<char>> contents;
+    for (const std::string& name : names) {
+      std::ifstream in(dir_ / (name + ".npy"), std::ios::binary);
+      contents.emplace_back(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+      zip_source_t* source = zip_source_buffer(zip, contents.back().data(),
+                                               contents.back().size(), 0);
+      const zip_int64_t index = zip_file_add(zip, (name + ".npy").c_str(), source, 0);
+      if (index < 0 || zip_set_file_compression(zip, zip_uint64_t(index), ZIP_CM_STORE, 0) != 0)
+        throw std::runtime_error("zip_file_add failed");
+    }
+    if (zip_close(zip) != 0) throw std::runtime_error("zip_close failed");
+    // Flip a byte of the last data value of a random member: find its .npy
+    // bytes (stored verbatim) in the archive.
+    std::vector<char> bytes;
+    {
+      std::ifstream in(archive, std::ios::binary);
+      bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+    const size_t member = std::uniform_int_distribution<size_t>(0, names.size() - 1)(rng);
+    const std::vector<char>& npy = contents[member];
+    const auto at = std::search(bytes.begin(), bytes.end(), npy.begin(), npy.end());
+    if (at == bytes.end()) throw std::runtime_error("stored member not found in the archive");
+    *(at + std::ptrdiff_t(npy.size()) - 2) ^= 0x10;
+    std::ofstream(archive, std::ios::binary | std::ios::trunc).write(bytes.data(),
+                                                                     std::streamsize(bytes.size()));
+    flaw_ = "corrupt " + names[member] + ".npy in the .npz";
+    files_ = " --inputs " + archive.string();
   }
 
   const RandomCall& c_;
@@ -192,6 +265,7 @@ int main(int argc, char** argv) {
   Outcomes outcomes("mhla program");
   for (long i = 0; i < cases; ++i) {
     RandomCall c = make_random_call(first + uint64_t(i));
+    c.stale.clear();  // one process: no saved arrays to go stale
     fs::remove_all(work);
     fs::create_directories(work);
     std::mt19937_64 rng(c.seed ^ 0x5eedULL);

@@ -17,12 +17,17 @@ class Outcomes {
 
   void success(const std::string& kind) { ++successes_[kind]; }
 
-  // A named error is right for a flawed call, and for a consistent one only
-  // when its result is not representable (the operator's finiteness guarantee).
+  // A named error is right for a flawed call, for a stale one when it names
+  // the saved arrays, and for a consistent one only when its result is not
+  // representable (the operator's finiteness guarantee).
   void named_error(const RandomCall& c, const std::string& message) {
     if (message.empty()) return failure(c.describe() + ": error without a message");
     if (!c.flaw.empty()) {
       ++errors_[c.flaw];
+      return;
+    }
+    if (!c.stale.empty() && message.find("belong to these") != std::string::npos) {
+      ++errors_[c.stale];
       return;
     }
     if (message.find("is not finite although every input is finite") != std::string::npos) {

@@ -38,6 +38,18 @@ TokenLayout random_layout(std::mt19937_64& rng, int rank) {
   return TokenLayout::grid3d(gt, gh, gw, tile(gt), tile(gh), tile(gw));
 }
 
+// One element of k, v or w changed between forward and backward, in a random
+// place (any block), by much more than rounding. k's change moves phi under
+// every map (k + 2 (1 + |k|) > 0); w stays valid (non-negative when it must).
+void make_stale(RandomCall& c, std::mt19937_64& rng) {
+  const int64_t which = pick(rng, 0, c.save_mixed ? 2 : 1);
+  std::vector<double>& x = which == 0 ? c.backward_k : which == 1 ? c.backward_v : c.backward_w;
+  double& e = x[size_t(pick(rng, 0, int64_t(x.size()) - 1))];
+  e += which == 0 ? 2 * (1 + std::abs(e)) : 0.5;
+  if (c.single_precision) e = double(float(e));
+  c.stale = which == 0 ? "stale k" : which == 1 ? "stale v" : "stale w";
+}
+
 }  // namespace
 
 int64_t element_count(const std::vector<int64_t>& shape) {
@@ -66,6 +78,7 @@ RandomCall make_random_call(uint64_t seed) {
   c.single_precision = chance(rng, 0.5);
   c.backward = chance(rng, 0.5);
   c.save_summaries = chance(rng, 0.3);
+  c.save_mixed = chance(rng, 0.3);
 
   const int64_t b = pick(rng, 1, 2), n = o.layout.num_tokens(), h = pick(rng, 1, 3);
   const int64_t dk = pick(rng, 1, 6), dv = pick(rng, 1, 6), m = o.layout.num_blocks();
@@ -102,6 +115,9 @@ RandomCall make_random_call(uint64_t seed) {
       if (apply_flaw(c, flaw, rng)) c.flaw = to_string(flaw);
     }
   }
+  c.backward_k = c.k, c.backward_v = c.v, c.backward_w = c.w;
+  if (c.flaw.empty() && c.backward && (c.save_summaries || c.save_mixed) && chance(rng, 0.5))
+    make_stale(c, rng);
   return c;
 }
 
@@ -246,6 +262,15 @@ std::vector<NamedResult> reference_results(const RandomCall& c) {
   return results;
 }
 
+std::vector<NamedResult> stale_reference_results(const RandomCall& c) {
+  RandomCall then = c, forward_only = c;
+  then.k = c.backward_k, then.v = c.backward_v, then.w = c.backward_w;
+  forward_only.backward = false;
+  std::vector<NamedResult> results = reference_results(then);
+  results[0] = reference_results(forward_only)[0];  // o is forward's
+  return results;
+}
+
 std::string compare_result(const NamedResult& want, const std::vector<double>& got,
                            bool single_precision) {
   if (got.size() != want.values.size()) return want.name + " has the wrong size";
@@ -270,7 +295,8 @@ std::string RandomCall::describe() const {
       to_string(options.masking) + ", " + to_string(options.feature_map) +
       (options.normalize ? ", normalized" : ", unnormalized") + ", " + to_string(options.mixing) +
       " mixing, " + (single_precision ? "float32" : "float64") + (backward ? ", backward" : "") +
-      (save_summaries ? ", saved summaries" : "") + "; q " + shape_to_string(q_shape) + " k " +
+      (save_summaries ? ", saved summaries" : "") + (save_mixed ? ", saved mixed" : "") +
+      (stale.empty() ? "" : ", " + stale) + "; q " + shape_to_string(q_shape) + " k " +
       shape_to_string(k_shape) + " v " + shape_to_string(v_shape) + " w " +
       shape_to_string(w_shape);
   return text + (flaw.empty() ? "" : "; flaw: " + flaw);

@@ -19,6 +19,7 @@ struct RandomCall {
   bool single_precision = false;
   bool backward = false;
   bool save_summaries = false;  // forward keeps them, backward reads them
+  bool save_mixed = false;      // the mixed summaries likewise
   // Inputs in double (already rounded to float when single_precision).
   std::vector<double> q, k, v, w, grad_o;
   std::vector<int64_t> q_shape, k_shape, v_shape, w_shape;
@@ -27,6 +28,13 @@ struct RandomCall {
   bool null_k = false;
   // Empty for a consistent call; otherwise what was broken, e.g. "k head dim".
   std::string flaw;
+  // Empty, or which input changed between forward and backward while the
+  // saved arrays were kept ("stale k", "stale v", "stale w"): backward is
+  // handed backward_k, backward_v and backward_w (otherwise k, v and w). It
+  // must refuse the saved arrays by name, or return the gradients at the
+  // inputs it was handed (a change the saved arrays do not depend on).
+  std::string stale;
+  std::vector<double> backward_k, backward_v, backward_w;
 
   std::string describe() const;  // one line: seed, mode, shapes, flaw
 };
@@ -71,6 +79,9 @@ struct NamedResult {
   std::vector<double> values;
 };
 std::vector<NamedResult> reference_results(const RandomCall& call);
+// The same with backward's inputs (backward_k, backward_v, backward_w) for
+// the gradients.
+std::vector<NamedResult> stale_reference_results(const RandomCall& call);
 
 // "" if `got` is finite and within `tolerance` of `want` relative to
 // max(max |want|, 1) (gradients get 10x: they sum more terms), else what is

@@ -11,7 +11,8 @@ namespace {
 using testing::HasSubstr;
 using testing::ThrowsMessage;
 
-// One head, one block: q, k [1, N, 1, Dk], v [1, N, 1, Dv] filled with given values.
+// One head, one block: q, k [1, N, 1, Dk], v [1, N, 1, Dv] filled with given
+// values; identity features unless a test sets another map.
 template <typename T>
 struct Tiny {
   Options options;
@@ -20,6 +21,7 @@ struct Tiny {
 
   Tiny(int64_t n, int64_t dk, int64_t dv, T qv, T kv, T vv) {
     options.layout = TokenLayout::sequence(n, n);
+    options.feature_map = FeatureMap::identity;
     qs = {1, n, 1, dk};
     vs = {1, n, 1, dv};
     q.assign(size_t(n * dk), qv);
@@ -242,6 +244,129 @@ TEST(BadInput, MixedSummariesAreCheckedAgainstTheSavedSummaries) {
                              Masking::block_causal, FeatureMap::relu, true, false, 2}}) {
     check_both_saved<float>(c);
     check_both_saved<double>(c);
+  }
+}
+
+// The audit's reproducer: relu features with feature 0 of block 1 all zero,
+// so a fingerprint of entry 0 alone cannot see that W[0, 1] changed.
+TEST(BadInput, StaleMixedSummariesWithAZeroFeatureAreRejected) {
+  Case c{"1d", 1, 1, 3, 4, TokenLayout::sequence(8, 4), Masking::none, FeatureMap::relu};
+  Inputs a = make_inputs(c, 0);
+  for (auto& x : a.q) x = std::abs(x);
+  for (auto& x : a.k) x = std::abs(x);
+  for (auto& x : a.v) x = std::abs(x);
+  for (int64_t t = 4; t < 8; ++t) a.k[size_t(t * 3)] = -1.0;
+  a.w = {0.6, 0.4, 0.3, 0.7};
+  const auto ss = saved_summaries_shape(c.options(), c.q_shape(), c.v_shape());
+  std::vector<double> o(a.v.size()), summaries(size_t(numel(ss))), mixed(summaries.size());
+  forward<double>(c.options(), view(a.q, c.q_shape()), view(a.k, c.q_shape()),
+                  view(a.v, c.v_shape()), view(a.w, c.w_shape()), view(o, c.v_shape()),
+                  view(summaries, ss), view(mixed, ss));
+  std::vector<double> gq(a.q.size()), gk(a.k.size()), gv(a.v.size()), gw(a.w.size());
+  auto run = [&](const Inputs& in, bool with_summaries, bool with_mixed) {
+    backward<double>(c.options(), view(in.q, c.q_shape()), view(in.k, c.q_shape()),
+                     view(in.v, c.v_shape()), view(in.w, c.w_shape()), view(o, c.v_shape()),
+                     view(in.grad_o, c.v_shape()), view(gq, c.q_shape()), view(gk, c.q_shape()),
+                     view(gv, c.v_shape()), view(gw, c.w_shape()),
+                     with_summaries ? view(summaries, ss) : TensorView<const double>{},
+                     with_mixed ? view(mixed, ss) : TensorView<const double>{});
+  };
+  EXPECT_NO_THROW(run(a, true, true));
+  Inputs stepped = a;
+  stepped.w[1] = 0.9;  // an optimizer step between forward and backward
+  EXPECT_THAT([&] { run(stepped, true, true); },
+              ThrowsMessage<Error>(HasSubstr("saved_mixed does not belong to these k, v and w")));
+  Inputs one_v = a;
+  one_v.v[5] += 0.5;
+  EXPECT_THAT([&] { run(one_v, false, true); },
+              ThrowsMessage<Error>(HasSubstr("saved_mixed does not belong to these k, v and w")));
+}
+
+// Every block is checked: one element of k or v changed in any block, two v
+// elements of one row swapped, or any one entry of w moved by 1%, is caught,
+// in float32 and float64, in every masking mode.
+template <typename T>
+void check_every_block(const Case& c) {
+  SCOPED_TRACE(c.label());
+  Inputs a = make_inputs(c, 7);
+  // relu features of negative keys are 0, and so is their v's share of S_b:
+  // positive keys make every element count.
+  if (c.phi == FeatureMap::relu)
+    for (double& x : a.k) x = std::abs(x);
+  const auto ss = saved_summaries_shape(c.options(), c.q_shape(), c.v_shape());
+  const auto q = cast<T>(a.q), k = cast<T>(a.k), v = cast<T>(a.v), w = cast<T>(a.w),
+             g = cast<T>(a.grad_o);
+  std::vector<T> o(v.size()), summaries(size_t(numel(ss))), mixed(summaries.size());
+  forward<T>(c.options(), view(q, c.q_shape()), view(k, c.q_shape()), view(v, c.v_shape()),
+             view(w, c.w_shape()), view(o, c.v_shape()), view(summaries, ss), view(mixed, ss));
+  std::vector<T> gq(q.size()), gk(k.size()), gv(v.size()), gw(w.size());
+  // Which saved array is handed in: 1 summaries, 2 mixed, 3 both.
+  auto rejected = [&](const std::vector<T>& kk, const std::vector<T>& vv, const std::vector<T>& ww,
+                      int saved) {
+    try {
+      backward<T>(c.options(), view(q, c.q_shape()), view(kk, c.q_shape()), view(vv, c.v_shape()),
+                  view(ww, c.w_shape()), view(o, c.v_shape()), view(g, c.v_shape()),
+                  view(gq, c.q_shape()), view(gk, c.q_shape()), view(gv, c.v_shape()),
+                  view(gw, c.w_shape()),
+                  saved & 1 ? view(summaries, ss) : TensorView<const T>{},
+                  saved & 2 ? view(mixed, ss) : TensorView<const T>{});
+    } catch (const Error& e) {
+      return std::string(e.what()).find("does not belong to these") != std::string::npos ||
+             std::string(e.what()).find("do not belong to these") != std::string::npos;
+    }
+    return false;
+  };
+  for (int saved : {1, 2, 3}) EXPECT_FALSE(rejected(k, v, w, saved)) << "saved " << saved;
+  const int64_t h = c.heads, dk = c.dk, dv = c.dv;
+  for (int64_t blk = 0; blk < c.blocks(); ++blk) {
+    // The last token of the block, in head h - 1, batch 0.
+    int64_t t = -1;
+    for (int64_t s = 0; s < c.tokens(); ++s)
+      if (c.layout.block_of(s) == blk) t = s;
+    const size_t kr = size_t((t * h + h - 1) * dk), vr = size_t((t * h + h - 1) * dv);
+    std::vector<T> k2 = k, v2 = v, v3 = v;
+    k2[kr + size_t(dk - 1)] += T(0.25);  // phi moves: every map is increasing there
+    v2[vr] += T(0.25);
+    if (dv > 1) std::swap(v3[vr], v3[vr + 1]);
+    // Causal masking mixes only earlier blocks: the last block's summary is
+    // in no mixed summary, which a change there leaves as they were.
+    const bool mixed_reads = !(c.masking == Masking::causal && blk == c.blocks() - 1);
+    for (int saved : {1, 2}) {
+      if (saved == 2 && !mixed_reads) continue;
+      EXPECT_TRUE(rejected(k2, v, w, saved)) << "k in block " << blk << ", saved " << saved;
+      EXPECT_TRUE(rejected(k, v2, w, saved)) << "v in block " << blk << ", saved " << saved;
+      if (dv > 1 && v3 != v) {
+        EXPECT_TRUE(rejected(k, v3, w, saved)) << "v swapped in block " << blk;
+      }
+    }
+  }
+  for (size_t e = 0; e < w.size(); ++e) {
+    std::vector<T> w2 = w;
+    w2[e] *= T(1.01);
+    // Entries the mix never reads (above the diagonal; causal: the diagonal
+    // too, which acts inside the block) change no mixed summary.
+    const int64_t m = c.blocks(), row = int64_t(e) % (m * m) / m, col = int64_t(e) % m;
+    const bool read = c.toeplitz_length >= 0 || c.masking == Masking::none ||
+                      (c.masking == Masking::block_causal && col <= row) ||
+                      (c.masking == Masking::causal && col < row);
+    if (read) {
+      EXPECT_TRUE(rejected(k, v, w2, 3)) << "w entry " << e;
+    }
+  }
+}
+
+TEST(BadInput, StaleSavedStateIsCaughtInEveryBlock) {
+  for (const Case& c : {Case{"1d", 1, 2, 3, 4, TokenLayout::sequence(23, 4)},
+                        Case{"1d-causal", 1, 2, 4, 3, TokenLayout::sequence(19, 4), Masking::causal,
+                             FeatureMap::relu},
+                        Case{"2d-per-head", 2, 2, 3, 2, TokenLayout::grid2d(5, 7, 2, 3),
+                             Masking::block_causal, FeatureMap::identity, true, true},
+                        Case{"3d-unnormalized", 1, 1, 2, 3, TokenLayout::grid3d(3, 3, 3, 2, 2, 2),
+                             Masking::none, FeatureMap::elu1, false},
+                        Case{"1d-toeplitz", 1, 2, 3, 3, TokenLayout::sequence(17, 3),
+                             Masking::block_causal, FeatureMap::relu, true, false, 2}}) {
+    check_every_block<float>(c);
+    check_every_block<double>(c);
   }
 }
 

@@ -112,7 +112,7 @@ TEST(TrainCheckpoint, RoundTripRestoresModelOptimizerAndHistory) {
                                          HasSubstr("lr "))));
 
   // A truncated file: named, and the model is left as it was.
-  std::vector<uint8_t> bytes = io::read_file(path);
+  std::vector<uint8_t> bytes = io::InputFile(path).read_all();
   bytes.resize(bytes.size() - 10);
   io::write_file_atomically(path, bytes);
   b.parameters()[0]->value[0] = 42.0f;

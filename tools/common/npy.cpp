@@ -1,7 +1,9 @@
 #include "common/npy.hpp"
 
 #include <zip.h>
+#include <zlib.h>
 
+#include <algorithm>
 #include <cctype>
 #include <filesystem>
 #include <memory>
@@ -142,10 +144,20 @@ std::vector<double> NpyArray::widened() const {
   return std::visit([](const auto& v) { return std::vector<double>(v.begin(), v.end()); }, values);
 }
 
-NpyArray parse_npy(std::span<const uint8_t> bytes, const std::string& source) {
-  io::ByteReader in(bytes, source);
+namespace {
+
+// The largest prefix that holds a .npy file's magic, version and header length.
+constexpr size_t kPreambleMax = kMagicSize + 2 + 4;
+
+// Where a .npy file's header dict begins and ends (its data begins there),
+// from its first kPreambleMax bytes (fewer if the file is shorter).
+struct NpyHeaderSpan {
+  uint64_t begin = 0, end = 0;
+};
+NpyHeaderSpan npy_header_span(std::span<const uint8_t> bytes, const std::string& source) {
   if (bytes.size() < kMagicSize + 2 || !std::equal(kMagic, kMagic + kMagicSize, bytes.begin()))
     throw Error(source + ": not a .npy file (no \\x93NUMPY magic)");
+  io::ByteReader in(bytes, source);
   in.skip(kMagicSize, "magic");
   const uint8_t major = in.u8("major version"), minor = in.u8("minor version");
   if (major < 1 || major > 3 || minor != 0)
@@ -154,44 +166,91 @@ NpyArray parse_npy(std::span<const uint8_t> bytes, const std::string& source) {
   const uint32_t header_len =
       major == 1 ? uint32_t(in.u8("header length")) | uint32_t(in.u8("header length")) << 8
                  : in.u32("header length");
-  in.require(int64_t(header_len), 1, "header");
-  const std::string header(reinterpret_cast<const char*>(bytes.data() + in.offset()), header_len);
-  in.skip(header_len, "header");
+  return {uint64_t(in.offset()), uint64_t(in.offset()) + header_len};
+}
 
+struct NpyHeader {
+  DType dtype = DType::f32;
+  std::vector<int64_t> shape;
+  int64_t count = 0;     // elements
+  uint64_t offset = 0;   // where the data begins
+  uint64_t bytes = 0;    // of data: count * the dtype's width
+};
+
+// The header of a .npy file of `total` bytes, from its first bytes (at least
+// up to where the data begins); the data must fill the rest exactly.
+NpyHeader parse_npy_header(std::span<const uint8_t> bytes, uint64_t total,
+                           const std::string& source) {
+  NpyHeader h;
+  const NpyHeaderSpan span =
+      npy_header_span(bytes.first(std::min(bytes.size(), kPreambleMax)), source);
+  h.offset = span.end;
+  if (h.offset > total || h.offset > bytes.size())
+    throw Error(source + ": truncated .npy header (" + std::to_string(total) + " bytes, the header "
+                "ends at byte " + std::to_string(h.offset) + ")");
+  const std::string header(reinterpret_cast<const char*>(bytes.data() + span.begin),
+                           size_t(span.end - span.begin));
   std::string descr;
   bool fortran = false;
-  NpyArray array;
-  HeaderParser(header, source).parse(descr, fortran, array.shape);
-  const DType dtype = dtype_named(descr, source);
+  HeaderParser(header, source).parse(descr, fortran, h.shape);
+  h.dtype = dtype_named(descr, source);
   if (fortran)
     throw Error(source +
                 ": Fortran-order data is not supported; save a C-order array "
                 "(np.ascontiguousarray)");
-  int64_t count = 0;
   try {
-    count = detail::checked_product(array.shape, "shape " + shape_to_string(array.shape));
+    h.count = detail::checked_product(h.shape, "shape " + shape_to_string(h.shape));
   } catch (const Error& e) {
     throw Error(source + ": " + e.what());
   }
-  const int64_t width = dtype == DType::f32 ? 4 : 8;
-  if (in.remaining() / uint64_t(width) < uint64_t(count) ||
-      in.remaining() != uint64_t(count * width))
-    throw Error(source + ": data holds " + std::to_string(in.remaining()) + " bytes but shape " +
-                shape_to_string(array.shape) + " of " + to_string(dtype) + " needs " +
-                std::to_string(uint64_t(count) * uint64_t(width)) + " (truncated or extra data)");
-  if (dtype == DType::f32) {
-    array.values = in.floats(count, "data");
+  const uint64_t width = h.dtype == DType::f32 ? 4 : 8, present = total - h.offset;
+  if (present / width < uint64_t(h.count) || present != uint64_t(h.count) * width)
+    throw Error(source + ": data holds " + std::to_string(present) + " bytes but shape " +
+                shape_to_string(h.shape) + " of " + to_string(h.dtype) + " needs " +
+                std::to_string(uint64_t(h.count) * width) + " (truncated or extra data)");
+  h.bytes = present;
+  return h;
+}
+
+// The values of `data`, h.bytes long.
+NpyArray npy_values(const NpyHeader& h, std::span<const uint8_t> data, const std::string& source) {
+  io::ByteReader in(data, source);
+  NpyArray array;
+  array.shape = h.shape;
+  if (h.dtype == DType::f32) {
+    array.values = in.floats(h.count, "data");
   } else {
-    std::vector<double> values(static_cast<size_t>(count));
+    std::vector<double> values(static_cast<size_t>(h.count));
     for (double& v : values) v = in.f64("data");
     array.values = std::move(values);
   }
   return array;
 }
 
-NpyArray read_npy(const std::string& path) { return parse_npy(io::read_file(path), path); }
+uint32_t crc32_of(std::span<const uint8_t> bytes) {
+  return uint32_t(crc32_z(crc32(0L, Z_NULL, 0), bytes.data(), bytes.size()));
+}
+
+}  // namespace
+
+NpyArray parse_npy(std::span<const uint8_t> bytes, const std::string& source) {
+  const NpyHeader h = parse_npy_header(bytes, bytes.size(), source);
+  return npy_values(h, bytes.subspan(size_t(h.offset)), source);
+}
+
+NpyArray read_npy(const std::string& path) {
+  // Header first: a wrong or endless file is refused before its data is read.
+  const io::InputFile file(path);
+  const NpyHeaderSpan span = npy_header_span(file.head(kPreambleMax), path);
+  // A header said to run past the file's end is refused before it is read.
+  const NpyHeader h = parse_npy_header(
+      file.head(span.end <= file.size() ? span.end : kPreambleMax), file.size(), path);
+  return npy_values(h, file.read(h.offset, h.bytes), path);
+}
 
 std::map<std::string, NpyArray> read_npz(const std::string& path) {
+  // libzip would open a FIFO and wait on it, and read a device without end.
+  io::require_regular_file(path);
   int error = 0;
   std::unique_ptr<zip_t, decltype(&zip_discard)> archive(zip_open(path.c_str(), ZIP_RDONLY, &error),
                                                          &zip_discard);
@@ -207,7 +266,7 @@ std::map<std::string, NpyArray> read_npz(const std::string& path) {
   for (zip_int64_t i = 0; i < entries; ++i) {
     zip_stat_t st;
     if (zip_stat_index(archive.get(), zip_uint64_t(i), 0, &st) != 0 ||
-        !(st.valid & ZIP_STAT_SIZE) || !(st.valid & ZIP_STAT_NAME))
+        !(st.valid & ZIP_STAT_SIZE) || !(st.valid & ZIP_STAT_NAME) || !(st.valid & ZIP_STAT_CRC))
       throw Error(path + ": unreadable entry " + std::to_string(i) + " in the archive");
     std::string name = st.name;
     const std::string where = path + "[" + name + "]";
@@ -223,6 +282,15 @@ std::map<std::string, NpyArray> read_npz(const std::string& path) {
     std::vector<uint8_t> bytes(size_t(st.size));
     if (zip_fread(file.get(), bytes.data(), st.size) != zip_int64_t(st.size))
       throw Error(where + ": truncated or corrupted member");
+    // Checked here, stored and deflated members alike: libzip compares the
+    // CRC-32 only when a read reaches the member's end, which one of exactly
+    // its size does not, and a flipped bit inside deflated data can still
+    // inflate to the declared size.
+    const uint32_t crc = crc32_of(bytes);
+    if (crc != st.crc)
+      throw Error(where + ": bad CRC-32 (the archive says " + std::to_string(st.crc) +
+                  ", the member's bytes give " + std::to_string(crc) +
+                  "): the archive is corrupted");
     name.resize(name.size() - 4);
     arrays.emplace(name, parse_npy(bytes, where));
   }

@@ -40,6 +40,8 @@ struct Workload {
   // The training path: forward keeps the block and mixed summaries, backward reuses them.
   void mhla_forward_saving();
   void mhla_backward_saved();
+  // The same through the public backward(), which verifies the saved arrays.
+  void mhla_backward_saved_verified();
   // The same calls on bfloat16 copies of q, k, v and grad_o (made on first
   // use) with bfloat16 outputs and gradients; bf16_backward_saved() reads
   // what bf16_forward_saving() kept.
