@@ -47,14 +47,26 @@ class Decoder:
     ``w`` is the mixing: dense ``[M, M]`` or ``[H, M, M]`` (context of ``M * block`` tokens), or with
     ``mixing="toeplitz"`` ``[L + 1]`` or ``[H, L + 1]``. Keywords as ``mhla.DecoderOptions``.
     Decoders pickle (a versioned, CRC-checked snapshot) and ``save``/``load`` to files.
+
+    A torch ``w`` on another device than the CPU (or ``backend="torch"``) keeps the state in torch
+    tensors on w's device, and ``prefill``/``step`` take and return tensors there; such a decoder
+    has no snapshot format.
     """
 
     def __init__(self, w, *, heads, dk, dv, block, batch=1, feature_map=None, normalize=None, eps=None,
-                 scale=None, mixing=None):
+                 scale=None, mixing=None, backend=None):
         options = _core.DecoderOptions(batch=batch, heads=heads, dk=dk, dv=dv, block=block,
                                        feature_map=feature_map, normalize=normalize, eps=eps, scale=scale,
                                        mixing=mixing)
-        self._decoder = _core.Decoder(options, w)
+        device = getattr(w, "device", None)
+        if backend not in (None, "cpp", "torch"):
+            raise ValueError(f"unknown backend {backend!r}; expected None (by device), 'cpp' or 'torch'")
+        if backend == "torch" or (backend is None and device is not None and device.type != "cpu"):
+            from ._pure_torch_decoder import TorchDecoder  # torch is only needed here
+
+            self._decoder = TorchDecoder(w, options)
+        else:
+            self._decoder = _core.Decoder(options, w)
 
     @classmethod
     def _of(cls, core):
@@ -91,6 +103,9 @@ class Decoder:
 
     @property
     def state_bytes(self):
+        if not isinstance(self._decoder, _core.Decoder):
+            d = self._decoder
+            return 4 * sum(t.numel() for t in (d.running, d.prefix, d.diagonal, d.finished, d.far))
         return self._decoder.state_bytes
 
     @property
@@ -105,6 +120,8 @@ class Decoder:
 
     def save(self, path):
         """Writes ``serialize()`` to a temporary file, then renames it over ``path``."""
+        if not isinstance(self._decoder, _core.Decoder):
+            self._decoder.serialize()  # names why not
         self._decoder.save(str(path))
 
     @classmethod

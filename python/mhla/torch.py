@@ -2,13 +2,17 @@
 
 Functions (differentiable in every input, including the mixing matrix):
 ``mhla_attention``, ``varlen_attention`` (packed sequences, ``cu_seqlens``),
-``linear_attention``, ``softmax_attention``. Tensors are
-``[B, N, H, D]`` on the CPU, float32 or float64; non-contiguous inputs are
-made contiguous first, as any torch op would. bfloat16 ``mhla_attention``
-runs on the operator's bfloat16 path (block products on bfloat16 operands
-where the CPU has AVX512-BF16, float32 sums, float32 w); other bfloat16 and
-float16 inputs run through float32 copies. Results come back in the input's
-dtype, gradients included.
+``linear_attention``, ``softmax_attention``. Tensors are ``[B, N, H, D]``,
+float32 or float64 (bfloat16 and float16 too). CPU tensors run on the C++
+operator; non-contiguous inputs are made contiguous first, as any torch op
+would. bfloat16 ``mhla_attention`` runs on the operator's bfloat16 path
+(block products on bfloat16 operands where the CPU has AVX512-BF16, float32
+sums, float32 w); other bfloat16 and float16 inputs run through float32
+copies. Tensors on any other device (CUDA, MPS, ...) run the same operator in
+plain torch ops (``mhla._pure_torch``: exact, every mode, torch's autograd,
+bfloat16 and float16 computed in float32); ``backend="torch"`` asks for that
+path on the CPU too, ``backend="cpp"`` for the C++ operator. Results come
+back in the input's dtype, gradients included.
 
 Layers take ``x [B, N, dim]`` and return ``[B, N, dim]``:
 
@@ -28,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.dlpack import from_dlpack
 
-from . import _core
+from . import _core, _pure_torch
 from .streaming import Decoder, offsets
 
 __all__ = [
@@ -141,6 +145,24 @@ def _check_tensors(**tensors):
             raise TypeError(f"{name} must be a torch.Tensor, not {type(t).__name__}")
 
 
+BACKENDS = ("cpp", "torch")
+
+
+def _pure_torch_path(backend, *tensors):
+    """Whether a call runs in plain torch ops: asked for with ``backend="torch"``, or by default
+    when a tensor is not on the CPU (the C++ operator reads CPU memory only)."""
+    if backend is None:
+        return any(t.device.type != "cpu" for t in tensors)
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; expected None (by device), 'cpp' or 'torch'")
+    return backend == "torch"
+
+
+def _name(enum_value):
+    """An options enum as the pure-torch path's string ("causal", "elu1", ...)."""
+    return enum_value.name
+
+
 # Reduced-precision inputs the operator does not take (float16, and bfloat16
 # for the baselines and varlen) are widened to float32 (differentiably, so
 # their gradients come back in their own dtype), and the output is rounded back
@@ -212,17 +234,24 @@ def _widened(q, k, v):
 
 
 def mhla_attention(q, k, v, w, layout, *, masking=None, feature_map=None, normalize=None, eps=None,
-                   scale=None, mixing=None):
+                   scale=None, mixing=None, backend=None):
     """MHLA of ``q, k [B, N, H, Dk]`` and ``v [B, N, H, Dv]`` with mixing ``w``; returns ``[B, N, H, Dv]``.
 
     ``w`` is ``[M, M]`` (shared) or ``[H, M, M]`` (per head), or with ``mixing="toeplitz"``
     ``[L + 1]`` / ``[H, L + 1]``; it is cast to q's dtype (float32 for bfloat16 and float16 q). ``layout`` is an ``mhla.Layout``.
     Options left as None take the operator's defaults (``mhla.Options``); enums may be given by name.
+    ``backend``: None runs CPU tensors on the C++ operator and others in torch ops; "cpp" or "torch"
+    chooses.
     """
     _check_tensors(q=q, k=k, v=v, w=w)
     # Built once: forward and backward get the same object, not strings to parse again.
     options = _core.Options(layout, masking=masking, feature_map=feature_map, normalize=normalize, eps=eps,
                             scale=scale, mixing=mixing)
+    if _pure_torch_path(backend, q, k, v, w):
+        _pure_torch.check_call(q, k, v, w, options)
+        return _pure_torch.mhla_attention(q, k, v, w, layout, masking=_name(options.masking),
+                                          feature_map=_name(options.feature_map), normalize=options.normalize,
+                                          eps=options.eps, scale=options.scale, mixing=_name(options.mixing))
     if q.dtype == torch.bfloat16 and k.dtype == v.dtype == q.dtype:
         # The operator's own bfloat16 path (float32 w and saved summaries).
         return _MHLAFunction.apply(q, k, v, w.to(torch.float32), options)
@@ -230,33 +259,64 @@ def mhla_attention(q, k, v, w, layout, *, masking=None, feature_map=None, normal
 
 
 def varlen_attention(q, k, v, w, cu_seqlens, *, block, mixing=None, masking=None, feature_map=None,
-                     normalize=None, eps=None, scale=None):
+                     normalize=None, eps=None, scale=None, backend=None):
     """MHLA of S sequences packed in ``q, k [1, total, H, Dk]``, ``v [1, total, H, Dv]``; returns ``[1, total, H, Dv]``.
 
     Sequence ``s`` holds tokens ``cu_seqlens[s] .. cu_seqlens[s + 1] - 1`` (a list or an integer
     tensor) and is its own 1D problem in blocks of ``block`` tokens; no token reads another
     sequence. Dense ``w [M, M]`` / ``[H, M, M]`` gives sequence ``s`` its top-left corner (M covers
     the longest sequence); ``mixing="toeplitz"`` takes ``[L + 1]`` / ``[H, L + 1]`` for any length.
-    Differentiable in q, k, v and w.
+    Differentiable in q, k, v and w. ``backend`` as for ``mhla_attention``.
     """
     _check_tensors(q=q, k=k, v=v, w=w)
+    if _pure_torch_path(backend, q, k, v, w):
+        cu = offsets(cu_seqlens)
+        mixing = "dense" if mixing is None else mixing
+        _pure_torch.check_packing(q, w, cu, block, mixing)
+        options = dict(masking=masking, feature_map=feature_map, normalize=normalize, eps=eps, scale=scale)
+
+        def sequence(a, b):
+            # An ordinary call: the sequence's own layout, the corner of a dense w it reads, its checks.
+            layout = _core.Layout.sequence(b - a, block)
+            m = layout.num_blocks
+            corner = w if mixing == "toeplitz" else w[..., :m, :m]
+            return mhla_attention(q[:, a:b], k[:, a:b], v[:, a:b], corner, layout, mixing=mixing, backend="torch",
+                                  **options)
+
+        return torch.cat([sequence(a, b) for a, b in zip(cu[:-1], cu[1:]) if b > a], dim=1)
     options = dict(block=block, mixing=mixing, masking=masking, feature_map=feature_map, normalize=normalize,
                    eps=eps, scale=scale)
     return _to_dtype(_VarlenFunction.apply(*_widened(q, k, v), w.to(_compute_dtype(q)), offsets(cu_seqlens),
                                            options), q.dtype)
 
 
-def linear_attention(q, k, v, *, masking=None, feature_map=None, normalize=None, eps=None, scale=None):
+def linear_attention(q, k, v, *, masking=None, feature_map=None, normalize=None, eps=None, scale=None,
+                     backend=None):
     """Vanilla linear attention (one global summary; MHLA with a single block), same shapes as ``mhla_attention``."""
     _check_tensors(q=q, k=k, v=v)
     options = _core.LinearOptions(masking=masking, feature_map=feature_map, normalize=normalize, eps=eps,
                                   scale=scale)
+    if _pure_torch_path(backend, q, k, v):
+        n = q.shape[1] if q.dim() == 4 else 1
+        check = _core.Options(_core.Layout.sequence(max(n, 1), max(n, 1)), masking=options.masking,
+                              feature_map=options.feature_map, normalize=options.normalize, eps=options.eps,
+                              scale=options.scale)
+        _pure_torch.check_call(q, k, v, q.new_ones(1, 1), check, "mhla::linear_attention_forward")
+        return _pure_torch.linear_attention(q, k, v, masking=_name(options.masking),
+                                            feature_map=_name(options.feature_map), normalize=options.normalize,
+                                            eps=options.eps, scale=options.scale)
     return _to_dtype(_LinearAttentionFunction.apply(*_widened(q, k, v), options), q.dtype)
 
 
-def softmax_attention(q, k, v, *, causal=False, scale=None):
-    """``softmax(q k^T * scale) v`` in tiles (never N x N), same shapes as ``mhla_attention``."""
+def softmax_attention(q, k, v, *, causal=False, scale=None, backend=None):
+    """``softmax(q k^T * scale) v`` in tiles (never N x N), same shapes as ``mhla_attention``; in torch ops
+    (``torch.nn.functional.scaled_dot_product_attention`` where torch has it) for tensors not on the CPU."""
     _check_tensors(q=q, k=k, v=v)
+    if _pure_torch_path(backend, q, k, v):
+        n = q.shape[1] if q.dim() == 4 else 1
+        check = _core.Options(_core.Layout.sequence(max(n, 1), max(n, 1)), normalize=False, scale=scale)
+        _pure_torch.check_call(q, k, v, q.new_ones(1, 1), check, "mhla::softmax_attention_forward")
+        return _pure_torch.softmax_attention(q, k, v, causal=causal, scale=scale)
     return _to_dtype(_SoftmaxAttentionFunction.apply(*_widened(q, k, v), dict(causal=causal, scale=scale)), q.dtype)
 
 
@@ -355,7 +415,7 @@ class FreeMixingMatrix(nn.Module):
         return f"blocks={self.blocks}, shape={tuple(self.weight.shape)}, clamp={self.clamp}"
 
 
-def authors_vision_attention(q, k, v, w, layout, *, eps=1e-6):
+def authors_vision_attention(q, k, v, w, layout, *, eps=1e-6, backend=None):
     """The attention of the authors' vision (classification, DiT, video) layers, differentiable.
 
     Features ``phi(x) = relu(x) + eps``; each query block i reads ``sum_b W[i, b] S_b`` unscaled, and
@@ -366,9 +426,11 @@ def authors_vision_attention(q, k, v, w, layout, *, eps=1e-6):
     """
     _check_tensors(q=q, k=k, v=v, w=w)
     blocks, positions, block_size = _block_positions(layout)
+    blocks, positions = blocks.to(q.device), positions.to(q.device)
     phi_q, phi_k = torch.relu(q) + eps, torch.relu(k) + eps
     w = w.to(q.dtype)
-    numerator = mhla_attention(phi_q, phi_k, v, w, layout, feature_map="identity", normalize=False, scale=1.0)
+    numerator = mhla_attention(phi_q, phi_k, v, w, layout, feature_map="identity", normalize=False, scale=1.0,
+                               backend=backend)
     batch, tokens, heads, _ = q.shape
     z = phi_k.new_zeros(batch, layout.num_blocks, heads, phi_k.shape[-1]).index_add(1, blocks, phi_k)
     own = (phi_q * z[:, blocks]).sum(-1)  # phi(q_t)^T z_{b(t)}: [B, N, H]
@@ -425,8 +487,10 @@ class _MHLALayer(nn.Module):
     """What the 1D, 2D and 3D layers share; subclasses give the layout and the positional conv."""
 
     def __init__(self, dim, heads, *, layout, causal, head_dim=None, qk_norm=False, gate=False, pos_conv=None,
-                 per_head_mixing=False, mixing_init="linear", feature_map="elu1", bias=True, variant="paper"):
+                 per_head_mixing=False, mixing_init="linear", feature_map="elu1", bias=True, variant="paper",
+                 backend=None):
         super().__init__()
+        _pure_torch_path(backend)  # names an unknown backend now, not at the first forward
         if variant not in VARIANTS:
             raise ValueError(f"unknown variant {variant!r}; expected one of {', '.join(VARIANTS)}")
         if variant == "authors_vision" and causal:
@@ -455,6 +519,7 @@ class _MHLALayer(nn.Module):
         self.gate_proj = nn.Linear(dim, inner, bias=bias) if gate else None
         self.pos_conv = self._make_pos_conv(inner, pos_conv) if pos_conv else None
         self.variant = variant
+        self.backend = backend
         self.normalize = variant != "authors_lm"
         mixing_heads = heads if per_head_mixing else None
         if variant == "paper":
@@ -501,9 +566,9 @@ class _MHLALayer(nn.Module):
     def attend(self, q, k, v, w, layout):
         """The attention step: ``[B, N, H, D]`` in and out. The operator's, here."""
         if self.variant == "authors_vision":
-            return authors_vision_attention(q, k, v, w, layout)
+            return authors_vision_attention(q, k, v, w, layout, backend=self.backend)
         return mhla_attention(q, k, v, w, layout, masking=self.masking, feature_map=self.feature_map,
-                              normalize=self.normalize)
+                              normalize=self.normalize, backend=self.backend)
 
     def _positional(self, v):
         # Depthwise conv over the token grid, channels first: [B, N, C] -> [B, C, *grid] and back.
@@ -541,8 +606,10 @@ class MHLA1d(_MHLALayer):
             raise ValueError("MHLA1d.new_cache needs a causal layer (causal=True): decoding reads no later tokens")
         with torch.no_grad():
             w = self.mixing().to(torch.float32).contiguous()
+        # The state lives where the layer's weights are (the C++ decoder's for CPU weights).
+        backend = self.backend if self.backend is not None else ("torch" if w.device.type != "cpu" else "cpp")
         decoder = Decoder(w, heads=self.heads, dk=self.head_dim, dv=self.head_dim, block=self.block_size,
-                          batch=batch, feature_map=self.feature_map, normalize=self.normalize)
+                          batch=batch, feature_map=self.feature_map, normalize=self.normalize, backend=backend)
         return MHLA1dCache(decoder)
 
     @torch.no_grad()

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "api/private_state_backward.hpp"
+#include "core/validate.hpp"
 #include "conversion_bindings.hpp"
 #include "decoder_bindings.hpp"
 #include "dlpack_buffer.hpp"
@@ -72,6 +73,24 @@ void check_float32(const ImportedTensor& t) {
                          "; with bfloat16 q, k and v it must be float32");
 }
 
+// An mhla_attention call's shapes and options checked as forward() checks
+// them, and w's values when w is a CPU tensor (elsewhere reading them would
+// wait for the device): the pure-torch path's errors are the operator's own.
+void check_call(const std::vector<int64_t>& q_shape, const std::vector<int64_t>& k_shape,
+                const std::vector<int64_t>& v_shape, const std::vector<int64_t>& w_shape,
+                py::handle w_values, const Options& options, const std::string& function) {
+  const char* fn = function.c_str();
+  const int marker = 0;  // shapes only: any non-null address passes the pointer checks
+  const detail::AttentionDims dims =
+      detail::check_qkv(fn, &marker, q_shape, &marker, k_shape, &marker, v_shape);
+  detail::Problem problem = detail::check_linear_options(fn, options, dims);
+  detail::check_layout_and_mixing_shape(fn, options, w_shape, &marker, problem);
+  if (w_values.is_none()) return;
+  const ImportedTensor w(w_values, "w");
+  if (w.dtype() == DType::float32 || w.dtype() == DType::float64)
+    dispatch(w.dtype(), [&]<typename T>() { detail::check_mixing_values(fn, problem, w.view<T>().data); });
+}
+
 py::tuple mhla_forward(py::handle q_, py::handle k_, py::handle v_, py::handle w_,
                        const Options& options, bool save_summaries, bool save_mixed) {
   ImportedTensor q = operator_tensor(q_, "q"), k = operator_tensor(k_, "k"),
@@ -83,10 +102,12 @@ py::tuple mhla_forward(py::handle q_, py::handle k_, py::handle v_, py::handle w
     check_float32(w);
   else
     check_same_dtype({&q, &w});
-  // Shapes are validated by the operator; these only size the outputs.
-  if (q.shape().size() != 4 || v.shape().size() != 4)
-    throw py::value_error("q and v must be [B, N, H, D]; got q " + shape_to_string(q.shape()) +
-                          " and v " + shape_to_string(v.shape()));
+  // Shapes are validated by the operator; these only size the outputs, so
+  // q and v of another rank get the operator's own message first.
+  if (q.shape().size() != 4 || v.shape().size() != 4) {
+    const int marker = 0;
+    detail::check_qkv("mhla::forward", &marker, q.shape(), &marker, k.shape(), &marker, v.shape());
+  }
   Buffer o(q.dtype(), v.shape());
   std::optional<Buffer> saved, mixed;
   if (save_summaries || save_mixed) {
@@ -344,6 +365,9 @@ PYBIND11_MODULE(_core, m) {
       "save_summaries"_a = false, "save_mixed"_a = false,
       "Returns (o, summaries or None), and the mixed summaries after them when save_mixed. "
       "Both are [B, H, M, Dk, Dv + 1]; handed to backward, they spare it recomputing them.");
+  m.def("_check_call", &check_call, "q_shape"_a, "k_shape"_a, "v_shape"_a, "w_shape"_a,
+        "w_values"_a, "options"_a, "function"_a = "mhla::forward",
+        "Raises forward()'s error for these shapes and options (and w's values, given a CPU w).");
   m.def(
       "backward",
       [](py::handle q, py::handle k, py::handle v, py::handle w, py::handle o, py::handle grad_o,

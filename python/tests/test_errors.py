@@ -48,7 +48,7 @@ def test_wrong_shapes():
     q, k, v, w = good()
     with pytest.raises(ValueError, match=r"w has shape \[3, 3\], expected \[2, 2\]"):
         mhla.forward(q, k, v, torch.ones(3, 3, dtype=torch.float64), layout=LAYOUT)
-    with pytest.raises(ValueError, match=r"q and v must be \[B, N, H, D\]"):
+    with pytest.raises(ValueError, match=r"mhla::forward: q must have rank 4 \[B, N, H, Dk\], got shape \[8, 2, 3\]"):
         mhla.forward(q[0], k, v, w, layout=LAYOUT)
     with pytest.raises(ValueError, match="k"):
         mhla.forward(q, k[:, :7], v, w, layout=LAYOUT)

@@ -1,0 +1,154 @@
+"""The GPU check of mhla.torch's pure-torch path, in one command.
+
+On a machine with a CUDA device it
+1. runs python/tests/test_pure_torch.py with the torch path on CUDA tensors, against the C++
+   operator on the CPU (MHLA_TEST_DEVICE=cuda);
+2. times forward and forward+backward of mhla.torch.mhla_attention at four shapes (bf16, B = 1),
+   next to SDPA's FlashAttention and cuDNN backends in the same process (medians of CUDA-event
+   timings), with the peak memory of MHLA's forward+backward;
+3. prints the table and writes it as JSON.
+Without a CUDA device it says so and exits 0: there is nothing to check.
+
+    PYTHONPATH=build/python python3 bench/gpu_check.py [--json bench/results/gpu-check.json] [--skip-tests]
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+import torch
+
+import mhla
+import mhla.torch as mt
+
+# (name, tokens, heads, head dim, layout, masking): the issue's anchor shapes. The video shape is
+# Wan2.1's 21 x 30 x 50 latent grid in 1 x 15 x 10 tiles: 210 blocks of 150 tokens.
+SHAPES = [
+    ("4,096 tokens, 8 x 64, M = 64", 4096, 8, 64, mhla.Layout.sequence(4096, 64), "none"),
+    ("65,536 tokens, 8 x 64, M = 256", 65536, 8, 64, mhla.Layout.sequence(65536, 256), "none"),
+    ("video 31,500 tokens, 12 x 128, M = 210", 31500, 12, 128, mhla.Layout.grid3d(21, 30, 50, 1, 15, 10), "none"),
+    ("causal 65,536 tokens, 8 x 64, M = 256", 65536, 8, 64, mhla.Layout.sequence(65536, 256), "causal"),
+]
+
+
+def median_ms(fn, repeats=20, warmup=3):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+def fwd_and_fwdbwd(forward, inputs):
+    """Median ms of forward alone and of forward + backward (a random upstream gradient)."""
+    with torch.no_grad():
+        fwd = median_ms(lambda: forward(*inputs))
+    leaves = [t.detach().requires_grad_(True) for t in inputs]
+    grad = torch.randn_like(forward(*leaves))
+
+    def step():
+        for t in leaves:
+            t.grad = None
+        forward(*leaves).backward(grad)
+
+    return fwd, median_ms(step)
+
+
+def sdpa(backend_name, causal):
+    """SDPA restricted to one backend; None where this torch lacks the way to ask for it."""
+    attention = getattr(torch.nn, "attention", None)
+    if attention is None or not hasattr(attention.SDPBackend, backend_name):
+        return None
+    backend = getattr(attention.SDPBackend, backend_name)
+
+    def run(q, k, v):  # [B, N, H, D] like mhla's
+        with attention.sdpa_kernel(backend):
+            o = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                                                 v.transpose(1, 2), is_causal=causal)
+        return o.transpose(1, 2)
+
+    return run
+
+
+def time_shape(name, tokens, heads, dim, layout, masking):
+    device = torch.device("cuda")
+    gen = torch.Generator(device=device).manual_seed(0)
+    q, k, v = (torch.randn(1, tokens, heads, dim, device=device, dtype=torch.bfloat16, generator=gen)
+               for _ in range(3))
+    w = torch.as_tensor(mhla.init_mixing(layout, causal=masking == "causal")).to(device)
+    row = {"shape": name, "tokens": tokens, "heads": heads, "dim": dim, "blocks": layout.num_blocks,
+           "masking": masking}
+
+    def ours(q, k, v):
+        return mt.mhla_attention(q, k, v, w, layout, masking=masking)
+
+    row["mhla_fwd_ms"], row["mhla_fwdbwd_ms"] = fwd_and_fwdbwd(ours, (q, k, v))
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+    ours(*leaves).backward(torch.randn(1, tokens, heads, dim, device=device, dtype=torch.bfloat16))
+    torch.cuda.synchronize()
+    row["mhla_fwdbwd_peak_mib_above_inputs"] = (torch.cuda.max_memory_allocated() - base) / 2 ** 20
+    for label, backend_name in (("flash", "FLASH_ATTENTION"), ("cudnn", "CUDNN_ATTENTION")):
+        run = sdpa(backend_name, masking == "causal")
+        try:
+            fwd, fwdbwd = fwd_and_fwdbwd(run, (q, k, v)) if run else (None, None)
+        except RuntimeError as error:  # this GPU or build has no such kernel for the shape
+            print(f"  {label} at {name}: {str(error).splitlines()[0]}")
+            fwd, fwdbwd = None, None
+        row[f"{label}_fwd_ms"], row[f"{label}_fwdbwd_ms"] = fwd, fwdbwd
+    for kind in ("fwd", "fwdbwd"):
+        cudnn = row[f"cudnn_{kind}_ms"]
+        row[f"mhla_over_cudnn_{kind}"] = row[f"mhla_{kind}_ms"] / cudnn if cudnn else None
+    return row
+
+
+def cell(x, digits=3):
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", default="bench/results/gpu-check.json", help="where to write the results")
+    parser.add_argument("--skip-tests", action="store_true", help="only the timings")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print(f"no CUDA device (torch {torch.__version__}): nothing to check here")
+        return 0
+    device_name = torch.cuda.get_device_name()
+    print(f"{device_name}, torch {torch.__version__}, mhla {mhla.__version__}")
+    tests = None
+    if not args.skip_tests:
+        here = os.path.dirname(os.path.abspath(__file__))
+        env = dict(os.environ, MHLA_TEST_DEVICE="cuda")
+        tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                                os.path.join(here, "..", "python", "tests", "test_pure_torch.py")],
+                               env=env).returncode
+        print(f"test_pure_torch.py on cuda: {'passed' if tests == 0 else 'FAILED'}")
+    rows = [time_shape(*shape) for shape in SHAPES]
+    print("\n| shape | MHLA fwd / fwd+bwd ms | FlashAttention fwd / fwd+bwd | cuDNN fwd / fwd+bwd | "
+          "MHLA / cuDNN fwd, fwd+bwd | MHLA fwd+bwd peak MiB |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['shape']} | {cell(r['mhla_fwd_ms'])} / {cell(r['mhla_fwdbwd_ms'])} | "
+              f"{cell(r['flash_fwd_ms'])} / {cell(r['flash_fwdbwd_ms'])} | {cell(r['cudnn_fwd_ms'])} / "
+              f"{cell(r['cudnn_fwdbwd_ms'])} | {cell(r['mhla_over_cudnn_fwd'], 2)}, "
+              f"{cell(r['mhla_over_cudnn_fwdbwd'], 2)} | {r['mhla_fwdbwd_peak_mib_above_inputs']:.0f} |")
+    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+    with open(args.json, "w") as f:
+        json.dump({"device": device_name, "torch": torch.__version__, "tests_exit_code": tests, "shapes": rows},
+                  f, indent=1)
+    print(f"wrote {args.json}")
+    return 0 if tests in (None, 0) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

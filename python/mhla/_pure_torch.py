@@ -1,0 +1,280 @@
+"""The MHLA operator in plain torch ops, for tensors on any device.
+
+``mhla.torch`` runs it for tensors that are not on the CPU (and on the CPU with
+``backend="torch"``); gradients come from torch's autograd. Every mode of the
+operator's contract (docs/operator.md): 1D/2D/3D layouts with ragged edge
+blocks, causal (1D) and block-causal masking, dense or Toeplitz, shared or
+per-head mixing, the three feature maps, normalized or not. bfloat16 and
+float16 inputs are computed in float32 (summaries and sums included) and the
+result rounded back.
+
+Memory: the tokens are regrouped as ``[B, M, C, H, D]`` (C the largest block,
+edge blocks padded with masked rows), the block and mixed summaries are
+``[B, M, H, Dk, Dv + 1]``, and causal masking adds the in-block scores
+``[B, M, H, C, C]``: ``O(N (Dk + Dv) + M Dk Dv + N C H)``, never ``N x N``.
+Toeplitz mixing is applied as shifted and prefix sums of the summaries, so it
+forms no ``M x M`` matrix either.
+"""
+import math
+
+import torch
+import torch.nn.functional as F
+
+from . import _core
+
+_REDUCED = (torch.bfloat16, torch.float16)
+
+
+def feature(x, feature_map):
+    """phi of ``x``: "identity", "relu" or "elu1" (elu(x) + 1)."""
+    if feature_map == "elu1":
+        return F.elu(x) + 1
+    if feature_map == "relu":
+        return torch.relu(x)
+    return x
+
+
+class _Blocks:
+    """How a layout's tokens regroup into ``[M, C]`` (C its largest block), on one device.
+
+    ``gather[b * C + c]`` is the token at position c of block b (0 where block b has fewer
+    tokens: a padding row), ``valid`` marks the real rows, and ``scatter[t]`` is token t's place in
+    the regrouped order. 1D layouts have contiguous blocks: padding the end is the regrouping."""
+
+    def __init__(self, layout, device):
+        rank, grid, tile = layout.rank, list(layout.grid), list(layout.tile)
+        tile = [min(t, g) for t, g in zip(tile, grid)]
+        counts = [-(-g // t) for g, t in zip(grid, tile)]
+        self.tokens, self.blocks = layout.num_tokens, layout.num_blocks
+        self.contiguous = rank == 1
+        t = torch.arange(self.tokens)
+        # Block numbering as the C++ TokenLayout::block_of: row-major over the block grid.
+        tt, hh, ww = t // (grid[1] * grid[2]), (t // grid[2]) % grid[1], t % grid[2]
+        block = ((tt // tile[0]) * counts[1] + hh // tile[1]) * counts[2] + ww // tile[2]
+        sizes = torch.bincount(block, minlength=self.blocks)
+        self.size = int(sizes.max())
+        order = torch.sort(block, stable=True).indices  # tokens block by block, in token order
+        start = torch.cumsum(sizes, 0) - sizes
+        position = torch.empty_like(t)
+        position[order] = t - start[block[order]]
+        self.scatter = (block * self.size + position).to(device)
+        gather = torch.zeros(self.blocks * self.size, dtype=torch.long)
+        gather[block * self.size + position] = t
+        self.gather = gather.to(device)
+        valid = torch.zeros(self.blocks * self.size, dtype=torch.bool)
+        valid[block * self.size + position] = True
+        self.valid = valid.view(self.blocks, self.size).to(device)
+
+    def group(self, x):
+        """``[B, N, H, D]`` -> ``[B, M, C, H, D]`` (padding rows: zeros, or copies of token 0)."""
+        b, n, h, d = x.shape
+        if self.contiguous:
+            x = F.pad(x, (0, 0, 0, 0, 0, self.blocks * self.size - n))
+        else:
+            x = x.index_select(1, self.gather)
+        return x.reshape(b, self.blocks, self.size, h, d)
+
+    def ungroup(self, y):
+        """``[B, M, C, H, D]`` -> ``[B, N, H, D]`` in token order."""
+        b, _, _, h, d = y.shape
+        y = y.reshape(b, self.blocks * self.size, h, d)
+        return y[:, :self.tokens] if self.contiguous else y.index_select(1, self.scatter)
+
+
+_BLOCKS = {}  # (layout, device) -> _Blocks: a model calls with the same few layouts
+
+
+def blocks_of(layout, device):
+    key = (layout.rank, tuple(layout.grid), tuple(layout.tile), str(device))
+    if key not in _BLOCKS:
+        if len(_BLOCKS) >= 64:
+            _BLOCKS.clear()
+        _BLOCKS[key] = _Blocks(layout, device)
+    return _BLOCKS[key]
+
+
+def _shift_blocks(x, d):
+    """``x[:, i - d]`` at block i (zeros for i < d), along dim 1."""
+    if d == 0:
+        return x
+    m = x.shape[1]
+    if d >= m:
+        return torch.zeros_like(x)
+    return torch.cat([x.new_zeros(x.shape[0], d, *x.shape[2:]), x[:, :m - d]], dim=1)
+
+
+def _mix_dense(x, w, masking):
+    """``sum_b W[i, b] x_b`` over the blocks the masking lets row i read (causal: b < i, its own
+    block acting inside it; block-causal: b <= i). x ``[B, M, H, E]``, w ``[M, M]`` or ``[H, M, M]``."""
+    if masking == "causal":
+        w = torch.tril(w, -1)
+    elif masking == "block_causal":
+        w = torch.tril(w)
+    if w.dim() == 2:
+        return torch.einsum("ib,zbhe->zihe", w, x)
+    return torch.einsum("hib,zbhe->zihe", w, x)
+
+
+def _mix_toeplitz(x, w, masking):
+    """The same for Toeplitz w ``[L + 1]`` or ``[H, L + 1]``: ``W[i, b] = w[min(i - b, L)]``, as
+    ``sum_d w[d] x_{i-d}`` over the near distances and ``w[L]`` times a prefix sum for the rest."""
+    length = w.shape[-1] - 1
+    first = 1 if masking == "causal" else 0
+
+    def weight(d):  # w[d], broadcast over [B, M, H, E]
+        return w[d] if w.dim() == 1 else w[:, d].view(1, 1, -1, 1)
+
+    out = torch.zeros_like(x)
+    for d in range(first, length):
+        out = out + weight(d) * _shift_blocks(x, d)
+    tail = max(length, first)
+    return out + weight(length) * _shift_blocks(torch.cumsum(x, dim=1), tail)
+
+
+def _diagonal(w, mixing, blocks):
+    """``W[i, i]`` per block: ``[M]`` or ``[H, M]``."""
+    if mixing == "toeplitz":
+        return w[..., :1].expand(*w.shape[:-1], blocks)
+    return torch.diagonal(w, dim1=-2, dim2=-1)
+
+
+def mhla_attention(q, k, v, w, layout, *, masking="none", feature_map="elu1", normalize=True, eps=1e-6,
+                   scale=None, mixing="dense"):
+    """MHLA of ``q, k [B, N, H, Dk]``, ``v [B, N, H, Dv]`` with mixing ``w`` on q's device, in torch
+    ops; returns ``[B, N, H, Dv]`` in q's dtype. Arguments as validated by ``check_call``."""
+    dtype = q.dtype
+    compute = torch.float32 if dtype in _REDUCED else dtype
+    q, k, v, w = q.to(compute), k.to(compute), v.to(compute), w.to(compute)
+    blocks = blocks_of(layout, q.device)
+    valid = blocks.valid.view(1, blocks.blocks, blocks.size, 1, 1).to(compute)
+    phi_q = feature(blocks.group(q), feature_map)
+    phi_k = feature(blocks.group(k), feature_map) * valid  # padding rows add nothing
+    values = blocks.group(v)
+    # [S_b | z_b] = phi(K_b)^T [V_b | 1]: [B, M, H, Dk, Dv + 1].
+    summaries = torch.cat([torch.einsum("zmchd,zmche->zmhde", phi_k, values),
+                           phi_k.sum(2).unsqueeze(-1)], dim=-1)
+    flat = summaries.flatten(3)
+    mix = _mix_toeplitz if mixing == "toeplitz" else _mix_dense
+    mixed = mix(flat, w, masking).view_as(summaries)
+    y = torch.einsum("zmchd,zmhdx->zmchx", phi_q, mixed)  # [num | den] per token
+    if masking == "causal":
+        # W[i, i] sum_{j in i, j <= t} phi(q_t) . phi(k_j) [v_j | 1], in [C, C] scores per block.
+        size = blocks.size
+        scores = torch.einsum("zichd,zijhd->zihcj", phi_q, phi_k)
+        scores = scores * torch.ones(size, size, dtype=torch.bool, device=q.device).tril()
+        diagonal = _diagonal(w, mixing, blocks.blocks)  # [M] or [H, M]
+        scores = scores * (diagonal.view(1, -1, 1, 1, 1) if diagonal.dim() == 1
+                           else diagonal.t().reshape(1, blocks.blocks, -1, 1, 1))
+        in_block = torch.cat([torch.einsum("zihcj,zijhe->ziche", scores, values),
+                              scores.sum(-1).permute(0, 1, 3, 2).unsqueeze(-1)], dim=-1)
+        y = y + in_block
+    dv = v.shape[-1]
+    if normalize:
+        o = y[..., :dv] / (y[..., dv:] + eps)
+    else:
+        o = (scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])) * y[..., :dv]
+    return blocks.ungroup(o).to(dtype)
+
+
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def check_call(q, k, v, w, options, function="mhla::forward"):
+    """The operator's named errors for this call: TypeError for dtypes, ValueError from shapes,
+    options and, for a CPU w, its values (w's values elsewhere are not read: that would wait for
+    the device)."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dtype not in _FLOATS:
+            raise TypeError(f"{name} has dtype {str(t.dtype).replace('torch.', '')}; mhla computes in "
+                            "float16, bfloat16, float32 or float64")
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name} has dtype {str(t.dtype).replace('torch.', '')} but q has "
+                            f"{str(q.dtype).replace('torch.', '')}; all tensors of one call share a dtype")
+    if not w.dtype.is_floating_point:
+        raise TypeError(f"w has dtype {str(w.dtype).replace('torch.', '')}; it must be a floating-point tensor")
+    values = None
+    if w.device.type == "cpu":
+        values = w.detach().to(torch.float64 if w.dtype == torch.float64 else torch.float32).contiguous()
+    _core._check_call(list(q.shape), list(k.shape), list(v.shape), list(w.shape), values, options, function)
+
+
+def linear_attention(q, k, v, *, masking="none", feature_map="elu1", normalize=True, eps=1e-6, scale=None,
+                     chunk=64):
+    """Linear attention (one global summary) in torch ops: MHLA with one block, or causal in chunks
+    of ``chunk`` tokens with every weight 1 (Toeplitz w = [1])."""
+    n = q.shape[1]
+    one = torch.ones(1, dtype=torch.float32, device=q.device)
+    if masking == "causal":
+        layout = _core.Layout.sequence(n, min(chunk, n))
+        return mhla_attention(q, k, v, one, layout, masking="causal", feature_map=feature_map,
+                              normalize=normalize, eps=eps, scale=scale, mixing="toeplitz")
+    return mhla_attention(q, k, v, one.view(1, 1), _core.Layout.sequence(n, n), feature_map=feature_map,
+                          normalize=normalize, eps=eps, scale=scale)
+
+
+def softmax_attention(q, k, v, *, causal=False, scale=None, chunk=1024):
+    """``softmax(q k^T * scale) v`` in torch ops: SDPA where torch has it (2.x), else in query
+    chunks of ``chunk`` rows (never N x N)."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    sdpa = getattr(F, "scaled_dot_product_attention", None)
+    if sdpa is not None:
+        try:
+            o = sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal, scale=scale)
+            return o.transpose(1, 2)
+        except TypeError:  # torch 2.0: no scale argument
+            pass
+    n = q.shape[1]
+    outputs = []
+    for first in range(0, n, chunk):
+        rows = q[:, first:first + chunk]
+        scores = torch.einsum("znhd,zmhd->zhnm", rows, k) * scale
+        if causal:
+            query = torch.arange(first, first + rows.shape[1], device=q.device).view(-1, 1)
+            key = torch.arange(n, device=q.device).view(1, -1)
+            scores = scores.masked_fill(key > query, float("-inf"))
+        outputs.append(torch.einsum("zhnm,zmhe->znhe", torch.softmax(scores, dim=-1), v))
+    return torch.cat(outputs, dim=1)
+
+
+def check_packing(q, w, offsets, block, mixing):
+    """The packed-batch checks of ``mhla::varlen_forward``, with its messages (each sequence's
+    own call is then checked by ``check_call``)."""
+    fn = "mhla::varlen_forward"
+    if q.dim() == 4 and q.shape[0] != 1:
+        raise ValueError(f"{fn}: packed q must have batch 1 ([1, total, H, Dk]), got shape "
+                         f"[{', '.join(map(str, q.shape))}]")
+    if block <= 0:
+        raise ValueError(f"{fn}: options.block must be positive, got {block}")
+    if len(offsets) < 2:
+        raise ValueError(f"{fn}: cu_seqlens needs S + 1 >= 2 offsets, got shape [{len(offsets)}]")
+    if offsets[0] != 0:
+        raise ValueError(f"{fn}: cu_seqlens[0] must be 0, got {offsets[0]}")
+    for s in range(len(offsets) - 1):
+        if offsets[s + 1] < offsets[s]:
+            raise ValueError(f"{fn}: cu_seqlens must be non-decreasing, but cu_seqlens[{s + 1}] = "
+                             f"{offsets[s + 1]} < cu_seqlens[{s}] = {offsets[s]}")
+    total = q.shape[1] if q.dim() == 4 else -1
+    if offsets[-1] != total:
+        raise ValueError(f"{fn}: cu_seqlens ends at {offsets[-1]} but the packed tensors hold N = {total} "
+                         "tokens")
+    longest = max(b - a for a, b in zip(offsets[:-1], offsets[1:]))
+    needed = -(-longest // block)
+    if mixing != "toeplitz" and w.dim() >= 2 and needed > w.shape[-1]:
+        m = w.shape[-1]
+        raise ValueError(f"{fn}: w covers {m} blocks ({m * block} tokens in blocks of {block}) but the longest "
+                         f"sequence has {longest} tokens = {needed} blocks; use a larger w or Toeplitz mixing")
+
+
+def varlen_attention(q, k, v, w, offsets, *, block, mixing="dense", **options):
+    """Packed sequences ``q [1, total, H, Dk]``: each its own 1D problem (dense w: its top-left
+    corner), in torch ops. ``offsets`` passed ``check_packing``."""
+    parts = []
+    for first, end in zip(offsets[:-1], offsets[1:]):
+        if end == first:
+            continue
+        layout = _core.Layout.sequence(end - first, block)
+        m = layout.num_blocks
+        corner = w if mixing == "toeplitz" else w[..., :m, :m]
+        parts.append(mhla_attention(q[:, first:end], k[:, first:end], v[:, first:end], corner, layout,
+                                    mixing=mixing, **options))
+    return torch.cat(parts, dim=1)

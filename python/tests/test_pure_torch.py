@@ -1,0 +1,314 @@
+"""The pure-torch path (mhla._pure_torch) against the C++ operator, on the CPU with backend="torch":
+every mode and layout on a random catalogue, forward and the gradients of q, k, v and w in float64;
+the functions, layers and variants; bfloat16 and float16; the same named errors; and the routing of
+tensors that are not on the CPU (meta tensors stand in for a GPU).
+
+MHLA_TEST_DEVICE=cuda (bench/gpu_check.py sets it) runs the torch path's side of every comparison
+on that device, against the C++ operator on the CPU."""
+import copy
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import mhla
+import mhla.torch as mt
+
+L = mhla.Layout
+DEVICE = torch.device(os.environ.get("MHLA_TEST_DEVICE", "cpu"))
+
+
+def on_device(backend, tensors):
+    """Fresh leaves of ``tensors`` where ``backend`` computes: the test device for the torch path."""
+    device = DEVICE if backend == "torch" else torch.device("cpu")
+    return [t.detach().to(device).clone().requires_grad_(True) for t in tensors]
+
+
+def cpu(tensors):
+    return tuple(t.detach().cpu() for t in tensors)
+
+
+def random_case(seed):
+    """A random call: layout (1D/2D/3D, ragged), masking, features, normalisation, mixing form and
+    sharing, B, H, Dk, Dv (odd ones included)."""
+    rng = np.random.default_rng(seed)
+    rank = int(rng.integers(1, 4))
+    if rank == 1:
+        n = int(rng.integers(1, 41))
+        layout = L.sequence(n, int(rng.integers(1, n + 1)))
+    elif rank == 2:
+        gh, gw = (int(x) for x in rng.integers(1, 8, size=2))
+        layout = L.grid2d(gh, gw, int(rng.integers(1, gh + 1)), int(rng.integers(1, gw + 1)))
+    else:
+        g = [int(x) for x in rng.integers(1, 5, size=3)]
+        layout = L.grid3d(*g, *(int(rng.integers(1, e + 1)) for e in g))
+    masking = str(rng.choice(["none", "block_causal"] + (["causal"] if rank == 1 else [])))
+    kwargs = dict(masking=masking, feature_map=str(rng.choice(["identity", "relu", "elu1"])),
+                  normalize=bool(rng.random() < 0.7))
+    if not kwargs["normalize"] and rng.random() < 0.5:
+        kwargs["scale"] = float(rng.uniform(0.1, 2))
+    if kwargs["normalize"] and rng.random() < 0.3:
+        kwargs["eps"] = float(rng.uniform(0.01, 1))
+    b, h = int(rng.integers(1, 3)), int(rng.integers(1, 4))
+    dk, dv = int(rng.integers(1, 8)), int(rng.integers(1, 8))
+    per_head = bool(rng.random() < 0.4)
+    toeplitz = masking != "none" and rng.random() < 0.4
+    m = layout.num_blocks
+    if toeplitz:
+        kwargs["mixing"] = "toeplitz"
+        w_shape = ([h] if per_head else []) + [int(rng.integers(0, 6)) + 1]
+    else:
+        w_shape = ([h] if per_head else []) + [m, m]
+    gen = torch.Generator().manual_seed(seed)
+    positive = kwargs["feature_map"] == "identity" and kwargs["normalize"]
+    lo = 0.05 if positive else -1.0
+
+    def uniform(*shape, low=lo):
+        return (torch.rand(*shape, dtype=torch.float64, generator=gen) * (1 - low) + low)
+
+    n = layout.num_tokens
+    q, k = uniform(b, n, h, dk), uniform(b, n, h, dk)
+    v = uniform(b, n, h, dv, low=-1.0)
+    w = uniform(*w_shape, low=0.05 if kwargs["normalize"] else -1.0)
+    return layout, kwargs, (q, k, v, w)
+
+
+def results(backend, layout, kwargs, inputs, grad):
+    leaves = on_device(backend, inputs)
+    o = mt.mhla_attention(*leaves, layout, backend=backend, **kwargs)
+    grads = torch.autograd.grad((o * grad.to(o.device)).sum(), leaves)
+    return cpu((o,) + grads)
+
+
+@pytest.mark.parametrize("seed", range(150))
+def test_catalogue_matches_the_cpp_operator_forward_and_gradients(seed):
+    layout, kwargs, inputs = random_case(seed)
+    grad = torch.randn(inputs[2].shape, dtype=torch.float64, generator=torch.Generator().manual_seed(seed + 1))
+    want = results("cpp", layout, kwargs, inputs, grad)
+    got = results("torch", layout, kwargs, inputs, grad)
+    for name, a, b in zip(("o", "grad_q", "grad_k", "grad_v", "grad_w"), got, want):
+        scale = max(1.0, float(b.abs().max()))
+        assert float((a - b).abs().max()) / scale <= 1e-10, (name, layout, kwargs)
+
+
+def test_cpu_tensors_take_the_cpp_operator_by_default():
+    layout, kwargs, (q, k, v, w) = random_case(3)
+    o = mt.mhla_attention(q, k, v, w, layout, **kwargs)
+    assert torch.equal(o, mt.mhla_attention(q, k, v, w, layout, backend="cpp", **kwargs))
+    with pytest.raises(ValueError, match="unknown backend 'cuda'; expected None"):
+        mt.mhla_attention(q, k, v, w, layout, backend="cuda")
+
+
+def test_other_devices_take_the_torch_path():
+    # The C++ operator refuses memory it cannot read ("is on meta"); a meta tensor reaching the
+    # torch path instead comes back with the result's shape, on the meta device.
+    layout = L.grid2d(5, 7, 2, 3)
+    q, k = torch.rand(2, 35, 3, 4, device="meta"), torch.rand(2, 35, 3, 4, device="meta")
+    v, w = torch.rand(2, 35, 3, 5, device="meta"), torch.rand(9, 9, device="meta")
+    o = mt.mhla_attention(q, k, v, w, layout)
+    assert o.device.type == "meta" and o.shape == (2, 35, 3, 5)
+    o = mt.mhla_attention(q[:, :30], k[:, :30], v[:, :30], torch.rand(1, device="meta"), L.sequence(30, 4),
+                          masking="causal", mixing="toeplitz")
+    assert o.device.type == "meta" and o.shape == (2, 30, 3, 5)
+    assert mt.linear_attention(q, k, v).shape == (2, 35, 3, 5)
+    assert mt.softmax_attention(q, k, v, causal=True).shape == (2, 35, 3, 5)
+    assert mt.varlen_attention(q[:1], k[:1], v[:1], torch.rand(7, 7, device="meta"), [0, 10, 35],
+                               block=4, masking="causal", mixing="dense")[0].shape == (35, 3, 5)
+    layer = mt.MHLA2d(12, 3, grid=(5, 7), tile=(2, 3), pos_conv=3, gate=True, qk_norm=True).to("meta")
+    assert layer(torch.rand(2, 35, 12, device="meta")).device.type == "meta"
+    with pytest.raises(ValueError, match="meta"):  # torch will not export meta memory
+        mt.mhla_attention(q, k, v, w, layout, backend="cpp")
+
+
+@pytest.mark.parametrize("masking,causal_layout", [("none", False), ("causal", True)])
+def test_linear_and_softmax_attention_match(masking, causal_layout):
+    gen = torch.Generator().manual_seed(5)
+    q, k = (torch.randn(2, 150, 3, 5, dtype=torch.float64, generator=gen) for _ in range(2))
+    v = torch.randn(2, 150, 3, 6, dtype=torch.float64, generator=gen)
+    for fn, kwargs in ((mt.linear_attention, dict(masking=masking)),
+                       (mt.linear_attention, dict(masking=masking, feature_map="relu", normalize=False)),
+                       (mt.softmax_attention, dict(causal=causal_layout)),
+                       (mt.softmax_attention, dict(causal=causal_layout, scale=0.3))):
+        grad = torch.randn(2, 150, 3, 6, dtype=torch.float64, generator=gen)
+        outs = []
+        for backend in ("cpp", "torch"):
+            leaves = on_device(backend, (q, k, v))
+            o = fn(*leaves, backend=backend, **kwargs)
+            outs.append(cpu((o,) + torch.autograd.grad((o * grad.to(o.device)).sum(), leaves)))
+        for a, b in zip(*outs):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+def test_softmax_in_query_chunks_matches_one_chunk():
+    # torch 1.13 has no SDPA: the chunked form is what runs there.
+    from mhla import _pure_torch
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(1, 70, 2, 4, dtype=torch.float64, generator=gen) for _ in range(3))
+    for causal in (False, True):
+        whole = mt.softmax_attention(q, k, v, causal=causal, backend="cpp")
+        sdpa = getattr(torch.nn.functional, "scaled_dot_product_attention", None)
+        try:
+            torch.nn.functional.scaled_dot_product_attention = None
+            chunked = _pure_torch.softmax_attention(q, k, v, causal=causal, chunk=16)
+        finally:
+            torch.nn.functional.scaled_dot_product_attention = sdpa
+        torch.testing.assert_close(chunked, whole, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("mixing", ["dense", "toeplitz"])
+def test_varlen_matches(mixing):
+    gen = torch.Generator().manual_seed(9)
+    cu = [0, 5, 5, 23, 40]
+    q, k = (torch.randn(1, 40, 2, 3, dtype=torch.float64, generator=gen) for _ in range(2))
+    v = torch.randn(1, 40, 2, 4, dtype=torch.float64, generator=gen)
+    w = torch.rand(*( [3] if mixing == "toeplitz" else [6, 6]), dtype=torch.float64, generator=gen) + 0.1
+    grad = torch.randn(1, 40, 2, 4, dtype=torch.float64, generator=gen)
+    outs = []
+    for backend in ("cpp", "torch"):
+        leaves = on_device(backend, (q, k, v, w))
+        o = mt.varlen_attention(*leaves, cu, block=4, masking="causal", mixing=mixing, backend=backend)
+        outs.append(cpu((o,) + torch.autograd.grad((o * grad.to(o.device)).sum(), leaves)))
+    for a, b in zip(*outs):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+def layers():
+    options = dict(qk_norm=True, gate=True, pos_conv=3, per_head_mixing=True)
+    return [mt.MHLA1d(24, 3, block_size=4, max_tokens=30, **options),
+            mt.MHLA1d(24, 3, block_size=4, max_tokens=30, causal=True, **options),
+            mt.MHLA2d(24, 3, grid=(5, 7), tile=(2, 3), **options),
+            mt.MHLA3d(24, 3, grid=(3, 4, 5), tile=(2, 2, 2), **options),
+            mt.MHLA2d(24, 3, grid=(4, 6), tile=(2, 3), variant="authors_vision"),
+            mt.MHLA1d(24, 3, block_size=4, max_tokens=30, causal=True, variant="authors_lm")]
+
+
+@pytest.mark.parametrize("index", range(6))
+def test_layers_equal_their_cpp_backed_form(index):
+    torch.manual_seed(index)
+    layer = layers()[index].double()
+    tokens = 30 if isinstance(layer, mt.MHLA1d) else layer.layout.num_tokens
+    x = torch.randn(2, tokens, 24, dtype=torch.float64)
+    on_torch = copy.deepcopy(layer).to(DEVICE)
+    on_torch.backend = "torch"
+    y, y_torch = layer(x), on_torch(x.to(DEVICE))
+    torch.testing.assert_close(y_torch.cpu(), y, rtol=1e-10, atol=1e-10)
+    y.square().sum().backward()
+    y_torch.square().sum().backward()
+    for (name, p), p_torch in zip(layer.named_parameters(), on_torch.parameters()):
+        torch.testing.assert_close(p_torch.grad.cpu(), p.grad, rtol=1e-9, atol=1e-10, msg=name)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_reduced_precision_is_within_its_tolerance_of_float64(dtype):
+    layout, kwargs, inputs = random_case(11)
+    kwargs = dict(masking="causal" if layout.rank == 1 else "none", feature_map="elu1")
+    layout = L.sequence(64, 16)
+    gen = torch.Generator().manual_seed(4)
+    q, k = (torch.randn(2, 64, 2, 16, generator=gen) for _ in range(2))
+    v = torch.randn(2, 64, 2, 16, generator=gen)
+    w = torch.as_tensor(mhla.init_mixing(layout))
+    rounded = [t.to(dtype) for t in (q, k, v)]
+    want = mt.mhla_attention(*(t.double() for t in rounded), w.double(), layout, backend="cpp", **kwargs)
+    got = mt.mhla_attention(*(t.to(DEVICE) for t in rounded), w.to(DEVICE), layout, backend="torch", **kwargs)
+    assert got.dtype == dtype
+    # The float32 result rounded once: half an ulp of the output's scale, with room for float32 sums.
+    ulp = 2.0 ** -8 if dtype == torch.bfloat16 else 2.0 ** -11
+    assert float((got.cpu().double() - want).abs().max()) <= 1.01 * ulp * float(want.abs().max())
+
+
+BAD_CALLS = [
+    (lambda q, k, v, w: (q, k[..., :2], v, w, L.sequence(8, 4)), {}),
+    (lambda q, k, v, w: (q, k, v[:, :7], w, L.sequence(8, 4)), {}),
+    (lambda q, k, v, w: (q, k, v, w[:1, :1], L.sequence(8, 4)), {}),
+    (lambda q, k, v, w: (q, k, v, w, L.sequence(9, 4)), {}),
+    (lambda q, k, v, w: (q, k, v, -w, L.sequence(8, 4)), {}),
+    (lambda q, k, v, w: (q, k, v, w * float("nan"), L.sequence(8, 4)), {}),
+    (lambda q, k, v, w: (q, k, v, w, L.grid2d(2, 4, 1, 2)), dict(masking="causal")),
+    (lambda q, k, v, w: (q, k, v, w[0], L.sequence(8, 4)), dict(mixing="toeplitz")),
+    (lambda q, k, v, w: (q, k, v, w, L.sequence(8, 4)), dict(scale=0.5)),
+    (lambda q, k, v, w: (q, k, v, w, L.sequence(8, 4)), dict(eps=-1.0)),
+    (lambda q, k, v, w: (q[0], k[0], v[0], w, L.sequence(8, 4)), {}),
+    (lambda q, k, v, w: (q[:, :0], k[:, :0], v[:, :0], w, L.sequence(8, 4)), {}),
+]
+
+
+@pytest.mark.parametrize("index", range(len(BAD_CALLS)))
+def test_named_errors_are_the_same_on_both_paths(index):
+    make, kwargs = BAD_CALLS[index]
+    q, k, v = torch.rand(1, 8, 2, 3, dtype=torch.float64), torch.rand(1, 8, 2, 3, dtype=torch.float64), \
+        torch.rand(1, 8, 2, 4, dtype=torch.float64)
+    args = make(q, k, v, torch.full((2, 2), 0.5, dtype=torch.float64))
+    messages = []
+    for backend in ("cpp", "torch"):
+        with pytest.raises(ValueError) as error:
+            mt.mhla_attention(*args, backend=backend, **kwargs)
+        messages.append(str(error.value))
+    assert messages[0] == messages[1]
+
+
+def test_dtype_errors_are_named_on_the_torch_path():
+    q = torch.rand(1, 8, 2, 3, dtype=torch.float64)
+    w = torch.full((2, 2), 0.5, dtype=torch.float64)
+    with pytest.raises(TypeError, match="q has dtype int64"):
+        mt.mhla_attention(q.long(), q, q, w, L.sequence(8, 4), backend="torch")
+    with pytest.raises(TypeError, match="k has dtype float32 but q has float64"):
+        mt.mhla_attention(q, q.float(), q, w, L.sequence(8, 4), backend="torch")
+
+
+def test_varlen_errors_are_the_same_on_both_paths():
+    q = torch.rand(1, 10, 2, 3, dtype=torch.float64)
+    w = torch.full((2, 2), 0.5, dtype=torch.float64)
+    for cu, block in (([0, 4, 9], 4), ([1, 10], 4), ([0, 6, 4, 10], 4), ([0, 10], 2), ([0, 10], 0)):
+        messages = []
+        for backend in ("cpp", "torch"):
+            with pytest.raises(ValueError) as error:
+                mt.varlen_attention(q, q, q, w, cu, block=block, backend=backend)
+            messages.append(str(error.value))
+        assert messages[0] == messages[1], cu
+
+
+@pytest.mark.parametrize("mixing,per_head,length", [("dense", False, None), ("dense", True, None),
+                                                     ("toeplitz", False, 0), ("toeplitz", True, 1),
+                                                     ("toeplitz", False, 3)])
+def test_decoder_with_torch_state_equals_the_cpp_decoder(mixing, per_head, length):
+    gen = torch.Generator().manual_seed(6)
+    heads, d, block, batch = 2, 4, 3, 2
+    if mixing == "dense":
+        w = torch.rand(*([heads] if per_head else []), 5, 5, generator=gen) + 0.05
+    else:
+        w = torch.rand(*([heads] if per_head else []), length + 1, generator=gen) + 0.05
+    options = dict(heads=heads, dk=d, dv=d, block=block, batch=batch, mixing=mixing, feature_map="elu1")
+    ours, theirs = mhla.Decoder(w.to(DEVICE), backend="torch", **options), mhla.Decoder(w, **options)
+    q, k, v = (torch.randn(batch, 15, heads, d, generator=gen) for _ in range(3))
+
+    def both(method, *args):
+        there = [a.to(DEVICE) if isinstance(a, torch.Tensor) else a for a in args]
+        torch.testing.assert_close(getattr(ours, method)(*there).cpu(), getattr(theirs, method)(*args),
+                                   rtol=1e-5, atol=1e-5)
+
+    # A prompt for sequence 0 (ending inside a block), then steps for both.
+    both("prefill", 0, q[:1, :7], k[:1, :7], v[:1, :7])
+    for t in range(7):
+        both("step", *(x[:, 7 + t:8 + t].contiguous() for x in (q, k, v)))
+    assert [ours.position(s) for s in range(batch)] == [theirs.position(s) for s in range(batch)] == [14, 7]
+    ours.reset(0), theirs.reset(0)
+    both("step", *(x[:, 14:15].contiguous() for x in (q, k, v)))
+    with pytest.raises(TypeError, match="no snapshot format"):
+        ours.serialize()
+
+
+def test_mhla1d_decoding_on_the_torch_path_equals_its_forward():
+    torch.manual_seed(3)
+    layer = mt.MHLA1d(16, 2, block_size=4, max_tokens=24, causal=True, pos_conv=3, gate=True,
+                      backend="torch").to(DEVICE)
+    x = torch.randn(2, 11, 16, device=DEVICE)
+    cache = layer.new_cache(batch=2)
+    assert type(cache.decoder._decoder).__name__ == "TorchDecoder"
+    with torch.no_grad():
+        full = layer(x)
+        parts = [layer.decode(x[:, :6], cache)] + [layer.decode(x[:, t:t + 1], cache) for t in range(6, 11)]
+    torch.testing.assert_close(torch.cat(parts, dim=1), full, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="sequence 0 is full"):
+        for _ in range(14):
+            layer.decode(torch.randn(2, 1, 16, device=DEVICE), cache)
