@@ -16,6 +16,7 @@ Toeplitz mixing is applied as shifted and prefix sums of the summaries, so it
 forms no ``M x M`` matrix either.
 """
 import math
+from typing import NamedTuple, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -34,63 +35,105 @@ def feature(x, feature_map):
     return x
 
 
-class _Blocks:
-    """How a layout's tokens regroup into ``[M, C]`` (C its largest block), on one device.
+class Geometry(NamedTuple):
+    """A token layout as plain Python values: ``mhla.Layout``'s rank, grid and tile (three entries
+    each, leading ones for 1D and 2D; tiles clamped to the grid), the block counts along each axis,
+    and the token, block and largest-block sizes. Code under ``torch.compile`` reads these fields,
+    no extension object. Made by ``of`` or ``sequence``."""
+    rank: int
+    grid: Tuple[int, int, int]
+    tile: Tuple[int, int, int]
+    counts: Tuple[int, int, int]
+    num_tokens: int
+    num_blocks: int
+    block_size: int  # the first block's: a whole tile along every axis
 
-    ``gather[b * C + c]`` is the token at position c of block b (0 where block b has fewer
-    tokens: a padding row), ``valid`` marks the real rows, and ``scatter[t]`` is token t's place in
-    the regrouped order. 1D layouts have contiguous blocks: padding the end is the regrouping."""
+    @staticmethod
+    def make(rank, grid, tile):
+        grid = tuple(int(g) for g in grid)
+        tile = tuple(min(int(t), g) for t, g in zip(tile, grid))
+        counts = tuple(-(-g // t) for g, t in zip(grid, tile))
+        return Geometry(rank, grid, tile, counts, grid[0] * grid[1] * grid[2], counts[0] * counts[1] * counts[2],
+                        tile[0] * tile[1] * tile[2])
 
-    def __init__(self, layout, device):
-        rank, grid, tile = layout.rank, list(layout.grid), list(layout.tile)
-        tile = [min(t, g) for t, g in zip(tile, grid)]
-        counts = [-(-g // t) for g, t in zip(grid, tile)]
-        self.tokens, self.blocks = layout.num_tokens, layout.num_blocks
-        self.contiguous = rank == 1
-        t = torch.arange(self.tokens)
-        # Block numbering as the C++ TokenLayout::block_of: row-major over the block grid.
-        tt, hh, ww = t // (grid[1] * grid[2]), (t // grid[2]) % grid[1], t % grid[2]
-        block = ((tt // tile[0]) * counts[1] + hh // tile[1]) * counts[2] + ww // tile[2]
-        sizes = torch.bincount(block, minlength=self.blocks)
-        self.size = int(sizes.max())
-        order = torch.sort(block, stable=True).indices  # tokens block by block, in token order
-        start = torch.cumsum(sizes, 0) - sizes
-        position = torch.empty_like(t)
-        position[order] = t - start[block[order]]
-        self.scatter = (block * self.size + position).to(device)
-        gather = torch.zeros(self.blocks * self.size, dtype=torch.long)
-        gather[block * self.size + position] = t
-        self.gather = gather.to(device)
-        valid = torch.zeros(self.blocks * self.size, dtype=torch.bool)
-        valid[block * self.size + position] = True
-        self.valid = valid.view(self.blocks, self.size).to(device)
+    @staticmethod
+    def of(layout):
+        return layout if isinstance(layout, Geometry) else Geometry.make(layout.rank, layout.grid, layout.tile)
 
-    def group(self, x):
-        """``[B, N, H, D]`` -> ``[B, M, C, H, D]`` (padding rows: zeros, or copies of token 0)."""
-        b, n, h, d = x.shape
-        if self.contiguous:
-            x = F.pad(x, (0, 0, 0, 0, 0, self.blocks * self.size - n))
-        else:
-            x = x.index_select(1, self.gather)
-        return x.reshape(b, self.blocks, self.size, h, d)
-
-    def ungroup(self, y):
-        """``[B, M, C, H, D]`` -> ``[B, N, H, D]`` in token order."""
-        b, _, _, h, d = y.shape
-        y = y.reshape(b, self.blocks * self.size, h, d)
-        return y[:, :self.tokens] if self.contiguous else y.index_select(1, self.scatter)
+    @staticmethod
+    def sequence(tokens, block):
+        return Geometry.make(1, (1, 1, tokens), (1, 1, block))
 
 
-_BLOCKS = {}  # (layout, device) -> _Blocks: a model calls with the same few layouts
+def regrouping(geometry, device):
+    """How a layout's tokens regroup into ``[M, C]`` slots (C its largest block), on ``device``:
+    ``(gather, scatter, valid)``. ``scatter[t]`` is token t's slot ``b * C + c`` (block b, position
+    c in token order), ``gather`` the inverse (token 0 for padding slots), ``valid [M, C]`` marks
+    the slots that hold a token. 1D layouts have contiguous blocks: padding the end regroups them,
+    and gather and scatter are None. Elementwise arithmetic only."""
+    grid, tile, counts = geometry.grid, geometry.tile, geometry.counts
+    size = geometry.block_size
+    slot = torch.arange(geometry.num_blocks * size, device=device)
+    if geometry.rank == 1:
+        return None, None, (slot < geometry.num_tokens).view(geometry.num_blocks, size)
+    # Token t's slot: block numbering as the C++ TokenLayout::block_of (row-major over the block
+    # grid), and the position in its block its row-major index among the block's own extents.
+    t = torch.arange(geometry.num_tokens, device=device)
+    coords = (t // (grid[1] * grid[2]), (t // grid[2]) % grid[1], t % grid[2])
+    block, position = torch.zeros_like(t), torch.zeros_like(t)
+    for axis in range(3):
+        index, offset = coords[axis] // tile[axis], coords[axis] % tile[axis]
+        extent = torch.clamp(grid[axis] - index * tile[axis], max=tile[axis])
+        block = block * counts[axis] + index
+        position = position * extent + offset
+    scatter = block * size + position
+    # And the other way: slot (b, c)'s token, decomposed the same way.
+    b, c = slot // size, slot % size
+    index = (b // (counts[1] * counts[2]), (b // counts[2]) % counts[1], b % counts[2])
+    extents = [torch.clamp(grid[axis] - index[axis] * tile[axis], max=tile[axis]) for axis in range(3)]
+    local = (c // (extents[1] * extents[2]), (c // extents[2]) % extents[1], c % extents[2])
+    valid = local[0] < extents[0]
+    token = torch.zeros_like(slot)
+    for axis in range(3):
+        token = token * grid[axis] + index[axis] * tile[axis] + local[axis]
+    gather = torch.where(valid, token, torch.zeros_like(token))
+    return gather, scatter, valid.view(geometry.num_blocks, size)
 
 
-def blocks_of(layout, device):
-    key = (layout.rank, tuple(layout.grid), tuple(layout.tile), str(device))
-    if key not in _BLOCKS:
-        if len(_BLOCKS) >= 64:
-            _BLOCKS.clear()
-        _BLOCKS[key] = _Blocks(layout, device)
-    return _BLOCKS[key]
+_REGROUPINGS = {}  # (geometry, device) -> regrouping: a model calls with the same few layouts
+
+
+def _compiling():
+    compiler = getattr(torch, "compiler", None)
+    return compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling()
+
+
+def cached_regrouping(geometry, device):
+    if _compiling():  # traced into the graph
+        return regrouping(geometry, device)
+    key = (geometry, str(device))
+    if key not in _REGROUPINGS:
+        if len(_REGROUPINGS) >= 64:
+            _REGROUPINGS.clear()
+        _REGROUPINGS[key] = regrouping(geometry, device)
+    return _REGROUPINGS[key]
+
+
+def _group(x, geometry, gather):
+    """``[B, N, H, D]`` -> ``[B, M, C, H, D]`` (padding slots: zeros, or copies of token 0)."""
+    b, n, h, d = x.shape
+    if gather is None:
+        x = F.pad(x, (0, 0, 0, 0, 0, geometry.num_blocks * geometry.block_size - n))
+    else:
+        x = x.index_select(1, gather)
+    return x.reshape(b, geometry.num_blocks, geometry.block_size, h, d)
+
+
+def _ungroup(y, geometry, scatter):
+    """``[B, M, C, H, D]`` -> ``[B, N, H, D]`` in token order."""
+    b, _, _, h, d = y.shape
+    y = y.reshape(b, geometry.num_blocks * geometry.block_size, h, d)
+    return y[:, :geometry.num_tokens] if scatter is None else y.index_select(1, scatter)
 
 
 def _shift_blocks(x, d):
@@ -139,17 +182,21 @@ def _diagonal(w, mixing, blocks):
 
 
 def mhla_attention(q, k, v, w, layout, *, masking="none", feature_map="elu1", normalize=True, eps=1e-6,
-                   scale=None, mixing="dense"):
+                   scale=None, mixing="dense", regrouped=None):
     """MHLA of ``q, k [B, N, H, Dk]``, ``v [B, N, H, Dv]`` with mixing ``w`` on q's device, in torch
-    ops; returns ``[B, N, H, Dv]`` in q's dtype. Arguments as validated by ``check_call``."""
+    ops; returns ``[B, N, H, Dv]`` in q's dtype. ``layout``: an ``mhla.Layout`` or a ``Geometry``;
+    the other arguments as validated by ``check_call``. ``regrouped``: the layout's ``regrouping``
+    on q's device, where the caller keeps it (a layer, as buffers)."""
     dtype = q.dtype
     compute = torch.float32 if dtype in _REDUCED else dtype
     q, k, v, w = q.to(compute), k.to(compute), v.to(compute), w.to(compute)
-    blocks = blocks_of(layout, q.device)
-    valid = blocks.valid.view(1, blocks.blocks, blocks.size, 1, 1).to(compute)
-    phi_q = feature(blocks.group(q), feature_map)
-    phi_k = feature(blocks.group(k), feature_map) * valid  # padding rows add nothing
-    values = blocks.group(v)
+    geometry = Geometry.of(layout)
+    m, size = geometry.num_blocks, geometry.block_size
+    gather, scatter, valid = regrouped if regrouped is not None else cached_regrouping(geometry, q.device)
+    phi_q = feature(_group(q, geometry, gather), feature_map)
+    # Padding slots add nothing.
+    phi_k = feature(_group(k, geometry, gather), feature_map) * valid.view(1, m, size, 1, 1).to(compute)
+    values = _group(v, geometry, gather)
     # [S_b | z_b] = phi(K_b)^T [V_b | 1]: [B, M, H, Dk, Dv + 1].
     summaries = torch.cat([torch.einsum("zmchd,zmche->zmhde", phi_k, values),
                            phi_k.sum(2).unsqueeze(-1)], dim=-1)
@@ -159,12 +206,11 @@ def mhla_attention(q, k, v, w, layout, *, masking="none", feature_map="elu1", no
     y = torch.einsum("zmchd,zmhdx->zmchx", phi_q, mixed)  # [num | den] per token
     if masking == "causal":
         # W[i, i] sum_{j in i, j <= t} phi(q_t) . phi(k_j) [v_j | 1], in [C, C] scores per block.
-        size = blocks.size
         scores = torch.einsum("zichd,zijhd->zihcj", phi_q, phi_k)
         scores = scores * torch.ones(size, size, dtype=torch.bool, device=q.device).tril()
-        diagonal = _diagonal(w, mixing, blocks.blocks)  # [M] or [H, M]
+        diagonal = _diagonal(w, mixing, m)  # [M] or [H, M]
         scores = scores * (diagonal.view(1, -1, 1, 1, 1) if diagonal.dim() == 1
-                           else diagonal.t().reshape(1, blocks.blocks, -1, 1, 1))
+                           else diagonal.t().reshape(1, m, -1, 1, 1))
         in_block = torch.cat([torch.einsum("zihcj,zijhe->ziche", scores, values),
                               scores.sum(-1).permute(0, 1, 3, 2).unsqueeze(-1)], dim=-1)
         y = y + in_block
@@ -173,7 +219,7 @@ def mhla_attention(q, k, v, w, layout, *, masking="none", feature_map="elu1", no
         o = y[..., :dv] / (y[..., dv:] + eps)
     else:
         o = (scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])) * y[..., :dv]
-    return blocks.ungroup(o).to(dtype)
+    return _ungroup(o, geometry, scatter).to(dtype)
 
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)

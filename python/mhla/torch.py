@@ -534,13 +534,25 @@ class _MHLALayer(nn.Module):
     def forward(self, x):
         self._check_input(x)
         batch, tokens, _ = x.shape
-        layout = self._layout(tokens)
         q, k, v = self._project(x)
-        o = self.attend(q, k, v, self.mixing(layout.num_blocks), layout)
+        if _pure_torch_path(self.backend, x) and self.variant != "authors_vision":
+            # In torch ops on plain Python values, so torch.compile traces the whole layer. The
+            # operator's checks are not needed: the layer makes q, k, v and w consistent itself.
+            geometry = self._geometry(tokens)
+            o = _pure_torch.mhla_attention(q, k, v, self.mixing(geometry.num_blocks), geometry,
+                                           masking=self.masking, feature_map=self.feature_map,
+                                           normalize=self.normalize, regrouped=self._regrouped())
+        else:
+            layout = self._layout(tokens)
+            o = self.attend(q, k, v, self.mixing(layout.num_blocks), layout)
         o = o.reshape(batch, tokens, -1)
         if self.pos_conv is not None:
             o = o + self._positional(v.reshape(batch, tokens, -1))
         return self._output(x, o)
+
+    def _regrouped(self):
+        """The layout's regrouping where the layer keeps it (grid layers: buffers), else None."""
+        return None
 
     def _check_input(self, x):
         if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != self.dim:
@@ -592,9 +604,13 @@ class MHLA1d(_MHLALayer):
         super().__init__(dim, heads, layout=_core.Layout.sequence(max_tokens, block_size), causal=causal,
                          **options)
 
-    def _layout(self, tokens):
+    def _geometry(self, tokens):
         if not 1 <= tokens <= self.max_tokens:
             raise ValueError(f"MHLA1d was built for 1..{self.max_tokens} tokens, got {tokens}")
+        return _pure_torch.Geometry.sequence(tokens, self.block_size)
+
+    def _layout(self, tokens):
+        self._geometry(tokens)
         return _core.Layout.sequence(tokens, self.block_size)
 
     def new_cache(self, batch=1):
@@ -704,12 +720,26 @@ class _GridLayer(_MHLALayer):
             tiles = ", ".join("t" + a.lower() for a in self._axes)
             raise ValueError(f"{type(self).__name__} needs grid=({axes}) and tile=({tiles}), got {grid} and {tile}")
         self.layout = type(self)._make_layout(*self.grid, *tile)
+        self.geometry = _pure_torch.Geometry.of(self.layout)
         super().__init__(dim, heads, layout=self.layout, causal=False, **options)
+        # The pure-torch path's token regrouping, computed once and moved with the layer; not saved
+        # (a function of grid and tile).
+        gather, scatter, valid = _pure_torch.regrouping(self.geometry, "cpu")
+        self.register_buffer("_slot_tokens", gather, persistent=False)
+        self.register_buffer("_token_slots", scatter, persistent=False)
+        self.register_buffer("_slot_valid", valid, persistent=False)
+
+    def _regrouped(self):
+        return self._slot_tokens, self._token_slots, self._slot_valid
+
+    def _geometry(self, tokens):
+        if tokens != self.geometry.num_tokens:
+            raise ValueError(f"{type(self).__name__} was built for a {'x'.join(map(str, self.grid))} grid "
+                             f"({self.geometry.num_tokens} tokens), got {tokens} tokens")
+        return self.geometry
 
     def _layout(self, tokens):
-        if tokens != self.layout.num_tokens:
-            raise ValueError(f"{type(self).__name__} was built for a {'x'.join(map(str, self.grid))} grid "
-                             f"({self.layout.num_tokens} tokens), got {tokens} tokens")
+        self._geometry(tokens)
         return self.layout
 
     def _grid(self, tokens):

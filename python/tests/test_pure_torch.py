@@ -312,3 +312,32 @@ def test_mhla1d_decoding_on_the_torch_path_equals_its_forward():
     with pytest.raises(ValueError, match="sequence 0 is full"):
         for _ in range(14):
             layer.decode(torch.randn(2, 1, 16, device=DEVICE), cache)
+
+
+COMPILER = getattr(torch, "compiler", None)
+
+
+@pytest.mark.skipif(COMPILER is None or not hasattr(COMPILER, "is_compiling"),
+                    reason=f"torch.compile needs torch 2.x (this is {torch.__version__})")
+@pytest.mark.parametrize("index", range(4))
+def test_layers_on_the_torch_path_compile_without_graph_breaks(index):
+    # fullgraph=True: any graph break is an error. The compiled layer must equal the eager one,
+    # forward and backward.
+    make = [lambda: mt.MHLA2d(32, 4, grid=(5, 7), tile=(2, 3), pos_conv=3, gate=True, qk_norm=True),
+            lambda: mt.MHLA3d(32, 4, grid=(3, 4, 5), tile=(2, 2, 2), per_head_mixing=True),
+            lambda: mt.MHLA1d(32, 4, block_size=4, max_tokens=30, causal=True, pos_conv=3),
+            lambda: mt.MHLA1d(32, 4, block_size=4, max_tokens=30, causal=True, variant="authors_lm")][index]
+    torch.manual_seed(index)
+    layer = make()
+    layer.backend = "torch"
+    tokens = 30 if isinstance(layer, mt.MHLA1d) else layer.geometry.num_tokens
+    x = torch.randn(2, tokens, 32, requires_grad=True)
+    compiled = torch.compile(layer, fullgraph=True)
+    y = compiled(x)
+    y.square().sum().backward()
+    grad = x.grad.clone()
+    x.grad = None
+    want = layer(x)
+    want.square().sum().backward()
+    torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(grad, x.grad, rtol=1e-5, atol=1e-5)
