@@ -309,18 +309,3 @@ def check_packing(q, w, offsets, block, mixing):
         m = w.shape[-1]
         raise ValueError(f"{fn}: w covers {m} blocks ({m * block} tokens in blocks of {block}) but the longest "
                          f"sequence has {longest} tokens = {needed} blocks; use a larger w or Toeplitz mixing")
-
-
-def varlen_attention(q, k, v, w, offsets, *, block, mixing="dense", **options):
-    """Packed sequences ``q [1, total, H, Dk]``: each its own 1D problem (dense w: its top-left
-    corner), in torch ops. ``offsets`` passed ``check_packing``."""
-    parts = []
-    for first, end in zip(offsets[:-1], offsets[1:]):
-        if end == first:
-            continue
-        layout = _core.Layout.sequence(end - first, block)
-        m = layout.num_blocks
-        corner = w if mixing == "toeplitz" else w[..., :m, :m]
-        parts.append(mhla_attention(q[:, first:end], k[:, first:end], v[:, first:end], corner, layout,
-                                    mixing=mixing, **options))
-    return torch.cat(parts, dim=1)

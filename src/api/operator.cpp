@@ -1,8 +1,8 @@
 // Public MHLA entry points: validate once, then run the CPU backend's chunked
 // kernel with the mixer (dense or Toeplitz W) the options ask for.
 #include "mhla/operator.hpp"
-#include "core/finite_results.hpp"
 #include "api/private_state_backward.hpp"
+#include "core/finite_results.hpp"
 #include "core/saved_state_check.hpp"
 #include "cpu/bf16_forward.hpp"
 #include "cpu/chunked_attention.hpp"
@@ -235,8 +235,6 @@ void backward_with_private_state(const Options& options, TensorView<const bfloat
 }
 
 }  // namespace detail
-
-
 
 void forward(const Options& options, TensorView<const bfloat16> q, TensorView<const bfloat16> k,
              TensorView<const bfloat16> v, TensorView<const float> w, TensorView<bfloat16> o,
