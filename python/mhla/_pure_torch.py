@@ -189,7 +189,8 @@ def mhla_attention(q, k, v, w, layout, *, masking="none", feature_map="elu1", no
     on q's device, where the caller keeps it (a layer, as buffers)."""
     dtype = q.dtype
     compute = torch.float32 if dtype in _REDUCED else dtype
-    q, k, v, w = q.to(compute), k.to(compute), v.to(compute), w.to(compute)
+    # w is small: a CPU w (as mhla.init_mixing returns it) goes where q is.
+    q, k, v, w = q.to(compute), k.to(compute), v.to(compute), w.to(device=q.device, dtype=compute)
     geometry = Geometry.of(layout)
     m, size = geometry.num_blocks, geometry.block_size
     gather, scatter, valid = regrouped if regrouped is not None else cached_regrouping(geometry, q.device)
