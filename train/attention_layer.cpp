@@ -299,10 +299,10 @@ void AttentionLayer<T>::backward(const T* x, const T* dy, int64_t batch, T* dx) 
       const std::vector<int64_t> saved_shape = saved_summaries_shape(options, shape, shape);
       // The saved arrays are this layer's own, from its forward on these
       // very tensors: their fingerprint check would only cost time.
-      detail::backward_with_private_state<T>(
-          options, q, k, v, {w_.data(), mixing_shape()}, o, go, gq, gk, gv,
-          {grad_w_.data(), mixing_shape()}, {summaries_.data(), saved_shape},
-          {mixed_summaries_.data(), saved_shape});
+      detail::backward<T>(detail::SavedArrays::private_to_caller, options, q, k, v,
+                          {w_.data(), mixing_shape()}, o, go, gq, gk, gv,
+                          {grad_w_.data(), mixing_shape()}, {summaries_.data(), saved_shape},
+                          {mixed_summaries_.data(), saved_shape});
       T* grad = mixing_parameter.grad.data();
       if (design.mixing_param == MixingParam::clamp) {
         for (size_t i = 0; i < grad_w_.size(); ++i) grad[i] += grad_w_[i];

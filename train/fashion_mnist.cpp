@@ -64,8 +64,8 @@ std::vector<uint8_t> read_idx(const std::string& path, int rank, std::vector<int
   const size_t got = read_some(file.get(), data.data(), data.size(), path);
   uint8_t extra = 0;
   if (got != data.size() || read_some(file.get(), &extra, 1, path) != 0)
-    throw Error(path + ": " + (got != data.size() ? std::to_string(got) : "more than " +
-                                                        std::to_string(got)) +
+    throw Error(path + ": " +
+                (got != data.size() ? std::to_string(got) : "more than " + std::to_string(got)) +
                 " data bytes, the header promises " + std::to_string(total));
   return data;
 }

@@ -190,6 +190,13 @@ class TorchDecoder:
         self.positions[seq] = 0
         self._enter_block(seq, 0)
 
+    @property
+    def state_bytes(self):
+        return 4 * sum(t.numel() for t in (self.running, self.prefix, self.diagonal, self.finished, self.far))
+
     def serialize(self):
         raise TypeError(f"a decoder whose state is on {self.w.device} has no snapshot format; make it from a "
                         "CPU w to save, load or pickle it")
+
+    def save(self, path):
+        self.serialize()

@@ -103,9 +103,6 @@ class Decoder:
 
     @property
     def state_bytes(self):
-        if not isinstance(self._decoder, _core.Decoder):
-            d = self._decoder
-            return 4 * sum(t.numel() for t in (d.running, d.prefix, d.diagonal, d.finished, d.far))
         return self._decoder.state_bytes
 
     @property
@@ -120,8 +117,6 @@ class Decoder:
 
     def save(self, path):
         """Writes ``serialize()`` to a temporary file, then renames it over ``path``."""
-        if not isinstance(self._decoder, _core.Decoder):
-            self._decoder.serialize()  # names why not
         self._decoder.save(str(path))
 
     @classmethod

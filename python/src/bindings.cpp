@@ -10,8 +10,8 @@
 #include <string>
 
 #include "api/private_state_backward.hpp"
-#include "core/validate.hpp"
 #include "conversion_bindings.hpp"
+#include "core/validate.hpp"
 #include "decoder_bindings.hpp"
 #include "dlpack_buffer.hpp"
 #include "dlpack_import.hpp"
@@ -88,7 +88,8 @@ void check_call(const std::vector<int64_t>& q_shape, const std::vector<int64_t>&
   if (w_values.is_none()) return;
   const ImportedTensor w(w_values, "w");
   if (w.dtype() == DType::float32 || w.dtype() == DType::float64)
-    dispatch(w.dtype(), [&]<typename T>() { detail::check_mixing_values(fn, problem, w.view<T>().data); });
+    dispatch(w.dtype(),
+             [&]<typename T>() { detail::check_mixing_values(fn, problem, w.view<T>().data); });
 }
 
 py::tuple mhla_forward(py::handle q_, py::handle k_, py::handle v_, py::handle w_,
@@ -135,16 +136,6 @@ py::tuple mhla_forward(py::handle q_, py::handle k_, py::handle v_, py::handle w
   return py::make_tuple(std::move(o), std::move(summaries), py::cast(std::move(*mixed)));
 }
 
-// mhla::backward, or with `private_state` the internal one that trusts the
-// saved arrays (only mhla.torch's autograd function asks for it).
-template <typename... Args>
-void run_backward(bool private_state, const Args&... args) {
-  if (private_state)
-    detail::backward_with_private_state(args...);
-  else
-    mhla::backward(args...);
-}
-
 py::tuple mhla_backward(py::handle q_, py::handle k_, py::handle v_, py::handle w_, py::handle o_,
                         py::handle grad_o_, py::handle summaries_, py::handle mixed_,
                         const Options& options, bool private_state) {
@@ -170,22 +161,26 @@ py::tuple mhla_backward(py::handle q_, py::handle k_, py::handle v_, py::handle 
   }
   Buffer gq(q.dtype(), q.shape()), gk(q.dtype(), k.shape()), gv(q.dtype(), v.shape()),
       gw(w.dtype(), w.shape());
+  // Only mhla.torch's autograd function holds its saved arrays privately.
+  const auto saved_arrays =
+      private_state ? detail::SavedArrays::private_to_caller : detail::SavedArrays::from_outside;
   if (bf16) {
     compute([&] {
-      run_backward(private_state, options, q.view<bfloat16>(), k.view<bfloat16>(),
-                   v.view<bfloat16>(), w.view<float>(), o.view<bfloat16>(),
-                   grad_o.view<bfloat16>(), gq.view<bfloat16>(), gk.view<bfloat16>(),
-                   gv.view<bfloat16>(), gw.view<float>(),
-                   summaries ? summaries->view<float>() : TensorView<const float>{},
-                   mixed ? mixed->view<float>() : TensorView<const float>{});
+      detail::backward(saved_arrays, options, q.view<bfloat16>(), k.view<bfloat16>(),
+                       v.view<bfloat16>(), w.view<float>(), o.view<bfloat16>(),
+                       grad_o.view<bfloat16>(), gq.view<bfloat16>(), gk.view<bfloat16>(),
+                       gv.view<bfloat16>(), gw.view<float>(),
+                       summaries ? summaries->view<float>() : TensorView<const float>{},
+                       mixed ? mixed->view<float>() : TensorView<const float>{});
     });
   } else {
     dispatch(q.dtype(), [&]<typename T>() {
       compute([&] {
-        run_backward(private_state, options, q.view<T>(), k.view<T>(), v.view<T>(), w.view<T>(),
-                     o.view<T>(), grad_o.view<T>(), gq.view<T>(), gk.view<T>(), gv.view<T>(),
-                     gw.view<T>(), summaries ? summaries->view<T>() : TensorView<const T>{},
-                     mixed ? mixed->view<T>() : TensorView<const T>{});
+        detail::backward<T>(saved_arrays, options, q.view<T>(), k.view<T>(), v.view<T>(),
+                            w.view<T>(), o.view<T>(), grad_o.view<T>(), gq.view<T>(), gk.view<T>(),
+                            gv.view<T>(), gw.view<T>(),
+                            summaries ? summaries->view<T>() : TensorView<const T>{},
+                            mixed ? mixed->view<T>() : TensorView<const T>{});
       });
     });
   }

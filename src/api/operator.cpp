@@ -103,9 +103,10 @@ bool run_backward(const Options& options, TensorView<const S> q, TensorView<cons
   const bool saved = check_saved(fn, "saved_summaries", p, saved_summaries);
   const bool saved_mix = check_saved(fn, "saved_mixed", p, saved_mixed);
   if (verify && (saved || saved_mix)) {
-    const detail::Fingerprints prints = detail::fingerprints(p, k.data, v.data, w.data);
+    const detail::Fingerprints prints = detail::fingerprints(p, k.data, v.data);
     if (saved) detail::check_saved_summaries_match(fn, p, prints, saved_summaries.data, rounding);
-    if (saved_mix) detail::check_saved_mixed_match(fn, p, prints, saved_mixed.data, 3 * rounding);
+    if (saved_mix)
+      detail::check_saved_mixed_match(fn, p, prints, w.data, saved_mixed.data, 3 * rounding);
   }
   const auto mixer = cpu::make_mixer(p, w.data);
   // The kernel adds to grad_w.
@@ -152,14 +153,27 @@ void narrow(const float* src, int64_t n, bfloat16* dst) {
 // and also w and the summaries in the mix.
 constexpr double kBf16Rounding = 0x1p-8;
 
-// The bfloat16 backward, its saved arrays verified or not.
-void backward_bf16(const Options& options, TensorView<const bfloat16> q,
-                   TensorView<const bfloat16> k, TensorView<const bfloat16> v,
-                   TensorView<const float> w, TensorView<const bfloat16> o,
-                   TensorView<const bfloat16> grad_o, TensorView<bfloat16> grad_q,
-                   TensorView<bfloat16> grad_k, TensorView<bfloat16> grad_v,
-                   TensorView<float> grad_w, TensorView<const float> saved_summaries,
-                   TensorView<const float> saved_mixed, bool verify) {
+}  // namespace
+
+namespace detail {
+
+template <typename T>
+void backward(SavedArrays saved, const Options& options, TensorView<const T> q,
+              TensorView<const T> k, TensorView<const T> v, TensorView<const T> w,
+              TensorView<const T> o, TensorView<const T> grad_o, TensorView<T> grad_q,
+              TensorView<T> grad_k, TensorView<T> grad_v, TensorView<T> grad_w,
+              TensorView<const T> saved_summaries, TensorView<const T> saved_mixed) {
+  run_backward<T, T>(options, q, k, v, w, o, grad_o, grad_q, grad_k, grad_v, grad_w,
+                     saved_summaries, saved_mixed, 0.0, saved == SavedArrays::from_outside);
+}
+
+void backward(SavedArrays saved, const Options& options, TensorView<const bfloat16> q,
+              TensorView<const bfloat16> k, TensorView<const bfloat16> v, TensorView<const float> w,
+              TensorView<const bfloat16> o, TensorView<const bfloat16> grad_o,
+              TensorView<bfloat16> grad_q, TensorView<bfloat16> grad_k, TensorView<bfloat16> grad_v,
+              TensorView<float> grad_w, TensorView<const float> saved_summaries,
+              TensorView<const float> saved_mixed) {
+  const bool verify = saved == SavedArrays::from_outside;
   const char* fn = "mhla::backward";
   // The bfloat16 kernels read and write the bfloat16 tensors in place (not in
   // causal mode: its in-block gradients are parked in the outputs between
@@ -188,7 +202,7 @@ void backward_bf16(const Options& options, TensorView<const bfloat16> q,
   narrow(gv, nv, grad_v.data);
 }
 
-}  // namespace
+}  // namespace detail
 
 template <typename T>
 void backward(const Options& options, TensorView<const T> q, TensorView<const T> k,
@@ -196,8 +210,8 @@ void backward(const Options& options, TensorView<const T> q, TensorView<const T>
               TensorView<const T> grad_o, TensorView<T> grad_q, TensorView<T> grad_k,
               TensorView<T> grad_v, TensorView<T> grad_w, TensorView<const T> saved_summaries,
               TensorView<const T> saved_mixed) {
-  run_backward<T, T>(options, q, k, v, w, o, grad_o, grad_q, grad_k, grad_v, grad_w,
-                     saved_summaries, saved_mixed, 0.0, true);
+  detail::backward<T>(detail::SavedArrays::from_outside, options, q, k, v, w, o, grad_o, grad_q,
+                      grad_k, grad_v, grad_w, saved_summaries, saved_mixed);
 }
 
 void backward(const Options& options, TensorView<const bfloat16> q, TensorView<const bfloat16> k,
@@ -205,36 +219,9 @@ void backward(const Options& options, TensorView<const bfloat16> q, TensorView<c
               TensorView<const bfloat16> grad_o, TensorView<bfloat16> grad_q,
               TensorView<bfloat16> grad_k, TensorView<bfloat16> grad_v, TensorView<float> grad_w,
               TensorView<const float> saved_summaries, TensorView<const float> saved_mixed) {
-  backward_bf16(options, q, k, v, w, o, grad_o, grad_q, grad_k, grad_v, grad_w, saved_summaries,
-                saved_mixed, true);
+  detail::backward(detail::SavedArrays::from_outside, options, q, k, v, w, o, grad_o, grad_q,
+                   grad_k, grad_v, grad_w, saved_summaries, saved_mixed);
 }
-
-namespace detail {
-
-template <typename T>
-void backward_with_private_state(const Options& options, TensorView<const T> q,
-                                 TensorView<const T> k, TensorView<const T> v,
-                                 TensorView<const T> w, TensorView<const T> o,
-                                 TensorView<const T> grad_o, TensorView<T> grad_q,
-                                 TensorView<T> grad_k, TensorView<T> grad_v, TensorView<T> grad_w,
-                                 TensorView<const T> saved_summaries,
-                                 TensorView<const T> saved_mixed) {
-  run_backward<T, T>(options, q, k, v, w, o, grad_o, grad_q, grad_k, grad_v, grad_w,
-                     saved_summaries, saved_mixed, 0.0, false);
-}
-
-void backward_with_private_state(const Options& options, TensorView<const bfloat16> q,
-                                 TensorView<const bfloat16> k, TensorView<const bfloat16> v,
-                                 TensorView<const float> w, TensorView<const bfloat16> o,
-                                 TensorView<const bfloat16> grad_o, TensorView<bfloat16> grad_q,
-                                 TensorView<bfloat16> grad_k, TensorView<bfloat16> grad_v,
-                                 TensorView<float> grad_w, TensorView<const float> saved_summaries,
-                                 TensorView<const float> saved_mixed) {
-  backward_bf16(options, q, k, v, w, o, grad_o, grad_q, grad_k, grad_v, grad_w, saved_summaries,
-                saved_mixed, false);
-}
-
-}  // namespace detail
 
 void forward(const Options& options, TensorView<const bfloat16> q, TensorView<const bfloat16> k,
              TensorView<const bfloat16> v, TensorView<const float> w, TensorView<bfloat16> o,
@@ -299,11 +286,12 @@ FlopCount mhla_flops(int64_t batch, int64_t tokens, int64_t heads, int64_t dk, i
   template void backward<T>(const Options&, TensorView<const T>, TensorView<const T>,              \
                             TensorView<const T>, TensorView<const T>, TensorView<const T>,         \
                             TensorView<const T>, TensorView<T>, TensorView<T>, TensorView<T>,      \
-                            TensorView<T>, TensorView<const T>, TensorView<const T>);      \
-  template void detail::backward_with_private_state<T>(                                            \
-      const Options&, TensorView<const T>, TensorView<const T>, TensorView<const T>,               \
-      TensorView<const T>, TensorView<const T>, TensorView<const T>, TensorView<T>, TensorView<T>, \
-      TensorView<T>, TensorView<T>, TensorView<const T>, TensorView<const T>);
+                            TensorView<T>, TensorView<const T>, TensorView<const T>);              \
+  template void detail::backward<T>(detail::SavedArrays, const Options&, TensorView<const T>,      \
+                                    TensorView<const T>, TensorView<const T>, TensorView<const T>, \
+                                    TensorView<const T>, TensorView<const T>, TensorView<T>,       \
+                                    TensorView<T>, TensorView<T>, TensorView<T>,                   \
+                                    TensorView<const T>, TensorView<const T>);
 MHLA_INSTANTIATE_OPERATOR(float)
 MHLA_INSTANTIATE_OPERATOR(double)
 #undef MHLA_INSTANTIATE_OPERATOR

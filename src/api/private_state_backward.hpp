@@ -1,29 +1,30 @@
 #pragma once
-// backward() without the fingerprint check of its saved arrays
-// (core/saved_state_check.hpp), for a caller that keeps them where no one
-// else can reach them: the torch autograd function holds the summaries in
-// its context, and torch's version counters refuse a backward after q, k, v
-// or w changed in place. Everything else is backward()'s, checks included.
+// backward() for callers inside this project, told whose saved arrays it
+// gets. Arrays from outside are held to their fingerprints
+// (core/saved_state_check.hpp), as the public backward() does; a caller that
+// keeps them where no one else can reach them skips that check: the torch
+// autograd function holds them in its context (and torch's version counters
+// refuse a backward after q, k, v or w changed in place), the trainer's layer
+// holds them as members. Everything else is backward()'s, checks included.
 // Not part of the installed API.
 #include "mhla/operator.hpp"
 
 namespace mhla::detail {
 
-template <typename T>
-void backward_with_private_state(const Options& options, TensorView<const T> q,
-                                 TensorView<const T> k, TensorView<const T> v,
-                                 TensorView<const T> w, TensorView<const T> o,
-                                 TensorView<const T> grad_o, TensorView<T> grad_q,
-                                 TensorView<T> grad_k, TensorView<T> grad_v, TensorView<T> grad_w,
-                                 TensorView<const T> saved_summaries,
-                                 TensorView<const T> saved_mixed);
+enum class SavedArrays { from_outside, private_to_caller };
 
-void backward_with_private_state(const Options& options, TensorView<const bfloat16> q,
-                                 TensorView<const bfloat16> k, TensorView<const bfloat16> v,
-                                 TensorView<const float> w, TensorView<const bfloat16> o,
-                                 TensorView<const bfloat16> grad_o, TensorView<bfloat16> grad_q,
-                                 TensorView<bfloat16> grad_k, TensorView<bfloat16> grad_v,
-                                 TensorView<float> grad_w, TensorView<const float> saved_summaries,
-                                 TensorView<const float> saved_mixed);
+template <typename T>
+void backward(SavedArrays saved, const Options& options, TensorView<const T> q,
+              TensorView<const T> k, TensorView<const T> v, TensorView<const T> w,
+              TensorView<const T> o, TensorView<const T> grad_o, TensorView<T> grad_q,
+              TensorView<T> grad_k, TensorView<T> grad_v, TensorView<T> grad_w,
+              TensorView<const T> saved_summaries, TensorView<const T> saved_mixed);
+
+void backward(SavedArrays saved, const Options& options, TensorView<const bfloat16> q,
+              TensorView<const bfloat16> k, TensorView<const bfloat16> v, TensorView<const float> w,
+              TensorView<const bfloat16> o, TensorView<const bfloat16> grad_o,
+              TensorView<bfloat16> grad_q, TensorView<bfloat16> grad_k, TensorView<bfloat16> grad_v,
+              TensorView<float> grad_w, TensorView<const float> saved_summaries,
+              TensorView<const float> saved_mixed);
 
 }  // namespace mhla::detail

@@ -42,21 +42,13 @@ inline std::vector<double> fingerprint_probe(int64_t dv) {
   return r;
 }
 
-// Every block's fingerprint, and every query block's mix of them, for one
-// backward call (whose mix reads its own blocks: first_block 0).
+// Every block's fingerprint for one backward call, from k and v.
 struct Fingerprints {
   int64_t dk = 0, blocks = 0;
   std::vector<double> probe;  // r, Dv long
   // [slice][block][2 Dk]: z_b then p_b; `magnitude` the sums of their terms'
   // magnitudes, which bound the float sums' rounding.
   std::vector<double> block, magnitude;
-  // [slice][i][2 Dk]: z~_i then p~_i.
-  std::vector<double> mixed;
-  // Per slice, [2 Dk]: the largest magnitude over blocks; per (copy, i): the
-  // sum of |W[i, b]| over the blocks the mix reads. Their product bounds the
-  // magnitude behind each mixed entry.
-  std::vector<double> largest, row_weight;
-  int64_t longest = 0;  // rows of the largest block
 
   int64_t at(int64_t slice, int64_t blk) const { return (slice * blocks + blk) * 2 * dk; }
 };
@@ -73,30 +65,28 @@ double mix_weight(const Problem& p, const T* w, int64_t copy, int64_t i, int64_t
   return double(w[(copy * p.w_stride + row) * p.w_stride + b]);
 }
 
-template <typename S, typename T>
-Fingerprints fingerprints(const Problem& p, const S* k, const S* v, const T* w) {
+template <typename S>
+Fingerprints fingerprints(const Problem& p, const S* k, const S* v) {
   const AttentionDims& d = p.dims;
-  const int64_t heads = d.heads, m = p.blocks, slices = d.batch * heads, x2 = 2 * d.dk;
+  const int64_t heads = d.heads, m = p.blocks;
   Fingerprints f;
   f.dk = d.dk, f.blocks = m;
   f.probe = fingerprint_probe(d.dv);
-  f.block.assign(size_t(slices * m * x2), 0.0);
+  f.block.assign(size_t(d.batch * heads * m * 2 * d.dk), 0.0);
   f.magnitude.assign(f.block.size(), 0.0);
   const double* r = f.probe.data();
-  int64_t longest = 0;
   // One task per (batch, block): it reads whole token rows (every head), so
   // k and v stream through at memory speed; tasks write disjoint entries.
-#pragma omp parallel for schedule(dynamic) reduction(max : longest)
+#pragma omp parallel for schedule(dynamic)
   for (int64_t task = 0; task < d.batch * m; ++task) {
     const int64_t batch = task / m, blk = task % m;
-    int64_t rows = 0;
     // phi of one key row in the tokens' own precision: a loop of its own,
     // which vectorises its exponential (sums in double alongside do not).
     using F = decltype(value_of(*k));
     std::vector<F> features(static_cast<size_t>(d.dk));
     dispatch_feature(p.phi, [&]<FeatureMap Phi>() {
       p.table.for_each_run(blk, [&](int64_t first, int64_t len) {
-        for (int64_t t = first; t < first + len; ++t, ++rows)
+        for (int64_t t = first; t < first + len; ++t)
           for (int64_t h = 0; h < heads; ++h) {
             const int64_t row = (batch * d.tokens + t) * heads + h;
             const S* kt = k + row * d.dk;
@@ -121,34 +111,47 @@ Fingerprints fingerprints(const Problem& p, const S* k, const S* v, const T* w) 
           }
       });
     });
-    longest = std::max(longest, rows);
   }
-  f.longest = longest;
+  return f;
+}
 
-  // The mix of the fingerprints: one [M, M] x [M, 2 Dk] product per slice,
-  // on the dense W each copy reads (masked entries zero).
+// Every query block's mix of the block fingerprints, for the mixed summaries'
+// check: [slice][i][2 Dk] holds z~_i then p~_i. One [M, M] x [M, 2 Dk]
+// product per slice, on the dense W each copy reads (masked entries zero).
+struct MixedFingerprints {
+  std::vector<double> mixed;
+  // Per slice, [2 Dk]: the largest magnitude over blocks; per (copy, i): the
+  // sum of |W[i, b]| over the blocks the mix reads. Their product bounds the
+  // magnitude behind each mixed entry.
+  std::vector<double> largest, row_weight;
+};
+
+template <typename T>
+MixedFingerprints mixed_fingerprints(const Problem& p, const Fingerprints& f, const T* w) {
+  const int64_t heads = p.dims.heads, m = p.blocks, slices = p.dims.batch * heads, x2 = 2 * f.dk;
   const int64_t copies = p.per_head_mixing ? heads : 1;
+  MixedFingerprints mf;
   std::vector<double> dense(size_t(copies * m * m));
-  f.row_weight.assign(size_t(copies * m), 0.0);
+  mf.row_weight.assign(size_t(copies * m), 0.0);
   for (int64_t c = 0; c < copies; ++c)
     for (int64_t i = 0; i < m; ++i)
       for (int64_t b = 0; b < m; ++b) {
         const double x = mix_weight(p, w, c, i, b);
         dense[(c * m + i) * m + b] = x;
-        f.row_weight[c * m + i] += std::abs(x);
+        mf.row_weight[c * m + i] += std::abs(x);
       }
-  f.mixed.assign(f.block.size(), 0.0);
-  f.largest.assign(size_t(slices * x2), 0.0);
+  mf.mixed.assign(f.block.size(), 0.0);
+  mf.largest.assign(size_t(slices * x2), 0.0);
 #pragma omp parallel for schedule(static)
   for (int64_t slice = 0; slice < slices; ++slice) {
     const int64_t copy = p.per_head_mixing ? slice % heads : 0;
     cpu::gemm(false, false, m, x2, m, 1.0, dense.data() + copy * m * m, m,
-              f.block.data() + f.at(slice, 0), x2, 0.0, f.mixed.data() + f.at(slice, 0), x2);
-    double* top = f.largest.data() + slice * x2;
+              f.block.data() + f.at(slice, 0), x2, 0.0, mf.mixed.data() + f.at(slice, 0), x2);
+    double* top = mf.largest.data() + slice * x2;
     for (int64_t b = 0; b < m; ++b)
       for (int64_t a = 0; a < x2; ++a) top[a] = std::max(top[a], f.magnitude[f.at(slice, b) + a]);
   }
-  return f;
+  return mf;
 }
 
 // One saved value against its fingerprint: within `tol`, or either side not
@@ -211,9 +214,10 @@ void check_saved_summaries_match(const char* fn, const Problem& p, const Fingerp
   const AttentionDims& d = p.dims;
   // Below T's smallest normal number the relative bound no longer holds
   // (subnormal products keep few digits): an absolute floor covers it.
-  const double floor = double(f.longest + d.dv + 1) * double(std::numeric_limits<T>::min());
-  const double z_unit = rounding_unit<T>() * double(f.longest + 1) + rounding;
-  const double p_unit = rounding_unit<T>() * double(f.longest + d.dv + 1) + rounding;
+  const int64_t longest = p.table.max_block_size();
+  const double floor = double(longest + d.dv + 1) * double(std::numeric_limits<T>::min());
+  const double z_unit = rounding_unit<T>() * double(longest + 1) + rounding;
+  const double p_unit = rounding_unit<T>() * double(longest + d.dv + 1) + rounding;
   const FingerprintMismatch x =
       first_mismatch(d.batch * d.heads, p.blocks, [&](int64_t slice, int64_t blk) {
         return compare_summary(saved + (slice * p.blocks + blk) * d.dk * (d.dv + 1),
@@ -232,36 +236,32 @@ void check_saved_summaries_match(const char* fn, const Problem& p, const Fingerp
                "same q, k, v and w, or none");
 }
 
-// Terms of a mixed entry's float sum: the block's rows, r's, then the mix's.
-inline double mixed_terms(const Problem& p, const Fingerprints& f) {
-  return double(f.longest + p.dims.dv + p.blocks + 1);
-}
-
 template <typename T>
-void check_saved_mixed_match(const char* fn, const Problem& p, const Fingerprints& f,
+void check_saved_mixed_match(const char* fn, const Problem& p, const Fingerprints& f, const T* w,
                              const T* saved_mixed, double rounding = 0) {
   const AttentionDims& d = p.dims;
   const int64_t m = p.blocks;
-  const double terms = mixed_terms(p, f);
+  const MixedFingerprints mf = mixed_fingerprints(p, f, w);
+  // Terms of a mixed entry's float sum: the block's rows, r's, then the mix's.
+  const double terms = double(p.table.max_block_size() + d.dv + m + 1);
   const double floor = terms * double(std::numeric_limits<T>::min());
   const double unit = rounding_unit<T>() * terms + rounding;
-  const FingerprintMismatch x =
-      first_mismatch(d.batch * d.heads, m, [&](int64_t slice, int64_t i) {
-        // The magnitude behind entry a: at most sum_b |W[i, b]| times the
-        // largest block magnitude of a.
-        const double weight = f.row_weight[(p.per_head_mixing ? slice % d.heads : 0) * m + i];
-        return compare_summary(saved_mixed + (slice * m + i) * d.dk * (d.dv + 1),
-                               f.mixed.data() + f.at(slice, i), f.largest.data() + slice * 2 * d.dk,
-                               unit * weight, unit * weight, floor, d.dk, d.dv, f.probe.data(),
-                               slice, i);
-      });
+  const FingerprintMismatch x = first_mismatch(d.batch * d.heads, m, [&](int64_t slice, int64_t i) {
+    // The magnitude behind entry a: at most sum_b |W[i, b]| times the
+    // largest block magnitude of a.
+    const double weight = mf.row_weight[(p.per_head_mixing ? slice % d.heads : 0) * m + i];
+    return compare_summary(saved_mixed + (slice * m + i) * d.dk * (d.dv + 1),
+                           mf.mixed.data() + f.at(slice, i), mf.largest.data() + slice * 2 * d.dk,
+                           unit * weight, unit * weight, floor, d.dk, d.dv, f.probe.data(), slice,
+                           i);
+  });
   if (x.slice < 0) return;
   fail(fn, "saved_mixed does not belong to these k, v and w: block " + std::to_string(x.index) +
                " of batch " + std::to_string(x.slice / d.heads) + ", head " +
                std::to_string(x.slice % d.heads) + " holds z~[" + std::to_string(x.a) +
                "] = " + format_number(x.saved_z) + " and (S~ r)[" + std::to_string(x.a) +
-               "] = " + format_number(x.saved_p) + " but k, v and w give " +
-               format_number(x.z) + " and " + format_number(x.p) +
+               "] = " + format_number(x.saved_p) + " but k, v and w give " + format_number(x.z) +
+               " and " + format_number(x.p) +
                " (r: a fixed probe vector); pass the mixed summaries that forward() saved for "
                "the same q, k, v and w, or none");
 }

@@ -63,7 +63,8 @@ std::vector<uint8_t> InputFile::read(uint64_t offset, uint64_t count) const {
   std::vector<uint8_t> bytes(static_cast<size_t>(count));
   uint64_t done = 0;
   while (done < count) {
-    const ssize_t got = ::pread(fd_, bytes.data() + done, size_t(count - done), off_t(offset + done));
+    const ssize_t got =
+        ::pread(fd_, bytes.data() + done, size_t(count - done), off_t(offset + done));
     if (got < 0 && errno == EINTR) continue;
     if (got < 0) fail("cannot read", path_);
     if (got == 0)
@@ -74,7 +75,9 @@ std::vector<uint8_t> InputFile::read(uint64_t offset, uint64_t count) const {
   return bytes;
 }
 
-std::vector<uint8_t> InputFile::head(uint64_t count) const { return read(0, std::min(count, size_)); }
+std::vector<uint8_t> InputFile::head(uint64_t count) const {
+  return read(0, std::min(count, size_));
+}
 
 void require_regular_file(const std::string& path) {
   struct stat st {};

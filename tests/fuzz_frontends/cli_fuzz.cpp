@@ -217,8 +217,8 @@ class CliCase {
     for (const std::string& name : names) {
       std::ifstream in(dir_ / (name + ".npy"), std::ios::binary);
       contents.emplace_back(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-      zip_source_t* source = zip_source_buffer(zip, contents.back().data(),
-                                               contents.back().size(), 0);
+      zip_source_t* source =
+          zip_source_buffer(zip, contents.back().data(), contents.back().size(), 0);
       const zip_int64_t index = zip_file_add(zip, (name + ".npy").c_str(), source, 0);
       if (index < 0 || zip_set_file_compression(zip, zip_uint64_t(index), ZIP_CM_STORE, 0) != 0)
         throw std::runtime_error("zip_file_add failed");
@@ -236,8 +236,8 @@ class CliCase {
     const auto at = std::search(bytes.begin(), bytes.end(), npy.begin(), npy.end());
     if (at == bytes.end()) throw std::runtime_error("stored member not found in the archive");
     *(at + std::ptrdiff_t(npy.size()) - 2) ^= 0x10;
-    std::ofstream(archive, std::ios::binary | std::ios::trunc).write(bytes.data(),
-                                                                     std::streamsize(bytes.size()));
+    std::ofstream(archive, std::ios::binary | std::ios::trunc)
+        .write(bytes.data(), std::streamsize(bytes.size()));
     flaw_ = "corrupt " + names[member] + ".npy in the .npz";
     files_ = " --inputs " + archive.string();
   }

@@ -307,8 +307,7 @@ void check_every_block(const Case& c) {
       backward<T>(c.options(), view(q, c.q_shape()), view(kk, c.q_shape()), view(vv, c.v_shape()),
                   view(ww, c.w_shape()), view(o, c.v_shape()), view(g, c.v_shape()),
                   view(gq, c.q_shape()), view(gk, c.q_shape()), view(gv, c.v_shape()),
-                  view(gw, c.w_shape()),
-                  saved & 1 ? view(summaries, ss) : TensorView<const T>{},
+                  view(gw, c.w_shape()), saved & 1 ? view(summaries, ss) : TensorView<const T>{},
                   saved & 2 ? view(mixed, ss) : TensorView<const T>{});
     } catch (const Error& e) {
       return std::string(e.what()).find("does not belong to these") != std::string::npos ||

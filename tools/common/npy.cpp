@@ -172,9 +172,9 @@ NpyHeaderSpan npy_header_span(std::span<const uint8_t> bytes, const std::string&
 struct NpyHeader {
   DType dtype = DType::f32;
   std::vector<int64_t> shape;
-  int64_t count = 0;     // elements
-  uint64_t offset = 0;   // where the data begins
-  uint64_t bytes = 0;    // of data: count * the dtype's width
+  int64_t count = 0;    // elements
+  uint64_t offset = 0;  // where the data begins
+  uint64_t bytes = 0;   // of data: count * the dtype's width
 };
 
 // The header of a .npy file of `total` bytes, from its first bytes (at least
@@ -186,8 +186,10 @@ NpyHeader parse_npy_header(std::span<const uint8_t> bytes, uint64_t total,
       npy_header_span(bytes.first(std::min(bytes.size(), kPreambleMax)), source);
   h.offset = span.end;
   if (h.offset > total || h.offset > bytes.size())
-    throw Error(source + ": truncated .npy header (" + std::to_string(total) + " bytes, the header "
-                "ends at byte " + std::to_string(h.offset) + ")");
+    throw Error(source + ": truncated .npy header (" + std::to_string(total) +
+                " bytes, the header "
+                "ends at byte " +
+                std::to_string(h.offset) + ")");
   const std::string header(reinterpret_cast<const char*>(bytes.data() + span.begin),
                            size_t(span.end - span.begin));
   std::string descr;
@@ -243,8 +245,8 @@ NpyArray read_npy(const std::string& path) {
   const io::InputFile file(path);
   const NpyHeaderSpan span = npy_header_span(file.head(kPreambleMax), path);
   // A header said to run past the file's end is refused before it is read.
-  const NpyHeader h = parse_npy_header(
-      file.head(span.end <= file.size() ? span.end : kPreambleMax), file.size(), path);
+  const NpyHeader h = parse_npy_header(file.head(span.end <= file.size() ? span.end : kPreambleMax),
+                                       file.size(), path);
   return npy_values(h, file.read(h.offset, h.bytes), path);
 }
 

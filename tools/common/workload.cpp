@@ -65,24 +65,16 @@ void Workload::mhla_forward_saving() {
                  {saved_mixed.data(), shape_s});
 }
 
-void Workload::mhla_backward_saved() {
-  // As the torch layers and the trainer run it: the saved arrays are this
-  // object's own, so their fingerprint check is skipped.
+void Workload::mhla_backward_saved(bool check_saved) {
+  // Without the check, as the torch layers and the trainer run it: the saved
+  // arrays are this object's own.
   const auto shape_s = saved_summaries_shape(options, shape(), shape());
-  detail::backward_with_private_state<float>(options, {q.data(), shape()}, {k.data(), shape()}, {v.data(), shape()},
-                  {w.data(), w_shape()}, {o.data(), shape()}, {grad_o.data(), shape()},
-                  {grad_q.data(), shape()}, {grad_k.data(), shape()}, {grad_v.data(), shape()},
-                  {grad_w.data(), w_shape()}, {saved_summaries.data(), shape_s},
-                  {saved_mixed.data(), shape_s});
-}
-
-void Workload::mhla_backward_saved_verified() {
-  const auto shape_s = saved_summaries_shape(options, shape(), shape());
-  backward<float>(options, {q.data(), shape()}, {k.data(), shape()}, {v.data(), shape()},
-                  {w.data(), w_shape()}, {o.data(), shape()}, {grad_o.data(), shape()},
-                  {grad_q.data(), shape()}, {grad_k.data(), shape()}, {grad_v.data(), shape()},
-                  {grad_w.data(), w_shape()}, {saved_summaries.data(), shape_s},
-                  {saved_mixed.data(), shape_s});
+  detail::backward<float>(
+      check_saved ? detail::SavedArrays::from_outside : detail::SavedArrays::private_to_caller,
+      options, {q.data(), shape()}, {k.data(), shape()}, {v.data(), shape()}, {w.data(), w_shape()},
+      {o.data(), shape()}, {grad_o.data(), shape()}, {grad_q.data(), shape()},
+      {grad_k.data(), shape()}, {grad_v.data(), shape()}, {grad_w.data(), w_shape()},
+      {saved_summaries.data(), shape_s}, {saved_mixed.data(), shape_s});
 }
 
 namespace {

@@ -39,9 +39,9 @@ struct Workload {
   void mhla_backward();  // recomputes the block summaries
   // The training path: forward keeps the block and mixed summaries, backward reuses them.
   void mhla_forward_saving();
-  void mhla_backward_saved();
-  // The same through the public backward(), which verifies the saved arrays.
-  void mhla_backward_saved_verified();
+  // check_saved: hold the saved arrays to their fingerprints, as the public
+  // backward() does with arrays from outside.
+  void mhla_backward_saved(bool check_saved = false);
   // The same calls on bfloat16 copies of q, k, v and grad_o (made on first
   // use) with bfloat16 outputs and gradients; bf16_backward_saved() reads
   // what bf16_forward_saving() kept.
