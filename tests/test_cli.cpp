@@ -263,7 +263,7 @@ TEST_F(Cli, TrainStopsResumesAndWritesItsOutputs) {
 
   const CliRun part = mhla_cli(kTinyTrain + "--stop-after 3 --out " + path("split"));
   ASSERT_EQ(part.status, 0) << part.output;
-  EXPECT_THAT(part.output, HasSubstr("stopped early; continue with --resume"));
+  EXPECT_THAT(part.output, HasSubstr("stopped before the end; continue with --resume"));
   const CliRun rest = mhla_cli(kTinyTrain + "--out " + path("split") + " --resume " +
                                path("split/checkpoint.safetensors"));
   ASSERT_EQ(rest.status, 0) << rest.output;
@@ -287,6 +287,73 @@ TEST_F(Cli, TrainStopsResumesAndWritesItsOutputs) {
       mhla_cli(kTinyTrain + "--out " + path("bad") + " --resume " + path("damaged.safetensors"));
   EXPECT_EQ(bad.status, 1);
   EXPECT_THAT(bad.output, HasSubstr("damaged.safetensors"));
+}
+
+TEST_F(Cli, CompareWidensTheGridAndContinuesAStoppedComparison) {
+  const std::string compare =
+      "compare --preset full --tasks mqar --steps 4 --eval-size 8 --seeds 0,1 --lrs 1e-3,2e-3 "
+      "--threads 1 --out " +
+      path("c");
+  const CliRun first = mhla_cli(compare);
+  ASSERT_EQ(first.status, 0) << first.output;
+  std::ifstream in(path("c/compare.json"));
+  const nlohmann::json report = nlohmann::json::parse(in);
+  int runs = 0;
+  for (const auto& model : report["entries"][0]["models"]) {
+    // The chosen rate has the best validation score of the sweep, and lies
+    // inside the tried rates unless the grid was widened as far as it goes.
+    const auto& sweep = model["sweep"];
+    double best = -1;
+    for (const auto& s : sweep) best = std::max(best, s["validation"].get<double>());
+    int below = 0, above = 0;
+    for (const auto& s : sweep) {
+      if (s["lr"] == model["lr"]) {
+        EXPECT_EQ(s["validation"].get<double>(), best);
+      }
+      below += s["lr"].get<double>() < model["lr"].get<double>();
+      above += s["lr"].get<double>() > model["lr"].get<double>();
+    }
+    EXPECT_GE(sweep.size(), 2u);
+    EXPECT_EQ(model["lr_inside_grid"].get<bool>(), below > 0 && above > 0);
+    if (!model["lr_inside_grid"].get<bool>()) {
+      EXPECT_EQ(sweep.size(), 2u + 3u);
+    }
+    EXPECT_EQ(model["test"].size(), 2u);
+    // The sweep, then each seed at the chosen rate; the first seed's run is the
+    // sweep's own (read back), as the rate is chosen by full runs here.
+    runs += int(sweep.size()) + 2;
+  }
+  ASSERT_EQ(report["entries"][0]["paired_test_differences"].size(), 1u);
+  EXPECT_EQ(report["entries"][0]["paired_test_differences"][0]["per_seed"].size(), 2u);
+
+  // Run again: every run is read back, none trains, and the tables are the same.
+  auto tables = [&] {
+    std::ifstream md(path("c/compare.md"));
+    std::string text((std::istreambuf_iterator<char>(md)), std::istreambuf_iterator<char>());
+    return text.substr(text.find('\n'));  // without the caption's timing
+  };
+  const std::string before = tables();
+  const CliRun again = mhla_cli(compare);
+  ASSERT_EQ(again.status, 0) << again.output;
+  size_t read_back = 0;
+  for (size_t at = 0; (at = again.output.find("(read back)", at)) != std::string::npos; ++at)
+    ++read_back;
+  EXPECT_EQ(int(read_back), runs) << again.output;
+  EXPECT_THAT(again.output, Not(HasSubstr(" tok/s")));  // no training step printed
+  EXPECT_EQ(tables(), before);
+
+  // A run whose metrics are gone is trained again; the others are read back.
+  char lr[32];
+  std::snprintf(lr, sizeof lr, "%g", report["entries"][0]["models"][1]["lr"].get<double>());
+  const fs::path one =
+      fs::path(path("c")) / "mqar_N_256_kv_8" / ("mhla-lr" + std::string(lr) + "-seed1");
+  ASSERT_TRUE(fs::remove(one / "metrics.json"));
+  fs::remove(one / "checkpoint.safetensors");
+  const CliRun third = mhla_cli(compare);
+  ASSERT_EQ(third.status, 0) << third.output;
+  EXPECT_THAT(third.output, HasSubstr(" tok/s"));
+  EXPECT_THAT(third.output, HasSubstr("seed 1: validation"));
+  EXPECT_EQ(tables(), before);
 }
 
 TEST_F(Cli, TrainOneKindFillsTheDepth) {

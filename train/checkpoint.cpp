@@ -22,6 +22,8 @@ void save_checkpoint(const std::string& path, const RunConfig& config, const Mod
     file.tensors["model/" + p.name] = {p.shape, p.value};
     file.tensors["adam_m/" + p.name] = {p.shape, optimizer.first_moments()[i]};
     file.tensors["adam_v/" + p.name] = {p.shape, optimizer.second_moments()[i]};
+    if (!state.best_parameters.empty())
+      file.tensors["best/" + p.name] = {p.shape, state.best_parameters[i]};
   }
   file.metadata["format"] = kFormat;
   file.metadata["config"] = to_json(config).dump();
@@ -86,16 +88,21 @@ TrainingState load_checkpoint(const std::string& path, const RunConfig& config, 
                   ", the model needs " + shape_to_string(p.shape));
     return it->second;
   };
+  // Early stopping keeps the best evaluation's parameters once there is an evaluation.
+  const bool has_best = config.patience > 0 && !state.history.eval.empty();
+  std::vector<const char*> prefixes = {"model/", "adam_m/", "adam_v/"};
+  if (has_best) prefixes.push_back("best/");
   for (const Parameter<float>* p : params)
-    for (const char* prefix : {"model/", "adam_m/", "adam_v/"}) find(prefix + p->name, *p);
-  if (file.tensors.size() != 3 * params.size())
+    for (const char* prefix : prefixes) find(prefix + p->name, *p);
+  if (file.tensors.size() != prefixes.size() * params.size())
     throw Error(path + ": " + std::to_string(file.tensors.size()) + " tensors, this model has " +
-                std::to_string(3 * params.size()));
+                std::to_string(prefixes.size() * params.size()));
   for (size_t i = 0; i < params.size(); ++i) {
     Parameter<float>& p = *params[i];
     p.value = find("model/" + p.name, p).data;
     optimizer.first_moments()[i] = find("adam_m/" + p.name, p).data;
     optimizer.second_moments()[i] = find("adam_v/" + p.name, p).data;
+    if (has_best) state.best_parameters.push_back(find("best/" + p.name, p).data);
   }
   optimizer.set_steps_taken(state.step);
   return state;

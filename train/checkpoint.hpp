@@ -1,6 +1,7 @@
 #pragma once
 // Training checkpoints as safetensors: the parameters ("model/<name>"), AdamW's
-// moments ("adam_m/<name>", "adam_v/<name>"), and in the metadata the run
+// moments ("adam_m/<name>", "adam_v/<name>"), with early stopping the best
+// evaluation's parameters ("best/<name>"), and in the metadata the run
 // config, the step count and the history. Loading checks everything against the
 // run being resumed and names what does not match.
 #include <string>
@@ -15,6 +16,9 @@ namespace mhla::train {
 struct TrainingState {
   int64_t step = 0;  // steps completed
   History history;
+  // With early stopping: the parameters at the best evaluation so far, in the
+  // model's parameter order ("best/<name>" in the file); empty otherwise.
+  std::vector<std::vector<float>> best_parameters;
 };
 
 void save_checkpoint(const std::string& path, const RunConfig& config, const Model<float>& model,

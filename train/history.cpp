@@ -6,6 +6,19 @@ namespace mhla::train {
 
 using nlohmann::json;
 
+int64_t best_evaluation(const std::vector<EvalPoint>& eval, bool by_loss) {
+  int64_t best = -1;
+  for (size_t i = 0; i < eval.size(); ++i) {
+    const EvalPoint& e = eval[i];
+    const bool better =
+        best < 0 || (by_loss ? e.loss < eval[best].loss
+                             : e.accuracy > eval[best].accuracy ||
+                                   (e.accuracy == eval[best].accuracy && e.loss < eval[best].loss));
+    if (better) best = int64_t(i);
+  }
+  return best;
+}
+
 json to_json(const History& h) {
   json eval = json::array();
   for (const EvalPoint& e : h.eval)

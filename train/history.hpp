@@ -19,6 +19,11 @@ struct History {
   double seconds = 0;  // training time, summed over resumes
 };
 
+// The index of the best evaluation (lowest loss when by_loss, else highest
+// accuracy with the lower loss breaking ties; the earliest of equals), or -1
+// when there is none.
+int64_t best_evaluation(const std::vector<EvalPoint>& eval, bool by_loss);
+
 nlohmann::json to_json(const History& history);
 History history_from_json(const nlohmann::json& j);  // mhla::Error when malformed
 

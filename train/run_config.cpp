@@ -28,6 +28,8 @@ TaskKind parse_task(const std::string& name) {
 
 bool is_sequence_task(TaskKind task) { return task != TaskKind::fashion_mnist; }
 
+bool scored_by_loss(TaskKind task) { return task == TaskKind::text; }
+
 std::vector<AttentionKind> parse_attention_list(const std::string& text) {
   std::vector<AttentionKind> kinds;
   size_t start = 0;
@@ -68,6 +70,8 @@ json to_json(const RunConfig& c) {
           {"weight_decay", c.weight_decay},
           {"clip", c.clip},
           {"seed", c.seed},
+          {"eval_every", c.eval_every},
+          {"patience", c.patience},
           {"vocab", c.vocab},
           {"seq_len", c.seq_len},
           {"kv_pairs", c.kv_pairs},
@@ -118,6 +122,8 @@ RunConfig run_config_from_json(const json& j) {
   get("weight_decay", c.weight_decay);
   get("clip", c.clip);
   get("seed", c.seed);
+  get("eval_every", c.eval_every);
+  get("patience", c.patience);
   get("vocab", c.vocab);
   get("seq_len", c.seq_len);
   get("kv_pairs", c.kv_pairs);
@@ -154,6 +160,9 @@ void check_run_config(const RunConfig& c) {
     throw Error("rope needs an even head dimension (dim / heads = " +
                 std::to_string(c.dim / c.heads) + ")");
   if (c.warmup < 0 || c.warmup >= c.steps) throw Error("warmup must be in [0, steps)");
+  if (c.eval_every < 0 || c.patience < 0) throw Error("eval_every and patience must be >= 0");
+  if (c.patience > 0 && c.eval_every == 0)
+    throw Error("patience counts evaluations: early stopping needs eval_every > 0");
   if (!(c.lr > 0) || !(c.clip >= 0) || !(c.weight_decay >= 0) ||
       !(c.min_lr_ratio >= 0 && c.min_lr_ratio <= 1))
     throw Error("lr must be > 0, clip and weight_decay >= 0, min_lr_ratio in [0, 1]");

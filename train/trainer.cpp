@@ -62,6 +62,20 @@ class FlushDenormals {
   unsigned saved_ = 0;
 };
 
+// The model's parameter values, in its parameter order.
+std::vector<std::vector<float>> parameter_values(Model<float>& model) {
+  std::vector<std::vector<float>> values;
+  for (const Parameter<float>* p : model.parameters()) values.push_back(p->value);
+  return values;
+}
+
+// Early stopping: whether `patience` evaluations have passed since the best one.
+bool patience_ran_out(const RunConfig& config, const History& history) {
+  if (config.patience == 0) return false;
+  const int64_t best = best_evaluation(history.eval, scored_by_loss(config.task));
+  return best >= 0 && int64_t(history.eval.size()) - 1 - best >= config.patience;
+}
+
 }  // namespace
 
 RunResult run_training(const RunConfig& config, const RunOptions& options) {
@@ -71,6 +85,13 @@ RunResult run_training(const RunConfig& config, const RunOptions& options) {
   AdamW<float> optimizer(model.parameters(), {config.lr, 0.9, 0.999, 1e-8, config.weight_decay});
   TrainingState state;
   if (!options.resume.empty()) state = load_checkpoint(options.resume, config, model, optimizer);
+  const bool by_loss = scored_by_loss(config.task);
+  auto validate = [&](int64_t step) {
+    state.history.eval.push_back(evaluate(model, task->validation_batches(), step));
+    if (config.patience > 0 &&
+        best_evaluation(state.history.eval, by_loss) == int64_t(state.history.eval.size()) - 1)
+      state.best_parameters = parameter_values(model);
+  };
 
   RunResult result;
   result.parameters = model.parameter_count();
@@ -79,7 +100,7 @@ RunResult run_training(const RunConfig& config, const RunOptions& options) {
   std::vector<float> grad;
   double step_seconds = 0;
   int64_t tokens = 0;
-  for (int64_t step = state.step; step < last; ++step) {
+  for (int64_t step = state.step; step < last && !patience_ran_out(config, state.history); ++step) {
     const auto start = std::chrono::steady_clock::now();
     const Batch batch = task->train_batch(step);
     model.zero_grad();
@@ -100,26 +121,34 @@ RunResult run_training(const RunConfig& config, const RunOptions& options) {
     state.history.train_accuracy.push_back(double(r.correct) /
                                            double(std::max<int64_t>(r.labelled, 1)));
     state.history.seconds += seconds;
-    if (options.eval_every > 0 && state.step % options.eval_every == 0 && state.step < config.steps)
-      state.history.eval.push_back(evaluate(model, task->validation_batches(), state.step));
+    if (config.eval_every > 0 && state.step % config.eval_every == 0 && state.step < config.steps)
+      validate(state.step);
     if (options.on_step)
       options.on_step(state.step, config.steps, r.loss, double(tokens) / step_seconds);
     if (!options.checkpoint.empty() && options.checkpoint_every > 0 &&
         state.step % options.checkpoint_every == 0 && state.step < last)
       save_checkpoint(options.checkpoint, config, model, optimizer, state);
   }
-  result.finished = state.step == config.steps;
-  if (result.finished) {
-    const bool evaluated =
-        !state.history.eval.empty() && state.history.eval.back().step == config.steps;
-    if (!evaluated)
-      state.history.eval.push_back(evaluate(model, task->validation_batches(), config.steps));
-    result.final_eval = state.history.eval.back();
-    result.final_test = evaluate(model, task->test_batches(), config.steps);
-    if (options.on_finish) options.on_finish(model, *task);
-  }
+  result.stopped_early = patience_ran_out(config, state.history);
+  result.finished = state.step == config.steps || result.stopped_early;
+  if (result.finished &&
+      (state.history.eval.empty() || state.history.eval.back().step != state.step))
+    validate(state.step);
+  // The checkpoint keeps the last parameters (and the best ones) before the
+  // best are put into the model for the test.
   if (!options.checkpoint.empty())
     save_checkpoint(options.checkpoint, config, model, optimizer, state);
+  if (result.finished) {
+    if (config.patience > 0) {
+      result.final_eval = state.history.eval[size_t(best_evaluation(state.history.eval, by_loss))];
+      const ParameterList<float>& params = model.parameters();
+      for (size_t i = 0; i < params.size(); ++i) params[i]->value = state.best_parameters[i];
+    } else {
+      result.final_eval = state.history.eval.back();
+    }
+    result.final_test = evaluate(model, task->test_batches(), result.final_eval.step);
+    if (options.on_finish) options.on_finish(model, *task);
+  }
   result.history = state.history;
   result.steps_done = state.step;
   result.tokens_per_second = step_seconds > 0 ? double(tokens) / step_seconds : 0;

@@ -8,9 +8,9 @@
 #include <filesystem>
 #include <fstream>
 #include <numbers>
+#include <optional>
 
 #include "common/cli_checks.hpp"
-#include "common/heatmap.hpp"
 #include "common/json_file.hpp"
 #include "mhla/analysis.hpp"
 #include "mhla/error.hpp"
@@ -61,23 +61,11 @@ struct Metric {
   }
 };
 
-std::string mean_std(const Metric& metric, const std::vector<double>& values) {
-  double mean = 0, var = 0;
-  for (double a : values) mean += a / double(values.size());
-  for (double a : values)
-    var += (a - mean) * (a - mean) / double(std::max<size_t>(values.size() - 1, 1));
-  std::string text = metric.format(mean);
-  if (values.size() > 1) {
-    const std::string sd = metric.format(std::sqrt(var));
-    text += " ± " + (metric.bits_per_byte ? sd : sd.substr(0, sd.size() - 1));
-  }
-  return text;
-}
-
 // The paper's diagnosis on the trained model: numerical rank and mean row
 // entropy of every head's attention matrix on the first held-out (validation)
-// sample, and each MHLA layer's W as a heatmap PNG in `dir`.
-json diagnose(train::Model<float>& model, const train::Task& task, const fs::path& dir) {
+// sample, and each MHLA layer's W as a PNG in `dir`, named relative to `out`.
+json diagnose(train::Model<float>& model, const train::Task& task, const fs::path& dir,
+              const fs::path& out) {
   const train::Batch& batch = task.validation_batches().front();
   model.forward(batch.input(), batch.size);
   json layers = json::array();
@@ -98,12 +86,10 @@ json diagnose(train::Model<float>& model, const train::Task& task, const fs::pat
       const int64_t m = a.config.layout.num_blocks();
       const std::vector<float> w = a.mixing();
       for (int64_t h = 0; h < a.mixing_heads(); ++h) {
-        const std::string png =
-            (dir / ("W-layer" + std::to_string(l) + "-head" + std::to_string(h) + ".png")).string();
-        write_heatmap_png(png,
-                          std::vector<double>(w.begin() + h * m * m, w.begin() + (h + 1) * m * m),
-                          m, m, true);
-        layer["mixing_png"].push_back(png);
+        const std::string name = "W-layer" + std::to_string(l) + "-head" + std::to_string(h);
+        write_mixing_png((dir / (name + ".png")).string(), name,
+                         std::vector<float>(w.begin() + h * m * m, w.begin() + (h + 1) * m * m), m);
+        layer["mixing_png"].push_back(fs::relative(dir / (name + ".png"), out).string());
       }
     }
     layers.push_back(layer);
@@ -111,34 +97,100 @@ json diagnose(train::Model<float>& model, const train::Task& task, const fs::pat
   return layers;
 }
 
+std::string lr_text(double lr) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", lr);
+  return text;
+}
+
+// Mean and sample standard deviation.
+std::pair<double, double> mean_and_std(const std::vector<double>& values) {
+  double mean = 0, var = 0;
+  for (double a : values) mean += a / double(values.size());
+  for (double a : values)
+    var += (a - mean) * (a - mean) / double(std::max<size_t>(values.size() - 1, 1));
+  return {mean, std::sqrt(var)};
+}
+
+std::string mean_std(const Metric& metric, const std::vector<double>& values) {
+  const auto [mean, sd] = mean_and_std(values);
+  std::string text = metric.format(mean);
+  if (values.size() > 1) {
+    const std::string sd_text = metric.format(sd);
+    text += " ± " + (metric.bits_per_byte ? sd_text : sd_text.substr(0, sd_text.size() - 1));
+  }
+  return text;
+}
+
+// Training progress in epochs for images, in steps for sequences.
+std::string progress(const train::RunConfig& config, int64_t steps) {
+  char text[32];
+  if (config.task != train::TaskKind::fashion_mnist) return std::to_string(steps);
+  const int64_t images = config.train_images > 0 ? config.train_images : 55000;
+  std::snprintf(text, sizeof text, "%.1f", double(steps) / double(images / config.batch));
+  return text;
+}
+
 struct ModelRuns {
   double lr = 0;
-  std::vector<double> validation, test;  // one per seed
-  std::vector<json> sweep;               // the first seed at each learning rate
-  LossSeries curve;                      // the first seed's run at the chosen rate
+  bool lr_inside = false;                 // the chosen rate has a tried rate on either side
+  std::vector<double> validation, test;   // one per seed
+  std::vector<int64_t> best_step, steps;  // one per seed
+  std::vector<json> sweep;                // the first seed at each rate
+  LossSeries curve;                       // the first seed's run at the chosen rate
   json diagnostics;
-  double seconds = 0;
+  double seconds = 0, sweep_seconds = 0;
 };
+
+// A learning rate of the sweep and the validation score its run reached.
+struct TriedRate {
+  double lr;
+  train::EvalPoint validation;
+};
+
+// The index of the best of the tried rates (the trainer's choice of the best
+// evaluation: ties in accuracy go to the lower loss).
+size_t best_rate(const std::vector<TriedRate>& tried, const Metric& metric) {
+  std::vector<train::EvalPoint> points;
+  for (const TriedRate& t : tried) points.push_back(t.validation);
+  return size_t(train::best_evaluation(points, metric.bits_per_byte));
+}
+
+// The rate the sweep tries next (`tried` ascending by rate): none when the best
+// one has a tried rate on either side or after kMaxExtensions extensions, else
+// the next rate beyond the edge it sits on, at the grid's ratio there.
+constexpr int kMaxExtensions = 3;
+std::optional<double> next_rate(const std::vector<TriedRate>& tried, const Metric& metric,
+                                int extensions) {
+  if (tried.size() < 2 || extensions >= kMaxExtensions) return std::nullopt;
+  const size_t best = best_rate(tried, metric), last = tried.size() - 1;
+  if (best == 0) return tried[0].lr * tried[0].lr / tried[1].lr;
+  if (best == last) return tried[last].lr * tried[last].lr / tried[last - 1].lr;
+  return std::nullopt;
+}
 
 }  // namespace
 
 CLI::App* add_compare_command(CLI::App& app, CompareCommand& c) {
-  CLI::App* cmd = app.add_subcommand("compare",
-                                     "Train the same small Transformer with softmax, linear "
-                                     "attention and MHLA on byte-level text (KJV), "
-                                     "784-token Fashion-MNIST and MQAR; with several learning "
-                                     "rates, the first seed picks each model's rate on "
-                                     "the validation split.\nWrites OUT/compare.md, "
-                                     "OUT/compare.json, one loss PNG per task and, per run, "
-                                     "metrics.json, diagnostics and MHLA's W as "
-                                     "heatmaps.\nExamples:\n  mhla compare --preset quick\n"
-                                     "  mhla compare --preset full --out runs/compare-full\n"
-                                     "  mhla compare --tasks fashion-mnist --attention "
-                                     "linear,mhla,mhla/mhla/softmax --seeds 0,1,2");
+  CLI::App* cmd = app.add_subcommand(
+      "compare",
+      "Train the same small Transformer with softmax, linear attention and MHLA on byte-level "
+      "text (KJV), Fashion-MNIST and MQAR. With several learning rates, the first seed picks "
+      "each model's rate on the validation split, and the grid widens until the chosen rate "
+      "lies inside it. Runs again with the same --out continue a stopped comparison: finished "
+      "runs are read back, an unfinished one resumes from its checkpoint.\nWrites "
+      "OUT/compare.md, OUT/compare.json, one loss PNG per table and, per run, metrics.json, "
+      "diagnostics and MHLA's W as heatmaps.\nExamples:\n  mhla compare --preset quick\n"
+      "  mhla compare --preset full --out runs/compare-full\n"
+      "  mhla compare --preset plateau --out runs/plateau\n"
+      "  mhla compare --tasks fashion-mnist --attention linear,mhla,mhla/mhla/softmax --seeds "
+      "0,1,2");
   c.app = cmd;
   cmd->add_option("--preset", c.preset,
-                  "quick (a few minutes on 2 cores) or full (about 90 minutes)")
-      ->check(CLI::IsMember({"quick", "full"}));
+                  "quick (a few minutes on 2 cores), full (short runs of all three tasks) or "
+                  "plateau (Fashion-MNIST at 196 tokens on every image, early-stopped, with a "
+                  "one-token baseline)")
+      ->check(CLI::IsMember({"quick", "full", "plateau"}));
   cmd->add_option("--tasks", c.tasks, "text, fashion-mnist, mqar or all")
       ->check(CLI::IsMember({"text", "fashion-mnist", "mqar", "all"}));
   cmd->add_option(
@@ -148,7 +200,7 @@ CLI::App* add_compare_command(CLI::App& app, CompareCommand& c) {
          "by / (mhla/mhla/softmax); @INIT sets MHLA's initial mixing for that model (mhla@uniform)")
       ->delimiter(',');
   cmd->add_option("--seeds", c.seeds,
-                  "seeds, comma separated (default: the preset's: quick 0, full 0,1,2)")
+                  "seeds, comma separated (default: the preset's: quick 0, full and plateau 0,1,2)")
       ->delimiter(',');
   cmd->add_option("--lrs", c.learning_rates,
                   "peak learning rates to choose from on the validation split "
@@ -174,18 +226,21 @@ int run_compare_command(const CompareCommand& c) {
   if (c.threads > 0) omp_set_num_threads(c.threads);
   const int threads = omp_get_max_threads();
   std::vector<ComparisonEntry> entries = comparison_entries(c.tasks, c.preset);
-  const std::vector<uint64_t> seeds = !c.seeds.empty()     ? c.seeds
-                                      : c.preset == "full" ? std::vector<uint64_t>{0, 1, 2}
-                                                           : std::vector<uint64_t>{0};
+  const std::vector<uint64_t> seeds = !c.seeds.empty()      ? c.seeds
+                                      : c.preset != "quick" ? std::vector<uint64_t>{0, 1, 2}
+                                                            : std::vector<uint64_t>{0};
   for (ComparisonEntry& e : entries) {
     if (c.steps > 0) {
       e.config.steps = c.steps;
       e.config.warmup = std::min(e.config.warmup, c.steps / 10);
+      e.config.eval_every = std::max<int64_t>(1, c.steps / 8);
+      e.sweep_steps = std::min(e.sweep_steps, c.steps);
     }
     if (c.eval_size > 0) e.config.eval_samples = e.config.eval_images = c.eval_size;
     apply_design_flags(*c.app, c.design, e.config.design);
     if (!c.attention.empty()) e.models = c.attention;
     if (!c.learning_rates.empty()) e.learning_rates = c.learning_rates;
+    std::sort(e.learning_rates.begin(), e.learning_rates.end());
     for (const std::string& m : e.models) {  // reject bad names and settings before any training
       train::RunConfig probe = e.config;
       apply_model(m, probe);
@@ -200,7 +255,7 @@ int run_compare_command(const CompareCommand& c) {
       {"preset", c.preset}, {"threads", threads}, {"seeds", seeds}, {"entries", json::array()}};
   std::string table, diagnostics_table;
   for (const ComparisonEntry& entry : entries) {
-    const Metric metric{entry.config.task == train::TaskKind::text};
+    const Metric metric{train::scored_by_loss(entry.config.task)};
     std::printf("== %s: %lld steps of %lld per run, %zu learning rate(s), seeds",
                 entry.label.c_str(), (long long)entry.config.steps, (long long)entry.config.batch,
                 entry.learning_rates.size());
@@ -210,75 +265,147 @@ int run_compare_command(const CompareCommand& c) {
     json entry_json = {{"label", entry.label},
                        {"config", train::to_json(entry.config)},
                        {"metric", metric.name()},
+                       {"sweep_steps", entry.sweep_steps},
                        {"models", json::array()}};
-    std::vector<LossSeries> curves;
-    table += "\n**" + entry.label + "**: test " + metric.name() + ", mean ± std over " +
-             std::to_string(seeds.size()) +
-             " seed(s) (learning rate chosen on validation)\n\n| model | test | validation | lr | "
-             "train s |\n"
-             "|---|---:|---:|---:|---:|\n";
-    for (const std::string& model : entry.models) {
-      ModelRuns runs;
-      auto train_one = [&](uint64_t seed, double lr, bool first_seed) {
-        train::RunConfig config = entry.config;
-        config.seed = seed;
-        config.lr = lr;
-        apply_model(model, config);
-        char lr_text[32];
-        std::snprintf(lr_text, sizeof lr_text, "%g", lr);
-        const fs::path dir = out / slug(entry.label) /
-                             (slug(model) + "-lr" + lr_text + "-seed" + std::to_string(seed));
-        fs::create_directories(dir);
+
+    // One run, or its finished result from an earlier invocation with the same
+    // settings (a stopped comparison continues where it stopped: finished runs
+    // are read back, an unfinished one resumes from its checkpoint).
+    auto train_one = [&](const std::string& model, uint64_t seed, double lr, bool sweep) {
+      train::RunConfig config = entry.config;
+      config.seed = seed;
+      config.lr = lr;
+      if (sweep && entry.sweep_steps > 0) {
+        config.warmup = config.warmup * entry.sweep_steps / config.steps;
+        config.steps = entry.sweep_steps;
+      }
+      apply_model(model, config);
+      const bool diagnosed = seed == seeds.front() && !(sweep && entry.sweep_steps > 0);
+      const fs::path dir = out / slug(entry.label) /
+                           (slug(model) + "-lr" + lr_text(lr) + "-seed" + std::to_string(seed) +
+                            (sweep && entry.sweep_steps > 0 ? "-sweep" : ""));
+      fs::create_directories(dir);
+      const std::string metrics = (dir / "metrics.json").string();
+      std::optional<train::RunResult> done = read_finished_run(metrics, config);
+      json diagnostics;
+      if (done && diagnosed) {
+        if (fs::exists(dir / "diagnostics.json"))
+          diagnostics = read_json_file((dir / "diagnostics.json").string());
+        else
+          done.reset();
+      }
+      train::RunResult r;
+      if (done) {
+        r = *done;
+      } else {
         train::RunOptions options;
         options.data_dir = config.task == train::TaskKind::fashion_mnist ? c.data_dir : "";
-        options.eval_every = std::max<int64_t>(1, config.steps / 8);
-        json diagnostics;
-        if (first_seed)
+        options.checkpoint = (dir / "checkpoint.safetensors").string();
+        options.checkpoint_every = config.eval_every;
+        if (fs::exists(options.checkpoint)) options.resume = options.checkpoint;
+        if (diagnosed)
           options.on_finish = [&](train::Model<float>& m, const train::Task& task) {
-            diagnostics = diagnose(m, task, dir);
+            diagnostics = diagnose(m, task, dir, out);
           };
-        const train::RunResult r = run_with_progress(config, options, entry.label + " " + model);
-        write_run_metrics((dir / "metrics.json").string(), config, r, threads);
-        if (first_seed && !write_json_file((dir / "diagnostics.json").string(), diagnostics))
+        r = run_with_progress(config, options, entry.label + " " + model);
+        if (diagnosed && !write_json_file((dir / "diagnostics.json").string(), diagnostics))
           throw Error((dir / "diagnostics.json").string() + ": cannot write");
-        runs.seconds += r.history.seconds;
-        std::printf("  %-14s lr %-7s seed %llu: validation %s, test %s, %.1f s, %.0f tokens/s\n",
-                    model.c_str(), lr_text, (unsigned long long)seed,
-                    metric.format(metric.of(r.final_eval)).c_str(),
-                    metric.format(metric.of(r.final_test)).c_str(), r.history.seconds,
-                    r.tokens_per_second);
-        std::fflush(stdout);
-        return std::tuple{r, diagnostics};
+        write_run_metrics(metrics, config, r, threads);
+      }
+      std::printf(
+          "  %-14s lr %-7s seed %llu%s: validation %s, test %s (%s %s of %s), %.1f s, %.0f "
+          "tokens/s%s\n",
+          model.c_str(), lr_text(lr).c_str(), (unsigned long long)seed,
+          sweep && entry.sweep_steps > 0 ? " sweep" : "",
+          metric.format(metric.of(r.final_eval)).c_str(),
+          metric.format(metric.of(r.final_test)).c_str(),
+          config.task == train::TaskKind::fashion_mnist ? "epoch" : "step",
+          progress(config, r.final_eval.step).c_str(), progress(config, r.steps_done).c_str(),
+          r.history.seconds, r.tokens_per_second, done ? " (read back)" : "");
+      std::fflush(stdout);
+      return std::tuple{r, diagnostics};
+    };
+
+    // The first seed at every rate of the grid, widened until the best validation
+    // score lies inside it; that rate is the model's.
+    std::vector<ModelRuns> runs(entry.models.size());
+    for (size_t mi = 0; mi < entry.models.size(); ++mi) {
+      ModelRuns& mr = runs[mi];
+      std::vector<TriedRate> tried;  // ascending by rate
+      auto sweep_at = [&](double lr) {
+        auto [r, diagnostics] = train_one(entry.models[mi], seeds.front(), lr, true);
+        tried.insert(std::upper_bound(tried.begin(), tried.end(), lr,
+                                      [](double a, const TriedRate& b) { return a < b.lr; }),
+                     {lr, r.final_eval});
+        mr.sweep.push_back({{"lr", lr},
+                            {"validation", metric.of(r.final_eval)},
+                            {"test", metric.of(r.final_test)},
+                            {"steps", r.steps_done},
+                            {"train_seconds", r.history.seconds}});
+        mr.sweep_seconds += r.history.seconds;
       };
-      // The first seed at every rate; the best validation score picks the rate.
-      double best = 0;
-      for (double lr : entry.learning_rates) {
-        auto [r, diagnostics] = train_one(seeds.front(), lr, true);
-        const double score = metric.of(r.final_eval);
-        runs.sweep.push_back(
-            {{"lr", lr}, {"validation", score}, {"test", metric.of(r.final_test)}});
-        if (runs.validation.empty() || metric.better(score, best)) {
-          best = score;
-          runs.lr = lr;
-          runs.validation = {score};
-          runs.test = {metric.of(r.final_test)};
-          runs.curve = {model, r.history.train_loss, r.history.eval};
-          runs.diagnostics = diagnostics;
+      for (double lr : entry.learning_rates) sweep_at(lr);
+      int extensions = 0;
+      while (const std::optional<double> lr = next_rate(tried, metric, extensions)) {
+        std::printf("  %s: the best rate is at the edge of the grid; trying %s\n",
+                    entry.models[mi].c_str(), lr_text(*lr).c_str());
+        sweep_at(*lr);
+        ++extensions;
+      }
+      const size_t best = best_rate(tried, metric);
+      mr.lr = tried[best].lr;
+      mr.lr_inside = best > 0 && best + 1 < tried.size();
+    }
+    // Every seed at the chosen rates, seed by seed, so that paired comparisons
+    // are complete as early as possible.
+    for (uint64_t seed : seeds)
+      for (size_t mi = 0; mi < entry.models.size(); ++mi) {
+        ModelRuns& mr = runs[mi];
+        auto [r, diagnostics] = train_one(entry.models[mi], seed, mr.lr, false);
+        mr.validation.push_back(metric.of(r.final_eval));
+        mr.test.push_back(metric.of(r.final_test));
+        mr.best_step.push_back(r.final_eval.step);
+        mr.steps.push_back(r.steps_done);
+        mr.seconds += r.history.seconds;
+        if (seed == seeds.front()) {
+          mr.curve = {entry.models[mi], r.history.train_loss, r.history.eval};
+          mr.diagnostics = diagnostics;
         }
       }
-      for (size_t s = 1; s < seeds.size(); ++s) {
-        auto [r, diagnostics] = train_one(seeds[s], runs.lr, false);
-        runs.validation.push_back(metric.of(r.final_eval));
-        runs.test.push_back(metric.of(r.final_test));
-      }
-      curves.push_back(runs.curve);
-      char lr_text[32];
-      std::snprintf(lr_text, sizeof lr_text, "%g", runs.lr);
-      table += "| " + model + " | " + mean_std(metric, runs.test) + " | " +
-               mean_std(metric, runs.validation) + " | " + lr_text + " | " +
-               std::to_string(int(runs.seconds + 0.5)) + " |\n";
+
+    std::vector<LossSeries> curves;
+    const bool images = entry.config.task == train::TaskKind::fashion_mnist;
+    table += "\n**" + entry.label + "**: test " + metric.name() + ", mean ± std over " +
+             std::to_string(seeds.size()) + (seeds.size() == 1 ? " seed" : " seeds") +
+             " (learning rate chosen on validation" +
+             (entry.sweep_steps > 0 ? " by " + progress(entry.config, entry.sweep_steps) +
+                                          (images ? "-epoch" : "-step") + " runs of the first seed"
+                                    : "") +
+             ")\n\n| model | test | validation | lr (tried) | " +
+             (images ? "best epoch / epochs" : "best step / steps") +
+             " | train min (runs + sweep) |\n|---|---:|---:|---:|---:|---:|\n";
+    for (size_t mi = 0; mi < entry.models.size(); ++mi) {
+      const ModelRuns& mr = runs[mi];
+      train::RunConfig config = entry.config;
+      apply_model(entry.models[mi], config);
+      std::vector<double> rates;
+      for (const json& s : mr.sweep) rates.push_back(s["lr"].get<double>());
+      std::sort(rates.begin(), rates.end());
+      std::string tried_rates;
+      for (double lr : rates) tried_rates += (tried_rates.empty() ? "" : ", ") + lr_text(lr);
+      std::vector<double> best_steps(mr.best_step.begin(), mr.best_step.end()),
+          steps(mr.steps.begin(), mr.steps.end());
+      char minutes[64];
+      std::snprintf(minutes, sizeof minutes, "%.0f + %.0f", mr.seconds / 60, mr.sweep_seconds / 60);
+      table += "| " + entry.models[mi] + " | " + mean_std(metric, mr.test) + " | " +
+               mean_std(metric, mr.validation) + " | " + lr_text(mr.lr) +
+               (mr.lr_inside || mr.sweep.size() < 2 ? "" : " (edge)") + " (" + tried_rates +
+               ") | " + progress(config, int64_t(mean_and_std(best_steps).first + 0.5)) + " / " +
+               progress(config, int64_t(mean_and_std(steps).first + 0.5)) + " | " + minutes +
+               " |\n";
+      curves.push_back(mr.curve);
       std::string ranks, entropies;
-      for (const json& layer : runs.diagnostics) {
+      for (const json& layer : mr.diagnostics) {
         double rank = 0, entropy = 0;
         for (const json& r : layer["rank"]) rank += r.get<double>() / double(layer["rank"].size());
         for (const json& e : layer["row_entropy"])
@@ -289,18 +416,55 @@ int run_compare_command(const CompareCommand& c) {
         std::snprintf(text, sizeof text, "%s%.2f", entropies.empty() ? "" : " / ", entropy);
         entropies += text;
       }
-      diagnostics_table +=
-          "| " + entry.label + " | " + model + " | " + ranks + " | " + entropies + " |\n";
-      entry_json["models"].push_back({{"attention", model},
-                                      {"lr", runs.lr},
-                                      {"validation", runs.validation},
-                                      {"test", runs.test},
-                                      {"sweep", runs.sweep},
-                                      {"train_seconds", runs.seconds},
-                                      {"diagnostics", runs.diagnostics}});
+      diagnostics_table += "| " + entry.label + " | " + entry.models[mi] + " | " + ranks + " | " +
+                           entropies + " |\n";
+      entry_json["models"].push_back({{"attention", entry.models[mi]},
+                                      {"lr", mr.lr},
+                                      {"lr_inside_grid", mr.lr_inside},
+                                      {"validation", mr.validation},
+                                      {"test", mr.test},
+                                      {"best_step", mr.best_step},
+                                      {"steps", mr.steps},
+                                      {"sweep", mr.sweep},
+                                      {"train_seconds", mr.seconds},
+                                      {"sweep_seconds", mr.sweep_seconds},
+                                      {"diagnostics", mr.diagnostics}});
     }
-    const std::string png = (out / (slug(entry.label) + "-loss.png")).string();
-    write_loss_png(png, entry.label + " (seed " + std::to_string(seeds.front()) + ", chosen lr)",
+    // MHLA against every model without it, seed by seed (the same seed means the
+    // same initial weights of the shared parts and the same data order).
+    std::string differences;
+    for (size_t a = 0; a < entry.models.size(); ++a)
+      for (size_t b = 0; b < entry.models.size(); ++b) {
+        if (entry.models[a].find("mhla") == std::string::npos ||
+            entry.models[b].find("mhla") != std::string::npos || seeds.size() < 2)
+          continue;
+        std::vector<double> d;
+        std::string per_seed;
+        for (size_t s = 0; s < seeds.size(); ++s) {
+          d.push_back((runs[a].test[s] - runs[b].test[s]) * (metric.bits_per_byte ? 1 : 100));
+          char text[32];
+          std::snprintf(text, sizeof text, "%s%+.*f", per_seed.empty() ? "" : ", ",
+                        metric.bits_per_byte ? 3 : 1, d.back());
+          per_seed += text;
+        }
+        const auto [mean, sd] = mean_and_std(d);
+        char text[96];
+        std::snprintf(text, sizeof text, "%+.*f ± %.*f", metric.bits_per_byte ? 3 : 1, mean,
+                      metric.bits_per_byte ? 3 : 1, sd);
+        differences += "| " + entry.models[a] + " − " + entry.models[b] + " | " + text + " | " +
+                       per_seed + " |\n";
+        entry_json["paired_test_differences"].push_back(
+            {{"minuend", entry.models[a]}, {"subtrahend", entry.models[b]}, {"per_seed", d}});
+      }
+    if (!differences.empty())
+      table += "\nPaired test differences (" +
+               std::string(metric.bits_per_byte ? "bits per byte" : "accuracy points") +
+               "), mean ± std over seeds\n\n| difference | mean ± std | per seed |\n"
+               "|---|---:|---|\n" +
+               differences;
+    const std::string png = slug(entry.label) + "-loss.png";
+    write_loss_png((out / png).string(),
+                   entry.label + " (seed " + std::to_string(seeds.front()) + ", chosen lr)",
                    curves);
     entry_json["loss_png"] = png;
     report["entries"].push_back(entry_json);
@@ -308,8 +472,10 @@ int run_compare_command(const CompareCommand& c) {
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   report["wall_seconds"] = seconds;
-  const std::string caption = "mhla compare, preset " + c.preset + ", " + std::to_string(threads) +
-                              " threads, " + std::to_string(int(seconds + 0.5)) + " s in all.\n";
+  const std::string caption =
+      "mhla compare, preset " + c.preset + ", " + std::to_string(threads) + " threads, " +
+      std::to_string(int(seconds + 0.5)) +
+      " s in this invocation (runs read back from earlier ones are not counted).\n";
   const std::string diagnostics_section =
       "\nTrained attention on one validation sample (first seed, chosen rate), mean over heads per "
       "layer: "

@@ -45,6 +45,11 @@ const Flag<int64_t> kIntFlags[] = {
      "fashion-mnist: training images used (0: all 55000)"},
     {"--eval-images", &RunConfig::eval_images,
      "fashion-mnist: images per evaluation split (0: 5000 validation, 10000 test)"},
+    {"--eval-every", &RunConfig::eval_every,
+     "evaluate on the validation split every N steps (0: at the end only)"},
+    {"--patience", &RunConfig::patience,
+     "early stopping: stop after N evaluations without a better validation score, and report "
+     "the model of the best one (0: off; needs --eval-every)"},
 };
 const Flag<double> kRealFlags[] = {
     {"--lr", &RunConfig::lr, "peak learning rate"},
@@ -86,8 +91,10 @@ CLI::App* add_train_command(CLI::App& app, TrainCommand& c) {
   c.app = cmd;
   cmd->add_option("--task", c.task, "mqar, fashion-mnist or text")
       ->check(CLI::IsMember({"mqar", "fashion-mnist", "text"}));
-  cmd->add_option("--preset", c.preset, "starting settings: full (default) or quick")
-      ->check(CLI::IsMember({"quick", "full"}));
+  cmd->add_option("--preset", c.preset,
+                  "starting settings: full (default), quick or plateau (fashion-mnist at 196 "
+                  "tokens, every image, early stopping)")
+      ->check(CLI::IsMember({"quick", "full", "plateau"}));
   cmd->add_option(
       "--attention", c.attention,
       "softmax, linear or mhla: one for every layer, or a comma list with one per layer "
@@ -104,8 +111,6 @@ CLI::App* add_train_command(CLI::App& app, TrainCommand& c) {
       "--data", c.data_dir,
       "fashion-mnist: the images' folder; text: a file with the text as 'bible' prints it "
       "(default: the Debian packages')");
-  cmd->add_option("--eval-every", c.eval_every, "evaluate every N steps (0: at the end only)")
-      ->check(non_negative_integer());
   cmd->add_option("--checkpoint-every", c.checkpoint_every,
                   "checkpoint every N steps (0: at the end only)")
       ->check(non_negative_integer());
@@ -139,7 +144,6 @@ int run_train_command(const TrainCommand& c) {
   options.data_dir = c.data_dir;
   options.checkpoint = (std::filesystem::path(c.out_dir) / "checkpoint.safetensors").string();
   options.resume = c.resume;
-  options.eval_every = c.eval_every;
   options.checkpoint_every = c.checkpoint_every;
   options.stop_after = c.stop_after;
   const std::string name =
@@ -158,12 +162,15 @@ int run_train_command(const TrainCommand& c) {
   std::printf("%lld parameters, %lld/%lld steps in %.1f s of training (%.0f tokens/s)\n",
               (long long)r.parameters, (long long)r.steps_done, (long long)config.steps,
               r.history.seconds, r.tokens_per_second);
+  if (r.stopped_early)
+    std::printf("early stopping after step %lld: the model of step %lld, the best validation\n",
+                (long long)r.steps_done, (long long)r.final_eval.step);
   if (r.finished)
     std::printf(
         "final evaluation: validation loss %.4f, accuracy %.4f; test loss %.4f, accuracy %.4f\n",
         r.final_eval.loss, r.final_eval.accuracy, r.final_test.loss, r.final_test.accuracy);
   else
-    std::printf("stopped early; continue with --resume %s\n", options.checkpoint.c_str());
+    std::printf("stopped before the end; continue with --resume %s\n", options.checkpoint.c_str());
   std::printf("wrote %s, %s, %s\n", options.checkpoint.c_str(),
               (dir / "metrics.json").string().c_str(), (dir / "loss.png").string().c_str());
   return 0;

@@ -14,7 +14,7 @@ namespace mhla::tools {
 
 struct TrainCommand {
   std::string task = "mqar", preset = "full", attention, out_dir = "train-out", resume, data_dir;
-  int64_t layers = 0, eval_every = 0, checkpoint_every = 0, stop_after = 0;
+  int64_t layers = 0, checkpoint_every = 0, stop_after = 0;
   int threads = 0;
   train::RunConfig overrides;  // copied into the preset's config for each flag given
   DesignFlagValues design;     // the attention design's flags, applied when given

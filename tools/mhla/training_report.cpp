@@ -1,6 +1,7 @@
 #include "training_report.hpp"
 
 #include <cstdio>
+#include <filesystem>
 
 #include "common/gnuplot.hpp"
 #include "common/json_file.hpp"
@@ -38,16 +39,66 @@ void write_run_metrics(const std::string& path, const train::RunConfig& config,
             {"parameters", r.parameters},
             {"steps_done", r.steps_done},
             {"finished", r.finished},
+            {"stopped_early", r.stopped_early},
             {"train_seconds", r.history.seconds},
             {"tokens_per_second", r.tokens_per_second},
             {"history", train::to_json(r.history)}};
   if (r.finished) {
-    j["final_eval"] = {
-        {"split", "validation"}, {"loss", r.final_eval.loss}, {"accuracy", r.final_eval.accuracy}};
-    j["final_test"] = {
-        {"split", "test"}, {"loss", r.final_test.loss}, {"accuracy", r.final_test.accuracy}};
+    j["final_eval"] = {{"split", "validation"},
+                       {"step", r.final_eval.step},
+                       {"loss", r.final_eval.loss},
+                       {"accuracy", r.final_eval.accuracy}};
+    j["final_test"] = {{"split", "test"},
+                       {"step", r.final_test.step},
+                       {"loss", r.final_test.loss},
+                       {"accuracy", r.final_test.accuracy}};
   }
   if (!write_json_file(path, j)) throw Error(path + ": cannot write");
+}
+
+std::optional<train::RunResult> read_finished_run(const std::string& path,
+                                                  const train::RunConfig& config) {
+  if (!std::filesystem::exists(path)) return std::nullopt;
+  const json j = read_json_file(path);
+  try {
+    if (!j.at("finished").get<bool>() || j.at("config") != train::to_json(config))
+      return std::nullopt;
+    train::RunResult r;
+    r.finished = true;
+    r.history = train::history_from_json(j.at("history"));
+    j.at("parameters").get_to(r.parameters);
+    j.at("steps_done").get_to(r.steps_done);
+    j.at("stopped_early").get_to(r.stopped_early);
+    j.at("tokens_per_second").get_to(r.tokens_per_second);
+    for (auto [key, point] :
+         {std::pair{"final_eval", &r.final_eval}, {"final_test", &r.final_test}})
+      *point = {j.at(key).at("step").get<int64_t>(), j.at(key).at("loss").get<double>(),
+                j.at(key).at("accuracy").get<double>()};
+    return r;
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(path + ": not the metrics of a training run (" + e.what() + ")");
+  }
+}
+
+void write_mixing_png(const std::string& png, const std::string& title, const std::vector<float>& w,
+                      int64_t m) {
+  std::string rows = "$w << EOD\n";
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t b = 0; b < m; ++b)
+      rows.append(b ? " " : "").append(std::to_string(w[size_t(i * m + b)]));
+    rows += "\n";
+  }
+  rows += "EOD\n";
+  // viridis: dark = 0, yellow = the largest weight.
+  draw_png_with_gnuplot(
+      png, 640, 560,
+      rows +
+          "set palette defined (0 '#440154', 0.25 '#3b528b', 0.5 '#21918c', 0.75 '#5ec962', "
+          "1 '#fde725')\nset cbrange [0:*]\nset cblabel 'W[i, b]'\nset size ratio -1\n"
+          "set xrange [-0.5:" +
+          std::to_string(m - 0.5) + "]\nset yrange [" + std::to_string(m - 0.5) +
+          ":-0.5]\nset xlabel 'key block b'\nset ylabel 'query block i'\nset title '" + title +
+          "'\nplot $w matrix with image notitle\n");
 }
 
 void write_loss_png(const std::string& png, const std::string& title,
