@@ -77,9 +77,9 @@ class Decoder {
  private:
   // 64-byte aligned floats: the step kernel reads whole cache lines of a state row.
   using Floats = detail::LineAlignedVector<float>;
-  // Every summary [S_b | z_b] below takes summary_floats_ floats, in the step
-  // kernel's padded layout (src/cpu/simd/decode_token.hpp), not the
-  // operator's [Dk, Dv + 1].
+  // Every summary [S_b | z_b] below takes summary_floats_ floats, in the
+  // layout of the backend's decoding step (src/backend/backend.hpp,
+  // DecodeState), not the operator's [Dk, Dv + 1].
   struct HeadState {
     // The finished blocks kept one by one, oldest at slot `oldest`. Toeplitz:
     // a ring of at most max(L, 1) - 1 slots; the block that leaves the window
@@ -116,7 +116,7 @@ class Decoder {
   int64_t window_ = 0;    // Toeplitz: finished blocks kept one by one, max(L, 1) - 1
   std::vector<float> w_;  // copy of w
   bool per_head_;
-  int64_t summary_floats_;  // one summary in the step kernel's layout
+  int64_t summary_floats_;  // one summary in the decoding step's layout
   std::vector<int64_t> positions_;
   std::vector<HeadState> states_;  // [B, H]
   std::vector<float> features_;    // step's phi(k_t), phi(q_t) per (sequence, head): [B, H, 2, Dk]

@@ -6,12 +6,12 @@
 #include <cmath>
 #include <limits>
 
+#include "api/decoder_kernels.hpp"
 #include "core/allocation.hpp"
 #include "core/feature_map.hpp"
 #include "core/finite_results.hpp"
 #include "core/validate.hpp"
-#include "cpu/chunked_attention.hpp"
-#include "cpu/simd/decode_token.hpp"
+#include "core/validated_call.hpp"
 
 namespace mhla {
 namespace {
@@ -37,7 +37,7 @@ Decoder::Decoder(const DecoderOptions& options, TensorView<const float> w) : opt
     detail::checked_product({options.batch, options.heads, options.dk + extra, options.dv + extra},
                             std::string(fn) + ": state size");
   check_options_and_mixing(fn, w);
-  summary_floats_ = cpu::simd::StateLayout(options.dk, options.dv).floats;
+  summary_floats_ = detail::decode_state(fn, options)->floats();
   const size_t summary = size_t(summary_floats_);
   const double state_bytes =
       double(options.batch) * double(options.heads) *
@@ -213,40 +213,39 @@ void Decoder::prefill(int64_t seq, TensorView<const float> q, TensorView<const f
 
   detail::check_output(fn, "o", o, {1, d.tokens, options_.heads, options_.dv});
 
-  // The chunkwise forward on the prompt, straight through the CPU kernel: the
+  // The chunkwise forward on the prompt, straight through the backend: the
   // options and w were validated when the decoder was built, and a dense w is
   // read in place (its top-left corner, through its row stride).
-  const TokenLayout layout = TokenLayout::sequence(d.tokens, options_.block);
-  detail::Problem p = detail::check_linear_options(fn, options_as_linear(), d);
-  p.layout = &layout;
-  const detail::BlockTable table(layout);
-  p.table = table.view();
-  p.blocks = p.mixing_blocks = layout.num_blocks();
-  p.w_stride = blocks_;
-  p.per_head_mixing = per_head_;
-  p.toeplitz = toeplitz_;
-  p.toeplitz_length = length_;
+  TokenLayout layout = TokenLayout::sequence(d.tokens, options_.block);
+  detail::Problem problem = detail::check_linear_options(fn, options_as_linear(), d);
+  problem.blocks = problem.mixing_blocks = layout.num_blocks();
+  problem.w_stride = blocks_;
+  problem.per_head_mixing = per_head_;
+  problem.toeplitz = toeplitz_;
+  problem.toeplitz_length = length_;
+  const detail::ValidatedCall call(std::move(problem), std::move(layout));
+  const detail::Problem& p = call.problem();
   const int64_t m = p.blocks, heads = options_.heads;
   const size_t x = size_t(options_.dk * (options_.dv + 1));
   std::vector<float> saved = detail::allocating(
       fn, "the prompt's block summaries", double(heads * m) * double(x) * sizeof(float),
       [&] { return std::vector<float>(size_t(heads * m) * x); });
-  const auto mixer = cpu::make_mixer(p, w_.data());
-  if (!cpu::ChunkedAttention<float>(p, *mixer).forward(q.data, k.data, v.data, o.data,
-                                                       saved.data()))
+  if (!backend::backend_for(fn, "q", q.device)
+           .attention(p, w_.data())
+           ->forward(q.data, k.data, v.data, o.data, saved.data(), nullptr))
     detail::report_non_finite_output(fn, p, q, k, v, o);
 
   // Blocks before the last are finished; the last one is the running block.
-  const cpu::simd::StateLayout state(options_.dk, options_.dv);
+  const auto state = detail::decode_state(fn, options_);
   Floats stored(static_cast<size_t>(summary_floats_));
   for (int64_t h = 0; h < heads; ++h) {
     HeadState& s = states_[seq * heads + h];
     const float* blocks = saved.data() + h * m * x;
     for (int64_t b = 0; b + 1 < m; ++b) {
-      state.store(blocks + b * x, stored.data());
+      state->store(blocks + b * x, stored.data());
       push_finished(s, stored.data());
     }
-    state.store(blocks + (m - 1) * x, s.running.data());
+    state->store(blocks + (m - 1) * x, s.running.data());
     mix_prefix(s, h, m - 1);
   }
   positions_[seq] = d.tokens;
@@ -266,7 +265,7 @@ void Decoder::step(TensorView<const float> q, TensorView<const float> k, TensorV
                    context_description());
 
   const float eps = float(options_.eps), scale = float(scale_);
-  const cpu::simd::StateLayout state(dk, dv);
+  const auto state = detail::decode_state(fn, options_);
   bool finite = true;
 #pragma omp parallel for schedule(static) reduction(&& : finite)
   for (int64_t task = 0; task < batch * heads; ++task) {
@@ -295,8 +294,8 @@ void Decoder::step(TensorView<const float> q, TensorView<const float> k, TensorV
     });
     // running += phi(k_t) [v_t | 1]^T;  y = phi(q_t)^T (prefix + W[i,i] running)
     float* out = o.data + task * dv;
-    const float den = cpu::simd::decode_token(state, kap, v.data + task * dv, u, diagonal(h, block),
-                                              s.prefix.data(), s.running.data(), out);
+    const float den = state->step(kap, v.data + task * dv, u, diagonal(h, block), s.prefix.data(),
+                                  s.running.data(), out);
     const float factor = options_.normalize ? 1.0f / (den + eps) : scale;
     for (int64_t e = 0; e < dv; ++e) out[e] *= factor;
     finite = finite && std::isfinite(den) && detail::first_non_finite(out, dv) < 0;

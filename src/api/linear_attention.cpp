@@ -1,8 +1,9 @@
 // Vanilla linear attention: the chunked kernel with a parameter-free all-ones
 // mix (a sum, or a prefix sum when causal). The chunks only organise the work;
 // the result does not depend on their size.
+#include "backend/backend.hpp"
 #include "core/finite_results.hpp"
-#include "cpu/chunked_attention.hpp"
+#include "core/validated_call.hpp"
 #include "mhla/baselines.hpp"
 
 namespace mhla {
@@ -12,16 +13,20 @@ namespace {
 // non-causal chunk only bounds the per-thread tiles.
 int64_t chunk_size(bool causal) { return causal ? 64 : 256; }
 
+// The problem of a validated call: the tokens in chunks, mixed by a sum.
 template <typename T>
-detail::Problem validate(const char* fn, const LinearAttentionOptions& options,
-                         const TensorView<const T>& q, const TensorView<const T>& k,
-                         const TensorView<const T>& v) {
+detail::ValidatedCall validate(const char* fn, const LinearAttentionOptions& options,
+                               const TensorView<const T>& q, const TensorView<const T>& k,
+                               const TensorView<const T>& v) {
   const detail::AttentionDims dims = detail::check_qkv(fn, q, k, v);
   if (options.masking == Masking::block_causal)
     detail::fail(fn,
                  "block_causal masking needs MHLA's block layout; linear attention has one "
                  "global summary (use none or causal)");
-  return detail::check_linear_options(fn, options, dims);
+  detail::Problem p = detail::check_linear_options(fn, options, dims);
+  TokenLayout chunks = TokenLayout::sequence(dims.tokens, chunk_size(p.causal));
+  p.blocks = p.mixing_blocks = p.w_stride = chunks.num_blocks();
+  return {std::move(p), std::move(chunks)};
 }
 
 }  // namespace
@@ -30,15 +35,12 @@ template <typename T>
 void linear_attention_forward(const LinearAttentionOptions& options, TensorView<const T> q,
                               TensorView<const T> k, TensorView<const T> v, TensorView<T> o) {
   const char* fn = "mhla::linear_attention_forward";
-  detail::Problem p = validate(fn, options, q, k, v);
+  const detail::ValidatedCall call = validate(fn, options, q, k, v);
+  const detail::Problem& p = call.problem();
   detail::check_output(fn, "o", o, detail::v_shape(p.dims));
-  const TokenLayout chunks = TokenLayout::sequence(p.dims.tokens, chunk_size(p.causal));
-  p.layout = &chunks;
-  const detail::BlockTable table(chunks);
-  p.table = table.view();
-  p.blocks = p.mixing_blocks = p.w_stride = chunks.num_blocks();
-  const cpu::UniformMixer<T> mixer(p);
-  if (!cpu::ChunkedAttention<T>(p, mixer).forward(q.data, k.data, v.data, o.data))
+  const auto kernels =
+      backend::backend_for(fn, "q", q.device).attention(p, static_cast<const T*>(nullptr));
+  if (!kernels->forward(q.data, k.data, v.data, o.data, nullptr, nullptr))
     detail::report_non_finite_output(fn, p, q, k, v, o);
 }
 
@@ -48,17 +50,14 @@ void linear_attention_backward(const LinearAttentionOptions& options, TensorView
                                TensorView<const T> grad_o, TensorView<T> grad_q,
                                TensorView<T> grad_k, TensorView<T> grad_v) {
   const char* fn = "mhla::linear_attention_backward";
-  detail::Problem p = validate(fn, options, q, k, v);
+  const detail::ValidatedCall call = validate(fn, options, q, k, v);
+  const detail::Problem& p = call.problem();
   detail::check_output(fn, "o", o, detail::v_shape(p.dims));
   detail::check_gradients(fn, p.dims, grad_o, grad_q, grad_k, grad_v);
-  const TokenLayout chunks = TokenLayout::sequence(p.dims.tokens, chunk_size(p.causal));
-  p.layout = &chunks;
-  const detail::BlockTable table(chunks);
-  p.table = table.view();
-  p.blocks = p.mixing_blocks = p.w_stride = chunks.num_blocks();
-  const cpu::UniformMixer<T> mixer(p);
-  if (!cpu::ChunkedAttention<T>(p, mixer).backward(q.data, k.data, v.data, grad_o.data, grad_q.data,
-                                                   grad_k.data, grad_v.data, nullptr))
+  const auto kernels =
+      backend::backend_for(fn, "q", q.device).attention(p, static_cast<const T*>(nullptr));
+  if (!kernels->backward(q.data, k.data, v.data, grad_o.data, grad_q.data, grad_k.data, grad_v.data,
+                         nullptr, nullptr, nullptr))
     detail::report_non_finite_gradients(fn, p, q, k, v, o, grad_o, grad_q, grad_k, grad_v);
 }
 

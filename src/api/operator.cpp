@@ -1,54 +1,114 @@
-// Public MHLA entry points: validate once, then run the CPU backend's chunked
-// kernel with the mixer (dense or Toeplitz W) the options ask for.
+// Public MHLA entry points: validate once, then run the kernels of the
+// tensors' device (backend/backend.hpp) with the mixing (dense or Toeplitz W)
+// the options ask for.
 #include "mhla/operator.hpp"
+
+#include <utility>
+
 #include "api/private_state_backward.hpp"
+#include "backend/backend.hpp"
 #include "core/finite_results.hpp"
 #include "core/saved_state_check.hpp"
-#include "cpu/bf16_forward.hpp"
-#include "cpu/chunked_attention.hpp"
-#include "cpu/simd/bf16_products.hpp"
-#include "cpu/simd/isa.hpp"
-#include "cpu/workspace.hpp"
-
-#include <algorithm>
-#include <type_traits>
+#include "core/validated_call.hpp"
 
 namespace mhla {
 
 namespace {
+
+using backend::Scratch;
 
 std::vector<int64_t> summaries_shape(const detail::AttentionDims& d, int64_t blocks) {
   return {d.batch, d.heads, blocks, d.dk, d.dv + 1};
 }
 
 // An optional saved array (saved_summaries, saved_mixed): absent (no data, no
-// shape), or exactly the summaries' shape.
+// shape), or exactly the summaries' shape. Returns where the kernels find it
+// (nullptr: absent).
 template <typename T>
-bool check_saved(const char* fn, const char* name, const detail::Problem& p,
-                 const TensorView<T>& saved) {
-  if (saved.data == nullptr && saved.shape.empty()) return false;
+T* check_saved(const char* fn, const char* name, const detail::Problem& p,
+               const TensorView<T>& saved) {
+  if (saved.data == nullptr && saved.shape.empty()) return nullptr;
   detail::check_output(fn, name, saved, summaries_shape(p.dims, p.blocks));
-  return true;
+  return saved.data;
 }
 
 // The opening of every MHLA entry point here, for float and bfloat16 tokens
-// alike: the validated problem, the block table it points into, o checked.
-// Neither copied nor moved (problem.table views table).
-struct CheckedCall {
-  template <typename S, typename W, typename O>
-  CheckedCall(const char* fn, const Options& options, const TensorView<const S>& q,
-              const TensorView<const S>& k, const TensorView<const S>& v,
-              const TensorView<const W>& w, const TensorView<O>& o)
-      : problem(detail::validate_mhla(fn, options, q, k, v, w)), table(options.layout) {
-    problem.table = table.view();
-    detail::check_output(fn, "o", o, detail::v_shape(problem.dims));
-  }
-  CheckedCall(const CheckedCall&) = delete;
-  CheckedCall& operator=(const CheckedCall&) = delete;
+// alike: the validated call, o checked.
+template <typename S, typename W, typename O>
+detail::ValidatedCall checked_call(const char* fn, const Options& options,
+                                   const TensorView<const S>& q, const TensorView<const S>& k,
+                                   const TensorView<const S>& v, const TensorView<const W>& w,
+                                   const TensorView<O>& o) {
+  detail::Problem problem = detail::validate_mhla(fn, options, q, k, v, w);
+  detail::check_output(fn, "o", o, detail::v_shape(problem.dims));
+  return {std::move(problem), options.layout};
+}
 
-  detail::Problem problem;  // first: validated before the table is built
-  const detail::BlockTable table;
-};
+// The gradient buffers of a backward call, checked.
+template <typename S, typename T>
+void check_backward_buffers(const char* fn, const detail::Problem& p,
+                            const TensorView<const S>& grad_o, const TensorView<S>& grad_q,
+                            const TensorView<S>& grad_k, const TensorView<S>& grad_v,
+                            const TensorView<T>& grad_w, const std::vector<int64_t>& w_shape) {
+  detail::check_gradients(fn, p.dims, grad_o, grad_q, grad_k, grad_v);
+  detail::check_output(fn, "grad_w", grad_w, w_shape);
+}
+
+// Saved arrays from outside are held to fingerprints of k and v
+// (core/saved_state_check.hpp); `rounding` widens the tolerance for summaries
+// from bfloat16 products: one rounding of each term of the summaries, three
+// of the mixed summaries' (the mix rounds w and the summaries once more).
+template <typename S, typename T>
+void verify_saved(const char* fn, const detail::Problem& p, const S* k, const S* v, const T* w,
+                  const T* saved_summaries, const T* saved_mixed, double rounding) {
+  if (saved_summaries == nullptr && saved_mixed == nullptr) return;
+  const detail::Fingerprints prints = detail::fingerprints(p, k, v);
+  if (saved_summaries != nullptr)
+    detail::check_saved_summaries_match(fn, p, prints, saved_summaries, rounding);
+  if (saved_mixed != nullptr)
+    detail::check_saved_mixed_match(fn, p, prints, w, saved_mixed, 3 * rounding);
+}
+
+// Elements of a checked buffer.
+template <typename T>
+int64_t elements(const TensorView<T>& t) {
+  return detail::checked_product(t.shape, "buffer");
+}
+
+// A float copy of a bfloat16 tensor (exact) in the calling thread's scratch:
+// fresh buffers cost more in page faults than the copies.
+TensorView<const float> widened(const backend::Backend& device, const TensorView<const bfloat16>& x,
+                                Scratch slot) {
+  const int64_t n = elements(x);
+  float* dst = backend::scratch<float>(device, slot, size_t(n));
+  device.widen(x.data, n, dst);
+  return {dst, x.shape, x.device};
+}
+
+// What one rounding to bfloat16 adds to a term of a saved array's entries
+// (2^-8, half a unit in its 8th significant bit): phi(k) in the summaries,
+// and also w and the summaries in the mix.
+constexpr double kBf16Rounding = 0x1p-8;
+
+// backward on a validated call, float or double tokens.
+template <typename T>
+void run_backward(const char* fn, const detail::Problem& p, const backend::Backend& device,
+                  const TensorView<const T>& q, const TensorView<const T>& k,
+                  const TensorView<const T>& v, const TensorView<const T>& w,
+                  const TensorView<const T>& o, const TensorView<const T>& grad_o,
+                  const TensorView<T>& grad_q, const TensorView<T>& grad_k,
+                  const TensorView<T>& grad_v, const TensorView<T>& grad_w,
+                  const T* saved_summaries, const T* saved_mixed) {
+  // The kernels add to grad_w.
+  device.zero(grad_w.data, elements(grad_w));
+  const bool finite = device.attention(p, w.data)->backward(
+                          q.data, k.data, v.data, grad_o.data, grad_q.data, grad_k.data,
+                          grad_v.data, grad_w.data, saved_summaries, saved_mixed) &&
+                      // grad_w is small ([H,] M, M) and written by the mixer: scanned here.
+                      detail::first_non_finite(grad_w.data, elements(grad_w)) < 0;
+  if (!finite)
+    detail::report_non_finite_gradients(fn, p, q, k, v, o, grad_o, grad_q, grad_k, grad_v, grad_w);
+}
 
 }  // namespace
 
@@ -69,91 +129,15 @@ void forward(const Options& options, TensorView<const T> q, TensorView<const T> 
              TensorView<const T> v, TensorView<const T> w, TensorView<T> o,
              TensorView<T> saved_summaries, TensorView<T> saved_mixed) {
   const char* fn = "mhla::forward";
-  const CheckedCall call(fn, options, q, k, v, w, o);
-  const detail::Problem& p = call.problem;
-  const bool save_summaries = check_saved(fn, "saved_summaries", p, saved_summaries);
-  const bool save_mixed = check_saved(fn, "saved_mixed", p, saved_mixed);
-  const auto mixer = cpu::make_mixer(p, w.data);
-  const bool finite = cpu::ChunkedAttention<T>(p, *mixer).forward(
-      q.data, k.data, v.data, o.data, save_summaries ? saved_summaries.data : nullptr,
-      save_mixed ? saved_mixed.data : nullptr);
-  if (!finite) detail::report_non_finite_output(fn, p, q, k, v, o);
+  const detail::ValidatedCall call = checked_call(fn, options, q, k, v, w, o);
+  const detail::Problem& p = call.problem();
+  T* summaries = check_saved(fn, "saved_summaries", p, saved_summaries);
+  T* mixed = check_saved(fn, "saved_mixed", p, saved_mixed);
+  if (!backend::backend_for(fn, "q", q.device)
+           .attention(p, w.data)
+           ->forward(q.data, k.data, v.data, o.data, summaries, mixed))
+    detail::report_non_finite_output(fn, p, q, k, v, o);
 }
-
-namespace {
-
-// backward<T>'s body, also for bfloat16 token tensors (S) with float T;
-// `rounding` widens the saved arrays' fingerprint tolerance for summaries from
-// bfloat16 products (core/saved_state_check.hpp): one rounding of each term
-// of the summaries, three of the mixed summaries' (the mix rounds w and the
-// summaries once more). A kernel flag of
-// non-finite results is reported when S is T; with bfloat16 it returns false
-// for the caller to report through float.
-template <typename S, typename T>
-bool run_backward(const Options& options, TensorView<const S> q, TensorView<const S> k,
-                  TensorView<const S> v, TensorView<const T> w, TensorView<const S> o,
-                  TensorView<const S> grad_o, TensorView<S> grad_q, TensorView<S> grad_k,
-                  TensorView<S> grad_v, TensorView<T> grad_w, TensorView<const T> saved_summaries,
-                  TensorView<const T> saved_mixed, double rounding, bool verify) {
-  const char* fn = "mhla::backward";
-  const CheckedCall call(fn, options, q, k, v, w, o);
-  const detail::Problem& p = call.problem;
-  detail::check_gradients(fn, p.dims, grad_o, grad_q, grad_k, grad_v);
-  detail::check_output(fn, "grad_w", grad_w, w.shape);
-  const bool saved = check_saved(fn, "saved_summaries", p, saved_summaries);
-  const bool saved_mix = check_saved(fn, "saved_mixed", p, saved_mixed);
-  if (verify && (saved || saved_mix)) {
-    const detail::Fingerprints prints = detail::fingerprints(p, k.data, v.data);
-    if (saved) detail::check_saved_summaries_match(fn, p, prints, saved_summaries.data, rounding);
-    if (saved_mix)
-      detail::check_saved_mixed_match(fn, p, prints, w.data, saved_mixed.data, 3 * rounding);
-  }
-  const auto mixer = cpu::make_mixer(p, w.data);
-  // The kernel adds to grad_w.
-  std::fill(grad_w.data, grad_w.data + detail::checked_product(grad_w.shape, "grad_w"), T(0));
-  const bool finite =
-      cpu::ChunkedAttention<T>(p, *mixer).backward(
-          q.data, k.data, v.data, grad_o.data, grad_q.data, grad_k.data, grad_v.data, grad_w.data,
-          saved ? saved_summaries.data : nullptr, saved_mix ? saved_mixed.data : nullptr) &&
-      // grad_w is small ([H,] M, M) and written by the mixer: scanned here.
-      detail::first_non_finite(grad_w.data, detail::checked_product(grad_w.shape, "grad_w")) < 0;
-  if constexpr (std::is_same_v<S, T>) {
-    if (!finite)
-      detail::report_non_finite_gradients(fn, p, q, k, v, o, grad_o, grad_q, grad_k, grad_v,
-                                          grad_w);
-  }
-  return finite;
-}
-
-// A float copy of a bfloat16 tensor (exact) in the calling thread's scratch:
-// fresh buffers cost more in page faults than the copies (a bfloat16 backward
-// at N = 65536 took 560 ms with them, against 150 for the float backward).
-TensorView<const float> widened(const TensorView<const bfloat16>& x, cpu::Scratch slot) {
-  const int64_t n = detail::checked_product(x.shape, "x");
-  float* dst = cpu::scratch<float>(slot, size_t(n));
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < n; ++i) dst[i] = to_float(x.data[i]);
-  return {dst, x.shape, x.device};
-}
-
-// Elements of a checked buffer.
-template <typename T>
-int64_t elements(const TensorView<T>& t) {
-  return detail::checked_product(t.shape, "buffer");
-}
-
-// dst = src rounded to bfloat16, n values.
-void narrow(const float* src, int64_t n, bfloat16* dst) {
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < n; ++i) dst[i] = to_bfloat16(src[i]);
-}
-
-// What one rounding to bfloat16 adds to a term of a saved array's entries
-// (2^-8, half a unit in its 8th significant bit): phi(k) in the summaries,
-// and also w and the summaries in the mix.
-constexpr double kBf16Rounding = 0x1p-8;
-
-}  // namespace
 
 namespace detail {
 
@@ -163,8 +147,16 @@ void backward(SavedArrays saved, const Options& options, TensorView<const T> q,
               TensorView<const T> o, TensorView<const T> grad_o, TensorView<T> grad_q,
               TensorView<T> grad_k, TensorView<T> grad_v, TensorView<T> grad_w,
               TensorView<const T> saved_summaries, TensorView<const T> saved_mixed) {
-  run_backward<T, T>(options, q, k, v, w, o, grad_o, grad_q, grad_k, grad_v, grad_w,
-                     saved_summaries, saved_mixed, 0.0, saved == SavedArrays::from_outside);
+  const char* fn = "mhla::backward";
+  const ValidatedCall call = checked_call(fn, options, q, k, v, w, o);
+  const Problem& p = call.problem();
+  check_backward_buffers(fn, p, grad_o, grad_q, grad_k, grad_v, grad_w, w.shape);
+  const T* summaries = check_saved(fn, "saved_summaries", p, saved_summaries);
+  const T* mixed = check_saved(fn, "saved_mixed", p, saved_mixed);
+  if (saved == SavedArrays::from_outside)
+    verify_saved(fn, p, k.data, v.data, w.data, summaries, mixed, 0.0);
+  run_backward(fn, p, backend::backend_for(fn, "q", q.device), q, k, v, w, o, grad_o, grad_q,
+               grad_k, grad_v, grad_w, summaries, mixed);
 }
 
 void backward(SavedArrays saved, const Options& options, TensorView<const bfloat16> q,
@@ -173,33 +165,37 @@ void backward(SavedArrays saved, const Options& options, TensorView<const bfloat
               TensorView<bfloat16> grad_q, TensorView<bfloat16> grad_k, TensorView<bfloat16> grad_v,
               TensorView<float> grad_w, TensorView<const float> saved_summaries,
               TensorView<const float> saved_mixed) {
-  const bool verify = saved == SavedArrays::from_outside;
   const char* fn = "mhla::backward";
-  // The bfloat16 kernels read and write the bfloat16 tensors in place (not in
-  // causal mode: its in-block gradients are parked in the outputs between
-  // phases). A flag of non-finite results is checked, and reported, by the
-  // float path below.
-  if (options.masking != Masking::causal && cpu::simd::bf16_products_available() &&
-      run_backward<bfloat16, float>(options, q, k, v, w, o, grad_o, grad_q, grad_k, grad_v, grad_w,
-                                    saved_summaries, saved_mixed, kBf16Rounding, verify))
-    return;
-  // The float kernels on widened copies (the bfloat16 buffers are checked
-  // here; the float call checks the rest).
-  const detail::AttentionDims d = detail::check_qkv(fn, q, k, v);
-  detail::check_output(fn, "o", o, detail::v_shape(d));
-  detail::check_gradients(fn, d, grad_o, grad_q, grad_k, grad_v);
+  const ValidatedCall call = checked_call(fn, options, q, k, v, w, o);
+  const Problem& p = call.problem();
+  check_backward_buffers(fn, p, grad_o, grad_q, grad_k, grad_v, grad_w, w.shape);
+  const float* summaries = check_saved(fn, "saved_summaries", p, saved_summaries);
+  const float* mixed = check_saved(fn, "saved_mixed", p, saved_mixed);
+  if (saved == SavedArrays::from_outside)
+    verify_saved(fn, p, k.data, v.data, w.data, summaries, mixed, kBf16Rounding);
+  const backend::Backend& device = backend::backend_for(fn, "q", q.device);
+  // The bfloat16 kernels read and write the bfloat16 tensors in place. A flag
+  // of non-finite results is checked, and reported, by the float path below.
+  if (const auto kernels = device.bf16_attention(p, w.data)) {
+    device.zero(grad_w.data, elements(grad_w));
+    if (kernels->backward(q.data, k.data, v.data, grad_o.data, grad_q.data, grad_k.data,
+                          grad_v.data, grad_w.data, summaries, mixed) &&
+        first_non_finite(grad_w.data, elements(grad_w)) < 0)
+      return;
+  }
+  // The float kernels on widened copies; the gradients are rounded at the end.
   const int64_t nq = elements(grad_q), nv = elements(grad_v);
-  float* gq = cpu::scratch<float>(cpu::Scratch::token_grad_q, size_t(nq));
-  float* gk = cpu::scratch<float>(cpu::Scratch::token_grad_k, size_t(nq));
-  float* gv = cpu::scratch<float>(cpu::Scratch::token_grad_v, size_t(nv));
-  run_backward<float, float>(
-      options, widened(q, cpu::Scratch::widened_q), widened(k, cpu::Scratch::widened_k),
-      widened(v, cpu::Scratch::widened_v), w, widened(o, cpu::Scratch::widened_o),
-      widened(grad_o, cpu::Scratch::widened_grad_o), {gq, grad_q.shape}, {gk, grad_k.shape},
-      {gv, grad_v.shape}, grad_w, saved_summaries, saved_mixed, kBf16Rounding, verify);
-  narrow(gq, nq, grad_q.data);
-  narrow(gk, nq, grad_k.data);
-  narrow(gv, nv, grad_v.data);
+  const TensorView<float> gq{backend::scratch<float>(device, Scratch::token_grad_q, size_t(nq)),
+                             grad_q.shape},
+      gk{backend::scratch<float>(device, Scratch::token_grad_k, size_t(nq)), grad_k.shape},
+      gv{backend::scratch<float>(device, Scratch::token_grad_v, size_t(nv)), grad_v.shape};
+  run_backward<float>(
+      fn, p, device, widened(device, q, Scratch::widened_q), widened(device, k, Scratch::widened_k),
+      widened(device, v, Scratch::widened_v), w, widened(device, o, Scratch::widened_o),
+      widened(device, grad_o, Scratch::widened_grad_o), gq, gk, gv, grad_w, summaries, mixed);
+  device.narrow(gq.data, nq, grad_q.data);
+  device.narrow(gk.data, nq, grad_k.data);
+  device.narrow(gv.data, nv, grad_v.data);
 }
 
 }  // namespace detail
@@ -227,37 +223,32 @@ void forward(const Options& options, TensorView<const bfloat16> q, TensorView<co
              TensorView<const bfloat16> v, TensorView<const float> w, TensorView<bfloat16> o,
              TensorView<float> saved_summaries, TensorView<float> saved_mixed) {
   const char* fn = "mhla::forward";
-  const CheckedCall call(fn, options, q, k, v, w, o);
-  const detail::Problem& p = call.problem;
-  const bool save_summaries = check_saved(fn, "saved_summaries", p, saved_summaries);
-  const bool save_mixed = check_saved(fn, "saved_mixed", p, saved_mixed);
-  if (p.causal || !cpu::simd::bf16_products_available()) {
-    // The float kernels on widened copies: the causal in-block products have
-    // no bfloat16 form, nor has a CPU without AVX512-BF16.
-    float* of = cpu::scratch<float>(cpu::Scratch::widened_o, size_t(elements(o)));
-    forward<float>(options, widened(q, cpu::Scratch::widened_q),
-                   widened(k, cpu::Scratch::widened_k), widened(v, cpu::Scratch::widened_v), w,
-                   {of, o.shape}, saved_summaries, saved_mixed);
-    narrow(of, elements(o), o.data);
+  const detail::ValidatedCall call = checked_call(fn, options, q, k, v, w, o);
+  const detail::Problem& p = call.problem();
+  float* summaries = check_saved(fn, "saved_summaries", p, saved_summaries);
+  float* mixed = check_saved(fn, "saved_mixed", p, saved_mixed);
+  const backend::Backend& device = backend::backend_for(fn, "q", q.device);
+  if (const auto kernels = device.bf16_attention(p, w.data)) {
+    if (kernels->forward(q.data, k.data, v.data, o.data, summaries, mixed)) return;
+    // Rare: the float report, on float copies.
+    const TensorView<const float> of = widened(device, o, Scratch::widened_o);
+    detail::report_non_finite_output(fn, p, widened(device, q, Scratch::widened_q),
+                                     widened(device, k, Scratch::widened_k),
+                                     widened(device, v, Scratch::widened_v),
+                                     TensorView<float>{const_cast<float*>(of.data), o.shape});
     return;
   }
-  const auto mixer = cpu::make_mixer(p, w.data);
-  const bool finite = cpu::Bf16Forward(p, *mixer).forward(
-      q.data, k.data, v.data, o.data, save_summaries ? saved_summaries.data : nullptr,
-      save_mixed ? saved_mixed.data : nullptr);
-  if (finite) return;
-  // Rare: the float report, on float copies.
-  const TensorView<const float> of = widened(o, cpu::Scratch::widened_o);
-  detail::report_non_finite_output(
-      fn, p, widened(q, cpu::Scratch::widened_q), widened(k, cpu::Scratch::widened_k),
-      widened(v, cpu::Scratch::widened_v), TensorView<float>{const_cast<float*>(of.data), o.shape});
+  // The float kernels on widened copies where the device has no bfloat16
+  // kernels for the problem (on the CPU: causal masking, or no AVX512-BF16).
+  const TensorView<const float> qf = widened(device, q, Scratch::widened_q),
+                                kf = widened(device, k, Scratch::widened_k),
+                                vf = widened(device, v, Scratch::widened_v);
+  const TensorView<float> of{
+      backend::scratch<float>(device, Scratch::widened_o, size_t(elements(o))), o.shape};
+  if (!device.attention(p, w.data)->forward(qf.data, kf.data, vf.data, of.data, summaries, mixed))
+    detail::report_non_finite_output(fn, p, qf, kf, vf, of);
+  device.narrow(of.data, elements(o), o.data);
 }
-
-void release_scratch() { cpu::release_scratch_buffers(); }
-
-bool bf16_products() { return cpu::simd::bf16_products_available(); }
-
-std::string kernel_isa() { return cpu::simd::target_name(cpu::simd::active_target()); }
 
 FlopCount mhla_flops(int64_t batch, int64_t tokens, int64_t heads, int64_t dk, int64_t dv,
                      int64_t blocks, Masking masking, int64_t block_size) {

@@ -1,22 +1,23 @@
-// The public phase functions: validate once, then run one phase of the CPU
-// kernel. The backward phases compute into scratch and add, since the kernel
-// phases write their results (that is what the fused backward wants).
+// The public phase functions: validate once, then run one phase on the
+// tensors' device. The backward phases compute into scratch and add, since the
+// backend's phases write their results (that is what the fused backward wants).
 #include "mhla/phases.hpp"
 
-#include <cstring>
 #include <vector>
 
+#include "backend/backend.hpp"
 #include "core/finite_results.hpp"
 #include "core/validate.hpp"
-#include "cpu/chunked_attention.hpp"
-#include "cpu/workspace.hpp"
+#include "core/validated_call.hpp"
 
 namespace mhla {
 namespace {
 
+using backend::Scratch;
 using detail::AttentionDims;
 using detail::fail;
 using detail::Problem;
+using detail::ValidatedCall;
 
 constexpr const char* kSummaryHint = "[B, H, M, Dk, Dv + 1]";
 
@@ -127,20 +128,22 @@ Problem read_out_problem(const char* fn, const Options& options, const TensorVie
   return p;
 }
 
+// Gradients (and a piece's summaries) go through the calling thread's scratch: a fresh
+// array per call cost its zeroing and first-touch page faults every time.
 template <typename T>
-void add_to(const std::vector<T>& from, T* to) {
-  for (size_t e = 0; e < from.size(); ++e) to[e] += from[e];
-}
-template <typename T>
-void add_to(const T* from, int64_t count, T* to) {
-  for (int64_t e = 0; e < count; ++e) to[e] += from[e];
+T* gradient_scratch(const backend::Backend& device, Scratch slot, int64_t count) {
+  return backend::scratch<T>(device, slot, size_t(count));
 }
 
-// Token-sized gradients go through the calling thread's scratch: a fresh
-// vector per call cost its zeroing and first-touch page faults every time.
 template <typename T>
-T* token_scratch(cpu::Scratch slot, int64_t count) {
-  return cpu::scratch<T>(slot, size_t(count));
+int64_t elements(const TensorView<T>& t, const char* name) {
+  return detail::checked_product(t.shape, name);
+}
+
+// The kernels of a phase without W (summaries and their backward).
+template <typename T>
+std::unique_ptr<backend::Attention<T>> unmixed(const backend::Backend& device, const Problem& p) {
+  return device.attention(p, static_cast<const T*>(nullptr));
 }
 
 }  // namespace
@@ -149,12 +152,10 @@ template <typename T>
 void block_summaries(const Options& options, TensorView<const T> k, TensorView<const T> v,
                      TensorView<T> summaries) {
   const char* fn = "mhla::block_summaries";
-  Problem p = summaries_problem(fn, options, k, v);
-  const detail::BlockTable table(options.layout);
-  p.table = table.view();
+  const ValidatedCall call(summaries_problem(fn, options, k, v), options.layout);
+  const Problem& p = call.problem();
   detail::check_output(fn, "summaries", summaries, summary_shape(p.dims, p.blocks));
-  const cpu::UniformMixer<T> unused(p);
-  cpu::ChunkedAttention<T>(p, unused).compute_summaries(k.data, v.data, summaries.data);
+  unmixed<T>(backend::backend_for(fn, "k", k.device), p)->summaries(k.data, v.data, summaries.data);
 }
 
 template <typename T>
@@ -162,7 +163,9 @@ void mix_summaries(const Options& options, TensorView<const T> w, TensorView<con
                    TensorView<T> mixed, int64_t first_block) {
   const char* fn = "mhla::mix_summaries";
   const Problem p = mix_problem(fn, options, w, summaries, mixed.shape, mixed.data, first_block);
-  cpu::make_mixer(p, w.data)->mix(summaries.data, mixed.data);
+  backend::backend_for(fn, "summaries", summaries.device)
+      .attention(p, w.data)
+      ->mix(summaries.data, mixed.data);
 }
 
 template <typename T>
@@ -170,13 +173,13 @@ void read_out(const Options& options, TensorView<const T> q, TensorView<const T>
               TensorView<const T> v, TensorView<const T> w, TensorView<const T> mixed,
               TensorView<T> o, int64_t first_block) {
   const char* fn = "mhla::read_out";
-  Problem p = read_out_problem(fn, options, q, k, v, w, mixed, first_block);
-  const detail::BlockTable table(options.layout);
-  p.table = table.view();
+  const ValidatedCall call(read_out_problem(fn, options, q, k, v, w, mixed, first_block),
+                           options.layout);
+  const Problem& p = call.problem();
   detail::check_output(fn, "o", o, detail::v_shape(p.dims));
-  const auto mixer = cpu::make_mixer(p, w.data);
-  if (!cpu::ChunkedAttention<T>(p, *mixer).compute_outputs(q.data, k.data, v.data, mixed.data,
-                                                           o.data))
+  if (!backend::backend_for(fn, "q", q.device)
+           .attention(p, w.data)
+           ->outputs(q.data, k.data, v.data, mixed.data, o.data))
     detail::report_non_finite_output(fn, p, q, k, v, o);
 }
 
@@ -185,21 +188,18 @@ void block_summaries_backward(const Options& options, TensorView<const T> k, Ten
                               TensorView<const T> grad_summaries, TensorView<T> grad_k,
                               TensorView<T> grad_v) {
   const char* fn = "mhla::block_summaries_backward";
-  Problem p = summaries_problem(fn, options, k, v);
-  const detail::BlockTable table(options.layout);
-  p.table = table.view();
+  const ValidatedCall call(summaries_problem(fn, options, k, v), options.layout);
+  const Problem& p = call.problem();
   detail::check_output(fn, "grad_summaries", grad_summaries, summary_shape(p.dims, p.blocks));
   detail::check_output(fn, "grad_k", grad_k, detail::q_shape(p.dims));
   detail::check_output(fn, "grad_v", grad_v, detail::v_shape(p.dims));
-  const int64_t nk = detail::checked_product(grad_k.shape, "grad_k"),
-                nv = detail::checked_product(grad_v.shape, "grad_v");
-  T* dk = token_scratch<T>(cpu::Scratch::token_grad_k, nk);
-  T* dv = token_scratch<T>(cpu::Scratch::token_grad_v, nv);
-  const cpu::UniformMixer<T> unused(p);
-  cpu::ChunkedAttention<T>(p, unused).key_value_gradients(k.data, v.data, grad_summaries.data, dk,
-                                                          dv, false);
-  add_to(dk, nk, grad_k.data);
-  add_to(dv, nv, grad_v.data);
+  const backend::Backend& device = backend::backend_for(fn, "k", k.device);
+  const int64_t nk = elements(grad_k, "grad_k"), nv = elements(grad_v, "grad_v");
+  T* dk = gradient_scratch<T>(device, Scratch::token_grad_k, nk);
+  T* dv = gradient_scratch<T>(device, Scratch::token_grad_v, nv);
+  unmixed<T>(device, p)->key_value_gradients(k.data, v.data, grad_summaries.data, dk, dv);
+  device.add(dk, nk, grad_k.data);
+  device.add(dv, nv, grad_v.data);
 }
 
 template <typename T>
@@ -212,11 +212,12 @@ void mix_summaries_backward(const Options& options, TensorView<const T> w,
       mix_problem(fn, options, w, summaries, grad_mixed.shape, grad_mixed.data, first_block);
   detail::check_output(fn, "grad_summaries", grad_summaries, summaries.shape);
   detail::check_output(fn, "grad_w", grad_w, w.shape);
-  std::vector<T> ds(size_t(detail::checked_product(summaries.shape, "summaries")));
-  // The kernel adds to grad_w; the causal in-block dW[i, i] is read_out_backward's.
-  cpu::make_mixer(p, w.data)->mix_backward(grad_mixed.data, summaries.data, nullptr, ds.data(),
-                                           grad_w.data);
-  add_to(ds, grad_summaries.data);
+  const backend::Backend& device = backend::backend_for(fn, "summaries", summaries.device);
+  const int64_t n = elements(summaries, "summaries");
+  T* ds = gradient_scratch<T>(device, Scratch::summaries_grad, n);
+  // Adds to grad_w; the causal in-block dW[i, i] is read_out_backward's.
+  device.attention(p, w.data)->mix_backward(grad_mixed.data, summaries.data, ds, grad_w.data);
+  device.add(ds, n, grad_summaries.data);
 }
 
 template <typename T>
@@ -226,42 +227,29 @@ void read_out_backward(const Options& options, TensorView<const T> q, TensorView
                        TensorView<T> grad_k, TensorView<T> grad_v, TensorView<T> grad_mixed,
                        TensorView<T> grad_w, int64_t first_block) {
   const char* fn = "mhla::read_out_backward";
-  Problem p = read_out_problem(fn, options, q, k, v, w, mixed, first_block);
-  const detail::BlockTable table(options.layout);
-  p.table = table.view();
+  const ValidatedCall call(read_out_problem(fn, options, q, k, v, w, mixed, first_block),
+                           options.layout);
+  const Problem& p = call.problem();
   detail::check_output(fn, "o", o, detail::v_shape(p.dims));
   detail::check_gradients(fn, p.dims, grad_o, grad_q, grad_k, grad_v);
   detail::check_output(fn, "grad_mixed", grad_mixed, mixed.shape);
   detail::check_output(fn, "grad_w", grad_w, w.shape);
-  const auto mixer = cpu::make_mixer(p, w.data);
-  const cpu::ChunkedAttention<T> kernel(p, *mixer);
-  // The kernel writes the mixed summaries' gradient here; it is then added to grad_mixed.
-  std::vector<T> dmixed(size_t(detail::checked_product(mixed.shape, "mixed")));
-  const int64_t nq = detail::checked_product(grad_q.shape, "grad_q"),
-                nv = detail::checked_product(grad_v.shape, "grad_v");
-  T* dq = token_scratch<T>(cpu::Scratch::token_grad_q, nq);
-  T* dk = p.causal ? token_scratch<T>(cpu::Scratch::token_grad_k, nq) : nullptr;
-  T* dv = p.causal ? token_scratch<T>(cpu::Scratch::token_grad_v, nv) : nullptr;
-  std::vector<T> diagonal(p.causal ? size_t(p.dims.batch * p.dims.heads * p.blocks) : 0);
-  const bool finite = kernel.output_gradients(q.data, k.data, v.data, grad_o.data, mixed.data,
-                                              dmixed.data(), diagonal.data(), dq, dk, dv, false);
-  add_to(dq, nq, grad_q.data);
-  add_to(dmixed, grad_mixed.data);
+  const backend::Backend& device = backend::backend_for(fn, "q", q.device);
+  // The backend writes the gradients here; they are then added to the caller's.
+  const int64_t nmixed = elements(mixed, "mixed"), nq = elements(grad_q, "grad_q"),
+                nv = elements(grad_v, "grad_v");
+  T* dmixed = gradient_scratch<T>(device, Scratch::summaries_grad, nmixed);
+  T* dq = gradient_scratch<T>(device, Scratch::token_grad_q, nq);
+  T* dk = p.causal ? gradient_scratch<T>(device, Scratch::token_grad_k, nq) : nullptr;
+  T* dv = p.causal ? gradient_scratch<T>(device, Scratch::token_grad_v, nv) : nullptr;
+  // The causal in-block dW[i, i] is added to grad_w directly.
+  const bool finite = device.attention(p, w.data)->output_gradients(
+      q.data, k.data, v.data, grad_o.data, mixed.data, dmixed, dq, dk, dv, grad_w.data);
+  device.add(dq, nq, grad_q.data);
+  device.add(dmixed, nmixed, grad_mixed.data);
   if (p.causal) {
-    add_to(dk, nq, grad_k.data);
-    add_to(dv, nv, grad_v.data);
-    // dW[i, i] of the in-block term, summed over the batch (and the heads when
-    // w is shared) in a fixed order.
-    const int64_t heads = p.dims.heads, m = p.blocks;
-    for (int64_t bh = 0; bh < p.dims.batch * heads; ++bh) {
-      const int64_t copy = p.per_head_mixing ? bh % heads : 0;
-      for (int64_t i = 0; i < m; ++i) {
-        const int64_t row = first_block + i;
-        T& entry = p.toeplitz ? grad_w.data[copy * (p.toeplitz_length + 1)]
-                              : grad_w.data[(copy * p.w_stride + row) * p.w_stride + row];
-        entry += diagonal[bh * m + i];
-      }
-    }
+    device.add(dk, nq, grad_k.data);
+    device.add(dv, nv, grad_v.data);
   }
   if (!finite)
     detail::report_non_finite_gradients(fn, p, q, k, v, o, grad_o, grad_q, grad_k, grad_v);
@@ -277,9 +265,7 @@ void forward_piece(const Options& options, TensorView<const T> q, TensorView<con
          "a piece of a sequence needs causal or block_causal masking (with masking none, "
          "every block reads the blocks after it too)");
   const AttentionDims dims = detail::check_qkv(fn, q, k, v);
-  Problem p = check_tokens(fn, options, dims);
-  const detail::BlockTable table(options.layout);
-  p.table = table.view();
+  Problem problem = check_tokens(fn, options, dims);
   // The state before the piece: [B, H, P, Dk, Dv + 1]; P = 0 is the empty state.
   detail::check_device(fn, "state_in", state_in.device);
   if (state_in.shape.size() != 5 || state_in.shape[2] < 0)
@@ -290,26 +276,27 @@ void forward_piece(const Options& options, TensorView<const T> q, TensorView<con
                              "(the summaries of the P blocks before the piece)");
   if (before > 0)
     detail::check_tensor(fn, "state_in", state_in.data, state_in.shape, 5, kSummaryHint);
-  const int64_t m = p.blocks, total = before + m;
+  const int64_t m = problem.blocks, total = before + m;
   detail::check_output(fn, "state_out", state_out, summary_shape(dims, total));
-  check_call_mixing(fn, options, w, before, total, p);
+  check_call_mixing(fn, options, w, before, total, problem);
   detail::check_output(fn, "o", o, detail::v_shape(dims));
+  const ValidatedCall call(std::move(problem), options.layout);
+  const Problem& p = call.problem();
 
   // state_out = state_in followed by the piece's summaries, per (batch, head).
-  const auto mixer = cpu::make_mixer(p, w.data);
-  const cpu::ChunkedAttention<T> kernel(p, *mixer);
+  const backend::Backend& device = backend::backend_for(fn, "q", q.device);
+  const auto kernels = device.attention(p, w.data);
   const int64_t x = dims.dk * (dims.dv + 1), slices = dims.batch * dims.heads;
-  std::vector<T> piece(size_t(slices * m * x));
-  kernel.compute_summaries(k.data, v.data, piece.data());
+  T* piece = gradient_scratch<T>(device, Scratch::summaries, slices * m * x);
+  kernels->summaries(k.data, v.data, piece);
   for (int64_t bh = 0; bh < slices; ++bh) {
     T* dst = state_out.data + bh * total * x;
-    if (before > 0)
-      std::memcpy(dst, state_in.data + bh * before * x, size_t(before * x) * sizeof(T));
-    std::memcpy(dst + before * x, piece.data() + bh * m * x, size_t(m * x) * sizeof(T));
+    if (before > 0) device.copy(state_in.data + bh * before * x, before * x, dst);
+    device.copy(piece + bh * m * x, m * x, dst + before * x);
   }
-  std::vector<T> mixed(piece.size());
-  mixer->mix(state_out.data, mixed.data());
-  if (!kernel.compute_outputs(q.data, k.data, v.data, mixed.data(), o.data))
+  T* mixed = gradient_scratch<T>(device, Scratch::mixed, slices * m * x);
+  kernels->mix(state_out.data, mixed);
+  if (!kernels->outputs(q.data, k.data, v.data, mixed, o.data))
     detail::report_non_finite_output(fn, p, q, k, v, o);
 }
 

@@ -1,17 +1,18 @@
-// The softmax baseline's entry points: validate once, then run the CPU kernel.
+// The softmax baseline's entry points: validate once, then run the kernel of
+// the tensors' device.
 #include <cmath>
 
+#include "backend/backend.hpp"
 #include "core/validate.hpp"
-#include "cpu/softmax_kernel.hpp"
 #include "mhla/baselines.hpp"
 
 namespace mhla {
 namespace {
 
 template <typename T>
-cpu::SoftmaxProblem validate(const char* fn, const SoftmaxOptions& options,
-                             const TensorView<const T>& q, const TensorView<const T>& k,
-                             const TensorView<const T>& v) {
+backend::SoftmaxProblem validate(const char* fn, const SoftmaxOptions& options,
+                                 const TensorView<const T>& q, const TensorView<const T>& k,
+                                 const TensorView<const T>& v) {
   const detail::AttentionDims d = detail::check_qkv(fn, q, k, v);
   const double scale = options.scale.value_or(1.0 / std::sqrt(double(d.dk)));
   if (!std::isfinite(scale)) detail::fail(fn, "options.scale must be finite");
@@ -25,10 +26,11 @@ void softmax_attention_forward(const SoftmaxOptions& options, TensorView<const T
                                TensorView<const T> k, TensorView<const T> v, TensorView<T> o,
                                TensorView<T> lse) {
   const char* fn = "mhla::softmax_attention_forward";
-  const cpu::SoftmaxProblem x = validate(fn, options, q, k, v);
+  const backend::SoftmaxProblem x = validate(fn, options, q, k, v);
   detail::check_output(fn, "o", o, detail::v_shape(x.d));
   detail::check_output(fn, "lse", lse, {x.d.batch, x.d.heads, x.d.tokens});
-  cpu::softmax_forward(x, q.data, k.data, v.data, o.data, lse.data);
+  backend::backend_for(fn, "q", q.device)
+      .softmax_forward(x, q.data, k.data, v.data, o.data, lse.data);
 }
 
 template <typename T>
@@ -37,11 +39,12 @@ void softmax_attention_backward(const SoftmaxOptions& options, TensorView<const 
                                 TensorView<const T> lse, TensorView<const T> grad_o,
                                 TensorView<T> grad_q, TensorView<T> grad_k, TensorView<T> grad_v) {
   const char* fn = "mhla::softmax_attention_backward";
-  const cpu::SoftmaxProblem x = validate(fn, options, q, k, v);
+  const backend::SoftmaxProblem x = validate(fn, options, q, k, v);
   detail::check_output(fn, "o", o, detail::v_shape(x.d));
   detail::check_output(fn, "lse", lse, {x.d.batch, x.d.heads, x.d.tokens});
   detail::check_gradients(fn, x.d, grad_o, grad_q, grad_k, grad_v);
-  cpu::softmax_backward(x, q.data, k.data, v.data, o.data, lse.data, grad_o.data, grad_q.data,
+  backend::backend_for(fn, "q", q.device)
+      .softmax_backward(x, q.data, k.data, v.data, o.data, lse.data, grad_o.data, grad_q.data,
                         grad_k.data, grad_v.data);
 }
 

@@ -1,14 +1,15 @@
 // Packed variable-length batches: validate everything once, then run each
-// sequence as its own 1D problem through the CPU kernel on the packed tensors
+// sequence as its own 1D problem through the device's kernels on the packed tensors
 // (a sequence's rows are contiguous in [1, total, H, D]; a dense w is read in
 // place through its row stride, never copied).
 #include "mhla/varlen.hpp"
 
 #include <algorithm>
 
+#include "backend/backend.hpp"
 #include "core/finite_results.hpp"
 #include "core/validate.hpp"
-#include "cpu/chunked_attention.hpp"
+#include "core/validated_call.hpp"
 
 namespace mhla {
 namespace {
@@ -74,14 +75,10 @@ Packing check_packing(const char* fn, const VarlenOptions& options,
   return p;
 }
 
-// Sequence s's problem: its layout and block table (which must outlive the
-// problem), its tokens, and the top-left corner of a dense w.
-detail::Problem sequence_problem(const Packing& p, const TokenLayout& layout,
-                                 const detail::BlockTable& table) {
+// Sequence s's problem: its tokens, blocks and the top-left corner of a dense w.
+detail::Problem sequence_problem(const Packing& p, const TokenLayout& layout) {
   detail::Problem seq = p.problem;
   seq.dims.tokens = layout.num_tokens();
-  seq.layout = &layout;
-  seq.table = table.view();
   seq.blocks = seq.mixing_blocks = layout.num_blocks();
   return seq;
 }
@@ -104,19 +101,20 @@ void for_sequence(const char* fn, const Packing& p, int64_t s, Fn&& body) {
   }
 }
 
-// Runs body(s, seq_problem, mixer, seq_rows) for each non-empty sequence s,
+// Runs body(s, seq_problem, kernels, seq_rows) for each non-empty sequence s,
 // where seq_rows(t) is s's rows of a packed tensor t.
 template <typename T, typename Body>
-void for_each_sequence(const Packing& p, const VarlenOptions& options, const TensorView<const T>& w,
-                       Body&& body) {
+void for_each_sequence(const char* fn, const Packing& p, const VarlenOptions& options,
+                       const TensorView<const T>& q, const TensorView<const T>& w, Body&& body) {
+  const backend::Backend& device = backend::backend_for(fn, "q", q.device);
   for (int64_t s = 0; s + 1 < int64_t(p.offsets.size()); ++s) {
     const int64_t first = p.offsets[s], tokens = p.offsets[s + 1] - first;
     if (tokens == 0) continue;
-    const TokenLayout layout = TokenLayout::sequence(tokens, options.block);
-    const detail::BlockTable table(layout);
-    const detail::Problem seq = sequence_problem(p, layout, table);
-    const auto mixer = cpu::make_mixer(seq, w.data);
-    body(s, seq, *mixer, [&](const auto& t) { return rows(t, first, tokens); });
+    TokenLayout layout = TokenLayout::sequence(tokens, options.block);
+    detail::Problem problem = sequence_problem(p, layout);
+    const detail::ValidatedCall call(std::move(problem), std::move(layout));
+    body(s, call.problem(), *device.attention(call.problem(), w.data),
+         [&](const auto& t) { return rows(t, first, tokens); });
   }
 }
 
@@ -129,16 +127,16 @@ void varlen_forward(const VarlenOptions& options, TensorView<const int64_t> cu_s
   const char* fn = "mhla::varlen_forward";
   const Packing p = check_packing(fn, options, cu_seqlens, q, k, v, w);
   detail::check_output(fn, "o", o, detail::v_shape(p.problem.dims));
-  for_each_sequence(
-      p, options, w,
-      [&](int64_t s, const detail::Problem& seq, const cpu::Mixer<T>& mixer, const auto& seq_rows) {
-        if (!cpu::ChunkedAttention<T>(seq, mixer)
-                 .forward(seq_rows(q).data, seq_rows(k).data, seq_rows(v).data, seq_rows(o).data))
-          for_sequence(fn, p, s, [&] {
-            detail::report_non_finite_output("mhla::forward", seq, seq_rows(q), seq_rows(k),
-                                             seq_rows(v), seq_rows(o));
-          });
-      });
+  for_each_sequence(fn, p, options, q, w,
+                    [&](int64_t s, const detail::Problem& seq, const backend::Attention<T>& kernels,
+                        const auto& seq_rows) {
+                      if (!kernels.forward(seq_rows(q).data, seq_rows(k).data, seq_rows(v).data,
+                                           seq_rows(o).data, nullptr, nullptr))
+                        for_sequence(fn, p, s, [&] {
+                          detail::report_non_finite_output("mhla::forward", seq, seq_rows(q),
+                                                           seq_rows(k), seq_rows(v), seq_rows(o));
+                        });
+                    });
 }
 
 template <typename T>
@@ -153,22 +151,23 @@ void varlen_backward(const VarlenOptions& options, TensorView<const int64_t> cu_
   detail::check_gradients(fn, p.problem.dims, grad_o, grad_q, grad_k, grad_v);
   detail::check_output(fn, "grad_w", grad_w, w.shape);
   // Every sequence adds its part of grad_w, in order, so the sum is deterministic.
-  std::fill(grad_w.data, grad_w.data + detail::checked_product(w.shape, "w"), T(0));
-  for_each_sequence(
-      p, options, w,
-      [&](int64_t s, const detail::Problem& seq, const cpu::Mixer<T>& mixer, const auto& seq_rows) {
-        const bool finite =
-            cpu::ChunkedAttention<T>(seq, mixer)
-                .backward(seq_rows(q).data, seq_rows(k).data, seq_rows(v).data,
+  backend::backend_for(fn, "grad_w", grad_w.device)
+      .zero(grad_w.data, detail::checked_product(w.shape, "w"));
+  for_each_sequence(fn, p, options, q, w,
+                    [&](int64_t s, const detail::Problem& seq, const backend::Attention<T>& kernels,
+                        const auto& seq_rows) {
+                      const bool finite = kernels.backward(
+                          seq_rows(q).data, seq_rows(k).data, seq_rows(v).data,
                           seq_rows(grad_o).data, seq_rows(grad_q).data, seq_rows(grad_k).data,
-                          seq_rows(grad_v).data, grad_w.data);
-        if (!finite)
-          for_sequence(fn, p, s, [&] {
-            detail::report_non_finite_gradients(
-                "mhla::backward", seq, seq_rows(q), seq_rows(k), seq_rows(v), seq_rows(o),
-                seq_rows(grad_o), seq_rows(grad_q), seq_rows(grad_k), seq_rows(grad_v));
-          });
-      });
+                          seq_rows(grad_v).data, grad_w.data, nullptr, nullptr);
+                      if (!finite)
+                        for_sequence(fn, p, s, [&] {
+                          detail::report_non_finite_gradients("mhla::backward", seq, seq_rows(q),
+                                                              seq_rows(k), seq_rows(v), seq_rows(o),
+                                                              seq_rows(grad_o), seq_rows(grad_q),
+                                                              seq_rows(grad_k), seq_rows(grad_v));
+                        });
+                    });
   if (detail::first_non_finite(grad_w.data, detail::checked_product(w.shape, "w")) >= 0)
     detail::report_non_finite<T>(fn, p.problem, {{"grad_w", grad_w.data, w.shape}},
                                  {{"q", q.data, q.shape},

@@ -2,15 +2,11 @@
 // The tiled softmax-attention kernel behind mhla::softmax_attention_forward /
 // backward (FlashAttention's online softmax on CPU). Arguments are validated
 // by the API layer; q, k [B, N, H, Dk], v, o [B, N, H, Dv], lse [B, H, N].
-#include "core/validate.hpp"
+#include "backend/backend.hpp"
 
 namespace mhla::cpu {
 
-struct SoftmaxProblem {
-  mhla::detail::AttentionDims d;
-  double scale;
-  bool causal;
-};
+using backend::SoftmaxProblem;
 
 template <typename T>
 void softmax_forward(const SoftmaxProblem& x, const T* q, const T* k, const T* v, T* o, T* lse);

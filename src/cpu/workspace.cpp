@@ -50,5 +50,6 @@ void release_scratch_buffers() {
 template float* scratch<float>(Scratch, size_t);
 template double* scratch<double>(Scratch, size_t);
 template uint16_t* scratch<uint16_t>(Scratch, size_t);
+template std::byte* scratch<std::byte>(Scratch, size_t);
 
 }  // namespace mhla::cpu

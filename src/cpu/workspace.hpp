@@ -8,28 +8,11 @@
 #include <cstddef>
 #include <memory>
 
+#include "backend/backend.hpp"
+
 namespace mhla::cpu {
 
-// The token_grad slots are O(B N H D): the phase functions' backward computes
-// its gradients there before adding them to the caller's buffers, and the
-// bfloat16 backward the float gradients it rounds. The widened slots hold the
-// float copies of the bfloat16 operator's inputs where it computes in float.
-enum class Scratch {
-  summaries,
-  mixed,
-  summaries_grad,
-  diagonal_grad,
-  token_grad_q,
-  token_grad_k,
-  token_grad_v,
-  widened_q,
-  widened_k,
-  widened_v,
-  widened_o,
-  widened_grad_o,
-  summary_pairs,  // the bfloat16 forward's summaries for the dense mix (uint16_t halves)
-  count
-};
+using Scratch = backend::Scratch;
 
 template <typename T>
 T* scratch(Scratch slot, size_t elements);

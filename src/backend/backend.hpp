@@ -1,0 +1,179 @@
+#pragma once
+// The seam between the API and the devices that run MHLA. An entry point
+// validates its call once (core/validated_call.hpp) and hands the problem to
+// the backend of its tensors' device; the backend runs the phases there. Every
+// pointer a backend receives is memory of its device.
+//
+// Summary arrays are [B*H, M, Dk*(Dv+1)]; token tensors [B, N, H, D] (Dk for
+// q and k, Dv for v and o). Functions returning bool return whether every
+// result they wrote is finite (the API then searches the results, on the host,
+// only when something went wrong).
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "core/validate.hpp"
+#include "mhla/bfloat16.hpp"
+#include "mhla/tensor.hpp"
+
+namespace mhla::backend {
+
+// The kernels of one validated problem and its mixing matrix.
+template <typename T>
+class Attention {
+ public:
+  virtual ~Attention() = default;
+  // The whole operator. saved_summaries and saved_mixed are optional
+  // (nullptr): forward keeps the summaries and the mixed summaries there, and
+  // backward reads them instead of recomputing them. backward adds to grad_w
+  // (nullptr for the parameter-free mix of linear attention).
+  virtual bool forward(const T* q, const T* k, const T* v, T* o, T* saved_summaries,
+                       T* saved_mixed) const = 0;
+  virtual bool backward(const T* q, const T* k, const T* v, const T* grad_o, T* grad_q, T* grad_k,
+                        T* grad_v, T* grad_w, const T* saved_summaries,
+                        const T* saved_mixed) const = 0;
+
+  // The phases and their backward, each writing (not adding to) its results
+  // unless it says otherwise.
+  // 1. [S_b | z_b] = phi(K_b)^T [V_b | 1]
+  virtual void summaries(const T* k, const T* v, T* summaries) const = 0;
+  // 2. the mix of the summaries through W's rows of this call's blocks
+  virtual void mix(const T* summaries, T* mixed) const = 0;
+  // Backward of 2: writes grad_summaries, adds to grad_w.
+  virtual void mix_backward(const T* grad_mixed, const T* summaries, T* grad_summaries,
+                            T* grad_w) const = 0;
+  // 3. o from the mixed summaries (causal: plus the in-block term)
+  virtual bool outputs(const T* q, const T* k, const T* v, const T* mixed, T* o) const = 0;
+  // Backward of 3: writes grad_mixed and grad_q; causal, also the in-block
+  // parts of grad_k and grad_v (written) and of grad_w's diagonal (added).
+  virtual bool output_gradients(const T* q, const T* k, const T* v, const T* grad_o, const T* mixed,
+                                T* grad_mixed, T* grad_q, T* grad_k, T* grad_v,
+                                T* grad_w) const = 0;
+  // Backward of 1: writes grad_k and grad_v.
+  virtual void key_value_gradients(const T* k, const T* v, const T* grad_summaries, T* grad_k,
+                                   T* grad_v) const = 0;
+};
+
+// The operator on bfloat16 q, k, v, o and their gradients, with float w,
+// summaries and grad_w, summed in float.
+class Bf16Attention {
+ public:
+  virtual ~Bf16Attention() = default;
+  virtual bool forward(const bfloat16* q, const bfloat16* k, const bfloat16* v, bfloat16* o,
+                       float* saved_summaries, float* saved_mixed) const = 0;
+  virtual bool backward(const bfloat16* q, const bfloat16* k, const bfloat16* v,
+                        const bfloat16* grad_o, bfloat16* grad_q, bfloat16* grad_k,
+                        bfloat16* grad_v, float* grad_w, const float* saved_summaries,
+                        const float* saved_mixed) const = 0;
+};
+
+// The streaming decoder's per-head state on a device: each block summary
+// [S | z] (S [Dk, Dv], z [Dk]) kept in the device's own layout of floats()
+// floats, converted to and from the operator's [Dk, Dv + 1] (z as the last
+// column), and one decoding step on it.
+class DecodeState {
+ public:
+  virtual ~DecodeState() = default;
+  virtual int64_t floats() const = 0;
+  virtual void store(const float* summary, float* stored) const = 0;
+  virtual void load(const float* stored, float* summary) const = 0;
+  // running += kap [v | 1] (the token joins its block's summary);
+  // y[e] = sum_a u[a] (prefix[a, e] + wii running[a, e]) for e < Dv; returns
+  // the same sum over the key sums z, the denominator before eps.
+  // kap = phi(k_t), u = phi(q_t), both [Dk]; v and y are [Dv].
+  virtual float step(const float* kap, const float* v, const float* u, float wii,
+                     const float* prefix, float* running, float* y) const = 0;
+};
+
+// Softmax attention, the baseline: q, k [B, N, H, Dk], v, o [B, N, H, Dv],
+// lse [B, H, N] (the log-sum-exp of each query's scores, for backward).
+struct SoftmaxProblem {
+  detail::AttentionDims d;
+  double scale;
+  bool causal;
+};
+
+// Arrays a backend keeps between calls (contents unspecified; they only grow).
+// The token_grad slots are O(B N H D): the phase functions' backward computes
+// its gradients there before adding them to the caller's buffers. The widened
+// slots hold float copies of the bfloat16 operator's arguments where it
+// computes in float. The others are the CPU kernels' own.
+enum class Scratch {
+  summaries,
+  mixed,
+  summaries_grad,
+  diagonal_grad,
+  token_grad_q,
+  token_grad_k,
+  token_grad_v,
+  widened_q,
+  widened_k,
+  widened_v,
+  widened_o,
+  widened_grad_o,
+  summary_pairs,  // the CPU bfloat16 forward's summaries for the dense mix (uint16_t halves)
+  count
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // The kernels of `problem` with mixing matrix `w` as the problem describes
+  // it (dense or Toeplitz, shared or per head), or with w == nullptr the
+  // parameter-free sum of linear attention (every W entry 1).
+  virtual std::unique_ptr<Attention<float>> attention(const detail::Problem& problem,
+                                                      const float* w) const = 0;
+  virtual std::unique_ptr<Attention<double>> attention(const detail::Problem& problem,
+                                                       const double* w) const = 0;
+  // bfloat16 kernels for the problem, or nullptr where the device has none
+  // for it: the API then computes in float on widened copies.
+  virtual std::unique_ptr<Bf16Attention> bf16_attention(const detail::Problem& problem,
+                                                        const float* w) const = 0;
+
+  virtual std::unique_ptr<DecodeState> decode_state(int64_t dk, int64_t dv) const = 0;
+
+  virtual void softmax_forward(const SoftmaxProblem& x, const float* q, const float* k,
+                               const float* v, float* o, float* lse) const = 0;
+  virtual void softmax_forward(const SoftmaxProblem& x, const double* q, const double* k,
+                               const double* v, double* o, double* lse) const = 0;
+  virtual void softmax_backward(const SoftmaxProblem& x, const float* q, const float* k,
+                                const float* v, const float* o, const float* lse,
+                                const float* grad_o, float* grad_q, float* grad_k,
+                                float* grad_v) const = 0;
+  virtual void softmax_backward(const SoftmaxProblem& x, const double* q, const double* k,
+                                const double* v, const double* o, const double* lse,
+                                const double* grad_o, double* grad_q, double* grad_k,
+                                double* grad_v) const = 0;
+
+  // At least `bytes` of the calling thread's array `slot`, aligned for any element type.
+  virtual void* scratch(Scratch slot, size_t bytes) const = 0;
+  virtual void release_scratch() const = 0;
+
+  // Element-wise work on the device's memory: to[i] += from[i]; to[i] =
+  // from[i]; to[i] = 0; bfloat16 widened to float (exact) and float rounded to
+  // bfloat16.
+  virtual void add(const float* from, int64_t n, float* to) const = 0;
+  virtual void add(const double* from, int64_t n, double* to) const = 0;
+  virtual void copy(const float* from, int64_t n, float* to) const = 0;
+  virtual void copy(const double* from, int64_t n, double* to) const = 0;
+  virtual void zero(float* to, int64_t n) const = 0;
+  virtual void zero(double* to, int64_t n) const = 0;
+  virtual void widen(const bfloat16* from, int64_t n, float* to) const = 0;
+  virtual void narrow(const float* from, int64_t n, bfloat16* to) const = 0;
+};
+
+// Each backend is defined in its own folder: the CPU's in src/cpu/cpu_backend.cpp.
+const Backend& cpu_backend();
+
+// The backend of `device`; mhla::Error from `fn` naming the tensor `name`
+// when this build has none.
+const Backend& backend_for(const char* fn, const char* name, Device device);
+
+// Typed scratch: `count` elements of T.
+template <typename T>
+T* scratch(const Backend& backend, Scratch slot, size_t count) {
+  return static_cast<T*>(backend.scratch(slot, count * sizeof(T)));
+}
+
+}  // namespace mhla::backend

@@ -1,0 +1,226 @@
+// The CPU backend: the chunked kernels (cpu/chunked_attention.hpp) with the
+// mixer of W (cpu/mixer.hpp), the bfloat16 kernels where the CPU has
+// AVX512-BF16, the tiled softmax baseline, the decoder's SIMD step, and
+// per-thread scratch arrays.
+#include <algorithm>
+
+#include "backend/backend.hpp"
+#include "cpu/bf16_forward.hpp"
+#include "cpu/chunked_attention.hpp"
+#include "cpu/simd/bf16_products.hpp"
+#include "cpu/simd/decode_token.hpp"
+#include "cpu/simd/isa.hpp"
+#include "cpu/softmax_kernel.hpp"
+#include "cpu/workspace.hpp"
+#include "mhla/operator.hpp"
+
+namespace mhla::cpu {
+namespace {
+
+using backend::SoftmaxProblem;
+
+// The mixer of w, or the all-ones mix of linear attention for w == nullptr.
+template <typename T>
+std::unique_ptr<Mixer<T>> mixer_of(const detail::Problem& p, const T* w) {
+  if (w == nullptr) return std::make_unique<UniformMixer<T>>(p);
+  return make_mixer(p, w);
+}
+
+template <typename T>
+class CpuAttention final : public backend::Attention<T> {
+ public:
+  CpuAttention(const detail::Problem& p, const T* w)
+      : p_(p), mixer_(mixer_of(p, w)), kernel_(p_, *mixer_) {}
+
+  bool forward(const T* q, const T* k, const T* v, T* o, T* saved_summaries,
+               T* saved_mixed) const override {
+    return kernel_.forward(q, k, v, o, saved_summaries, saved_mixed);
+  }
+  bool backward(const T* q, const T* k, const T* v, const T* grad_o, T* grad_q, T* grad_k,
+                T* grad_v, T* grad_w, const T* saved_summaries,
+                const T* saved_mixed) const override {
+    return kernel_.backward(q, k, v, grad_o, grad_q, grad_k, grad_v, grad_w, saved_summaries,
+                            saved_mixed);
+  }
+  void summaries(const T* k, const T* v, T* summaries) const override {
+    kernel_.compute_summaries(k, v, summaries);
+  }
+  void mix(const T* summaries, T* mixed) const override { mixer_->mix(summaries, mixed); }
+  void mix_backward(const T* grad_mixed, const T* summaries, T* grad_summaries,
+                    T* grad_w) const override {
+    // The causal in-block dW[i, i] is output_gradients'.
+    mixer_->mix_backward(grad_mixed, summaries, nullptr, grad_summaries, grad_w);
+  }
+  bool outputs(const T* q, const T* k, const T* v, const T* mixed, T* o) const override {
+    return kernel_.compute_outputs(q, k, v, mixed, o);
+  }
+  bool output_gradients(const T* q, const T* k, const T* v, const T* grad_o, const T* mixed,
+                        T* grad_mixed, T* grad_q, T* grad_k, T* grad_v, T* grad_w) const override {
+    T* diagonal = p_.causal ? scratch<T>(Scratch::diagonal_grad,
+                                         size_t(p_.dims.batch * p_.dims.heads * p_.blocks))
+                            : nullptr;
+    const bool finite = kernel_.output_gradients(q, k, v, grad_o, mixed, grad_mixed, diagonal,
+                                                 grad_q, grad_k, grad_v, false);
+    if (p_.causal) add_diagonal(diagonal, grad_w);
+    return finite;
+  }
+  void key_value_gradients(const T* k, const T* v, const T* grad_summaries, T* grad_k,
+                           T* grad_v) const override {
+    kernel_.key_value_gradients(k, v, grad_summaries, grad_k, grad_v, false);
+  }
+
+ private:
+  // dW[i, i] of the causal in-block term, [B*H, M], added to W's diagonal at
+  // this call's rows, summed over the batch (and the heads when w is shared)
+  // in a fixed order.
+  void add_diagonal(const T* diagonal, T* grad_w) const {
+    const int64_t heads = p_.dims.heads, m = p_.blocks;
+    for (int64_t bh = 0; bh < p_.dims.batch * heads; ++bh) {
+      const int64_t copy = p_.per_head_mixing ? bh % heads : 0;
+      for (int64_t i = 0; i < m; ++i) {
+        const int64_t row = p_.first_block + i;
+        T& entry = p_.toeplitz ? grad_w[copy * (p_.toeplitz_length + 1)]
+                               : grad_w[(copy * p_.w_stride + row) * p_.w_stride + row];
+        entry += diagonal[bh * m + i];
+      }
+    }
+  }
+
+  const detail::Problem p_;
+  const std::unique_ptr<Mixer<T>> mixer_;
+  const ChunkedAttention<T> kernel_;
+};
+
+// The bfloat16 kernels: the forward's products on bfloat16 operands, the
+// backward's phases reading and writing the bfloat16 tensors in place. Not
+// in causal mode (its in-block products are float only).
+class CpuBf16Attention final : public backend::Bf16Attention {
+ public:
+  CpuBf16Attention(const detail::Problem& p, const float* w)
+      : p_(p), mixer_(make_mixer(p_, w)), kernel_(p_, *mixer_), forward_(p_, *mixer_) {}
+
+  bool forward(const bfloat16* q, const bfloat16* k, const bfloat16* v, bfloat16* o,
+               float* saved_summaries, float* saved_mixed) const override {
+    return forward_.forward(q, k, v, o, saved_summaries, saved_mixed);
+  }
+  bool backward(const bfloat16* q, const bfloat16* k, const bfloat16* v, const bfloat16* grad_o,
+                bfloat16* grad_q, bfloat16* grad_k, bfloat16* grad_v, float* grad_w,
+                const float* saved_summaries, const float* saved_mixed) const override {
+    return kernel_.backward(q, k, v, grad_o, grad_q, grad_k, grad_v, grad_w, saved_summaries,
+                            saved_mixed);
+  }
+
+ private:
+  const detail::Problem p_;
+  const std::unique_ptr<Mixer<float>> mixer_;
+  const ChunkedAttention<float> kernel_;
+  const Bf16Forward forward_;
+};
+
+// The decoder's state in StateLayout (rows padded to whole cache lines) and
+// the SIMD decoding step.
+class CpuDecodeState final : public backend::DecodeState {
+ public:
+  CpuDecodeState(int64_t dk, int64_t dv) : layout_(dk, dv) {}
+  int64_t floats() const override { return layout_.floats; }
+  void store(const float* summary, float* stored) const override { layout_.store(summary, stored); }
+  void load(const float* stored, float* summary) const override { layout_.load(stored, summary); }
+  float step(const float* kap, const float* v, const float* u, float wii, const float* prefix,
+             float* running, float* y) const override {
+    return simd::decode_token(layout_, kap, v, u, wii, prefix, running, y);
+  }
+
+ private:
+  const simd::StateLayout layout_;
+};
+
+class CpuBackend final : public backend::Backend {
+ public:
+  std::unique_ptr<backend::Attention<float>> attention(const detail::Problem& p,
+                                                       const float* w) const override {
+    return std::make_unique<CpuAttention<float>>(p, w);
+  }
+  std::unique_ptr<backend::Attention<double>> attention(const detail::Problem& p,
+                                                        const double* w) const override {
+    return std::make_unique<CpuAttention<double>>(p, w);
+  }
+  std::unique_ptr<backend::Bf16Attention> bf16_attention(const detail::Problem& p,
+                                                         const float* w) const override {
+    if (p.causal || !simd::bf16_products_available()) return nullptr;
+    return std::make_unique<CpuBf16Attention>(p, w);
+  }
+
+  std::unique_ptr<backend::DecodeState> decode_state(int64_t dk, int64_t dv) const override {
+    return std::make_unique<CpuDecodeState>(dk, dv);
+  }
+
+  void softmax_forward(const SoftmaxProblem& x, const float* q, const float* k, const float* v,
+                       float* o, float* lse) const override {
+    cpu::softmax_forward(x, q, k, v, o, lse);
+  }
+  void softmax_forward(const SoftmaxProblem& x, const double* q, const double* k, const double* v,
+                       double* o, double* lse) const override {
+    cpu::softmax_forward(x, q, k, v, o, lse);
+  }
+  void softmax_backward(const SoftmaxProblem& x, const float* q, const float* k, const float* v,
+                        const float* o, const float* lse, const float* grad_o, float* grad_q,
+                        float* grad_k, float* grad_v) const override {
+    cpu::softmax_backward(x, q, k, v, o, lse, grad_o, grad_q, grad_k, grad_v);
+  }
+  void softmax_backward(const SoftmaxProblem& x, const double* q, const double* k, const double* v,
+                        const double* o, const double* lse, const double* grad_o, double* grad_q,
+                        double* grad_k, double* grad_v) const override {
+    cpu::softmax_backward(x, q, k, v, o, lse, grad_o, grad_q, grad_k, grad_v);
+  }
+
+  void* scratch(Scratch slot, size_t bytes) const override {
+    return cpu::scratch<std::byte>(slot, bytes);
+  }
+  void release_scratch() const override { release_scratch_buffers(); }
+
+  void add(const float* from, int64_t n, float* to) const override { add_to(from, n, to); }
+  void add(const double* from, int64_t n, double* to) const override { add_to(from, n, to); }
+  void copy(const float* from, int64_t n, float* to) const override {
+    std::copy(from, from + n, to);
+  }
+  void copy(const double* from, int64_t n, double* to) const override {
+    std::copy(from, from + n, to);
+  }
+  void zero(float* to, int64_t n) const override { std::fill(to, to + n, 0.0f); }
+  void zero(double* to, int64_t n) const override { std::fill(to, to + n, 0.0); }
+  void widen(const bfloat16* from, int64_t n, float* to) const override {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) to[i] = to_float(from[i]);
+  }
+  void narrow(const float* from, int64_t n, bfloat16* to) const override {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) to[i] = to_bfloat16(from[i]);
+  }
+
+ private:
+  template <typename T>
+  static void add_to(const T* from, int64_t n, T* to) {
+    for (int64_t i = 0; i < n; ++i) to[i] += from[i];
+  }
+};
+
+}  // namespace
+}  // namespace mhla::cpu
+
+namespace mhla::backend {
+
+const Backend& cpu_backend() {
+  static const cpu::CpuBackend backend;
+  return backend;
+}
+
+}  // namespace mhla::backend
+
+namespace mhla {
+
+// The CPU's own queries of the public API (mhla/operator.hpp).
+bool bf16_products() { return cpu::simd::bf16_products_available(); }
+
+std::string kernel_isa() { return cpu::simd::target_name(cpu::simd::active_target()); }
+
+}  // namespace mhla
