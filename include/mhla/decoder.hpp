@@ -19,14 +19,12 @@
 
 namespace mhla {
 
-struct DecoderOptions {
+// The decoder is causal; its feature map and normalisation are those of the
+// operator (ReadoutOptions), with the same defaults.
+struct DecoderOptions : ReadoutOptions {
   int64_t batch = 1;  // independent sequences, each at its own position
   int64_t heads = 1, dk = 1, dv = 1;
   int64_t block = 64;  // C: tokens per block
-  FeatureMap feature_map = FeatureMap::elu1;
-  bool normalize = true;
-  double eps = 1e-6;
-  std::optional<double> scale;  // unnormalized mode only; default Dk^-1/2
   MixingForm mixing = MixingForm::dense;
   // Rebuild the mixed prefix at every token instead of once per block, as a
   // naive recurrent implementation does. Same outputs; for benchmarks only.

@@ -21,16 +21,21 @@ enum class Masking {
                  // tiles that span whole frames, numbered by time)
 };
 
-struct LinearAttentionOptions {
-  Masking masking = Masking::none;
-  // elu+1 is positive, so the normaliser cannot vanish; the layers, the
-  // decoder and the mhla program default to it as well.
+// How a query reads a summary: the options every linear form shares (the
+// operator, the phases, packed sequences, linear attention and the decoder).
+struct ReadoutOptions {
+  // elu+1 is positive, so the normaliser cannot vanish; the layers and the
+  // mhla program default to it as well.
   FeatureMap feature_map = FeatureMap::elu1;
   // normalized:   o_t = phi(q_t)^T S / (phi(q_t)^T z + eps)
   // unnormalized: o_t = scale * phi(q_t)^T S
   bool normalize = true;
   double eps = 1e-6;
   std::optional<double> scale;  // unnormalized mode only; default Dk^-1/2
+};
+
+struct LinearAttentionOptions : ReadoutOptions {
+  Masking masking = Masking::none;
 };
 
 // How the M x M mixing matrix W is given.

@@ -24,7 +24,7 @@ layers see :mod:`mhla.torch`; for one sequence over several processes
 from . import _convert, _core
 from ._convert import like_input
 from ._core import (DecoderOptions, FeatureMap, Layout, LinearOptions, Masking, MixingForm, Options, Shard,
-                    plan_shards, release_memory)
+                    VarlenOptions, plan_shards, release_memory)
 from .streaming import Decoder, varlen_backward, varlen_forward
 
 __version__ = _core.__version__  # the C++ library's version (CMakeLists.txt's project())
@@ -48,6 +48,7 @@ __all__ = [
     "DecoderOptions",
     "varlen_forward",
     "varlen_backward",
+    "VarlenOptions",
     "Shard",
     "plan_shards",
     "block_summaries",

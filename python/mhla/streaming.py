@@ -28,7 +28,8 @@ def varlen_forward(q, k, v, w, cu_seqlens, **options):
     Each sequence is its own 1D problem in blocks of ``block`` tokens (keyword, default 64) starting
     at its first token. Dense ``w [M, M]`` (or ``[H, M, M]``) serves sequence ``s`` with its top-left
     ``M_s x M_s`` corner, so M must cover the longest sequence; ``mixing="toeplitz"`` serves any
-    length. Other keywords: ``masking``, ``feature_map``, ``normalize``, ``eps``, ``scale``.
+    length. Other keywords: ``masking``, ``feature_map``, ``normalize``, ``eps``, ``scale``; or all
+    of them as one ``options=mhla.VarlenOptions(...)``.
     """
     return _convert.to_kind_of(q, _core.varlen_forward(q, k, v, w, offsets(cu_seqlens), **options))
 

@@ -34,18 +34,8 @@ DecoderOptions make_decoder_options(int64_t batch, int64_t heads, int64_t dk, in
   d.dk = dk;
   d.dv = dv;
   d.block = block;
-  // The shared keyword parser works on LinearAttentionOptions; it starts from
-  // the decoder's own defaults, so a keyword left as None keeps them.
-  LinearAttentionOptions o;
-  o.feature_map = d.feature_map;
-  o.normalize = d.normalize;
-  o.eps = d.eps;
-  o.scale = d.scale;
-  apply_keywords({py::none(), feature_map, normalize, eps, scale}, o);
-  d.feature_map = o.feature_map;
-  d.normalize = o.normalize;
-  d.eps = o.eps;
-  d.scale = o.scale;
+  // A keyword left as None keeps the default.
+  apply_keywords({py::none(), feature_map, normalize, eps, scale}, d);
   if (!mixing.is_none()) d.mixing = mixing_form_of(mixing);
   return d;
 }

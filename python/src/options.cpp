@@ -41,6 +41,10 @@ MixingForm mixing_form_of(const py::object& value) {
 
 void apply_keywords(const OptionKeywords& k, LinearAttentionOptions& o) {
   if (!k.masking.is_none()) o.masking = enum_of<Masking>(k.masking, "masking", parse_masking);
+  apply_keywords(k, static_cast<ReadoutOptions&>(o));
+}
+
+void apply_keywords(const OptionKeywords& k, ReadoutOptions& o) {
   if (!k.feature_map.is_none())
     o.feature_map = enum_of<FeatureMap>(k.feature_map, "feature_map", parse_feature_map);
   if (!k.normalize.is_none()) {
@@ -80,6 +84,15 @@ LinearAttentionOptions make_linear_options(const OptionKeywords& keywords) {
   return o;
 }
 
+VarlenOptions make_varlen_options(const py::object& block, const py::object& mixing,
+                                  const OptionKeywords& keywords) {
+  VarlenOptions o;
+  if (!block.is_none()) o.block = value_of<int64_t>(block, "block", "an int");
+  if (!mixing.is_none()) o.mixing = mixing_form_of(mixing);
+  apply_keywords(keywords, o);
+  return o;
+}
+
 std::string describe(const LinearAttentionOptions& o) {
   return std::string("masking=") + to_string(o.masking) +
          ", feature_map=" + to_string(o.feature_map) +
@@ -102,6 +115,13 @@ LinearAttentionOptions linear_options_of(const py::object& options,
   if (options.is_none()) return make_linear_options(keywords);
   if (any_given(keywords)) refuse_both("LinearOptions");
   return value_of<LinearAttentionOptions>(options, "options", "an mhla.LinearOptions");
+}
+
+VarlenOptions varlen_options_of(const py::object& options, const py::object& block,
+                                const py::object& mixing, const OptionKeywords& keywords) {
+  if (options.is_none()) return make_varlen_options(block, mixing, keywords);
+  if (any_given(keywords) || !block.is_none() || !mixing.is_none()) refuse_both("VarlenOptions");
+  return value_of<VarlenOptions>(options, "options", "an mhla.VarlenOptions");
 }
 
 void bind_options(py::module_& m) {
@@ -154,6 +174,23 @@ void bind_options(py::module_& m) {
         return "mhla.Options(" +
                (o.layout.empty() ? std::string("no layout") : o.layout.describe()) + ", " +
                describe(o) + ", mixing=" + to_string(o.mixing) + ")";
+      });
+  py::class_<VarlenOptions, LinearAttentionOptions>(
+      m, "VarlenOptions", "Options of packed variable-length batches (mhla.varlen_forward).")
+      .def(py::init([keywords](py::object block, py::object masking, py::object feature_map,
+                               py::object normalize, py::object eps, py::object scale,
+                               py::object mixing) {
+             return make_varlen_options(block, mixing,
+                                        keywords(masking, feature_map, normalize, eps, scale));
+           }),
+           py::kw_only(), "block"_a = py::none(), "masking"_a = py::none(),
+           "feature_map"_a = py::none(), "normalize"_a = py::none(), "eps"_a = py::none(),
+           "scale"_a = py::none(), "mixing"_a = py::none())
+      .def_readwrite("block", &VarlenOptions::block)
+      .def_readwrite("mixing", &VarlenOptions::mixing)
+      .def("__repr__", [](const VarlenOptions& o) {
+        return "mhla.VarlenOptions(block=" + std::to_string(o.block) + ", " + describe(o) +
+               ", mixing=" + to_string(o.mixing) + ")";
       });
 }
 

@@ -16,15 +16,6 @@ using namespace py::literals;
 namespace mhla::python {
 namespace {
 
-VarlenOptions varlen_options(int64_t block, const py::object& mixing,
-                             const OptionKeywords& keywords) {
-  VarlenOptions o;
-  o.block = block;
-  if (!mixing.is_none()) o.mixing = mixing_form_of(mixing);
-  apply_keywords(keywords, o);
-  return o;
-}
-
 TensorView<const int64_t> offsets_view(const std::vector<int64_t>& cu_seqlens) {
   return {cu_seqlens.data(), {static_cast<int64_t>(cu_seqlens.size())}};
 }
@@ -65,30 +56,33 @@ void bind_varlen(py::module_& m) {
   m.def(
       "varlen_forward",
       [](py::handle q, py::handle k, py::handle v, py::handle w, std::vector<int64_t> cu_seqlens,
-         int64_t block, py::object mixing, py::object masking, py::object feature_map,
-         py::object normalize, py::object eps, py::object scale) {
-        return forward_py(
-            q, k, v, w, cu_seqlens,
-            varlen_options(block, mixing, {masking, feature_map, normalize, eps, scale}));
+         py::object options, py::object block, py::object mixing, py::object masking,
+         py::object feature_map, py::object normalize, py::object eps, py::object scale) {
+        return forward_py(q, k, v, w, cu_seqlens,
+                          varlen_options_of(options, block, mixing,
+                                            {masking, feature_map, normalize, eps, scale}));
       },
-      "q"_a, "k"_a, "v"_a, "w"_a, "cu_seqlens"_a, py::kw_only(), "block"_a = VarlenOptions{}.block,
-      "mixing"_a = py::none(), "masking"_a = py::none(), "feature_map"_a = py::none(),
-      "normalize"_a = py::none(), "eps"_a = py::none(), "scale"_a = py::none(),
+      "q"_a, "k"_a, "v"_a, "w"_a, "cu_seqlens"_a, py::kw_only(), "options"_a = py::none(),
+      "block"_a = py::none(), "mixing"_a = py::none(), "masking"_a = py::none(),
+      "feature_map"_a = py::none(), "normalize"_a = py::none(), "eps"_a = py::none(),
+      "scale"_a = py::none(),
       "Packed sequences q, k [1, total, H, Dk], v [1, total, H, Dv], sequence s holding tokens "
-      "cu_seqlens[s] .. cu_seqlens[s + 1] - 1; returns o [1, total, H, Dv].");
+      "cu_seqlens[s] .. cu_seqlens[s + 1] - 1; returns o [1, total, H, Dv]. Options as "
+      "options=mhla.VarlenOptions(...) or as keywords (block: 64 when not given).");
   m.def(
       "varlen_backward",
       [](py::handle q, py::handle k, py::handle v, py::handle w, py::handle o, py::handle grad_o,
-         std::vector<int64_t> cu_seqlens, int64_t block, py::object mixing, py::object masking,
-         py::object feature_map, py::object normalize, py::object eps, py::object scale) {
-        return backward_py(
-            q, k, v, w, o, grad_o, cu_seqlens,
-            varlen_options(block, mixing, {masking, feature_map, normalize, eps, scale}));
+         std::vector<int64_t> cu_seqlens, py::object options, py::object block, py::object mixing,
+         py::object masking, py::object feature_map, py::object normalize, py::object eps,
+         py::object scale) {
+        return backward_py(q, k, v, w, o, grad_o, cu_seqlens,
+                           varlen_options_of(options, block, mixing,
+                                             {masking, feature_map, normalize, eps, scale}));
       },
       "q"_a, "k"_a, "v"_a, "w"_a, "o"_a, "grad_o"_a, "cu_seqlens"_a, py::kw_only(),
-      "block"_a = VarlenOptions{}.block, "mixing"_a = py::none(), "masking"_a = py::none(),
-      "feature_map"_a = py::none(), "normalize"_a = py::none(), "eps"_a = py::none(),
-      "scale"_a = py::none(), "Returns (grad_q, grad_k, grad_v, grad_w).");
+      "options"_a = py::none(), "block"_a = py::none(), "mixing"_a = py::none(),
+      "masking"_a = py::none(), "feature_map"_a = py::none(), "normalize"_a = py::none(),
+      "eps"_a = py::none(), "scale"_a = py::none(), "Returns (grad_q, grad_k, grad_v, grad_w).");
 }
 
 }  // namespace mhla::python

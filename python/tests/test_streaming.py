@@ -188,6 +188,30 @@ def test_varlen_attention_gradients(mixing):
         torch.testing.assert_close(g, x.grad)
 
 
+def test_varlen_options_object_equals_the_keywords():
+    q, k, v = qkv(1, CU[-1], dtype=torch.float64)
+    w = toeplitz_w(2, torch.float64)
+    options = mhla.VarlenOptions(block=C, mixing="toeplitz", masking="causal", feature_map="relu", eps=1e-3)
+    assert (options.block, options.mixing, options.masking) == (C, mhla.MixingForm.toeplitz, mhla.Masking.causal)
+    assert f"block={C}," in repr(options) and "feature_map=relu" in repr(options)
+    keywords = dict(block=C, mixing="toeplitz", masking="causal", feature_map="relu", eps=1e-3)
+    o = mhla.varlen_forward(q, k, v, w, CU, options=options)
+    torch.testing.assert_close(o, mhla.varlen_forward(q, k, v, w, CU, **keywords), rtol=0, atol=0)
+    grad_o = torch.randn_like(o)
+    for a, b in zip(mhla.varlen_backward(q, k, v, w, o, grad_o, CU, options=options),
+                    mhla.varlen_backward(q, k, v, w, o, grad_o, CU, **keywords)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    # The defaults are the C++ struct's: 64-token blocks, dense mixing, no masking.
+    default = mhla.VarlenOptions()
+    assert (default.block, default.mixing, default.masking) == (64, mhla.MixingForm.dense, mhla.Masking.none)
+    with pytest.raises(TypeError, match="pass either options=mhla.VarlenOptions"):
+        mhla.varlen_forward(q, k, v, w, CU, options=options, block=C)
+    with pytest.raises(TypeError, match="options must be an mhla.VarlenOptions"):
+        mhla.varlen_forward(q, k, v, w, CU, options=mhla.LinearOptions())
+    with pytest.raises(TypeError, match="block must be an int"):
+        mhla.VarlenOptions(block="four")
+
+
 def test_varlen_errors_are_named():
     q, k, v = qkv(1, CU[-1])
     w = dense_w(3)

@@ -83,11 +83,8 @@ void Decoder::check_options_and_mixing(const char* fn, TensorView<const float> w
 
 LinearAttentionOptions Decoder::options_as_linear() const {
   LinearAttentionOptions o;
+  static_cast<ReadoutOptions&>(o) = options_;
   o.masking = Masking::causal;
-  o.feature_map = options_.feature_map;
-  o.normalize = options_.normalize;
-  o.eps = options_.eps;
-  o.scale = options_.scale;
   return o;
 }
 
