@@ -129,7 +129,7 @@ RunResult run_training(const RunConfig& config, const RunOptions& options) {
         state.step % options.checkpoint_every == 0 && state.step < last)
       save_checkpoint(options.checkpoint, config, model, optimizer, state);
   }
-  result.stopped_early = patience_ran_out(config, state.history);
+  result.stopped_early = state.step < config.steps && patience_ran_out(config, state.history);
   result.finished = state.step == config.steps || result.stopped_early;
   if (result.finished &&
       (state.history.eval.empty() || state.history.eval.back().step != state.step))
