@@ -8,6 +8,10 @@
 namespace mhla::train {
 
 inline constexpr const char* kFashionMnistDir = "/usr/share/datasets/fashion-mnist";
+// The last 5,000 images of the 60,000 in the training file are the validation
+// split (never trained on); the others are for training.
+inline constexpr int64_t kFashionValidationImages = 5000;
+inline constexpr int64_t kFashionTrainableImages = 60000 - kFashionValidationImages;
 
 struct ImageSet {
   int64_t count = 0, height = 0, width = 0;

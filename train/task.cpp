@@ -15,8 +15,6 @@ namespace {
 constexpr uint64_t kEvalStream = ~0ull, kShuffleStream = 1ull << 62;
 // MQAR's evaluation sets are the same for every run, so seeds differ only in training.
 constexpr uint64_t kMqarValidationSeed = 20260122, kMqarTestSeed = 20260123;
-// Fashion-MNIST's validation images: the last ones of the training file (never trained on).
-constexpr int64_t kFashionValidationImages = 5000;
 
 ModelConfig common(const RunConfig& c) {
   ModelConfig m;

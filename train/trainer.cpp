@@ -17,21 +17,6 @@ namespace {
 // The model's random stream; data streams use the step numbers.
 constexpr uint64_t kModelStream = 1ull << 63;
 
-EvalPoint evaluate(Model<float>& model, const std::vector<Batch>& batches, int64_t step) {
-  double loss = 0;
-  int64_t labelled = 0, correct = 0;
-  for (const Batch& batch : batches) {
-    const LossResult r =
-        cross_entropy(model.forward(batch.input(), batch.size), batch.targets,
-                      model.config().classes, static_cast<std::vector<float>*>(nullptr));
-    loss += r.loss * double(r.labelled);
-    labelled += r.labelled;
-    correct += r.correct;
-  }
-  return {step, loss / double(std::max<int64_t>(labelled, 1)),
-          double(correct) / double(std::max<int64_t>(labelled, 1))};
-}
-
 // Flushes denormal floats to zero on every OpenMP thread while a run lasts.
 // Softmax tails and tiny gradients become denormals as a model trains, and x86
 // handles those on a slow path; their values do not matter to the
@@ -77,6 +62,21 @@ bool patience_ran_out(const RunConfig& config, const History& history) {
 }
 
 }  // namespace
+
+EvalPoint evaluate(Model<float>& model, const std::vector<Batch>& batches, int64_t step) {
+  double loss = 0;
+  int64_t labelled = 0, correct = 0;
+  for (const Batch& batch : batches) {
+    const LossResult r =
+        cross_entropy(model.forward(batch.input(), batch.size), batch.targets,
+                      model.config().classes, static_cast<std::vector<float>*>(nullptr));
+    loss += r.loss * double(r.labelled);
+    labelled += r.labelled;
+    correct += r.correct;
+  }
+  return {step, loss / double(std::max<int64_t>(labelled, 1)),
+          double(correct) / double(std::max<int64_t>(labelled, 1))};
+}
 
 RunResult run_training(const RunConfig& config, const RunOptions& options) {
   const FlushDenormals flush;

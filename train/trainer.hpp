@@ -39,4 +39,8 @@ struct RunResult {
 
 RunResult run_training(const RunConfig& config, const RunOptions& options);
 
+// The model's mean loss and accuracy over the labelled positions of `batches`,
+// recorded as an evaluation after `step` steps.
+EvalPoint evaluate(Model<float>& model, const std::vector<Batch>& batches, int64_t step);
+
 }  // namespace mhla::train

@@ -44,29 +44,33 @@ detail::ValidatedCall checked_call(const char* fn, const Options& options,
   return {std::move(problem), options.layout};
 }
 
-// The gradient buffers of a backward call, checked.
+// The rest of a backward call's checks: its gradient buffers and the saved
+// arrays it was given, which are held to fingerprints of k and v
+// (core/saved_state_check.hpp) when they come from outside. `rounding` widens
+// the tolerance for summaries from bfloat16 products: one rounding of each
+// term of the summaries, three of the mixed summaries' (the mix rounds w and
+// the summaries once more). Returns where the kernels find the saved arrays
+// (nullptr: absent).
 template <typename S, typename T>
-void check_backward_buffers(const char* fn, const detail::Problem& p,
-                            const TensorView<const S>& grad_o, const TensorView<S>& grad_q,
-                            const TensorView<S>& grad_k, const TensorView<S>& grad_v,
-                            const TensorView<T>& grad_w, const std::vector<int64_t>& w_shape) {
+std::pair<const T*, const T*> check_backward(
+    const char* fn, const detail::Problem& p, detail::SavedArrays saved,
+    const TensorView<const S>& k, const TensorView<const S>& v, const TensorView<const T>& w,
+    const TensorView<const S>& grad_o, const TensorView<S>& grad_q, const TensorView<S>& grad_k,
+    const TensorView<S>& grad_v, const TensorView<T>& grad_w,
+    const TensorView<const T>& saved_summaries, const TensorView<const T>& saved_mixed,
+    double rounding) {
   detail::check_gradients(fn, p.dims, grad_o, grad_q, grad_k, grad_v);
-  detail::check_output(fn, "grad_w", grad_w, w_shape);
-}
-
-// Saved arrays from outside are held to fingerprints of k and v
-// (core/saved_state_check.hpp); `rounding` widens the tolerance for summaries
-// from bfloat16 products: one rounding of each term of the summaries, three
-// of the mixed summaries' (the mix rounds w and the summaries once more).
-template <typename S, typename T>
-void verify_saved(const char* fn, const detail::Problem& p, const S* k, const S* v, const T* w,
-                  const T* saved_summaries, const T* saved_mixed, double rounding) {
-  if (saved_summaries == nullptr && saved_mixed == nullptr) return;
-  const detail::Fingerprints prints = detail::fingerprints(p, k, v);
-  if (saved_summaries != nullptr)
-    detail::check_saved_summaries_match(fn, p, prints, saved_summaries, rounding);
-  if (saved_mixed != nullptr)
-    detail::check_saved_mixed_match(fn, p, prints, w, saved_mixed, 3 * rounding);
+  detail::check_output(fn, "grad_w", grad_w, w.shape);
+  const T* summaries = check_saved(fn, "saved_summaries", p, saved_summaries);
+  const T* mixed = check_saved(fn, "saved_mixed", p, saved_mixed);
+  if (saved == detail::SavedArrays::from_outside && (summaries != nullptr || mixed != nullptr)) {
+    const detail::Fingerprints prints = detail::fingerprints(p, k.data, v.data);
+    if (summaries != nullptr)
+      detail::check_saved_summaries_match(fn, p, prints, summaries, rounding);
+    if (mixed != nullptr)
+      detail::check_saved_mixed_match(fn, p, prints, w.data, mixed, 3 * rounding);
+  }
+  return {summaries, mixed};
 }
 
 // Elements of a checked buffer.
@@ -150,11 +154,8 @@ void backward(SavedArrays saved, const Options& options, TensorView<const T> q,
   const char* fn = "mhla::backward";
   const ValidatedCall call = checked_call(fn, options, q, k, v, w, o);
   const Problem& p = call.problem();
-  check_backward_buffers(fn, p, grad_o, grad_q, grad_k, grad_v, grad_w, w.shape);
-  const T* summaries = check_saved(fn, "saved_summaries", p, saved_summaries);
-  const T* mixed = check_saved(fn, "saved_mixed", p, saved_mixed);
-  if (saved == SavedArrays::from_outside)
-    verify_saved(fn, p, k.data, v.data, w.data, summaries, mixed, 0.0);
+  const auto [summaries, mixed] = check_backward(fn, p, saved, k, v, w, grad_o, grad_q, grad_k,
+                                                 grad_v, grad_w, saved_summaries, saved_mixed, 0.0);
   run_backward(fn, p, backend::backend_for(fn, "q", q.device), q, k, v, w, o, grad_o, grad_q,
                grad_k, grad_v, grad_w, summaries, mixed);
 }
@@ -168,11 +169,9 @@ void backward(SavedArrays saved, const Options& options, TensorView<const bfloat
   const char* fn = "mhla::backward";
   const ValidatedCall call = checked_call(fn, options, q, k, v, w, o);
   const Problem& p = call.problem();
-  check_backward_buffers(fn, p, grad_o, grad_q, grad_k, grad_v, grad_w, w.shape);
-  const float* summaries = check_saved(fn, "saved_summaries", p, saved_summaries);
-  const float* mixed = check_saved(fn, "saved_mixed", p, saved_mixed);
-  if (saved == SavedArrays::from_outside)
-    verify_saved(fn, p, k.data, v.data, w.data, summaries, mixed, kBf16Rounding);
+  const auto [summaries, mixed] =
+      check_backward(fn, p, saved, k, v, w, grad_o, grad_q, grad_k, grad_v, grad_w, saved_summaries,
+                     saved_mixed, kBf16Rounding);
   const backend::Backend& device = backend::backend_for(fn, "q", q.device);
   // The bfloat16 kernels read and write the bfloat16 tensors in place. A flag
   // of non-finite results is checked, and reported, by the float path below.

@@ -8,7 +8,6 @@
 
 #include "mhla/error.hpp"
 #include "small_runs.hpp"
-#include "train/cross_entropy.hpp"
 #include "train/trainer.hpp"
 
 namespace mhla::train {
@@ -82,27 +81,12 @@ RunConfig early_stopping_run() {
   return c;
 }
 
-// The validation loss and accuracy of a model, computed here from the task's batches.
-EvalPoint validation_of(Model<float>& model, const Task& task) {
-  double loss = 0;
-  int64_t labelled = 0, correct = 0;
-  for (const Batch& batch : task.validation_batches()) {
-    const LossResult r =
-        cross_entropy(model.forward(batch.input(), batch.size), batch.targets,
-                      model.config().classes, static_cast<std::vector<float>*>(nullptr));
-    loss += r.loss * double(r.labelled);
-    labelled += r.labelled;
-    correct += r.correct;
-  }
-  return {0, loss / double(labelled), double(correct) / double(labelled)};
-}
-
 TEST(TrainTrainer, EarlyStoppingReturnsTheModelOfTheBestEvaluation) {
   const RunConfig c = early_stopping_run();
   EvalPoint returned;
   RunOptions options;
   options.on_finish = [&](Model<float>& model, const Task& task) {
-    returned = validation_of(model, task);
+    returned = evaluate(model, task.validation_batches(), 0);
   };
   const RunResult r = run_training(c, options);
   ASSERT_TRUE(r.finished);

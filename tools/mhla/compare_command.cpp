@@ -15,6 +15,7 @@
 #include "mhla/analysis.hpp"
 #include "mhla/error.hpp"
 #include "presets.hpp"
+#include "train/fashion_mnist.hpp"
 #include "train_command.hpp"
 #include "training_report.hpp"
 
@@ -51,7 +52,6 @@ struct Metric {
   double of(const train::EvalPoint& e) const {
     return bits_per_byte ? e.loss / std::numbers::ln2 : e.accuracy;
   }
-  bool better(double a, double b) const { return bits_per_byte ? a < b : a > b; }
   std::string name() const { return bits_per_byte ? "bits per byte" : "accuracy"; }
   std::string format(double v) const {
     char text[32];
@@ -126,7 +126,8 @@ std::string mean_std(const Metric& metric, const std::vector<double>& values) {
 std::string progress(const train::RunConfig& config, int64_t steps) {
   char text[32];
   if (config.task != train::TaskKind::fashion_mnist) return std::to_string(steps);
-  const int64_t images = config.train_images > 0 ? config.train_images : 55000;
+  const int64_t images =
+      config.train_images > 0 ? config.train_images : train::kFashionTrainableImages;
   std::snprintf(text, sizeof text, "%.1f", double(steps) / double(images / config.batch));
   return text;
 }

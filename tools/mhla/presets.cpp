@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "mhla/error.hpp"
+#include "train/fashion_mnist.hpp"
 
 namespace mhla::tools {
 
@@ -12,9 +13,9 @@ using train::TaskKind;
 
 namespace {
 
-// 55,000 training images (the last 5,000 of the file are validation) in
-// batches of 64: 859 steps an epoch.
-constexpr int64_t kPlateauBatch = 64, kPlateauEpoch = 55000 / kPlateauBatch;
+// The 55,000 training images in batches of 64: 859 steps an epoch.
+constexpr int64_t kPlateauBatch = 64,
+                  kPlateauEpoch = train::kFashionTrainableImages / kPlateauBatch;
 
 // Fashion-MNIST at 196 tokens (2 x 2-pixel patches, 14 x 14 tokens), M = 16
 // blocks of 4 x 4 tokens (the last row and column of blocks hold 2), on every
