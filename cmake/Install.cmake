@@ -28,5 +28,10 @@ install(FILES ${PROJECT_BINARY_DIR}/mhlaConfig.cmake ${PROJECT_BINARY_DIR}/mhlaC
 # The .pc file finds the prefix from its own place (${pcfiledir}), so that it
 # stays right under any `cmake --install --prefix`.
 file(RELATIVE_PATH MHLA_PC_TO_PREFIX /prefix/${CMAKE_INSTALL_LIBDIR}/pkgconfig /prefix)
+# A CUDA build also links the static CUDA runtime and what it needs.
+set(MHLA_PC_CUDA_LIBS "")
+if(MHLA_WITH_CUDA)
+  set(MHLA_PC_CUDA_LIBS " -L${CUDAToolkit_LIBRARY_DIR} -lcudart_static -ldl -lrt -lpthread")
+endif()
 configure_file(${CMAKE_CURRENT_LIST_DIR}/mhla.pc.in ${PROJECT_BINARY_DIR}/mhla.pc @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/mhla.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)

@@ -4,5 +4,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release "$@" > /dev/null
+# The CUDA backend is compiled wherever the CUDA toolkit is (its tests skip
+# without a GPU; see docs/cuda.md).
+cuda=()
+nvcc=$(command -v nvcc || true)
+[ -z "$nvcc" ] && [ -x /usr/local/cuda/bin/nvcc ] && nvcc=/usr/local/cuda/bin/nvcc
+[ -n "$nvcc" ] && cuda=(-DMHLA_WITH_CUDA=ON -DCMAKE_CUDA_COMPILER="$nvcc")
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release "${cuda[@]}" "$@" > /dev/null
 cmake --build build -j "$(nproc)"

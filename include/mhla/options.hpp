@@ -4,22 +4,9 @@
 #include <string>
 
 #include "mhla/layout.hpp"
+#include "mhla/modes.hpp"
 
 namespace mhla {
-
-// phi, applied to queries and keys; gradients flow through it.
-enum class FeatureMap {
-  identity,  // phi(x) = x
-  relu,      // phi(x) = max(x, 0)
-  elu1,      // phi(x) = elu(x) + 1, strictly positive
-};
-
-enum class Masking {
-  none,          // every query block reads every key block, weighted by W
-  causal,        // 1D only: token t reads tokens s <= t
-  block_causal,  // query block i reads blocks b <= i in full (any layout; e.g. video
-                 // tiles that span whole frames, numbered by time)
-};
 
 // How a query reads a summary: the options every linear form shares (the
 // operator, the phases, packed sequences, linear attention and the decoder).

@@ -2,16 +2,56 @@
 // kernels for its tensors.
 #include "backend/backend.hpp"
 
+#include <cstring>
+#include <string>
+
+#include "core/host_copy.hpp"
+#include "core/validate.hpp"
 #include "mhla/operator.hpp"
 
 namespace mhla {
 
 // Every backend of this build frees the calling thread's arrays.
-void release_scratch() { backend::cpu_backend().release_scratch(); }
+void release_scratch() {
+  backend::cpu_backend().release_scratch();
+#if MHLA_WITH_CUDA
+  if (backend::cuda_device_present()) backend::cuda_backend().release_scratch();
+#endif
+}
+
+namespace detail {
+
+bool has_backend(Device device) {
+#if MHLA_WITH_CUDA
+  if (device == Device::cuda) return true;
+#endif
+  return device == Device::cpu;
+}
+
+void copy_to_host(Device device, const void* from, size_t bytes, void* to) {
+  if (device == Device::cpu) {
+    std::memcpy(to, from, bytes);
+    return;
+  }
+  backend::backend_for("mhla (copying a device tensor to the host)", "the tensor", device)
+      .to_host(from, bytes, to);
+}
+
+}  // namespace detail
 
 namespace backend {
 
 const Backend& backend_for(const char* fn, const char* name, Device device) {
+  if (device == Device::cpu) return cpu_backend();
+#if MHLA_WITH_CUDA
+  if (device == Device::cuda) {
+    if (!cuda_device_present())
+      detail::fail(fn, std::string(name) +
+                           " is on the cuda device, but no CUDA device is visible to this process (" +
+                           cuda_absence_reason() + ")");
+    return cuda_backend();
+  }
+#endif
   // Refuses, by name, a device this build has no backend for.
   detail::check_device(fn, name, device);
   return cpu_backend();

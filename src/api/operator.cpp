@@ -8,6 +8,7 @@
 #include "api/private_state_backward.hpp"
 #include "backend/backend.hpp"
 #include "core/finite_results.hpp"
+#include "core/host_copy.hpp"
 #include "core/saved_state_check.hpp"
 #include "core/validated_call.hpp"
 
@@ -25,23 +26,36 @@ std::vector<int64_t> summaries_shape(const detail::AttentionDims& d, int64_t blo
 // shape), or exactly the summaries' shape. Returns where the kernels find it
 // (nullptr: absent).
 template <typename T>
-T* check_saved(const char* fn, const char* name, const detail::Problem& p,
+T* check_saved(const char* fn, const char* name, const detail::Problem& p, Device device,
                const TensorView<T>& saved) {
   if (saved.data == nullptr && saved.shape.empty()) return nullptr;
-  detail::check_output(fn, name, saved, summaries_shape(p.dims, p.blocks));
+  detail::check_output(fn, name, saved, summaries_shape(p.dims, p.blocks), device);
   return saved.data;
 }
 
 // The opening of every MHLA entry point here, for float and bfloat16 tokens
-// alike: the validated call, o checked.
+// alike: q's device has a backend in this build, every tensor is there, the
+// call is validated and o checked.
 template <typename S, typename W, typename O>
 detail::ValidatedCall checked_call(const char* fn, const Options& options,
                                    const TensorView<const S>& q, const TensorView<const S>& k,
                                    const TensorView<const S>& v, const TensorView<const W>& w,
                                    const TensorView<O>& o) {
-  detail::Problem problem = detail::validate_mhla(fn, options, q, k, v, w);
-  detail::check_output(fn, "o", o, detail::v_shape(problem.dims));
+  backend::backend_for(fn, "q", q.device);
+  detail::Problem problem = detail::validate_mhla(fn, options, q, k, v, w, q.device);
+  detail::check_output(fn, "o", o, detail::v_shape(problem.dims), q.device);
   return {std::move(problem), options.layout};
+}
+
+// The reports of non-finite results read the tensors they name: on another
+// device, from host copies (only when a kernel has raised its flag).
+template <typename T>
+void report_output(const char* fn, const detail::Problem& p, const TensorView<const T>& q,
+                   const TensorView<const T>& k, const TensorView<const T>& v,
+                   const TensorView<T>& o) {
+  const detail::HostCopy hq(q), hk(k), hv(v);
+  const detail::HostCopy ho(o);
+  detail::report_non_finite_output(fn, p, hq.view(), hk.view(), hv.view(), ho.view());
 }
 
 // The rest of a backward call's checks: its gradient buffers and the saved
@@ -59,16 +73,21 @@ std::pair<const T*, const T*> check_backward(
     const TensorView<S>& grad_v, const TensorView<T>& grad_w,
     const TensorView<const T>& saved_summaries, const TensorView<const T>& saved_mixed,
     double rounding) {
-  detail::check_gradients(fn, p.dims, grad_o, grad_q, grad_k, grad_v);
-  detail::check_output(fn, "grad_w", grad_w, w.shape);
-  const T* summaries = check_saved(fn, "saved_summaries", p, saved_summaries);
-  const T* mixed = check_saved(fn, "saved_mixed", p, saved_mixed);
+  const Device device = k.device;
+  detail::check_gradients(fn, p.dims, grad_o, grad_q, grad_k, grad_v, device);
+  detail::check_output(fn, "grad_w", grad_w, w.shape, device);
+  const T* summaries = check_saved(fn, "saved_summaries", p, device, saved_summaries);
+  const T* mixed = check_saved(fn, "saved_mixed", p, device, saved_mixed);
   if (saved == detail::SavedArrays::from_outside && (summaries != nullptr || mixed != nullptr)) {
-    const detail::Fingerprints prints = detail::fingerprints(p, k.data, v.data);
+    // On another device than the CPU, this check reads host copies of k and v.
+    const detail::HostCopy hk(k), hv(v), hw(w);
+    const detail::Fingerprints prints = detail::fingerprints(p, hk.data(), hv.data());
     if (summaries != nullptr)
-      detail::check_saved_summaries_match(fn, p, prints, summaries, rounding);
+      detail::check_saved_summaries_match(fn, p, prints, detail::HostCopy(saved_summaries).data(),
+                                          rounding);
     if (mixed != nullptr)
-      detail::check_saved_mixed_match(fn, p, prints, w.data, mixed, 3 * rounding);
+      detail::check_saved_mixed_match(fn, p, prints, hw.data(),
+                                      detail::HostCopy(saved_mixed).data(), 3 * rounding);
   }
   return {summaries, mixed};
 }
@@ -109,9 +128,13 @@ void run_backward(const char* fn, const detail::Problem& p, const backend::Backe
                           q.data, k.data, v.data, grad_o.data, grad_q.data, grad_k.data,
                           grad_v.data, grad_w.data, saved_summaries, saved_mixed) &&
                       // grad_w is small ([H,] M, M) and written by the mixer: scanned here.
-                      detail::first_non_finite(grad_w.data, elements(grad_w)) < 0;
-  if (!finite)
-    detail::report_non_finite_gradients(fn, p, q, k, v, o, grad_o, grad_q, grad_k, grad_v, grad_w);
+                      detail::first_non_finite(detail::HostCopy(grad_w).data(),
+                                               elements(grad_w)) < 0;
+  if (finite) return;
+  const detail::HostCopy hq(q), hk(k), hv(v), ho(o), hgo(grad_o);
+  const detail::HostCopy hgq(grad_q), hgk(grad_k), hgv(grad_v), hgw(grad_w);
+  detail::report_non_finite_gradients(fn, p, hq.view(), hk.view(), hv.view(), ho.view(),
+                                      hgo.view(), hgq.view(), hgk.view(), hgv.view(), hgw.view());
 }
 
 }  // namespace
@@ -135,12 +158,12 @@ void forward(const Options& options, TensorView<const T> q, TensorView<const T> 
   const char* fn = "mhla::forward";
   const detail::ValidatedCall call = checked_call(fn, options, q, k, v, w, o);
   const detail::Problem& p = call.problem();
-  T* summaries = check_saved(fn, "saved_summaries", p, saved_summaries);
-  T* mixed = check_saved(fn, "saved_mixed", p, saved_mixed);
+  T* summaries = check_saved(fn, "saved_summaries", p, q.device, saved_summaries);
+  T* mixed = check_saved(fn, "saved_mixed", p, q.device, saved_mixed);
   if (!backend::backend_for(fn, "q", q.device)
            .attention(p, w.data)
            ->forward(q.data, k.data, v.data, o.data, summaries, mixed))
-    detail::report_non_finite_output(fn, p, q, k, v, o);
+    report_output(fn, p, q, k, v, o);
 }
 
 namespace detail {
@@ -179,15 +202,17 @@ void backward(SavedArrays saved, const Options& options, TensorView<const bfloat
     device.zero(grad_w.data, elements(grad_w));
     if (kernels->backward(q.data, k.data, v.data, grad_o.data, grad_q.data, grad_k.data,
                           grad_v.data, grad_w.data, summaries, mixed) &&
-        first_non_finite(grad_w.data, elements(grad_w)) < 0)
+        first_non_finite(HostCopy(grad_w).data(), elements(grad_w)) < 0)
       return;
   }
   // The float kernels on widened copies; the gradients are rounded at the end.
   const int64_t nq = elements(grad_q), nv = elements(grad_v);
   const TensorView<float> gq{backend::scratch<float>(device, Scratch::token_grad_q, size_t(nq)),
-                             grad_q.shape},
-      gk{backend::scratch<float>(device, Scratch::token_grad_k, size_t(nq)), grad_k.shape},
-      gv{backend::scratch<float>(device, Scratch::token_grad_v, size_t(nv)), grad_v.shape};
+                             grad_q.shape, q.device},
+      gk{backend::scratch<float>(device, Scratch::token_grad_k, size_t(nq)), grad_k.shape,
+         q.device},
+      gv{backend::scratch<float>(device, Scratch::token_grad_v, size_t(nv)), grad_v.shape,
+         q.device};
   run_backward<float>(
       fn, p, device, widened(device, q, Scratch::widened_q), widened(device, k, Scratch::widened_k),
       widened(device, v, Scratch::widened_v), w, widened(device, o, Scratch::widened_o),
@@ -224,17 +249,16 @@ void forward(const Options& options, TensorView<const bfloat16> q, TensorView<co
   const char* fn = "mhla::forward";
   const detail::ValidatedCall call = checked_call(fn, options, q, k, v, w, o);
   const detail::Problem& p = call.problem();
-  float* summaries = check_saved(fn, "saved_summaries", p, saved_summaries);
-  float* mixed = check_saved(fn, "saved_mixed", p, saved_mixed);
+  float* summaries = check_saved(fn, "saved_summaries", p, q.device, saved_summaries);
+  float* mixed = check_saved(fn, "saved_mixed", p, q.device, saved_mixed);
   const backend::Backend& device = backend::backend_for(fn, "q", q.device);
   if (const auto kernels = device.bf16_attention(p, w.data)) {
     if (kernels->forward(q.data, k.data, v.data, o.data, summaries, mixed)) return;
     // Rare: the float report, on float copies.
     const TensorView<const float> of = widened(device, o, Scratch::widened_o);
-    detail::report_non_finite_output(fn, p, widened(device, q, Scratch::widened_q),
-                                     widened(device, k, Scratch::widened_k),
-                                     widened(device, v, Scratch::widened_v),
-                                     TensorView<float>{const_cast<float*>(of.data), o.shape});
+    report_output(fn, p, widened(device, q, Scratch::widened_q),
+                  widened(device, k, Scratch::widened_k), widened(device, v, Scratch::widened_v),
+                  TensorView<float>{const_cast<float*>(of.data), o.shape, o.device});
     return;
   }
   // The float kernels on widened copies where the device has no bfloat16
@@ -243,9 +267,9 @@ void forward(const Options& options, TensorView<const bfloat16> q, TensorView<co
                                 kf = widened(device, k, Scratch::widened_k),
                                 vf = widened(device, v, Scratch::widened_v);
   const TensorView<float> of{
-      backend::scratch<float>(device, Scratch::widened_o, size_t(elements(o))), o.shape};
+      backend::scratch<float>(device, Scratch::widened_o, size_t(elements(o))), o.shape, o.device};
   if (!device.attention(p, w.data)->forward(qf.data, kf.data, vf.data, of.data, summaries, mixed))
-    detail::report_non_finite_output(fn, p, qf, kf, vf, of);
+    report_output(fn, p, qf, kf, vf, of);
   device.narrow(of.data, elements(o), o.data);
 }
 

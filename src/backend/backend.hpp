@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "core/validate.hpp"
 #include "mhla/bfloat16.hpp"
@@ -161,10 +162,18 @@ class Backend {
   virtual void zero(double* to, int64_t n) const = 0;
   virtual void widen(const bfloat16* from, int64_t n, float* to) const = 0;
   virtual void narrow(const float* from, int64_t n, bfloat16* to) const = 0;
+  // Copies `bytes` of the device's memory to host memory (for the checks and
+  // reports that read values: core/host_copy.hpp).
+  virtual void to_host(const void* from, size_t bytes, void* to) const = 0;
 };
 
-// Each backend is defined in its own folder: the CPU's in src/cpu/cpu_backend.cpp.
+// Each backend is defined in its own folder: the CPU's in src/cpu/cpu_backend.cpp,
+// the CUDA backend (built with MHLA_WITH_CUDA) in src/cuda/cuda_backend.cu.
 const Backend& cpu_backend();
+const Backend& cuda_backend();
+// Whether the CUDA runtime sees a device; if not, the runtime's reason.
+bool cuda_device_present();
+std::string cuda_absence_reason();
 
 // The backend of `device`; mhla::Error from `fn` naming the tensor `name`
 // when this build has none.

@@ -52,10 +52,16 @@ AttentionDims check_qkv(const char* fn, const void* q, const std::vector<int64_t
   return {q_shape[0], q_shape[1], q_shape[2], q_shape[3], v_shape[3]};
 }
 
-void check_device(const char* fn, const char* name, Device device) {
-  if (device != Device::cpu)
-    fail(fn, std::string(name) + " is on the " + to_string(device) +
-                 " device, but this build of mhla has only the CPU backend; pass CPU memory");
+void check_device(const char* fn, const char* name, Device device, Device call_device) {
+  if (device == call_device) return;
+  const std::string where = std::string(name) + " is on the " + to_string(device) + " device";
+  if (call_device != Device::cpu)
+    fail(fn, where + " but q is on the " + to_string(call_device) +
+                 " device; pass every tensor of the call on one device");
+  if (has_backend(device))
+    fail(fn, where + ", but this call runs on the CPU; pass CPU memory (on " + to_string(device) +
+                 ", mhla::forward and mhla::backward take every tensor of a call there)");
+  fail(fn, where + ", but this build of mhla has only the CPU backend; pass CPU memory");
 }
 
 Problem check_linear_options(const char* fn, const LinearAttentionOptions& options,

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/block_table.hpp"
+#include "core/host_copy.hpp"
 #include "mhla/error.hpp"
 #include "mhla/options.hpp"
 #include "mhla/tensor.hpp"
@@ -70,16 +71,22 @@ AttentionDims check_qkv(const char* fn, const void* q, const std::vector<int64_t
                         const void* k, const std::vector<int64_t>& k_shape, const void* v,
                         const std::vector<int64_t>& v_shape);
 
-// The tensor's memory is where this build's backend can read it (the CPU).
-void check_device(const char* fn, const char* name, Device device);
+// The tensor is on the call's device. Entry points that run on the CPU only
+// leave `call_device` at its default; the operator's run on any device of
+// this build (backend_for, api/backends.cpp) and pass q's.
+void check_device(const char* fn, const char* name, Device device,
+                  Device call_device = Device::cpu);
+
+// Whether this build has a backend for `device` (api/backends.cpp).
+bool has_backend(Device device);
 
 // check_qkv on views, their devices included.
 template <typename T>
 AttentionDims check_qkv(const char* fn, const TensorView<T>& q, const TensorView<T>& k,
-                        const TensorView<T>& v) {
-  check_device(fn, "q", q.device);
-  check_device(fn, "k", k.device);
-  check_device(fn, "v", v.device);
+                        const TensorView<T>& v, Device call_device = Device::cpu) {
+  check_device(fn, "q", q.device, call_device);
+  check_device(fn, "k", k.device, call_device);
+  check_device(fn, "v", v.device, call_device);
   return check_qkv(fn, q.data, q.shape, k.data, k.shape, v.data, v.shape);
 }
 
@@ -170,20 +177,20 @@ namespace mhla::detail {
 template <typename T, typename W>
 Problem validate_mhla(const char* fn, const Options& options, const TensorView<const T>& q,
                       const TensorView<const T>& k, const TensorView<const T>& v,
-                      const TensorView<const W>& w) {
-  const AttentionDims dims = check_qkv(fn, q, k, v);
-  check_device(fn, "w", w.device);
+                      const TensorView<const W>& w, Device call_device = Device::cpu) {
+  const AttentionDims dims = check_qkv(fn, q, k, v, call_device);
+  check_device(fn, "w", w.device, call_device);
   Problem problem = check_linear_options(fn, options, dims);
   check_layout_and_mixing_shape(fn, options, w.shape, w.data, problem);
-  check_mixing_values(fn, problem, w.data);
+  check_mixing_values(fn, problem, HostCopy(w).data());
   return problem;
 }
 
 // An output or gradient buffer: non-null, exactly the expected shape.
 template <typename T>
 void check_output(const char* fn, const char* name, const TensorView<T>& t,
-                  const std::vector<int64_t>& expected) {
-  check_device(fn, name, t.device);
+                  const std::vector<int64_t>& expected, Device call_device = Device::cpu) {
+  check_device(fn, name, t.device, call_device);
   // The common case without building the hint; `expected` comes from
   // validated sizes, so a match with a non-null pointer passes every check.
   if (t.data != nullptr && t.shape == expected) return;
@@ -198,11 +205,11 @@ inline std::vector<int64_t> v_shape(const AttentionDims& d);
 template <typename T, typename U>
 void check_gradients(const char* fn, const AttentionDims& d, const TensorView<const T>& grad_o,
                      const TensorView<U>& grad_q, const TensorView<U>& grad_k,
-                     const TensorView<U>& grad_v) {
-  check_output(fn, "grad_o", grad_o, v_shape(d));
-  check_output(fn, "grad_q", grad_q, q_shape(d));
-  check_output(fn, "grad_k", grad_k, q_shape(d));
-  check_output(fn, "grad_v", grad_v, v_shape(d));
+                     const TensorView<U>& grad_v, Device call_device = Device::cpu) {
+  check_output(fn, "grad_o", grad_o, v_shape(d), call_device);
+  check_output(fn, "grad_q", grad_q, q_shape(d), call_device);
+  check_output(fn, "grad_k", grad_k, q_shape(d), call_device);
+  check_output(fn, "grad_v", grad_v, v_shape(d), call_device);
 }
 
 inline std::vector<int64_t> q_shape(const AttentionDims& d) {

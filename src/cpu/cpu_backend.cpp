@@ -3,6 +3,7 @@
 // AVX512-BF16, the tiled softmax baseline, the decoder's SIMD step, and
 // per-thread scratch arrays.
 #include <algorithm>
+#include <cstring>
 
 #include "backend/backend.hpp"
 #include "cpu/bf16_forward.hpp"
@@ -195,6 +196,9 @@ class CpuBackend final : public backend::Backend {
   void narrow(const float* from, int64_t n, bfloat16* to) const override {
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < n; ++i) to[i] = to_bfloat16(from[i]);
+  }
+  void to_host(const void* from, size_t bytes, void* to) const override {
+    std::memcpy(to, from, bytes);
   }
 
  private:

@@ -1,0 +1,362 @@
+// The CUDA backend: the operator's phases as the one-thread-per-result
+// kernels of cuda/reference_kernels.cuh, on the default stream, with
+// per-thread device scratch. Token-level causal masking, the bfloat16 kernels
+// (the API computes in float on widened copies), the decoder's step and the
+// softmax baseline are not implemented on CUDA and are refused by name.
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backend/backend.hpp"
+#include "cuda/cuda_check.hpp"
+#include "cuda/elementwise.cuh"
+#include "cuda/reference_kernels.cuh"
+
+namespace mhla::cuda {
+namespace {
+
+using backend::Scratch;
+
+[[noreturn]] void unsupported(const std::string& what) {
+  throw Error("mhla (CUDA backend): " + what + " is not implemented on CUDA; pass CPU tensors");
+}
+
+// One device allocation, freed with its owner.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
+    if (bytes > 0) check(cudaMalloc(&data_, bytes), "cudaMalloc");
+  }
+  DeviceBuffer(DeviceBuffer&& other) noexcept
+      : data_(std::exchange(other.data_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept {
+    std::swap(data_, other.data_);
+    std::swap(bytes_, other.bytes_);
+    return *this;
+  }
+  ~DeviceBuffer() {
+    if (data_ != nullptr) cudaFree(data_);
+  }
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// Arrays kept between calls, one set per thread, that only grow.
+class ScratchArrays {
+ public:
+  explicit ScratchArrays(size_t slots) : buffers_(slots) {}
+  void* get(size_t slot, size_t bytes) {
+    DeviceBuffer& buffer = buffers_[slot];
+    if (buffer.bytes() < bytes) buffer = DeviceBuffer(bytes);
+    return buffer.data();
+  }
+  void release() {
+    for (DeviceBuffer& buffer : buffers_) buffer = DeviceBuffer();
+  }
+
+ private:
+  std::vector<DeviceBuffer> buffers_;
+};
+
+// The API's slots (backend::Scratch) and the attention kernels' own.
+enum class Own { grad_mixed, grad_summaries, token_terms, flag, count };
+thread_local ScratchArrays api_scratch(size_t(Scratch::count));
+thread_local ScratchArrays own_scratch(size_t(Own::count));
+
+template <typename T>
+T* own(Own slot, int64_t count) {
+  return static_cast<T*>(own_scratch.get(size_t(slot), size_t(count) * sizeof(T)));
+}
+
+template <typename T>
+void upload(const std::vector<T>& host, T* device) {
+  check(cudaMemcpy(device, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice),
+        "cudaMemcpy (host to device)");
+}
+
+// The block geometry of a validated problem as device arrays, and the
+// kernels' view of the problem.
+class Geometry {
+ public:
+  explicit Geometry(const detail::Problem& p) {
+    const detail::BlockTableView& table = p.table;
+    const int64_t n = p.dims.tokens, m = table.blocks;
+    std::vector<int64_t> host(size_t(2 * n + m + 1));
+    int64_t* block_tokens = host.data();
+    int64_t* block_start = block_tokens + n;
+    int64_t* token_block = block_start + m + 1;
+    int64_t next = 0;
+    for (int64_t b = 0; b < m; ++b) {
+      block_start[b] = next;
+      table.for_each_run(b, [&](int64_t first, int64_t length) {
+        for (int64_t t = first; t < first + length; ++t) {
+          block_tokens[next++] = t;
+          token_block[t] = b;
+        }
+      });
+    }
+    block_start[m] = next;
+    arrays_ = DeviceBuffer(host.size() * sizeof(int64_t));
+    upload(host, static_cast<int64_t*>(arrays_.data()));
+    const auto* device = static_cast<const int64_t*>(arrays_.data());
+
+    problem_.batch = p.dims.batch;
+    problem_.tokens = n;
+    problem_.heads = p.dims.heads;
+    problem_.dk = p.dims.dk;
+    problem_.dv = p.dims.dv;
+    problem_.blocks = m;
+    problem_.block_tokens = device;
+    problem_.block_start = device + n;
+    problem_.token_block = device + n + m + 1;
+    problem_.first_block = p.first_block;
+    problem_.mixing_blocks = p.mixing_blocks;
+    problem_.w_stride = p.w_stride;
+    problem_.per_head = p.per_head_mixing;
+    problem_.toeplitz = p.toeplitz;
+    problem_.lower_triangular = p.lower_triangular();
+    problem_.toeplitz_length = p.toeplitz_length;
+    problem_.phi = p.phi;
+    problem_.normalize = p.normalize;
+    problem_.eps = p.eps;
+    problem_.scale = p.scale;
+  }
+  const KernelProblem& problem() const { return problem_; }
+
+ private:
+  DeviceBuffer arrays_;
+  KernelProblem problem_;
+};
+
+// The flag the kernels raise on a non-finite result: cleared before the
+// kernels run, read back after them (the read waits for them to finish).
+class NonFiniteFlag {
+ public:
+  NonFiniteFlag() : flag_(own<int>(Own::flag, 1)) {
+    check(cudaMemsetAsync(flag_, 0, sizeof(int), nullptr), "cudaMemsetAsync");
+  }
+  int* device() const { return flag_; }
+  bool raised() const {
+    int raised = 0;
+    check(cudaMemcpy(&raised, flag_, sizeof(int), cudaMemcpyDeviceToHost),
+          "cudaMemcpy (device to host)");
+    return raised != 0;
+  }
+
+ private:
+  int* flag_;
+};
+
+template <typename T>
+class CudaAttention final : public backend::Attention<T> {
+ public:
+  CudaAttention(const detail::Problem& p, const T* w) : geometry_(p), w_(w) {}
+
+  bool forward(const T* q, const T* k, const T* v, T* o, T* saved_summaries,
+               T* saved_mixed) const override {
+    T* s = saved_summaries ? saved_summaries : slot(Scratch::summaries, summary_elements());
+    T* m = saved_mixed ? saved_mixed : slot(Scratch::mixed, summary_elements());
+    summaries(k, v, s);
+    mix(s, m);
+    return outputs(q, k, v, m, o);
+  }
+
+  bool backward(const T* q, const T* k, const T* v, const T* grad_o, T* grad_q, T* grad_k,
+                T* grad_v, T* grad_w, const T* saved_summaries,
+                const T* saved_mixed) const override {
+    const T* s = saved_summaries;
+    if (s == nullptr) {
+      T* fresh = slot(Scratch::summaries, summary_elements());
+      summaries(k, v, fresh);
+      s = fresh;
+    }
+    const T* m = saved_mixed;
+    if (m == nullptr) {
+      T* fresh = slot(Scratch::mixed, summary_elements());
+      mix(s, fresh);
+      m = fresh;
+    }
+    const NonFiniteFlag flag;
+    T* grad_mixed = own<T>(Own::grad_mixed, summary_elements());
+    T* grad_summaries = own<T>(Own::grad_summaries, summary_elements());
+    run_output_gradients(q, grad_o, m, grad_mixed, grad_q, flag.device());
+    cuda::mix_backward(p(), w_, s, grad_mixed, grad_summaries, grad_w, flag.device(), nullptr);
+    cuda::key_value_gradients(p(), k, v, grad_summaries, grad_k, grad_v, flag.device(), nullptr);
+    return !flag.raised();
+  }
+
+  void summaries(const T* k, const T* v, T* summaries) const override {
+    cuda::summaries(p(), k, v, summaries, nullptr);
+  }
+  void mix(const T* summaries, T* mixed) const override {
+    cuda::mix(p(), w_, summaries, mixed, nullptr);
+  }
+  void mix_backward(const T* grad_mixed, const T* summaries, T* grad_summaries,
+                    T* grad_w) const override {
+    const NonFiniteFlag flag;
+    cuda::mix_backward(p(), w_, summaries, grad_mixed, grad_summaries, grad_w, flag.device(),
+                       nullptr);
+  }
+  bool outputs(const T* q, const T*, const T*, const T* mixed, T* o) const override {
+    const NonFiniteFlag flag;
+    cuda::outputs(p(), q, mixed, o, flag.device(), nullptr);
+    return !flag.raised();
+  }
+  bool output_gradients(const T* q, const T*, const T*, const T* grad_o, const T* mixed,
+                        T* grad_mixed, T* grad_q, T*, T*, T*) const override {
+    const NonFiniteFlag flag;
+    run_output_gradients(q, grad_o, mixed, grad_mixed, grad_q, flag.device());
+    return !flag.raised();
+  }
+  void key_value_gradients(const T* k, const T* v, const T* grad_summaries, T* grad_k,
+                           T* grad_v) const override {
+    const NonFiniteFlag flag;
+    cuda::key_value_gradients(p(), k, v, grad_summaries, grad_k, grad_v, flag.device(), nullptr);
+  }
+
+ private:
+  const KernelProblem& p() const { return geometry_.problem(); }
+  int64_t summary_elements() const {
+    return p().batch * p().heads * p().blocks * p().dk * (p().dv + 1);
+  }
+  static T* slot(Scratch s, int64_t count) {
+    return static_cast<T*>(api_scratch.get(size_t(s), size_t(count) * sizeof(T)));
+  }
+  void run_output_gradients(const T* q, const T* grad_o, const T* mixed, T* grad_mixed,
+                            T* grad_q, int* flag) const {
+    T* terms = own<T>(Own::token_terms, 2 * p().batch * p().tokens * p().heads);
+    cuda::output_gradients(p(), q, mixed, grad_o, grad_q, grad_mixed, terms, flag, nullptr);
+  }
+
+  const Geometry geometry_;
+  const T* w_;
+};
+
+class CudaBackend final : public backend::Backend {
+ public:
+  std::unique_ptr<backend::Attention<float>> attention(const detail::Problem& p,
+                                                       const float* w) const override {
+    return make_attention(p, w);
+  }
+  std::unique_ptr<backend::Attention<double>> attention(const detail::Problem& p,
+                                                        const double* w) const override {
+    return make_attention(p, w);
+  }
+  std::unique_ptr<backend::Bf16Attention> bf16_attention(const detail::Problem&,
+                                                         const float*) const override {
+    return nullptr;
+  }
+  std::unique_ptr<backend::DecodeState> decode_state(int64_t, int64_t) const override {
+    unsupported("the streaming decoder");
+  }
+  void softmax_forward(const backend::SoftmaxProblem&, const float*, const float*, const float*,
+                       float*, float*) const override {
+    unsupported("softmax attention");
+  }
+  void softmax_forward(const backend::SoftmaxProblem&, const double*, const double*,
+                       const double*, double*, double*) const override {
+    unsupported("softmax attention");
+  }
+  void softmax_backward(const backend::SoftmaxProblem&, const float*, const float*, const float*,
+                        const float*, const float*, const float*, float*, float*,
+                        float*) const override {
+    unsupported("softmax attention");
+  }
+  void softmax_backward(const backend::SoftmaxProblem&, const double*, const double*,
+                        const double*, const double*, const double*, const double*, double*,
+                        double*, double*) const override {
+    unsupported("softmax attention");
+  }
+
+  void* scratch(Scratch slot, size_t bytes) const override {
+    return api_scratch.get(size_t(slot), bytes);
+  }
+  void release_scratch() const override {
+    api_scratch.release();
+    own_scratch.release();
+  }
+
+  void add(const float* from, int64_t n, float* to) const override {
+    cuda::add(from, n, to, nullptr);
+  }
+  void add(const double* from, int64_t n, double* to) const override {
+    cuda::add(from, n, to, nullptr);
+  }
+  void copy(const float* from, int64_t n, float* to) const override { copy_bytes(from, n, to); }
+  void copy(const double* from, int64_t n, double* to) const override { copy_bytes(from, n, to); }
+  void zero(float* to, int64_t n) const override { zero_bytes(to, n); }
+  void zero(double* to, int64_t n) const override { zero_bytes(to, n); }
+  void widen(const bfloat16* from, int64_t n, float* to) const override {
+    cuda::widen(reinterpret_cast<const uint16_t*>(from), n, to, nullptr);
+  }
+  void narrow(const float* from, int64_t n, bfloat16* to) const override {
+    cuda::narrow(from, n, reinterpret_cast<uint16_t*>(to), nullptr);
+  }
+  void to_host(const void* from, size_t bytes, void* to) const override {
+    check(cudaMemcpy(to, from, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy (device to host)");
+  }
+
+ private:
+  template <typename T>
+  static std::unique_ptr<backend::Attention<T>> make_attention(const detail::Problem& p,
+                                                               const T* w) {
+    if (p.causal)
+      unsupported("token-level causal masking (Masking::causal; block_causal is)");
+    if (p.first_block != 0 || p.mixing_blocks != p.blocks)
+      unsupported("a piece of a longer sequence (forward_piece, packed batches)");
+    return std::make_unique<CudaAttention<T>>(p, w);
+  }
+  template <typename T>
+  static void copy_bytes(const T* from, int64_t n, T* to) {
+    check(cudaMemcpyAsync(to, from, size_t(n) * sizeof(T), cudaMemcpyDeviceToDevice, nullptr),
+          "cudaMemcpyAsync (device to device)");
+  }
+  template <typename T>
+  static void zero_bytes(T* to, int64_t n) {
+    check(cudaMemsetAsync(to, 0, size_t(n) * sizeof(T), nullptr), "cudaMemsetAsync");
+  }
+};
+
+// The runtime's answer to "is there a device", asked once.
+struct Presence {
+  bool present = false;
+  std::string reason;
+};
+
+const Presence& presence() {
+  static const Presence answer = [] {
+    int count = 0;
+    const cudaError_t status = cudaGetDeviceCount(&count);
+    if (status != cudaSuccess) {
+      cudaGetLastError();  // clears the error, which is not sticky
+      return Presence{false, std::string("cudaGetDeviceCount: ") + cudaGetErrorString(status)};
+    }
+    if (count == 0) return Presence{false, "cudaGetDeviceCount found 0 devices"};
+    return Presence{true, ""};
+  }();
+  return answer;
+}
+
+}  // namespace
+}  // namespace mhla::cuda
+
+namespace mhla::backend {
+
+const Backend& cuda_backend() {
+  static const cuda::CudaBackend backend;
+  return backend;
+}
+
+bool cuda_device_present() { return cuda::presence().present; }
+
+std::string cuda_absence_reason() { return cuda::presence().reason; }
+
+}  // namespace mhla::backend

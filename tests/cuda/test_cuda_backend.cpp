@@ -1,0 +1,233 @@
+// The CUDA backend against the CPU operator, case by case: forward and
+// backward in float and double, bfloat16, saved arrays from outside, reports
+// of non-finite results, and the refusals. Without a CUDA device every test
+// that needs one skips, and the refusal of device tensors is checked instead.
+#include <cuda_runtime.h>
+
+#include "backend/backend.hpp"
+#include "test_support.hpp"
+
+namespace mhla::test {
+namespace {
+
+using testing::HasSubstr;
+using testing::ThrowsMessage;
+
+bool have_device() { return backend::cuda_device_present(); }
+
+#define SKIP_WITHOUT_DEVICE() \
+  if (!have_device()) GTEST_SKIP() << "no CUDA device: " << backend::cuda_absence_reason()
+
+void cuda_ok(cudaError_t status) { ASSERT_EQ(status, cudaSuccess) << cudaGetErrorString(status); }
+
+// A device copy of a host vector, read back with host().
+template <typename T>
+class DeviceArray {
+ public:
+  explicit DeviceArray(const std::vector<T>& host) : size_(host.size()) {
+    cuda_ok(cudaMalloc(&data_, bytes()));
+    cuda_ok(cudaMemcpy(data_, host.data(), bytes(), cudaMemcpyHostToDevice));
+  }
+  explicit DeviceArray(size_t size) : DeviceArray(std::vector<T>(size)) {}
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+  ~DeviceArray() { cudaFree(data_); }
+
+  std::vector<T> host() const {
+    std::vector<T> out(size_);
+    cuda_ok(cudaMemcpy(out.data(), data_, bytes(), cudaMemcpyDeviceToHost));
+    return out;
+  }
+  TensorView<T> view(std::vector<int64_t> shape) { return {data_, std::move(shape), Device::cuda}; }
+  TensorView<const T> cview(std::vector<int64_t> shape) const {
+    return {data_, std::move(shape), Device::cuda};
+  }
+
+ private:
+  size_t bytes() const { return size_ * sizeof(T); }
+  T* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+// forward then backward on the device, the results copied back.
+template <typename T>
+OperatorResults<T> run_on_device(const Case& c, const Inputs& in) {
+  const DeviceArray<T> q(cast<T>(in.q)), k(cast<T>(in.k)), v(cast<T>(in.v)), w(cast<T>(in.w)),
+      g(cast<T>(in.grad_o));
+  DeviceArray<T> o(in.v.size()), gq(in.q.size()), gk(in.q.size()), gv(in.v.size()),
+      gw(in.w.size());
+  forward<T>(c.options(), q.cview(c.q_shape()), k.cview(c.q_shape()), v.cview(c.v_shape()),
+             w.cview(c.w_shape()), o.view(c.v_shape()));
+  backward<T>(c.options(), q.cview(c.q_shape()), k.cview(c.q_shape()), v.cview(c.v_shape()),
+              w.cview(c.w_shape()), o.cview(c.v_shape()), g.cview(c.v_shape()),
+              gq.view(c.q_shape()), gk.view(c.q_shape()), gv.view(c.v_shape()),
+              gw.view(c.w_shape()));
+  return {o.host(), gq.host(), gk.host(), gv.host(), gw.host()};
+}
+
+template <typename T>
+std::vector<double> widened(const std::vector<T>& x) {
+  return {x.begin(), x.end()};
+}
+
+template <typename T>
+void check_against_cpu(const Case& c, double tol) {
+  const Inputs in = make_inputs(c, 7);
+  const OperatorResults<T> want = run_operator<T>(c, in, 1);
+  const OperatorResults<T> got = run_on_device<T>(c, in);
+  EXPECT_CLOSE(got.o, widened(want.o), tol, "forward");
+  EXPECT_CLOSE(got.gq, widened(want.gq), tol, "grad q");
+  EXPECT_CLOSE(got.gk, widened(want.gk), tol, "grad k");
+  EXPECT_CLOSE(got.gv, widened(want.gv), tol, "grad v");
+  EXPECT_CLOSE(got.gw, widened(want.gw), tol, "grad w");
+}
+
+class CudaOperator : public testing::TestWithParam<Case> {};
+
+TEST_P(CudaOperator, MatchesTheCpuOperator) {
+  SKIP_WITHOUT_DEVICE();
+  const Case& c = GetParam();
+  if (c.masking == Masking::causal) {
+    const Inputs in = make_inputs(c, 7);
+    EXPECT_THAT([&] { run_on_device<float>(c, in); },
+                ThrowsMessage<Error>(HasSubstr("token-level causal masking (Masking::causal; "
+                                               "block_causal is) is not implemented on CUDA")));
+    return;
+  }
+  check_against_cpu<float>(c, 2e-4);
+  check_against_cpu<double>(c, 1e-11);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllModes, CudaOperator, testing::ValuesIn(all_mode_cases()), case_name);
+
+// bfloat16 tokens: the CUDA backend computes in float on widened copies, as
+// the CPU does without AVX512-BF16; both round the results once.
+TEST(CudaBackend, Bfloat16MatchesTheCpuOperator) {
+  SKIP_WITHOUT_DEVICE();
+  Case c{"2d-ragged", 2, 2, 6, 5, TokenLayout::grid2d(7, 5, 3, 2)};
+  const Inputs in = make_inputs(c, 3);
+  const auto b16 = [](const std::vector<double>& x) {
+    std::vector<bfloat16> out(x.size());
+    for (size_t i = 0; i < x.size(); ++i) out[i] = to_bfloat16(float(x[i]));
+    return out;
+  };
+  const auto q = b16(in.q), k = b16(in.k), v = b16(in.v), g = b16(in.grad_o);
+  const std::vector<float> w(in.w.begin(), in.w.end());
+  std::vector<bfloat16> o(v.size());
+  forward(c.options(), view(q, c.q_shape()), view(k, c.q_shape()), view(v, c.v_shape()),
+          view(w, c.w_shape()), view(o, c.v_shape()));
+
+  const DeviceArray<bfloat16> dq(q), dk(k), dv(v), dg(g);
+  const DeviceArray<float> dw(w);
+  DeviceArray<bfloat16> dout(v.size()), dgq(q.size()), dgk(k.size()), dgv(v.size());
+  DeviceArray<float> dgw(w.size());
+  forward(c.options(), dq.cview(c.q_shape()), dk.cview(c.q_shape()), dv.cview(c.v_shape()),
+          dw.cview(c.w_shape()), dout.view(c.v_shape()));
+  const auto as_double = [](const std::vector<bfloat16>& x) {
+    std::vector<double> out(x.size());
+    for (size_t i = 0; i < x.size(); ++i) out[i] = to_float(x[i]);
+    return out;
+  };
+  // One bfloat16 rounding of each result apart at most (2^-8 relative).
+  EXPECT_CLOSE(as_double(dout.host()), as_double(o), 1e-2, "bfloat16 forward");
+
+  std::vector<bfloat16> gq(q.size()), gk(k.size()), gv(v.size());
+  std::vector<float> gw(w.size());
+  backward(c.options(), view(q, c.q_shape()), view(k, c.q_shape()), view(v, c.v_shape()),
+           view(w, c.w_shape()), view(o, c.v_shape()), view(g, c.v_shape()),
+           view(gq, c.q_shape()), view(gk, c.q_shape()), view(gv, c.v_shape()),
+           view(gw, c.w_shape()));
+  backward(c.options(), dq.cview(c.q_shape()), dk.cview(c.q_shape()), dv.cview(c.v_shape()),
+           dw.cview(c.w_shape()), dout.cview(c.v_shape()), dg.cview(c.v_shape()),
+           dgq.view(c.q_shape()), dgk.view(c.q_shape()), dgv.view(c.v_shape()),
+           dgw.view(c.w_shape()));
+  EXPECT_CLOSE(as_double(dgq.host()), as_double(gq), 1e-2, "bfloat16 grad q");
+  EXPECT_CLOSE(as_double(dgk.host()), as_double(gk), 1e-2, "bfloat16 grad k");
+  EXPECT_CLOSE(as_double(dgv.host()), as_double(gv), 1e-2, "bfloat16 grad v");
+  EXPECT_CLOSE(dgw.host(), widened(gw), 1e-4, "bfloat16 grad w");
+}
+
+// Saved summaries from outside are held to fingerprints of k and v (read from
+// host copies): the matching ones pass, stale ones are refused by name.
+TEST(CudaBackend, SavedArraysAreCheckedAgainstKAndV) {
+  SKIP_WITHOUT_DEVICE();
+  Case c{"1d-ragged", 2, 3, 5, 7, TokenLayout::sequence(37, 8)};
+  const Inputs in = make_inputs(c, 11);
+  const std::vector<int64_t> s_shape = saved_summaries_shape(c.options(), c.q_shape(), c.v_shape());
+  const auto f = [](const std::vector<double>& x) { return std::vector<float>(x.begin(), x.end()); };
+  const DeviceArray<float> q(f(in.q)), k(f(in.k)), v(f(in.v)), w(f(in.w)), g(f(in.grad_o));
+  DeviceArray<float> o(in.v.size()), s(size_t(numel(s_shape))), m(size_t(numel(s_shape)));
+  DeviceArray<float> gq(in.q.size()), gk(in.q.size()), gv(in.v.size()), gw(in.w.size());
+  forward<float>(c.options(), q.cview(c.q_shape()), k.cview(c.q_shape()), v.cview(c.v_shape()),
+                 w.cview(c.w_shape()), o.view(c.v_shape()), s.view(s_shape), m.view(s_shape));
+  const auto run_backward = [&](const DeviceArray<float>& keys) {
+    backward<float>(c.options(), q.cview(c.q_shape()), keys.cview(c.q_shape()),
+                    v.cview(c.v_shape()), w.cview(c.w_shape()), o.cview(c.v_shape()),
+                    g.cview(c.v_shape()), gq.view(c.q_shape()), gk.view(c.q_shape()),
+                    gv.view(c.v_shape()), gw.view(c.w_shape()), s.cview(s_shape),
+                    m.cview(s_shape));
+  };
+  run_backward(k);
+  const OperatorResults<float> want = run_operator<float>(c, in, 1);
+  EXPECT_CLOSE(gk.host(), widened(want.gk), 2e-4, "grad k from saved arrays");
+  std::vector<double> other_keys = in.k;
+  for (double& x : other_keys) x += 0.5;
+  const DeviceArray<float> stale(f(other_keys));
+  EXPECT_THAT([&] { run_backward(stale); },
+              ThrowsMessage<Error>(HasSubstr("saved_summaries")));
+}
+
+// A result that overflows although every input is finite is reported, from
+// host copies of the device tensors, with the mode's causes.
+TEST(CudaBackend, NonFiniteOutputsAreReported) {
+  SKIP_WITHOUT_DEVICE();
+  Case c{"1d-ragged", 1, 1, 4, 4, TokenLayout::sequence(16, 4)};
+  c.phi = FeatureMap::identity;
+  c.normalize = false;
+  Inputs in = make_inputs(c, 5);
+  for (double& x : in.k) x = 3e38;
+  for (double& x : in.v) x = 3e38;
+  EXPECT_THAT([&] { run_on_device<float>(c, in); },
+              ThrowsMessage<Error>(HasSubstr("is not finite although every input is finite")));
+}
+
+// Every tensor of a call on one device.
+TEST(CudaBackend, MixedDevicesAreRefusedByName) {
+  SKIP_WITHOUT_DEVICE();
+  Case c{"1d-ragged", 1, 1, 4, 4, TokenLayout::sequence(16, 4)};
+  const Inputs in = make_inputs(c, 5);
+  const auto f = [](const std::vector<double>& x) { return std::vector<float>(x.begin(), x.end()); };
+  const DeviceArray<float> q(f(in.q)), v(f(in.v)), w(f(in.w));
+  const std::vector<float> k = f(in.k);
+  DeviceArray<float> o(in.v.size());
+  EXPECT_THAT(
+      [&] {
+        forward<float>(c.options(), q.cview(c.q_shape()), view(k, c.q_shape()),
+                       v.cview(c.v_shape()), w.cview(c.w_shape()), o.view(c.v_shape()));
+      },
+      ThrowsMessage<Error>(HasSubstr(
+          "mhla::forward: k is on the cpu device but q is on the cuda device; pass every tensor "
+          "of the call on one device")));
+}
+
+// Without a device, tensors marked as CUDA memory are refused by name before
+// anything reads them.
+TEST(CudaBackend, WithoutADeviceCudaTensorsAreRefusedByName) {
+  if (have_device()) GTEST_SKIP() << "a CUDA device is present";
+  Case c{"1d-ragged", 1, 1, 4, 4, TokenLayout::sequence(16, 4)};
+  std::vector<float> q(64), w(16), o(64);
+  const auto on_cuda = [](auto& x, std::vector<int64_t> shape) {
+    return TensorView<std::remove_reference_t<decltype(x[0])>>{x.data(), std::move(shape),
+                                                               Device::cuda};
+  };
+  EXPECT_THAT(
+      [&] {
+        forward<float>(c.options(), on_cuda(q, c.q_shape()), on_cuda(q, c.q_shape()),
+                       on_cuda(q, c.v_shape()), on_cuda(w, c.w_shape()), on_cuda(o, c.v_shape()));
+      },
+      ThrowsMessage<Error>(HasSubstr(
+          "mhla::forward: q is on the cuda device, but no CUDA device is visible to this process")));
+}
+
+}  // namespace
+}  // namespace mhla::test
