@@ -4,12 +4,22 @@ find_package(OpenMP REQUIRED)
 # OpenBLAS, OpenMP flavour: its GEMM runs single-threaded when called from inside
 # our own OpenMP regions (it checks omp_in_parallel), so the operator owns the
 # parallel decomposition and results do not depend on the thread count.
-find_path(OPENBLAS_INCLUDE_DIR cblas.h
-  HINTS /usr/include/x86_64-linux-gnu/openblas-openmp /usr/include/aarch64-linux-gnu/openblas-openmp
-  NO_DEFAULT_PATH)
-find_library(OPENBLAS_LIBRARY openblas
-  HINTS /usr/lib/x86_64-linux-gnu/openblas-openmp /usr/lib/aarch64-linux-gnu/openblas-openmp
-  NO_DEFAULT_PATH)
+# Debian's paths, also under each CMAKE_PREFIX_PATH entry (an unpacked
+# package tree: scripts/gpu_check.sh).
+set(openblas_roots /usr)
+foreach(prefix IN LISTS CMAKE_PREFIX_PATH)
+  list(PREPEND openblas_roots ${prefix})
+endforeach()
+set(openblas_include_hints "")
+set(openblas_library_hints "")
+foreach(root IN LISTS openblas_roots)
+  foreach(arch x86_64-linux-gnu aarch64-linux-gnu)
+    list(APPEND openblas_include_hints ${root}/include/${arch}/openblas-openmp)
+    list(APPEND openblas_library_hints ${root}/lib/${arch}/openblas-openmp)
+  endforeach()
+endforeach()
+find_path(OPENBLAS_INCLUDE_DIR cblas.h HINTS ${openblas_include_hints} NO_DEFAULT_PATH)
+find_library(OPENBLAS_LIBRARY openblas HINTS ${openblas_library_hints} NO_DEFAULT_PATH)
 if(NOT OPENBLAS_INCLUDE_DIR OR NOT OPENBLAS_LIBRARY)
   message(FATAL_ERROR "OpenBLAS (OpenMP flavour) not found: apt-get install libopenblas-openmp-dev")
 endif()
@@ -22,9 +32,7 @@ target_include_directories(mhla_openblas INTERFACE ${OPENBLAS_INCLUDE_DIR})
 # torch or NumPy has loaded the pthread flavour, the extension would be handed
 # it (or, imported first, would hand them ours, and their libblas.so.3 then
 # hangs calling into a core of the other flavour).
-find_library(OPENBLAS_STATIC_LIBRARY libopenblas.a
-  HINTS /usr/lib/x86_64-linux-gnu/openblas-openmp /usr/lib/aarch64-linux-gnu/openblas-openmp
-  NO_DEFAULT_PATH)
+find_library(OPENBLAS_STATIC_LIBRARY libopenblas.a HINTS ${openblas_library_hints} NO_DEFAULT_PATH)
 target_link_libraries(mhla_openblas INTERFACE
   $<IF:$<BOOL:$<TARGET_PROPERTY:MHLA_PRIVATE_BLAS>>,${OPENBLAS_STATIC_LIBRARY};-Wl$<COMMA>--exclude-libs$<COMMA>ALL,${OPENBLAS_LIBRARY}>
   OpenMP::OpenMP_CXX)
@@ -54,13 +62,15 @@ unset(CMAKE_REQUIRED_INCLUDES)
 # CRC-32 of the decoder's state files.
 find_package(ZLIB REQUIRED)
 
-# .npz archives for the command-line tools. Through pkg-config: Debian's CMake
-# config for libzip also demands its command-line tools.
-find_package(PkgConfig REQUIRED)
-pkg_check_modules(LIBZIP REQUIRED IMPORTED_TARGET libzip)
+if(MHLA_BUILD_TOOLS)
+  # .npz archives for the command-line tools. Through pkg-config: Debian's CMake
+  # config for libzip also demands its command-line tools.
+  find_package(PkgConfig REQUIRED)
+  pkg_check_modules(LIBZIP REQUIRED IMPORTED_TARGET libzip)
 
-find_package(CLI11 CONFIG REQUIRED)
-find_package(nlohmann_json CONFIG REQUIRED)
+  find_package(CLI11 CONFIG REQUIRED)
+  find_package(nlohmann_json CONFIG REQUIRED)
+endif()
 if(MHLA_BUILD_TESTS)
   find_package(GTest REQUIRED)
 endif()

@@ -20,8 +20,9 @@ namespace {
 
 using backend::Scratch;
 
-[[noreturn]] void unsupported(const std::string& what) {
-  throw Error("mhla (CUDA backend): " + what + " is not implemented on CUDA; pass CPU tensors");
+[[noreturn]] void unsupported(const std::string& what,
+                              const std::string& instead = "pass CPU tensors") {
+  throw Error("mhla (CUDA backend): " + what + " is not implemented on CUDA; " + instead);
 }
 
 // One device allocation, freed with its owner.
@@ -309,7 +310,8 @@ class CudaBackend final : public backend::Backend {
   static std::unique_ptr<backend::Attention<T>> make_attention(const detail::Problem& p,
                                                                const T* w) {
     if (p.causal)
-      unsupported("token-level causal masking (Masking::causal; block_causal is)");
+      unsupported("token-level causal masking (Masking::causal)",
+                  "use Masking::block_causal, or pass CPU tensors");
     if (p.first_block != 0 || p.mixing_blocks != p.blocks)
       unsupported("a piece of a longer sequence (forward_piece, packed batches)");
     return std::make_unique<CudaAttention<T>>(p, w);

@@ -90,8 +90,8 @@ TEST_P(CudaOperator, MatchesTheCpuOperator) {
   if (c.masking == Masking::causal) {
     const Inputs in = make_inputs(c, 7);
     EXPECT_THAT([&] { run_on_device<float>(c, in); },
-                ThrowsMessage<Error>(HasSubstr("token-level causal masking (Masking::causal; "
-                                               "block_causal is) is not implemented on CUDA")));
+                ThrowsMessage<Error>(HasSubstr("token-level causal masking (Masking::causal) is not "
+                                               "implemented on CUDA; use Masking::block_causal")));
     return;
   }
   check_against_cpu<float>(c, 2e-4);

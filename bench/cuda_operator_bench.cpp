@@ -1,0 +1,132 @@
+// The CUDA backend's operator at the shapes of the GPU anchors (docs/cuda.md):
+// median forward and forward+backward times in float, next to the two floors
+// of each shape: the bytes the forward must move (read q, k, v; write o) over
+// the card's copy rate, and its FLOPs over the card's dense bf16 rate.
+//
+//   mhla_cuda_operator_bench [repeats]     (default 5)
+//
+// Rates of an H100 80GB as measured on one (a device-to-device copy, a
+// bf16 GEMM); pass others with MHLA_COPY_GBPS / MHLA_GEMM_TFLOPS.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "mhla/mhla.hpp"
+
+namespace {
+
+using mhla::Device;
+using mhla::TensorView;
+
+void check(cudaError_t status, const char* what) {
+  if (status == cudaSuccess) return;
+  std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(status));
+  std::exit(1);
+}
+
+struct Shape {
+  const char* name;
+  int64_t heads, d;
+  mhla::TokenLayout layout;
+};
+
+// A device array of n floats drawn uniformly from [lo, hi).
+float* random_device_array(int64_t n, float lo, float hi, std::mt19937& rng) {
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> host(static_cast<size_t>(n));
+  for (float& x : host) x = dist(rng);
+  float* device = nullptr;
+  check(cudaMalloc(&device, size_t(n) * sizeof(float)), "cudaMalloc");
+  check(cudaMemcpy(device, host.data(), size_t(n) * sizeof(float), cudaMemcpyHostToDevice),
+        "cudaMemcpy");
+  return device;
+}
+
+template <typename Fn>
+double median_ms(int repeats, Fn&& fn) {
+  fn();  // warm-up: allocations of scratch, module load
+  std::vector<double> ms;
+  for (int r = 0; r < repeats; ++r) {
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    const auto start = std::chrono::steady_clock::now();
+    fn();
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+                     .count());
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+double env_or(const char* name, double fallback) {
+  const char* value = std::getenv(name);
+  return value ? std::atof(value) : fallback;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  const int repeats = argc > 1 ? std::max(1, std::atoi(argv[1])) : 5;
+  const double copy_bytes_per_ms = env_or("MHLA_COPY_GBPS", 2983.0) * 1e6;
+  const double flops_per_ms = env_or("MHLA_GEMM_TFLOPS", 789.0) * 1e9;
+  const std::vector<Shape> shapes = {
+      {"4096 tokens, 8 heads of 64, M = 64", 8, 64, mhla::TokenLayout::sequence(4096, 64)},
+      {"65536 tokens, 8 heads of 64, M = 256", 8, 64, mhla::TokenLayout::sequence(65536, 256)},
+      {"video 21x30x50, 12 heads of 128, M = 210", 12, 128,
+       mhla::TokenLayout::grid3d(21, 30, 50, 1, 15, 10)},
+  };
+  cudaDeviceProp props{};
+  check(cudaGetDeviceProperties(&props, 0), "cudaGetDeviceProperties");
+  std::printf("device: %s; float32 q, k, v; reference kernels; median of %d\n", props.name,
+              repeats);
+  std::printf("%-44s %12s %12s %14s %14s\n", "shape", "fwd ms", "fwd+bwd ms", "bytes floor ms",
+              "bf16 flop floor ms");
+  std::mt19937 rng(1);
+  for (const Shape& s : shapes) {
+    const int64_t n = s.layout.num_tokens(), m = s.layout.num_blocks();
+    const std::vector<int64_t> shape = {1, n, s.heads, s.d}, w_shape = {m, m};
+    const int64_t elements = n * s.heads * s.d;
+    float* q = random_device_array(elements, -1, 1, rng);
+    float* k = random_device_array(elements, -1, 1, rng);
+    float* v = random_device_array(elements, -1, 1, rng);
+    float* grad_o = random_device_array(elements, -1, 1, rng);
+    float* w = random_device_array(m * m, 0, 1, rng);
+    float *o = nullptr, *gq = nullptr, *gk = nullptr, *gv = nullptr, *gw = nullptr;
+    for (float** p : {&o, &gq, &gk, &gv})
+      check(cudaMalloc(p, size_t(elements) * sizeof(float)), "cudaMalloc");
+    check(cudaMalloc(&gw, size_t(m * m) * sizeof(float)), "cudaMalloc");
+    mhla::Options options;
+    options.layout = s.layout;
+    const TensorView<const float> cq{q, shape, Device::cuda}, ck{k, shape, Device::cuda},
+        cv{v, shape, Device::cuda}, cw{w, w_shape, Device::cuda}, cg{grad_o, shape, Device::cuda},
+        co{o, shape, Device::cuda};
+    const auto run_forward = [&] {
+      mhla::forward<float>(options, cq, ck, cv, cw, {o, shape, Device::cuda});
+    };
+    const double fwd = median_ms(repeats, run_forward);
+    const double fwd_bwd = median_ms(repeats, [&] {
+      run_forward();
+      mhla::backward<float>(options, cq, ck, cv, cw, co, cg, {gq, shape, Device::cuda},
+                            {gk, shape, Device::cuda}, {gv, shape, Device::cuda},
+                            {gw, w_shape, Device::cuda});
+    });
+    // bf16 tokens: 2 bytes each of q, k, v read and o written.
+    const double bytes_floor = 4.0 * double(elements) * 2.0 / copy_bytes_per_ms;
+    const mhla::FlopCount flops =
+        mhla::mhla_flops(1, n, s.heads, s.d, s.d, m, mhla::Masking::none, n / m);
+    std::printf("%-44s %12.3f %12.3f %14.3f %14.3f\n", s.name, fwd, fwd_bwd, bytes_floor,
+                flops.forward / flops_per_ms);
+    for (float* p : {q, k, v, grad_o, w, o, gq, gk, gv, gw}) cudaFree(p);
+  }
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "error: %s\n", e.what());
+  return 1;
+}

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# The CUDA backend's check on a GPU machine: builds the library with the CUDA
+# backend and nothing else of the project (-DMHLA_BUILD_TOOLS=OFF), runs the
+# CUDA tests, then the CUDA benchmark. Where the machine lacks the Debian
+# packages, the .deb files in gpu-deps/ (scripts/gpu_deps.sh) are unpacked and
+# built against. Logs go to $OUT (default /tmp/mhla-gpu-check).
+#
+#   bash scripts/gpu_check.sh [benchmark repeats]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-/tmp/mhla-gpu-check}
+mkdir -p "$out"
+# Outside the source tree: the install rules refuse include paths inside it.
+root=${MHLA_DEPS_ROOT:-/tmp/mhla-gpu-deps}
+
+if compgen -G "gpu-deps/*.deb" > /dev/null; then
+  mkdir -p "$root"
+  for deb in gpu-deps/*.deb; do
+    if command -v dpkg > /dev/null; then
+      dpkg -x "$deb" "$root"
+    else
+      # A .deb is an ar archive; its files are the data.tar member.
+      member=$(ar t "$deb" | grep '^data\.tar')
+      case "$member" in
+        *.xz) unpack=-J ;;
+        *.zst) unpack=--zstd ;;
+        *.gz) unpack=-z ;;
+        *) unpack= ;;
+      esac
+      ar p "$deb" "$member" | tar -x $unpack -f - -C "$root"
+    fi
+  done
+  # Absolute links (libz.so -> /lib/...) point into the tree instead.
+  find "$root" -type l | while read -r link; do
+    target=$(readlink "$link")
+    if [[ "$target" == /* && -e "$root$target" ]]; then ln -sfn "$root$target" "$link"; fi
+  done
+fi
+
+nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+echo "== configure (logs: $out) =="
+if ! cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DMHLA_WITH_CUDA=ON \
+  -DCMAKE_CUDA_COMPILER="$nvcc" -DMHLA_BUILD_TOOLS=OFF -DMHLA_BUILD_PYTHON=OFF \
+  -DMHLA_WITH_MPI=OFF -DCMAKE_PREFIX_PATH="$root/usr" > "$out/configure.log" 2>&1; then
+  tail -40 "$out/configure.log"
+  exit 1
+fi
+echo "== build =="
+if ! cmake --build build-gpu -j "$(nproc)" --target mhla_cuda_tests mhla_cuda_operator_bench \
+  > "$out/build.log" 2>&1; then
+  grep -m 30 -A 6 -E "error|Error" "$out/build.log"
+  exit 1
+fi
+
+lib=$root/usr/lib/x86_64-linux-gnu
+export LD_LIBRARY_PATH="$lib/openblas-openmp:$lib:$root/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt" || true
+
+echo "== tests =="
+status=0
+./build-gpu/tests/mhla_cuda_tests --gtest_brief=1 > "$out/tests.log" 2>&1 || status=$?
+grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests? ran" "$out/tests.log" | tail -20
+grep -m 40 -B 1 -A 8 "Failure" "$out/tests.log" || true
+
+echo "== benchmark =="
+./build-gpu/bench/mhla_cuda_operator_bench "${1:-5}" | tee "$out/bench.txt" || status=1
+exit $status
