@@ -22,7 +22,7 @@ import torch
 import mhla
 import mhla.torch as mt
 
-# (name, tokens, heads, head dim, layout, masking): the issue's anchor shapes. The video shape is
+# (name, tokens, heads, head dim, layout, masking): the anchor shapes of docs/python.md. The video shape is
 # Wan2.1's 21 x 30 x 50 latent grid in 1 x 15 x 10 tiles: 210 blocks of 150 tokens.
 SHAPES = [
     ("4,096 tokens, 8 x 64, M = 64", 4096, 8, 64, mhla.Layout.sequence(4096, 64), "none"),

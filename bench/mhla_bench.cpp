@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/child_process.hpp"
+#include "common/crossover.hpp"
 #include "common/json_file.hpp"
 #include "common/sgemm_rate.hpp"
 #include "common/timing.hpp"
@@ -380,9 +381,11 @@ int main(int argc, char** argv) {
   results["memory"] = mem;
   results["memory"]["peak_over_tensor_bytes"] = peak / tensors;
 
-  // 6. Crossover: smallest N (doubling) at which MHLA's forward beats softmax's.
+  // 6. Crossover: the N (doubling) from which MHLA's forward beats softmax's at
+  // every measured N; the sweep ends after three such doublings in a row.
   std::printf("\ncrossover, B=1 H=8 D=64, forward:\n");
-  int64_t crossover = -1;
+  std::vector<mhla::tools::SweepPoint> points;
+  int faster_in_a_row = 0;
   for (int64_t n = 128; n <= (quick ? 2048 : 16384); n *= 2) {
     Workload wl(1, n, kHeads, kDim, blocks_for(n));
     const auto t = mhla::tools::interleaved_medians(
@@ -392,11 +395,18 @@ int main(int argc, char** argv) {
                 tm < ts ? "  <- MHLA faster" : "");
     results["crossover_sweep"].push_back(
         {{"tokens", n}, {"mhla_forward_s", tm}, {"softmax_forward_s", ts}});
-    if (tm < ts && crossover < 0) crossover = n;
-    if (crossover > 0 && n >= 4 * crossover) break;
+    points.push_back({n, tm, ts});
+    faster_in_a_row = tm < ts ? faster_in_a_row + 1 : 0;
+    if (faster_in_a_row == 3) break;
   }
+  const int64_t crossover = mhla::tools::faster_from(points);
   results["crossover_tokens"] = crossover;
-  std::printf("MHLA forward is faster than softmax from N = %lld\n", (long long)crossover);
+  if (crossover > 0)
+    std::printf("MHLA forward is faster than softmax at every measured N from %lld to %lld\n",
+                (long long)crossover, (long long)points.back().tokens);
+  else
+    std::printf("MHLA forward is not faster than softmax at N = %lld, the largest measured\n",
+                (long long)points.back().tokens);
 
   if (!json_path.empty()) {
     if (!mhla::tools::write_json_file(json_path, results)) return 1;

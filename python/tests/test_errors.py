@@ -188,7 +188,7 @@ def test_oversized_mixing_and_impossible_allocations():
 
 
 def _stale_case():
-    # The audit's reproducer: relu features, feature 0 of block 1 all zero.
+    # relu features with feature 0 of block 1 all zero: a fingerprint of entry 0 alone misses W's change.
     L = mhla.Layout.sequence(8, 4)
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.rand(1, 8, 1, d, dtype=torch.float64, generator=g) for d in (3, 3, 4))

@@ -91,7 +91,7 @@ def test_gradients_match_float64_to_the_dtypes_precision(dtype):
 
 @pytest.mark.parametrize("seed", range(3))
 def test_bfloat16_gradients_are_within_the_naive_bfloat16_computations_error(seed):
-    # The bound: a small multiple of the same formula's error in bfloat16 torch ops.
+    # The bound: a small multiple of the same formula's error in bfloat16 torch ops.
     # Over these draws ours were 0.46-0.98x of it; over 12 draws 0.37-1.21x.
     layout = mhla.Layout.sequence(256, 32)
     q64, k64, v64, w64 = operands(layout, seed=seed)

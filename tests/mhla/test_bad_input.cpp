@@ -247,7 +247,7 @@ TEST(BadInput, MixedSummariesAreCheckedAgainstTheSavedSummaries) {
   }
 }
 
-// The audit's reproducer: relu features with feature 0 of block 1 all zero,
+// relu features with feature 0 of block 1 all zero,
 // so a fingerprint of entry 0 alone cannot see that W[0, 1] changed.
 TEST(BadInput, StaleMixedSummariesWithAZeroFeatureAreRejected) {
   Case c{"1d", 1, 1, 3, 4, TokenLayout::sequence(8, 4), Masking::none, FeatureMap::relu};

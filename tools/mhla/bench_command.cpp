@@ -2,6 +2,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -9,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/child_process.hpp"
+#include "common/crossover.hpp"
 #include "common/gnuplot.hpp"
 #include "common/json_file.hpp"
 #include "common/progress.hpp"
@@ -177,17 +179,21 @@ int run_bench_command(const BenchCommand& c) {
       }
   }
 
-  // The crossover: the smallest N (first thread/dim pair) where MHLA beats softmax.
-  int64_t crossover = 0;
+  // The crossover (first thread/dim pair): from which N on MHLA beats softmax
+  // at every measured N.
+  std::vector<SweepPoint> points;
   for (int64_t n : c.tokens) {
-    double soft = 0, mh = 0;
+    SweepPoint p{n, 0, 0};
     for (const Result& r : results)
       if (r.threads == threads[0] && r.dim == c.dims[0] && r.tokens == n) {
-        if (r.method == "softmax") soft = r.seconds;
-        if (r.method == "mhla") mh = r.seconds;
+        if (r.method == "softmax") p.softmax_seconds = r.seconds;
+        if (r.method == "mhla") p.mhla_seconds = r.seconds;
       }
-    if (soft > 0 && mh < soft && (crossover == 0 || n < crossover)) crossover = n;
+    if (p.softmax_seconds > 0) points.push_back(p);
   }
+  std::sort(points.begin(), points.end(),
+            [](const SweepPoint& a, const SweepPoint& b) { return a.tokens < b.tokens; });
+  const int64_t crossover = faster_from(points);
 
   const std::string csv = (dir / "bench.csv").string(), png = (dir / "bench.png").string();
   {
@@ -215,10 +221,10 @@ int run_bench_command(const BenchCommand& c) {
                                   {"peak_rss_bytes", r.peak_rss_bytes}});
   }
   if (crossover > 0)
-    std::printf("MHLA's forward is faster than softmax from N = %lld (threads %d, D %lld)\n",
+    std::printf("MHLA's forward is faster than softmax at every measured N from %lld on (threads %d, D %lld)\n",
                 (long long)crossover, threads[0], (long long)c.dims[0]);
   else
-    std::printf("MHLA's forward was not faster than softmax at any measured N\n");
+    std::printf("MHLA's forward is not faster than softmax at the largest measured N\n");
   if (!write_json_file((dir / "bench.json").string(), summary)) return 1;
 
   try {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/attention_maps.hpp"
+#include "common/crossover.hpp"
 #include "common/timing.hpp"
 #include "common/workload.hpp"
 #include "mhla/mhla.hpp"
@@ -113,7 +114,7 @@ void speed_table(const DemoOptions& options) {
   std::vector<int64_t> sizes;
   for (int64_t n = 256; n <= options.max_tokens; n *= 2) sizes.push_back(n);
   const int rounds = options.quick ? 1 : 3;
-  int64_t crossover = -1;
+  std::vector<SweepPoint> points;
   const bool interactive = isatty(fileno(stdout));
   for (size_t i = 0; i < sizes.size(); ++i) {
     const int64_t n = sizes[i];
@@ -130,15 +131,16 @@ void speed_table(const DemoOptions& options) {
     const double ts = median_seconds(
         [&] { wl.softmax_forward(); },
         n >= 4096 ? TimingPolicy{1, 0.0, 1, false} : TimingPolicy{rounds, 0.0, rounds, true});
-    if (tm < ts && crossover < 0) crossover = n;
+    points.push_back({n, tm, ts});
     std::printf("   %7lld %5lld %12.3f %12.3f %12.3f %14.3f   \n", (long long)n,
                 (long long)blocks_for(n), ts * 1e3, tl * 1e3, tm * 1e3, tm / ts);
   }
-  if (crossover > 0)
-    std::printf("   MHLA is faster than softmax attention from N = %lld on.\n",
-                (long long)crossover);
+  const int64_t from = faster_from(points);
+  if (from > 0)
+    std::printf("   MHLA is faster than softmax attention at every N from %lld to %lld.\n",
+                (long long)from, (long long)sizes.back());
   else
-    std::printf("   MHLA did not overtake softmax attention up to N = %lld.\n",
+    std::printf("   MHLA is not faster than softmax attention at N = %lld, the largest measured.\n",
                 (long long)sizes.back());
 }
 
