@@ -188,7 +188,7 @@ CLI::App* add_compare_command(CLI::App& app, CompareCommand& c) {
       "0,1,2");
   c.app = cmd;
   cmd->add_option("--preset", c.preset,
-                  "quick (a few minutes on 2 cores), full (short runs of all three tasks) or "
+                  "quick (the shortest), full (short runs of all three tasks) or "
                   "plateau (Fashion-MNIST at 196 tokens on every image, early-stopped, with a "
                   "one-token baseline)")
       ->check(CLI::IsMember({"quick", "full", "plateau"}));
