@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The CUDA backend's check on a GPU machine: builds the library with the CUDA
-# backend and nothing else of the project (-DMHLA_BUILD_TOOLS=OFF), runs the
-# CUDA tests, then the CUDA benchmark. Where the machine lacks the Debian
+# The GPU checks in one call: builds the library with the CUDA backend and
+# nothing else of the project (-DMHLA_BUILD_TOOLS=OFF), runs the CUDA tests
+# and the CUDA benchmark; then, time permitting, builds the Python package
+# for the machine's python3 (its torch) and runs bench/gpu_check.py, the
+# check of mhla.torch's pure-torch path on CUDA tensors. Where the machine lacks the Debian
 # packages, the .deb files in gpu-deps/ (scripts/gpu_deps.sh) are unpacked and
 # built against. Logs go to $OUT (default /tmp/mhla-gpu-check).
 #
@@ -64,4 +66,20 @@ grep -m 40 -B 1 -A 8 "Failure" "$out/tests.log" || true
 
 echo "== benchmark =="
 ./build-gpu/bench/mhla_cuda_operator_bench "${1:-5}" | tee "$out/bench.txt" || status=1
+
+echo "== the Python package's torch path on CUDA tensors (bench/gpu_check.py) =="
+py=$(command -v python3)
+if ((SECONDS > ${MHLA_PYTHON_STAGE_BEFORE:-300})); then
+  echo "skipped: ${SECONDS} s gone (it starts only before ${MHLA_PYTHON_STAGE_BEFORE:-300} s)"
+elif pybind=$("$py" -m pybind11 --cmakedir 2> /dev/null) &&
+  cmake -S . -B build-gpu-python -DCMAKE_BUILD_TYPE=Release -DMHLA_BUILD_TOOLS=OFF \
+    -DMHLA_BUILD_TESTS=OFF -DMHLA_WITH_MPI=OFF -DMHLA_BUILD_PYTHON=ON -DPython_EXECUTABLE="$py" \
+    -Dpybind11_DIR="$pybind" -DCMAKE_PREFIX_PATH="$root/usr" > "$out/configure-python.log" 2>&1 &&
+  cmake --build build-gpu-python -j "$(nproc)" --target mhla_python > "$out/build-python.log" 2>&1; then
+  PYTHONPATH=$PWD/build-gpu-python/python "$py" bench/gpu_check.py --json "$out/gpu-check.json" \
+    2>&1 | tee "$out/gpu-check.txt" || status=1
+else
+  echo "the Python package did not build (logs: $out/configure-python.log, $out/build-python.log)"
+  tail -20 "$out/configure-python.log" "$out/build-python.log" 2> /dev/null || true
+fi
 exit $status
