@@ -80,7 +80,8 @@ std::pair<const T*, const T*> check_backward(
   const T* mixed = check_saved(fn, "saved_mixed", p, device, saved_mixed);
   if (saved == detail::SavedArrays::from_outside && (summaries != nullptr || mixed != nullptr)) {
     // On another device than the CPU, this check reads host copies of k and v.
-    const detail::HostCopy hk(k), hv(v), hw(w);
+    const detail::HostCopy hk(k), hv(v);
+    const detail::HostCopy hw(w);
     const detail::Fingerprints prints = detail::fingerprints(p, hk.data(), hv.data());
     if (summaries != nullptr)
       detail::check_saved_summaries_match(fn, p, prints, detail::HostCopy(saved_summaries).data(),
