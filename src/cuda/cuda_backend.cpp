@@ -69,8 +69,8 @@ class ScratchArrays {
 
 // The API's slots (backend::Scratch) and the attention kernels' own.
 enum class Own { grad_mixed, grad_summaries, token_terms, flag, count };
-thread_local ScratchArrays api_scratch(size_t(Scratch::count));
-thread_local ScratchArrays own_scratch(size_t(Own::count));
+thread_local ScratchArrays api_scratch{size_t(Scratch::count)};
+thread_local ScratchArrays own_scratch{size_t(Own::count)};
 
 template <typename T>
 T* own(Own slot, int64_t count) {
