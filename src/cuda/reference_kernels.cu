@@ -42,6 +42,15 @@ __device__ int64_t token_row(const KernelProblem& p, int64_t bb, int64_t t, int6
   return (bb * p.tokens + t) * p.heads + h;
 }
 
+// The (batch, head) slice and the block of the token at a flat row of a token tensor.
+struct TokenPlace {
+  int64_t bh, block;
+};
+__device__ TokenPlace place_of(const KernelProblem& p, int64_t row) {
+  const int64_t h = row % p.heads, t = row / p.heads % p.tokens, bb = row / (p.heads * p.tokens);
+  return {bb * p.heads + h, p.token_block[t]};
+}
+
 template <typename T>
 __device__ void flag_unless_finite(T x, int* non_finite) {
   if (!isfinite(x)) atomicOr(non_finite, 1);
@@ -93,9 +102,8 @@ __global__ void outputs_kernel(KernelProblem p, const T* q, const T* mixed, T* o
                                int* non_finite) {
   const int64_t total = p.batch * p.tokens * p.heads * p.dv;
   MHLA_GRID_STRIDE(idx, total) {
-    const int64_t e = idx % p.dv, row = idx / p.dv, h = row % p.heads,
-                  t = row / p.heads % p.tokens, bb = row / (p.heads * p.tokens);
-    const int64_t bh = bb * p.heads + h, block = p.token_block[t];
+    const int64_t e = idx % p.dv, row = idx / p.dv;
+    const auto [bh, block] = place_of(p, row);
     const T y = read_column(p, q, mixed, row, bh, block, e);
     T out = T(p.scale) * y;
     if (p.normalize) {
@@ -115,9 +123,7 @@ __global__ void token_terms_kernel(KernelProblem p, const T* q, const T* mixed, 
                                    T* terms) {
   const int64_t total = p.batch * p.tokens * p.heads;
   MHLA_GRID_STRIDE(row, total) {
-    const int64_t h = row % p.heads, t = row / p.heads % p.tokens,
-                  bb = row / (p.heads * p.tokens);
-    const int64_t bh = bb * p.heads + h, block = p.token_block[t];
+    const auto [bh, block] = place_of(p, row);
     if (!p.normalize) {
       terms[2 * row] = T(p.scale);
       terms[2 * row + 1] = 0;
@@ -145,9 +151,8 @@ __global__ void query_gradient_kernel(KernelProblem p, const T* q, const T* mixe
                                       int* non_finite) {
   const int64_t x1 = p.dv + 1, total = p.batch * p.tokens * p.heads * p.dk;
   MHLA_GRID_STRIDE(idx, total) {
-    const int64_t a = idx % p.dk, row = idx / p.dk, h = row % p.heads,
-                  t = row / p.heads % p.tokens, bb = row / (p.heads * p.tokens);
-    const int64_t bh = bb * p.heads + h, block = p.token_block[t];
+    const int64_t a = idx % p.dk, row = idx / p.dk;
+    const auto [bh, block] = place_of(p, row);
     const T* m = mixed + ((bh * p.blocks + block) * p.dk + a) * x1;
     T acc = 0;
     for (int64_t e = 0; e < x1; ++e) acc += output_gradient(p, grad_o, terms, row, e) * m[e];
@@ -245,9 +250,8 @@ __global__ void key_gradient_kernel(KernelProblem p, const T* k, const T* v, con
                                     T* grad_k, int* non_finite) {
   const int64_t x1 = p.dv + 1, total = p.batch * p.tokens * p.heads * p.dk;
   MHLA_GRID_STRIDE(idx, total) {
-    const int64_t a = idx % p.dk, row = idx / p.dk, h = row % p.heads,
-                  t = row / p.heads % p.tokens, bb = row / (p.heads * p.tokens);
-    const int64_t bh = bb * p.heads + h, block = p.token_block[t];
+    const int64_t a = idx % p.dk, row = idx / p.dk;
+    const auto [bh, block] = place_of(p, row);
     const T* ds = grad_s + ((bh * p.blocks + block) * p.dk + a) * x1;
     T acc = ds[p.dv];  // the column of ones
     for (int64_t e = 0; e < p.dv; ++e) acc += ds[e] * v[row * p.dv + e];
@@ -262,9 +266,8 @@ __global__ void value_gradient_kernel(KernelProblem p, const T* k, const T* grad
                                       int* non_finite) {
   const int64_t x1 = p.dv + 1, total = p.batch * p.tokens * p.heads * p.dv;
   MHLA_GRID_STRIDE(idx, total) {
-    const int64_t e = idx % p.dv, row = idx / p.dv, h = row % p.heads,
-                  t = row / p.heads % p.tokens, bb = row / (p.heads * p.tokens);
-    const int64_t bh = bb * p.heads + h, block = p.token_block[t];
+    const int64_t e = idx % p.dv, row = idx / p.dv;
+    const auto [bh, block] = place_of(p, row);
     const T* ds = grad_s + (bh * p.blocks + block) * p.dk * x1;
     T acc = 0;
     for (int64_t a = 0; a < p.dk; ++a) acc += feature(p.phi, k[row * p.dk + a]) * ds[a * x1 + e];
