@@ -262,16 +262,6 @@ MixingInit make_init(const std::string& transform, double sigma, double threshol
   return init;
 }
 
-// Inverse of the pickled state (rank, grid, tile); lower ranks have leading 1s.
-TokenLayout layout_from_state(const py::tuple& state) {
-  const int rank = state[0].cast<int>();
-  const auto g = state[1].cast<std::array<int64_t, 3>>();
-  const auto t = state[2].cast<std::array<int64_t, 3>>();
-  if (rank == 1) return TokenLayout::sequence(g[2], t[2]);
-  if (rank == 2) return TokenLayout::grid2d(g[1], g[2], t[1], t[2]);
-  return TokenLayout::grid3d(g[0], g[1], g[2], t[0], t[1], t[2]);
-}
-
 }  // namespace
 }  // namespace mhla::python
 
@@ -332,9 +322,11 @@ PYBIND11_MODULE(_core, m) {
       .def("block_of", &TokenLayout::block_of, "token"_a)
       .def("__eq__", [](const TokenLayout& a, const TokenLayout& b) { return a == b; })
       .def("__repr__", [](const TokenLayout& l) { return "<mhla.Layout " + l.describe() + ">"; })
-      .def(py::pickle(
-          [](const TokenLayout& l) { return py::make_tuple(l.rank(), l.grid(), l.tile()); },
-          [](const py::tuple& t) { return layout_from_state(t); }));
+      // Reduced to mhla._unpickle.layout: see there why.
+      .def("__reduce__", [](const TokenLayout& l) {
+        return py::make_tuple(py::module_::import("mhla._unpickle").attr("layout"),
+                              py::make_tuple(l.rank(), l.grid(), l.tile()));
+      });
 
   bind_options(m);
   bind_phases(m);

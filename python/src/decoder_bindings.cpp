@@ -145,10 +145,11 @@ void bind_decoder(py::module_& m) {
                   "Rebuilds a decoder from serialize()'s bytes; with `expect` (DecoderOptions) "
                   "a snapshot of another configuration is a ValueError naming the difference.")
       .def_static("load", &Decoder::load, "path"_a, py::kw_only(), "expect"_a = py::none())
-      .def(py::pickle([](const Decoder& d) { return serialize(d); },
-                      [](const py::bytes& data) {
-                        return deserialize(data, std::nullopt, "pickled mhla.Decoder");
-                      }));
+      // Reduced to mhla._unpickle.decoder: see there why.
+      .def("__reduce__", [](const Decoder& d) {
+        return py::make_tuple(py::module_::import("mhla._unpickle").attr("decoder"),
+                              py::make_tuple(serialize(d)));
+      });
 }
 
 }  // namespace mhla::python

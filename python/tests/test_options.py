@@ -1,4 +1,6 @@
 """mhla.Options: the C++ options object, built once and handed to forward and backward."""
+import pickle
+
 import pytest
 import torch
 
@@ -60,3 +62,17 @@ def test_bad_options_are_named():
         mhla.Options(LAYOUT, feature_map="elu")
     with pytest.raises(ValueError, match="options.layout is not set"):
         mhla.forward(q, k, v, w)
+
+
+@pytest.mark.parametrize("protocol", range(pickle.HIGHEST_PROTOCOL + 1))
+def test_layouts_and_decoders_survive_every_pickle_protocol(protocol):
+    # Protocols 0 and 1 rebuild objects differently from 2 and later (they once aborted the process).
+    for layout in (LAYOUT, mhla.Layout.grid2d(14, 13, 4, 3), mhla.Layout.grid3d(3, 5, 6, 2, 2, 4)):
+        copy = pickle.loads(pickle.dumps(layout, protocol=protocol))
+        assert copy == layout and copy.block_grid == layout.block_grid
+    q, k, v = (x.float() for x in inputs()[:3])
+    decoder = mhla.Decoder(torch.rand(2, 2), heads=2, dk=3, dv=4, block=4)
+    decoder.prefill(0, q[:, :5], k[:, :5], v[:, :5])
+    copy = pickle.loads(pickle.dumps(decoder, protocol=protocol))
+    token = [x[:, 5:6] for x in (q, k, v)]
+    assert copy.position(0) == 5 and torch.equal(copy.step(*token), decoder.step(*token))
