@@ -103,13 +103,13 @@ def regrouping(geometry, device):
 _REGROUPINGS = {}  # (geometry, device) -> regrouping: a model calls with the same few layouts
 
 
-def _compiling():
+def compiling():
     compiler = getattr(torch, "compiler", None)
     return compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling()
 
 
 def cached_regrouping(geometry, device):
-    if _compiling():  # traced into the graph
+    if compiling():  # traced into the graph
         return regrouping(geometry, device)
     key = (geometry, str(device))
     if key not in _REGROUPINGS:

@@ -59,10 +59,11 @@ class Decoder:
         options = _core.DecoderOptions(batch=batch, heads=heads, dk=dk, dv=dv, block=block,
                                        feature_map=feature_map, normalize=normalize, eps=eps, scale=scale,
                                        mixing=mixing)
-        device = getattr(w, "device", None)
+        # A torch.device, or the array API's string (NumPy 2 arrays have .device == "cpu").
+        device = getattr(w, "device", "cpu")
         if backend not in (None, "cpp", "torch"):
             raise ValueError(f"unknown backend {backend!r}; expected None (by device), 'cpp' or 'torch'")
-        if backend == "torch" or (backend is None and device is not None and device.type != "cpu"):
+        if backend == "torch" or (backend is None and getattr(device, "type", device) != "cpu"):
             from ._pure_torch_decoder import TorchDecoder  # torch is only needed here
 
             self._decoder = TorchDecoder(w, options)

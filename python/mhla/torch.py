@@ -27,12 +27,14 @@ sigmoid output gate, an optional depthwise-convolution positional term on v
 non-negative and row-normalised by construction, initialised with a locality
 bias.
 """
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.dlpack import from_dlpack
 
-from . import _core, _pure_torch
+from . import _core, _custom_ops, _pure_torch
 from .streaming import Decoder, offsets
 
 __all__ = [
@@ -163,6 +165,26 @@ def _name(enum_value):
     return enum_value.name
 
 
+_DEFAULTS = _core.Options(_core.Layout.sequence(1, 1))
+_ENUM_NAMES = {field: tuple(enum.__members__)
+               for field, enum in (("masking", _core.Masking), ("feature_map", _core.FeatureMap),
+                                   ("mixing", _core.MixingForm))}
+
+
+def _option_names(**given):
+    """``mhla.Options``' fields as plain values, enums by name, None the operator's default; a
+    ValueError names an unknown enum name. Pure Python, for compiled regions."""
+    values = {}
+    for field, value in given.items():
+        value = getattr(_DEFAULTS, field) if value is None else value
+        if field in _ENUM_NAMES:
+            value = value if isinstance(value, str) else value.name
+            if value not in _ENUM_NAMES[field]:
+                raise ValueError(f"unknown {field} {value!r}; expected one of {', '.join(_ENUM_NAMES[field])}")
+        values[field] = value
+    return values
+
+
 # Reduced-precision inputs the operator does not take (float16, and bfloat16
 # for the baselines and varlen) are widened to float32 (differentiably, so
 # their gradients come back in their own dtype), and the output is rounded back
@@ -244,6 +266,16 @@ def mhla_attention(q, k, v, w, layout, *, masking=None, feature_map=None, normal
     chooses.
     """
     _check_tensors(q=q, k=k, v=v, w=w)
+    if _pure_torch.compiling():
+        # No extension object can be built in a compiled region: the options go on as names.
+        names = _option_names(masking=masking, feature_map=feature_map, normalize=normalize, eps=eps, scale=scale,
+                              mixing=mixing)
+        geometry = _pure_torch.Geometry.of(layout)
+        if _pure_torch_path(backend, q, k, v, w):
+            return _pure_torch.mhla_attention(q, k, v, w, geometry, **names)
+        if _custom_ops.AVAILABLE:  # the operator checks the call when the op runs
+            return _custom_ops.mhla_attention(q, k, v, w, geometry, **names)
+        # Before torch 2.4 the extension call below breaks the graph.
     # Built once: forward and backward get the same object, not strings to parse again.
     options = _core.Options(layout, masking=masking, feature_map=feature_map, normalize=normalize, eps=eps,
                             scale=scale, mixing=mixing)
@@ -425,8 +457,7 @@ def authors_vision_attention(q, k, v, w, layout, *, eps=1e-6, backend=None):
     number of tokens, as that code assumes. ``w`` may have any sign (``[M, M]`` or ``[H, M, M]``).
     """
     _check_tensors(q=q, k=k, v=v, w=w)
-    blocks, positions, block_size = _block_positions(layout)
-    blocks, positions = blocks.to(q.device), positions.to(q.device)
+    blocks, positions, block_size = _block_positions(layout, q.device)
     phi_q, phi_k = torch.relu(q) + eps, torch.relu(k) + eps
     w = w.to(q.dtype)
     numerator = mhla_attention(phi_q, phi_k, v, w, layout, feature_map="identity", normalize=False, scale=1.0,
@@ -451,36 +482,27 @@ def block_order(layout):
     (blocks, then tokens inside a block), which is ``x[:, block_order(layout)].view(B, M, C, dim)``
     of this package's row-major ``x [B, N, dim]``; ``y[:, block_order(layout)] = y_theirs.flatten(1, 2)``
     goes back."""
-    blocks, _, _ = _block_positions(layout)
+    blocks, _, _ = _block_positions(layout, "cpu")
     return torch.sort(blocks, stable=True).indices
 
 
-_BLOCK_POSITIONS = {}  # layout -> _block_positions(layout): layers call it with the same layouts
-
-
-def _block_positions(layout):
-    """Each token's block and its position inside the block (in token order), and the block size;
-    a ValueError unless all blocks hold the same number of tokens."""
-    key = (layout.rank, tuple(layout.grid), tuple(layout.tile))
-    if key not in _BLOCK_POSITIONS:
-        if len(_BLOCK_POSITIONS) >= 64:
-            _BLOCK_POSITIONS.clear()
-        _BLOCK_POSITIONS[key] = _compute_block_positions(layout)
-    return _BLOCK_POSITIONS[key]
-
-
-def _compute_block_positions(layout):
-    blocks = torch.tensor([layout.block_of(t) for t in range(layout.num_tokens)])
-    counts = torch.bincount(blocks, minlength=layout.num_blocks)
-    if not bool((counts == counts[0]).all()):
-        raise ValueError(f"the authors' normaliser needs blocks of equal size; {layout!r} has blocks of "
-                         f"{int(counts.min())} to {int(counts.max())} tokens (make the grid a multiple of the tile)")
-    positions = torch.empty_like(blocks)
-    seen = torch.zeros_like(counts)
-    for t, b in enumerate(blocks.tolist()):
-        positions[t] = seen[b]
-        seen[b] += 1
-    return blocks, positions, int(counts[0])
+def _block_positions(layout, device):
+    """Each token's block and its position inside the block (in token order), on ``device``, and
+    the block size; a ValueError unless all blocks hold the same number of tokens. Torch ops and
+    Python ints only, so a compiled layer traces it (``layout`` may be a ``Geometry``)."""
+    geometry = _pure_torch.Geometry.of(layout)
+    axes = slice(3 - geometry.rank, 3)
+    grid, tile = geometry.grid[axes], geometry.tile[axes]
+    size = geometry.block_size
+    if any(g % t for g, t in zip(grid, tile)):
+        smallest = math.prod(g % t or t for g, t in zip(grid, tile))
+        raise ValueError(f"the authors' normaliser needs blocks of equal size; a {'x'.join(map(str, grid))} grid "
+                         f"in {'x'.join(map(str, tile))} tiles has blocks of {smallest} to {size} tokens (make the "
+                         "grid a multiple of the tile)")
+    slots = _pure_torch.cached_regrouping(geometry, device)[1]  # token t's slot b * size + position
+    if slots is None:  # 1D: blocks are consecutive runs of tokens
+        slots = torch.arange(geometry.num_tokens, device=device)
+    return slots // size, slots % size, size
 
 
 class _MHLALayer(nn.Module):
@@ -543,7 +565,8 @@ class _MHLALayer(nn.Module):
                                            masking=self.masking, feature_map=self.feature_map,
                                            normalize=self.normalize, regrouped=self._regrouped())
         else:
-            layout = self._layout(tokens)
+            # Compiled, the operator takes the layout as plain values.
+            layout = self._geometry(tokens) if _pure_torch.compiling() else self._layout(tokens)
             o = self.attend(q, k, v, self.mixing(layout.num_blocks), layout)
         o = o.reshape(batch, tokens, -1)
         if self.pos_conv is not None:

@@ -149,6 +149,7 @@ def test_swapping_attention_in_a_model():
 
 
 def test_readme_and_docs_python_examples_run():
+    import importlib.util
     import pathlib
     import re
 
@@ -159,6 +160,10 @@ def test_readme_and_docs_python_examples_run():
     blocks = re.findall(r"```python\n(.*?)```", section + docs, re.S)
     assert len(blocks) >= 3
     for block in blocks:
+        # The torch.compile and timm examples need torch 2.x and timm.
+        if ("torch.compile" in block and not hasattr(torch, "compile")) or \
+                ("import timm" in block and importlib.util.find_spec("timm") is None):
+            continue
         namespace = {}
         exec(compile(block, "README.md", "exec"), namespace)
         if "Block" in namespace:

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Makes (once per machine) and prints the path of a virtual environment with a
+# current torch from PyPI, for the Python tests' second tier: torch.compile,
+# timm, and everything else again on torch 2.x. Debian's interpreter, without
+# Debian's site packages (whose torch is 1.13). PyPI's Linux torch is the CUDA
+# build with NVIDIA's runtime libraries, about 4.7 GB installed; the
+# environment is kept under ~/.cache (MHLA_TORCH2_ENV elsewhere) and reused
+# while its pins stay the same.
+set -euo pipefail
+
+pins=(torch==2.11.0 torchvision==0.26.0 timm==1.0.31 numpy==2.4.6 pytest==9.2.0)
+env_dir=${MHLA_TORCH2_ENV:-$HOME/.cache/mhla/torch-2.11.0}
+stamp="$env_dir/.mhla-pins"
+
+if [[ ! -f "$stamp" || "$(cat "$stamp")" != "${pins[*]}" ]]; then
+  echo "making the torch 2.x environment in $env_dir (a download of about 3 GB)" >&2
+  rm -rf "$env_dir"
+  /usr/bin/python3 -m venv "$env_dir"
+  "$env_dir/bin/python" -m pip install --quiet --disable-pip-version-check "${pins[@]}" >&2
+  echo "${pins[*]}" > "$stamp"
+fi
+echo "$env_dir"
