@@ -14,10 +14,9 @@ import functools
 from typing import List, Optional, Tuple
 
 import torch
-from torch.utils.dlpack import from_dlpack
-
 from . import _core, _unpickle
 from ._pure_torch import Geometry
+from ._torch_operands import operand, tensors
 
 AVAILABLE = hasattr(torch.library, "custom_op") and hasattr(torch.library, "register_autograd")
 
@@ -29,10 +28,6 @@ def _options(rank, grid, tile, masking, feature_map, normalize, eps, scale, mixi
     """The extension's Options for these plain values; a model calls with the same few."""
     return _core.Options(_unpickle.layout(rank, grid, tile), masking=masking, feature_map=feature_map,
                          normalize=normalize, eps=eps, scale=scale, mixing=mixing)
-
-
-def _operand(t):
-    return t.detach().contiguous()
 
 
 def _summaries_like(q, v, w, rank, grid, tile):
@@ -48,9 +43,8 @@ if AVAILABLE:
                 mixing: str) -> Tuple[Tensor, Tensor, Tensor]:
         """``(o, summaries, mixed)``: the output and the state its backward reads."""
         options = _options(rank, tuple(grid), tuple(tile), masking, feature_map, normalize, eps, scale, mixing)
-        return tuple(from_dlpack(t) for t in _core.forward(_operand(q), _operand(k), _operand(v), _operand(w),
-                                                           options=options, save_summaries=True,
-                                                           save_mixed=True))
+        return tensors(*_core.forward(operand(q), operand(k), operand(v), operand(w), options=options,
+                                      save_summaries=True, save_mixed=True))
 
     @forward.register_fake
     def _(q, k, v, w, rank, grid, tile, masking, feature_map, normalize, eps, scale, mixing):
@@ -66,9 +60,9 @@ if AVAILABLE:
         options = _options(rank, tuple(grid), tuple(tile), masking, feature_map, normalize, eps, scale, mixing)
         # The state is forward's own, passed on by the autograd formula below: as in mhla.torch's
         # autograd function, no fingerprint check is needed.
-        return tuple(from_dlpack(t) for t in _core._backward_private_state(
-            *(_operand(t) for t in (q, k, v, w, o, grad_o)), summaries=_operand(summaries),
-            mixed=_operand(mixed), options=options))
+        return tensors(*_core._backward_private_state(
+            *(operand(t) for t in (q, k, v, w, o, grad_o)), summaries=operand(summaries),
+            mixed=operand(mixed), options=options))
 
     @backward.register_fake
     def _(q, k, v, w, o, grad_o, summaries, mixed, *options):

@@ -35,6 +35,7 @@ from torch import nn
 from torch.utils.dlpack import from_dlpack
 
 from . import _core, _custom_ops, _pure_torch
+from ._torch_operands import operand as _operand, tensors as _tensors
 from .streaming import Decoder, offsets
 
 __all__ = [
@@ -52,15 +53,6 @@ __all__ = [
     "MHLA3d",
     "MHLA1dCache",
 ]
-
-
-def _operand(t):
-    # The extension reads the memory directly: no graph, C order.
-    return t.detach().contiguous()
-
-
-def _tensors(*buffers):
-    return tuple(from_dlpack(b) for b in buffers)
 
 
 class _MHLAFunction(torch.autograd.Function):
