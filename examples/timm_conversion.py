@@ -17,7 +17,6 @@ Data: the last 5,000 of the 60,000 training images are the validation split
 """
 import argparse
 import copy
-import gzip
 import json
 import math
 import os
@@ -30,33 +29,20 @@ import timm
 import torch
 import torch.nn.functional as F
 
+import fashion_mnist
 from mhla.timm import swap_attention
-
-DATA = "/usr/share/datasets/fashion-mnist"
-VALIDATION = 5000
-
-
-def read_idx(name):
-    with gzip.open(os.path.join(DATA, name)) as f:
-        data = f.read()
-    dims = data[3]
-    shape = [int.from_bytes(data[4 + 4 * i:8 + 4 * i], "big") for i in range(dims)]
-    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * dims).reshape(shape)
 
 
 def load():
-    train_x, train_y = read_idx("train-images-idx3-ubyte.gz"), read_idx("train-labels-idx1-ubyte.gz")
-    test_x, test_y = read_idx("t10k-images-idx3-ubyte.gz"), read_idx("t10k-labels-idx1-ubyte.gz")
-    images = torch.from_numpy(train_x[:-VALIDATION].astype(np.float32) / 255)
+    raw = fashion_mnist.splits()
+    images = torch.from_numpy(raw["train"][0].astype(np.float32) / 255)
     mean, std = images.mean().item(), images.std().item()
 
     def prepare(x, y):
         return (torch.from_numpy(x.astype(np.float32) / 255).sub(mean).div(std).unsqueeze(1),
                 torch.from_numpy(y.astype(np.int64)))
 
-    return {"train": prepare(train_x[:-VALIDATION], train_y[:-VALIDATION]),
-            "validation": prepare(train_x[-VALIDATION:], train_y[-VALIDATION:]),
-            "test": prepare(test_x, test_y)}
+    return {name: prepare(*split) for name, split in raw.items()}
 
 
 def make_model(args):
