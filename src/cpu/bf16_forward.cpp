@@ -30,9 +30,8 @@ bool Bf16Forward::forward(const bfloat16* q, const bfloat16* k, const bfloat16* 
   const size_t total = size_t(task_count(p_) * p_.dims.dk * x1_);
   float* mixed = mixed_out ? mixed_out : scratch<float>(Scratch::mixed, total);
   if (!summaries_out && !mixed_out && mixer_.takes_summary_pairs()) {
-    // Nothing kept: the summaries go straight to the mix's bfloat16 pairs (at
-    // N = 65536 the forward took 26.2-27.1 instead of 29.0-29.4 ms: no float
-    // array written and read, no packing in the mix).
+    // Nothing kept: the summaries go straight to the mix's bfloat16 pairs (no
+    // float array written and read, no packing in the mix).
     const int64_t slices = p_.dims.batch * p_.dims.heads;
     uint16_t* pairs = scratch<uint16_t>(
         Scratch::summary_pairs, size_t(slices * ((p_.blocks + 1) / 2) * p_.dims.dk * x1_ * 2));
@@ -46,8 +45,8 @@ bool Bf16Forward::forward(const bfloat16* q, const bfloat16* k, const bfloat16* 
   // backward reads S~ and never o (g . o = phi(q) . dy S~^T), so every
   // gradient is that of the same rounded S~ the read-out used. On the test
   // catalogue the largest grad_q error went from 0.0050 to 0.0083 and
-  // grad_w's from 0.044 to 0.047 (the others unchanged); at N = 65536 the
-  // forward took 28.4-29.1 instead of 32.1-32.3 ms. (Mixed in float while
+  // grad_w's from 0.044 to 0.047 (the others unchanged), for a faster
+  // forward in mhla_bench's bfloat16 table. (Mixed in float while
   // backward read the rounded o, the two terms of the read-out's gradient
   // cancelled unevenly: grad_q's error reached 0.30.)
   mixer_.mix_bf16(summaries, mixed);
@@ -72,9 +71,8 @@ void Bf16Forward::compute_summaries(const bfloat16* k, const bfloat16* v, float*
     for (int64_t task = 0; task < tasks; ++task) {
       const BlockTask t = block_task(p_, task);
       // The rows two tasks ahead: the bfloat16 product is too short for the
-      // next task's 1,300 lines to arrive in time (at N = 65536 this phase
-      // took 12.0-12.4 ms requesting the next task's, 10.3-10.9 two ahead;
-      // the read-out gained nothing from it).
+      // next task's lines to arrive in time (mhla_bench's bfloat16 table; the
+      // read-out gained nothing from it).
       next_rows.clear();
       if (task + 2 < tasks) {
         const BlockTask next = block_task(p_, task + 2);
@@ -149,8 +147,7 @@ bool Bf16Forward::compute_outputs(const bfloat16* q, const float* mixed, bfloat1
                       y.data(), d.dv, next_rows.prefetch());
       if (p_.normalize) gemv(t.rows, d.dk, u.data(), d.dk, mixed_i + d.dv, x1_, den.data());
       // o's rows scaled and rounded in one pass over the block (row by row,
-      // through a streaming row writer, this took 5.7 of the phase's 27.2
-      // Mcycles on one thread of two at N = 65536).
+      // through a streaming row writer, this was a fifth of the phase).
       for_each_row(p_.table, t.block, t.v,
                    [&](int64_t row, int64_t offset) { o_rows[size_t(row)] = o + offset; });
       float probe = 0;

@@ -15,11 +15,9 @@ namespace mhla::cpu {
 
 // dst[p * n + j] = b[j * ldb + p] for j < n, p < k: B^T of a row-major [n, k]
 // B, for products that read their B operand by rows. float by the SIMD
-// kernel (in registers on AVX-512: element by element the transposes took
-// 5.9% of the forward+backward at N = 16384); double sixteen rows of B at a
-// time, so that each row of dst is written sixteen values at a stretch (a
-// row-by-row loop made the causal forward+backward 1.09x slower at
-// N = 65536).
+// kernel (in registers on AVX-512); double sixteen rows of B at a time, so
+// that each row of dst is written sixteen values at a stretch (a row-by-row
+// loop made the causal forward+backward slower).
 inline void transpose(const float* b, int64_t ldb, int64_t n, int64_t k, float* dst) {
   simd::transpose(b, ldb, n, k, dst);
 }
@@ -56,8 +54,8 @@ void bf16_block_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const fl
 // sums[a * ld_sums] = sum_r tile[r, a]: z_b = phi(K_b)^T 1, one column apart
 // from the GEMMs, whose SIMD tiles would spend a whole pass on it. The sums
 // build up in a contiguous row, so that the loop over a vectorises, and are
-// then written to their strided column (summing into the column itself took
-// 5.6% of the forward at N = 16384).
+// then written to their strided column (summing into the column itself
+// slowed mhla_bench's forward).
 template <typename T>
 void column_sums(const T* tile, int64_t rows, int64_t width, T* sums, int64_t ld_sums) {
   thread_local std::vector<T> row;

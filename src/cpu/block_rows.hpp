@@ -101,8 +101,8 @@ void gather_rows(const mhla::detail::BlockTableView& layout, int64_t block, Feat
                  const T* src, HeadSlice s, int64_t width, T* tile, int64_t ld) {
   // float: phi applied as each run of consecutive tokens is copied, by the
   // SIMD kernel. The kernels request the rows during the product before (see
-  // RowLines), so the copy reads cache: when it read memory, fusing the exp
-  // of elu+1 into it made the forward 1.35x slower at N = 16384.
+  // RowLines), so the copy reads cache (when it read memory, fusing the exp
+  // of elu+1 into it made mhla_bench's forward slower).
   if constexpr (std::is_same_v<T, float>) {
     if (phi != FeatureMap::identity) {
       int64_t row = 0;
@@ -208,12 +208,11 @@ inline void gather_row_pairs(const mhla::detail::BlockTableView& layout, int64_t
 
 // The scatters below write their rows through the thread's RowWriter for dst
 // (which says whether they add to it; its mode is read once and the rows it
-// targets are restrict: otherwise GCC left these loops scalar, and grad_v's
-// scatter took 3x as long), and also return whether every value they wrote is finite
-// (x * 0 is NaN exactly when x is infinite or NaN; a sum of two finite values
-// can overflow). Folded into the rows' writes the probe timed within noise;
-// the separate passes over the source tiles it replaces were 1.2% of a
-// forward+backward profile.
+// targets are restrict: otherwise GCC left these loops scalar), and also
+// return whether every value they wrote is finite (x * 0 is NaN exactly when
+// x is infinite or NaN; a sum of two finite values can overflow). Folded into
+// the rows' writes the probe costs nothing measurable, where separate passes
+// over the source tiles showed in a forward+backward profile.
 
 // Gradient of phi(x) back to x, given features = phi(x) as a tile:
 //   dst[token, d] = phi'(x) * (grad[row, d] + b[row, d] + (accumulating ? dst[token, d] : 0))
@@ -304,11 +303,10 @@ bool scatter_rows(const mhla::detail::BlockTableView& layout, int64_t block, con
 // rows formed, rounded, probed and (when the writer streams) streamed by one
 // call of simd::narrow_gradients, so only where
 // simd::bf16_products_available(); `bias` (RowBias) is added to grad's
-// rows first. Accumulating reads the old bfloat16 values. (Formed
-// in a float row and narrowed row by row through the writer's buffer, the two
-// scatters of key_value_gradients took 16.5 Mcycles of its 52 on one thread
-// of two at N = 65536; one pass a row brought the phase from 19.2-20.3 to
-// 18.2-19.2 ms, and one call a block, with dz as the bias, to 16.6-16.7.)
+// rows first. Accumulating reads the old bfloat16 values. (One call a block,
+// with dz as the bias, is what made key_value_gradients' bfloat16 scatters
+// cheap in mhla_bench: formed in a float row and narrowed row by row through
+// the writer's buffer, they were a third of the phase.)
 inline bool scatter_through_feature(const mhla::detail::BlockTableView& layout, int64_t block,
                                     FeatureMap phi, const float* features, const float* grad,
                                     int64_t ld, HeadSlice s, int64_t width,

@@ -18,8 +18,7 @@ using mhla::detail::value_of;
 
 // Per-thread tiles start on cache lines, and tiles of Dv + 1 columns have
 // rows of whole lines (ld_x1_): rows at a 16-byte offset made the products'
-// vector loads straddle two lines (on Zen 5 at N = 16384, H = 8 the forward
-// took 1.04x and output_gradients 1.1x as long).
+// vector loads straddle two lines (a slower forward and backward in mhla_bench).
 template <typename T>
 using Tile = mhla::detail::LineAlignedVector<T>;
 
@@ -35,8 +34,8 @@ void gather_values_with_ones(const mhla::detail::BlockTableView& layout, int64_t
 // tile[a, 0:Dv] = S[a, 0:Dv]: the S part of a [Dk, Dv + 1] mixed summary as
 // the read-out's B operand. In the summary's own layout every row starts off
 // a cache line, so every vector load of the product straddles two; the copy
-// made the forward 1.04x faster at N = 16384, H = 8 (Zen 5). (The same copy of
-// dS for key_value_gradients' dV product changed nothing.)
+// makes mhla_bench's forward faster. (The same copy of dS for
+// key_value_gradients' dV product gained nothing.)
 template <typename T>
 void summary_part(const T* summary, int64_t dk, int64_t dv, T* tile) {
   for (int64_t a = 0; a < dk; ++a)
@@ -48,9 +47,8 @@ void summary_part(const T* summary, int64_t dk, int64_t dv, T* tile) {
 // over row tiles of kTriangleTile rows, each reading only the columns up to
 // the end of its own tile: 56% of the full products' work at C = 256. The
 // skipped terms are exact zeros, so each sum is the full one, bit for bit.
-// Entries right of a row's tile are never written nor read. With tiles of 32
-// rows the causal forward at N = 16384 (C = 128) took 24.5-25.1 ms, against
-// 25.6-28.4 ms with 64 and 25.6 ms with 16 (Zen 5, AVX-512).
+// Entries right of a row's tile are never written nor read. 32 rows: the
+// fastest of 16, 32 and 64 in mhla_bench's causal table (AVX-512).
 constexpr int64_t kTriangleTile = 32;
 
 // a = mask(x y^T), a [rows, rows]; x and y are [rows, width] with rows ld
@@ -190,8 +188,7 @@ void ChunkedAttention<T>::compute_summaries(const S* k, const S* v, T* summaries
       gather_rows(p_.table, t.block, p_.phi, k, t.qk, d.dk, kap.data(), d.dk);
       // V_b gathered into a tile even when it is one run of tokens: read in
       // place, its rows H * Dv floats apart fall into a few sets of L1 and
-      // evict each other while the product re-reads them for every row tile
-      // (this phase took 4.46 instead of 3.75 ms at N = 16384, H = 8).
+      // evict each other while the product re-reads them for every row tile.
       gather_rows(p_.table, t.block, FeatureMap::identity, v, t.v, d.dv, vals.data(), d.dv);
       // S_b = phi(K_b)^T V_b in the first Dv columns of [S_b | z_b] ...
       T* s = summaries + t.summary;
@@ -322,9 +319,8 @@ bool ChunkedAttention<T>::output_gradients(const S* q, const S* k, const S* v, c
       // writes during the last (a product requests one line per step: one
       // alone has too few steps for all of them). For bfloat16 tokens, q and
       // grad_o two tasks ahead, as the forward's summaries do: the product on
-      // bfloat16 operands is too short for them to arrive in time (at
-      // N = 65536 the backward took 60.5-61.6 instead of 61.9-63.1 ms; the
-      // same for k and v in key_value_gradients changed nothing).
+      // bfloat16 operands is too short for them to arrive in time (mhla_bench's
+      // bfloat16 table; the same for k and v in key_value_gradients gained nothing).
       next_reads.clear();
       next_writes.clear();
       constexpr int64_t kAhead = std::is_same_v<S, bfloat16> ? 2 : 1;
@@ -367,15 +363,13 @@ bool ChunkedAttention<T>::output_gradients(const S* q, const S* k, const S* v, c
       // o = y[:Dv] / den:  dy[:Dv] = g / den,  dy[Dv] = -(g . o) / den.
       // o = scale y[:Dv]:  dy[:Dv] = scale g,  dy[Dv] = 0.
       // g . o is formed from the products below rather than read: o is never
-      // read (at N = 65536, H = 8 a pass over 134 MB; the backward with both
-      // arrays saved took 75.0-79.5 instead of 78.6-81.5 ms, four runs each,
-      // Zen 5). grad_o is read in place, row by row (the line requests have
-      // brought it into cache): copying it into a tile first cost a
-      // memory-speed pass.
+      // read (a pass over an array as large as v; mhla_bench's "f+b sav").
+      // grad_o is read in place, row by row (the line requests have brought it
+      // into cache): copying it into a tile first cost a memory-speed pass.
       for_each_row(p_.table, t.block, t.v, [&](int64_t r, int64_t offset) {
         const S* gr = grad_o + offset;
-        // (Beside the line requests: the bfloat16 backward at N = 65536 took
-        // 62.4-65.1 instead of 64.1-66.7 ms; float within noise.)
+        // (Beside the line requests it helps the bfloat16 backward in
+        // mhla_bench; the float one is unchanged.)
         prefetch_ahead(gr, t.v.stride, d.dv);
         T* dyr = dy.data() + r * ld_x1_;
         const T factor = p_.normalize ? T(1) / (den[r] + eps) : scale;
@@ -395,9 +389,9 @@ bool ChunkedAttention<T>::output_gradients(const S* q, const S* k, const S* v, c
       // P = dy[:, :Dv] S~_i^T, on bfloat16 operands for bfloat16 tokens. Its
       // two terms cancel when normalised, but g . o below comes from the same
       // P, so they cancel consistently: on the test catalogue grad_q's largest
-      // error went from 0.0083 (P in float) to 0.011, and at N = 65536 this
-      // phase took 25.4-26.2 instead of 28.0-28.6 ms. (While backward read
-      // the rounded o, P on bfloat16 operands took that error to 0.48.)
+      // error went from 0.0083 (P in float) to 0.011, for a faster phase in
+      // mhla_bench. (While backward read the rounded o, P on bfloat16 operands
+      // took that error to 0.48.)
       if constexpr (std::is_same_v<S, bfloat16>) {
         simd::pack_transposed_pairs(mixed_i, x1_, d.dk, d.dv, mixed_columns.data(), d.dk);
         simd::gemm_bf16(rows, d.dk, dv_pairs, {dy_columns.data(), dv_pairs, 1},
@@ -417,9 +411,7 @@ bool ChunkedAttention<T>::output_gradients(const S* q, const S* k, const S* v, c
       // dmixed_i's z column, phi(Q)^T dy[:, Dv], summed into dz below.
       std::fill(dz.begin(), dz.end(), T(0));
       // bfloat16, not causal: the row loop's steps as SIMD passes over the
-      // block (all dot products; dz = phi(Q)^T dy[:, Dv]; at N = 65536 this
-      // phase took 19.5-19.9 instead of 20.0-20.6 ms, minima of three
-      // alternating runs).
+      // block (all dot products; dz = phi(Q)^T dy[:, Dv]).
       bool rows_done = false;
       if constexpr (std::is_same_v<S, bfloat16>) {
         if (!p_.causal) {
@@ -441,12 +433,9 @@ bool ChunkedAttention<T>::output_gradients(const S* q, const S* k, const S* v, c
         //   dA = W[i,i] mask(dy [V|1]^T) = W[i,i] (B + dy[Dv] 1^T),
         //   dW[i,i] = <mask(dy [V|1]^T), A>, dphi(Q) += dA phi(K),
         //   dphi(K) = dA^T phi(Q),  d[V|1] = W[i,i] A^T dy
-        // while the row of A and B is in L1 (the causal backward at N = 65536
-        // took 219.8-220.8 ms so, 232.3-232.5 with a second pass over the
-        // triangle, and 229.4-230.2 reading o before).
-        // dz summed here row by row while the rows are in L1 (a pass over the
-        // tiles afterwards before; at N = 65536 the change was within noise,
-        // float and bfloat16).
+        // while the row of A and B is in L1 (a second pass over the triangle
+        // made mhla_bench's causal backward slower).
+        // dz is summed here row by row while the rows are in L1.
         T dw = 0;
         for (int64_t r = 0; r < rows; ++r) {
           // Row r of A and B (causal only: the other modes have no such tiles).
@@ -566,11 +555,11 @@ bool ChunkedAttention<T>::key_value_gradients(const S* k, const S* v, const T* s
         // On bfloat16 products: phi(K)'s pairs come rounded from its gather,
         // V's rows are copied as they are (not widened and packed again), and
         // dz, the ones' column, is added after the product, as the scatter
-        // forms grad_k: dphi(K) = V dS[:, :Dv]^T + 1 dz^T. At N = 65536 the
-        // backward took 60.3-61.9 against 59.7-62.4 ms (alternating runs:
-        // within noise). dz is rounded as dS is: added unrounded, it raised
-        // grad_k's largest error on the test catalogue from 0.015 to 0.021
-        // (and rounded value by value, the backward took 1.2 ms longer).
+        // forms grad_k: dphi(K) = V dS[:, :Dv]^T + 1 dz^T (as fast as widening
+        // and packing V in mhla_bench, with one copy fewer). dz is rounded as
+        // dS is: added unrounded, it raised grad_k's largest error on the test
+        // catalogue from 0.015 to 0.021 (and rounding it value by value was
+        // slower).
         gather_rows(p_.table, t.block, p_.phi, k, t.qk, d.dk, kap.data(), d.dk, kap_pairs.data(),
                     dk_pairs);
         gather_column_pairs(p_.table, t.block, v, t.v, d.dv, value_pairs.data(), dv_pairs);
@@ -594,8 +583,7 @@ bool ChunkedAttention<T>::key_value_gradients(const S* k, const S* v, const T* s
         // cost a copy of the tile per block). V is read in place when the
         // block is one run of tokens: the product reads each of its rows once
         // (dphi(K) is one column panel on AVX-512; narrower targets read them
-        // once per panel), so a gather was mostly a copy (this phase at
-        // N = 16384 took 7.19-7.24 instead of 7.32-7.49 ms).
+        // once per panel), so a gather was mostly a copy.
         const S* values = vals.data();
         int64_t ld_values = d.dv;
         if (const mhla::detail::TokenRun* run = p_.table.single_run(t.block)) {

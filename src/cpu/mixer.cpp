@@ -25,11 +25,9 @@ constexpr int64_t kChunkBytes = 256 * 1024;
 // out[r * ldo + b] = <a[r, :], s[b, :]> for r < rows, b < cols, over x
 // columns (a and s row-major with x columns): a column panel of dW. float on
 // the SIMD kernels: S^T formed once per panel (in registers on AVX-512), then one
-// product per chunk of the inner dimension. On Zen 5 the backward with both
-// summaries saved took 29.5 -> 27.9 ms at N = 16384 and 116 -> 110 ms at
-// N = 65536 against the BLAS pinned to AVX2, and the same as the unpinned
-// BLAS. (Without the chunks, or with S^T formed element by element, the
-// forward+backward had been 1.2-1.3x slower.)
+// product per chunk of the inner dimension: faster than the BLAS pinned to
+// AVX2 and as fast as the unpinned one in mhla_bench's "f+b sav" on AVX-512.
+// (Without the chunks, or with S^T formed element by element, it was slower.)
 void panel_inner_products(int64_t rows, int64_t cols, int64_t x, const float* a, const float* s,
                           float* out, int64_t ldo) {
   thread_local detail::LineAlignedVector<float> transposed;
@@ -50,9 +48,8 @@ void panel_inner_products(int64_t rows, int64_t cols, int64_t x, const double* a
 // The same panel on bfloat16 products (the bfloat16 backward), with `a` given
 // as pairs along x (a row's values rounded, in order) and s's rows packed as
 // transposed pairs chunk by chunk; the chunks' products are summed in order.
-// At N = 65536, H = 8 the bfloat16 backward took 58.8-60.7 instead of
-// 62.4-63.0 ms, and grad_w's largest error on the test catalogue went from
-// 0.052 to 0.054.
+// Faster than the float panel in mhla_bench's bfloat16 table; grad_w's
+// largest error on the test catalogue went from 0.052 to 0.054.
 void panel_inner_products_bf16(int64_t rows, int64_t cols, int64_t x, simd::PairStrided a,
                                const float* s, float* out, int64_t ldo) {
   thread_local detail::LineAlignedVector<uint32_t> s_pairs;
@@ -124,9 +121,8 @@ void DenseMixer<T>::mix(const T* summaries, T* mixed) const {
     const T* s = summaries + bh * ms * x_ + c0;
     T* out = mixed + bh * m * x_ + c0;
     // On the run-time dispatched SIMD kernels, not the BLAS: they use the
-    // cores' AVX-512 even when OpenBLAS is pinned to AVX2 (at M = 256 a
-    // [M, 1024] panel ran at 2x the pinned OpenBLAS; with AVX2 both run at
-    // the same rate).
+    // cores' AVX-512 even when OpenBLAS is pinned to AVX2 (with AVX2 both
+    // run at the same rate).
     if (!p_.lower_triangular()) {
       block_gemm(false, false, m, cols, ms, T(1), head_rows(bh), rows_ld(), s, x_, T(0), out, x_);
       return;
@@ -251,8 +247,7 @@ void DenseMixer<T>::backward(const T* mixed_grad, const T* summaries, const T* d
     // On bfloat16 products, the slice's dmixed rows as pairs along X, packed
     // once for all its panels: a thread's static share of the tasks is one
     // run, so a slice is packed twice only where two threads split it. Kept
-    // per thread: a fresh array per call (2 MiB at N = 65536) took away the
-    // products' gain (backward 63.0-63.4 against 62.8-63.7 ms).
+    // per thread: a fresh array per call took away the products' gain.
     thread_local detail::LineAlignedVector<uint32_t> grad_pairs;
     int64_t packed_slice = -1;
     // Rows i0.. of the panel's entries, out at row i0.
@@ -294,8 +289,7 @@ void DenseMixer<T>::backward(const T* mixed_grad, const T* summaries, const T* d
   }
 
   // Sum over the batch (and the heads when W is shared) in a fixed order, a
-  // row of dW at a time so that the sums vectorise (entry by entry they took
-  // 0.19 ms of the 5.3 ms mix backward at N = 16384, H = 8).
+  // row of dW at a time so that the sums vectorise.
   const int64_t copies = p_.per_head_mixing ? heads : 1, ld = p_.w_stride;
 #pragma omp parallel
   {

@@ -6,13 +6,10 @@
 // Such a result is not read again while the kernel runs. Written through the
 // cache, each of its lines is first read from memory (the write's ownership
 // request) and later evicted by the lines that follow; streamed, it goes to
-// memory once, and the rows the kernels request ahead arrive sooner. At
-// N = 65536, H = 8 (134 MB a gradient) streaming grad_q, grad_k and grad_v
-// by 16-byte stores made the backward with both arrays saved 1.04x faster
-// (81.2-82.8 against 84.5-86.2 ms, six runs each, Zen 5; the whole-line
-// stores of cpu/simd/stream_rows.hpp gained more), and elu+1 on the gathered
-// rows took 0.7x its time. Below the threshold rows stay in the
-// cache, where the caller's next operation finds them.
+// memory once, and the rows the kernels request ahead arrive sooner
+// (mhla_bench's backward at its largest N, whose gradients are four times
+// the last-level cache). Below the threshold rows stay in the cache, where
+// the caller's next operation finds them.
 //
 // Only rows of whole cache lines that start on a line are streamed (a partial
 // line would reach memory in pieces): rows are formed in a line-aligned
@@ -29,8 +26,7 @@ enum class RowWrite { overwrite, accumulate, stream };
 
 // Results of at least this many bytes are streamed: the last-level cache of
 // the machines measured (32 MiB; one cache, not the sum of all of them, is
-// what a core can keep). At N = 16384, H = 8 (32 MiB a result) streaming
-// timed within noise.
+// what a core can keep); at that size streaming gained nothing in mhla_bench.
 inline constexpr int64_t kStreamedResultBytes = int64_t(32) << 20;
 
 // How a kernel writes its [B, N, H, width] result of S, unless it adds to it:
@@ -53,8 +49,8 @@ RowWrite result_write(const mhla::detail::AttentionDims& d, int64_t width, const
 // formed at target(out), in full before the next call: `out` itself, or
 // streaming, a row of the writer's buffer, streamed out a few rows at a time
 // (one call of the SIMD kernel per group; rows formed in a block-sized tile
-// and streamed block by block left it in L1 less: the backward took about
-// 1.04x as long). Streamed stores are weakly ordered, so the destructor fences
+// and streamed block by block left it in L1 less, and the backward slower).
+// Streamed stores are weakly ordered, so the destructor fences
 // them, once per region (a fence per block would wait on each block's stores).
 template <typename T>
 class RowWriter {

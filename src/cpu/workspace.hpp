@@ -2,8 +2,8 @@
 // Scratch arrays kept by each calling thread between operator calls.
 //
 // The summary arrays are O(B H M Dk Dv); allocating them afresh on every call
-// (zeroing plus first-touch page faults) cost about a third of a forward pass
-// at N = 16384. Buffers only grow; their contents are unspecified, so every
+// (zeroing plus first-touch page faults) cost about a third of mhla_bench's
+// forward. Buffers only grow; their contents are unspecified, so every
 // kernel fully overwrites what it reads back.
 #include <cstddef>
 #include <memory>

@@ -231,9 +231,8 @@ MHLA_BF16_INLINE void Transpose16(__m512i w[16]) {
 MHLA_BF16_TARGET void pack_transposed_pairs_avx512(const float* src, int64_t lds, int64_t rows,
                                                    int64_t width, uint32_t* dst, int64_t ldd) {
   // Blocks of 16 rows by 16 pairs: a row's 32 values rounded are its 16 pairs
-  // in order, then the block is transposed in registers. [64, 65] took 215
-  // instead of 846 ns on Zen 5, where each pair's two columns had been
-  // gathered down the rows.
+  // in order, then the block is transposed in registers (four times as fast
+  // as gathering each pair's two columns down the rows).
   const int64_t pairs = (width + 1) / 2;
   for (int64_t p0 = 0; p0 < pairs; p0 += kLanes) {
     const int64_t values = std::min(2 * kLanes, width - 2 * p0);
@@ -291,8 +290,8 @@ MHLA_BF16_TARGET void feature_rows_avx512(const bfloat16* src, int64_t ld_src, f
   for (int64_t r = 0; r < rows; ++r) {
     const uint16_t* x = reinterpret_cast<const uint16_t*>(src + r * ld_src);
     // Beside the lines requested during the product before (RowLines), which
-    // the shorter bfloat16 products leave less time to arrive: the forward
-    // (both arrays saved) at N = 65536 took 33.3 instead of 36.4 ms.
+    // the shorter bfloat16 products leave less time to arrive (mhla_bench's
+    // bfloat16 table).
     prefetch_ahead(src + r * ld_src, ld_src, width);
     float* y = tile + r * ld;
     uint16_t* z = rounded ? rounded + r * ld_rounded : nullptr;
@@ -356,9 +355,8 @@ MHLA_BF16_INLINE __m512 RowFeatures(const uint16_t* x, int64_t n, __m512& acc, f
 // feature_row_pairs on columns j.. of V vectors (the last `last` wide), the
 // vectors' loops unrolled so that their sums stay in registers, and each pair
 // of rows rounded by one instruction and interleaved by one permute. (With a
-// run-time count of vectors and each row rounded and widened on its own, 256
-// rows of 64 took 2749 instead of 2117 ns in L1, and at N = 65536 the summary
-// phase's median 9.8-10.0 instead of 9.1 ms; Zen 5.)
+// run-time count of vectors and each row rounded and widened on its own, the
+// summary phase in mhla_bench's bfloat16 table was slower.)
 template <FeatureMap Phi, int V>
 MHLA_BF16_INLINE void FeatureRowPairsChunk(const uint16_t* bits, int64_t ld_src, int64_t first,
                                            int64_t rows, int64_t width, int64_t j, int64_t last,

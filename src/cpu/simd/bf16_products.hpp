@@ -1,8 +1,8 @@
 #pragma once
 // Block products with bfloat16 operands and float32 sums, on AVX512-BF16's
 // dot-product instruction (VDPBF16PS: each float lane adds the two products
-// of a pair of bfloat16s; on Zen 5 it does 1.86x the multiply-adds per second
-// of float FMA). The operands come as pairs along the inner dimension, one
+// of a pair of bfloat16s, nearly twice the multiply-adds per instruction of
+// float FMA). The operands come as pairs along the inner dimension, one
 // 32-bit word per pair: the bfloat16 of the even step in the low half, of the
 // odd step in the high half. Used by the bfloat16 operator when this CPU has
 // the instruction and the kernels run on AVX-512 (cpu/simd/isa.hpp); the
@@ -30,8 +30,7 @@ struct PairStrided {
 // The row stride, in words, to pack a B of `width` pairs a row with: the
 // width, plus 16 words when it is a multiple of 256 (1 KiB), so that the rows
 // of the 64 columns the kernel reads at a time do not share the same few L1
-// sets. (A [128, 1024] B ran at 483 GFLOP/s with its rows 4 KiB apart, and at
-// 518 with 16 words more; Zen 5.)
+// sets (rows 4 KiB apart made the product slower).
 inline int64_t padded_pair_stride(int64_t width) { return width % 256 == 0 ? width + 16 : width; }
 
 // C[m, n] = A[m, 2 pairs] B[2 pairs, n] in float32, with B's pairs row-major

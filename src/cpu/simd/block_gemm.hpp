@@ -22,7 +22,7 @@ struct Strided {
 // then arrive while the cores compute. The product spreads the requests over
 // the steps of its inner dimension; issued in one burst before it they made
 // no difference (requests beyond the free miss buffers are dropped), spread
-// out they made the forward about 7% faster at N = 16384. The lines come as
+// out they made mhla_bench's forward faster. The lines come as
 // runs of equally spaced rows, so that listing them costs nothing per line.
 struct LineRuns {
   struct Run {

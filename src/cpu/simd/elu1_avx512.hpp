@@ -37,14 +37,13 @@ __attribute__((target("avx512f"), always_inline)) inline __m512 elu1_from(__m512
 
 // To float precision (within 1.07 ulp of the exact value on every float input
 // from 0 down to -110; the form with Highway's Exp polynomial, within 0.99,
-// took 1.3x as long): exp(t) = 2^(k / 16) exp(r) with k = round(16 t / ln 2),
+// is slower): exp(t) = 2^(k / 16) exp(r) with k = round(16 t / ln 2),
 // from the add-and-subtract rounding, and |r| <= ln(2) / 32 from two steps
 // (ln(2) / 16 as a sum of two floats). 2^(j / 16) for j = k mod 16 comes from
 // a table of 16 (vpermps reads the low four bits of the rounded value's
 // pattern, which hold k mod 16), 2^floor(k / 16) from vscalefps (which floors
 // the exponent it is given), and exp(r) - 1 from r + r^2 / 2 + r^3 / 6 (the
-// next term is under 1e-8 relatively). On Zen 5, 16 Ki values in L1 took
-// 1534 instead of 1990 ns.
+// next term is under 1e-8 relatively).
 __attribute__((target("avx512f"), always_inline)) inline __m512 elu1_avx512(__m512 x) {
   const __m512 t = elu1_exp_argument(x);
   const __m512 shifter = _mm512_set1_ps(12582912.0f);  // 1.5 * 2^23: rounds to an integer
@@ -72,8 +71,8 @@ __attribute__((target("avx512f"), always_inline)) inline __m512 elu1_avx512(__m5
 // comes from the add-and-subtract rounding, r from one step with ln(2)
 // rounded to float (|n| <= 151: under 3e-7 more), and exp(r) from
 // 1 + r + r^2 (c2 + c3 r + c4 r^2), fitted for least relative error on that
-// interval. On Zen 5, 16 Ki values in L1 took 1293 ns, against 1967 with the
-// float-precision form of Highway's Exp polynomial (seven multiply-adds).
+// interval: fewer steps than the float-precision form of Highway's Exp
+// polynomial (seven multiply-adds).
 __attribute__((target("avx512f"), always_inline)) inline __m512 elu1_avx512_for_bf16(__m512 x) {
   const __m512 t = elu1_exp_argument(x);
   const __m512 shifter = _mm512_set1_ps(12582912.0f);  // 1.5 * 2^23: rounds to an integer

@@ -2,9 +2,9 @@
 // phi on float tiles as a SIMD kernel (compiled for every x86 instruction set,
 // chosen at run time like cpu/simd/block_gemm.hpp). On AVX-512, elu+1's
 // exponential is evaluated inline with the instruction set's rounding and
-// exponent-scaling operations, within 1 ulp of exp and 1.5x the rate of
-// glibc's vector expf (0.125 against 0.19 ns an element on Zen 5); below
-// AVX-512 glibc's expf is the faster, and the kernel uses it.
+// exponent-scaling operations, within 1 ulp of exp and faster than glibc's
+// vector expf; below AVX-512 glibc's expf is the faster, and the kernel uses
+// it.
 #include <cstdint>
 
 #include "mhla/options.hpp"

@@ -1,9 +1,8 @@
 #pragma once
 // Copying rows of whole cache lines with non-temporal (streaming) stores, as
 // a SIMD kernel compiled for every x86 instruction set and chosen at run time
-// like cpu/simd/block_gemm.hpp: on AVX-512 one store per line. (With SSE2's
-// stores of 16 bytes the float backward at N = 65536 took 74.5-76.1 ms, with
-// AVX-512's 72.5-73.5 in three runs of four and 79.5 in the fourth; Zen 5.)
+// like cpu/simd/block_gemm.hpp: on AVX-512 one store per line, which made
+// mhla_bench's backward at its largest N faster than SSE2's 16-byte stores.
 #include <cstdint>
 
 namespace mhla::cpu::simd {
