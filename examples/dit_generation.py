@@ -279,9 +279,12 @@ def train_one(kind, args, data, reference, classifier, *, lr, seed, steps, log):
         loss.backward()
         optimizer.step()
         schedule.step()
+        # The average's decay warms up as (1 + t) / (10 + t) towards --ema: a fixed 0.999 would keep
+        # half of the initial weights in the average after 700 steps.
+        decay = min(args.ema, (step + 1) / (step + 10))
         with torch.no_grad():
             for e, p in zip(ema.parameters(), model.parameters()):
-                e.lerp_(p, 1 - args.ema)
+                e.lerp_(p, 1 - decay)
         losses.append(loss.item())
         if (step + 1) % every == 0 or step + 1 == steps:
             record["loss"].append([step + 1, sum(losses) / len(losses)])
@@ -464,7 +467,8 @@ def parse():
     parser.add_argument("--width", type=positive, default=64)
     parser.add_argument("--depth", type=positive, default=4)
     parser.add_argument("--heads", type=positive, default=2)
-    parser.add_argument("--ema", type=float, default=0.999, help="decay of the weights' moving average")
+    parser.add_argument("--ema", type=float, default=0.999,
+                        help="largest decay of the weights' moving average (warmed up from 0.1)")
     parser.add_argument("--sample-steps", type=positive, default=25, help="Euler steps per sample")
     parser.add_argument("--samples", type=positive, default=2000, help="samples per model for the test FD")
     parser.add_argument("--eval-samples", type=positive, default=400, help="samples per validation FD")
