@@ -12,14 +12,14 @@ using namespace py::literals;
 namespace mhla::python {
 namespace {
 
-// An enum given as itself or by its name; anything else is a TypeError.
+// An enum given as itself or by its name; anything else is a TypeError. The
+// enum's Python name is passed in: pybind11 3 has no py::type::of<Enum>.
 template <typename Enum>
-Enum enum_of(const py::object& value, const char* name, Enum (*parse)(const std::string&)) {
+Enum enum_of(const py::object& value, const char* name, const char* enum_name,
+             Enum (*parse)(const std::string&)) {
   if (py::isinstance<py::str>(value)) return parse(value.cast<std::string>());
   if (py::isinstance<Enum>(value)) return value.cast<Enum>();
-  throw py::type_error(std::string(name) + " must be a str or mhla." +
-                       py::str(py::type::of<Enum>().attr("__name__")).cast<std::string>() +
-                       ", not " +
+  throw py::type_error(std::string(name) + " must be a str or mhla." + enum_name + ", not " +
                        py::str(py::type::of(value).attr("__name__")).cast<std::string>());
 }
 
@@ -36,17 +36,19 @@ T value_of(const py::object& value, const char* name, const char* type) {
 }  // namespace
 
 MixingForm mixing_form_of(const py::object& value) {
-  return enum_of<MixingForm>(value, "mixing", parse_mixing_form);
+  return enum_of<MixingForm>(value, "mixing", "MixingForm", parse_mixing_form);
 }
 
 void apply_keywords(const OptionKeywords& k, LinearAttentionOptions& o) {
-  if (!k.masking.is_none()) o.masking = enum_of<Masking>(k.masking, "masking", parse_masking);
+  if (!k.masking.is_none())
+    o.masking = enum_of<Masking>(k.masking, "masking", "Masking", parse_masking);
   apply_keywords(k, static_cast<ReadoutOptions&>(o));
 }
 
 void apply_keywords(const OptionKeywords& k, ReadoutOptions& o) {
   if (!k.feature_map.is_none())
-    o.feature_map = enum_of<FeatureMap>(k.feature_map, "feature_map", parse_feature_map);
+    o.feature_map =
+        enum_of<FeatureMap>(k.feature_map, "feature_map", "FeatureMap", parse_feature_map);
   if (!k.normalize.is_none()) {
     if (!py::isinstance<py::bool_>(k.normalize))
       throw py::type_error("normalize must be a bool, not " +
