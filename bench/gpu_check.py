@@ -4,14 +4,16 @@ On a machine with a CUDA device it
 1. runs python/tests/test_pure_torch.py with the torch path on CUDA tensors, against the C++
    operator on the CPU (MHLA_TEST_DEVICE=cuda);
 2. times forward and forward+backward of mhla.torch.mhla_attention at four shapes (bf16, B = 1),
-   next to SDPA's FlashAttention and cuDNN backends in the same process (medians of CUDA-event
+   next to the plain einsum formulation (non-causal shapes) and SDPA's FlashAttention and cuDNN
+   backends in the same process (medians of CUDA-event
    timings), with the peak memory of MHLA's forward+backward;
 3. prints the table and writes it as JSON.
 Without a CUDA device it says so and exits 0: there is nothing to check.
 
-    PYTHONPATH=build/python python3 bench/gpu_check.py [--json bench/results/gpu-check.json] [--skip-tests]
+    PYTHONPATH=build/python python3 bench/gpu_check.py [--json bench/results/gpu-check.json] [--skip-tests] [--workers N]
 """
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -77,6 +79,25 @@ def sdpa(backend_name, causal):
     return run
 
 
+def einsum_mhla(w, blocks):
+    """Non-causal MHLA as the plain einsum formulation (the paper authors' form), every op in the
+    inputs' dtype, on tokens already in block order: the yardstick the pure-torch path must match."""
+    w = w.to(torch.bfloat16)
+
+    def run(q, k, v):
+        b, n, h, d = q.shape
+        fq = (torch.nn.functional.elu(q) + 1).view(b, blocks, n // blocks, h, d)
+        fk = (torch.nn.functional.elu(k) + 1).view(b, blocks, n // blocks, h, d)
+        mixed = torch.einsum("ij,bjhde->bihde", w, torch.einsum("bmchd,bmche->bmhde", fk,
+                                                                  v.view(b, blocks, n // blocks, h, -1)))
+        mixed_sums = torch.einsum("ij,bjhd->bihd", w, fk.sum(2))
+        numerator = torch.einsum("bmchd,bmhde->bmche", fq, mixed)
+        denominator = torch.einsum("bmchd,bmhd->bmch", fq, mixed_sums)
+        return (numerator / (denominator[..., None] + 1e-6)).reshape(b, n, h, -1)
+
+    return run
+
+
 def time_shape(name, tokens, heads, dim, layout, masking):
     device = torch.device("cuda")
     gen = torch.Generator(device=device).manual_seed(0)
@@ -97,6 +118,8 @@ def time_shape(name, tokens, heads, dim, layout, masking):
     ours(*leaves).backward(torch.randn(1, tokens, heads, dim, device=device, dtype=torch.bfloat16))
     torch.cuda.synchronize()
     row["mhla_fwdbwd_peak_mib_above_inputs"] = (torch.cuda.max_memory_allocated() - base) / 2 ** 20
+    row["einsum_fwd_ms"], row["einsum_fwdbwd_ms"] = (
+        fwd_and_fwdbwd(einsum_mhla(w, layout.num_blocks), (q, k, v)) if masking == "none" else (None, None))
     for label, backend_name in (("flash", "FLASH_ATTENTION"), ("cudnn", "CUDNN_ATTENTION")):
         run = sdpa(backend_name, masking == "causal")
         try:
@@ -106,8 +129,9 @@ def time_shape(name, tokens, heads, dim, layout, masking):
             fwd, fwdbwd = None, None
         row[f"{label}_fwd_ms"], row[f"{label}_fwdbwd_ms"] = fwd, fwdbwd
     for kind in ("fwd", "fwdbwd"):
-        cudnn = row[f"cudnn_{kind}_ms"]
-        row[f"mhla_over_cudnn_{kind}"] = row[f"mhla_{kind}_ms"] / cudnn if cudnn else None
+        for other in ("cudnn", "einsum"):
+            theirs = row[f"{other}_{kind}_ms"]
+            row[f"mhla_over_{other}_{kind}"] = row[f"mhla_{kind}_ms"] / theirs if theirs else None
     return row
 
 
@@ -119,6 +143,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", default="bench/results/gpu-check.json", help="where to write the results")
     parser.add_argument("--skip-tests", action="store_true", help="only the timings")
+    parser.add_argument("--workers", type=int, default=1, help="pytest-xdist workers for the tests, where installed")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print(f"no CUDA device (torch {torch.__version__}): nothing to check here")
@@ -129,19 +154,21 @@ def main():
     if not args.skip_tests:
         here = os.path.dirname(os.path.abspath(__file__))
         env = dict(os.environ, MHLA_TEST_DEVICE="cuda")
-        tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+        workers = ["-n", str(args.workers)] if args.workers > 1 and importlib.util.find_spec("xdist") else []
+        tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *workers,
                                 os.path.join(here, "..", "python", "tests", "test_pure_torch.py")],
                                env=env).returncode
         print(f"test_pure_torch.py on cuda: {'passed' if tests == 0 else 'FAILED'}")
     rows = [time_shape(*shape) for shape in SHAPES]
-    print("\n| shape | MHLA fwd / fwd+bwd ms | FlashAttention fwd / fwd+bwd | cuDNN fwd / fwd+bwd | "
-          "MHLA / cuDNN fwd, fwd+bwd | MHLA fwd+bwd peak MiB |")
-    print("|---|---|---|---|---|---|")
+    print("\n| shape | MHLA fwd / fwd+bwd ms | einsum MHLA | FlashAttention | cuDNN | "
+          "MHLA / einsum fwd, fwd+bwd | MHLA / cuDNN fwd, fwd+bwd | MHLA fwd+bwd peak MiB |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['shape']} | {cell(r['mhla_fwd_ms'])} / {cell(r['mhla_fwdbwd_ms'])} | "
-              f"{cell(r['flash_fwd_ms'])} / {cell(r['flash_fwdbwd_ms'])} | {cell(r['cudnn_fwd_ms'])} / "
-              f"{cell(r['cudnn_fwdbwd_ms'])} | {cell(r['mhla_over_cudnn_fwd'], 2)}, "
-              f"{cell(r['mhla_over_cudnn_fwdbwd'], 2)} | {r['mhla_fwdbwd_peak_mib_above_inputs']:.0f} |")
+        times = " | ".join(f"{cell(r[f'{name}_fwd_ms'])} / {cell(r[f'{name}_fwdbwd_ms'])}"
+                           for name in ("mhla", "einsum", "flash", "cudnn"))
+        ratios = " | ".join(f"{cell(r[f'mhla_over_{name}_fwd'], 2)}, {cell(r[f'mhla_over_{name}_fwdbwd'], 2)}"
+                            for name in ("einsum", "cudnn"))
+        print(f"| {r['shape']} | {times} | {ratios} | {r['mhla_fwdbwd_peak_mib_above_inputs']:.0f} |")
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     with open(args.json, "w") as f:
         json.dump({"device": device_name, "torch": torch.__version__, "tests_exit_code": tests, "shapes": rows},

@@ -5,7 +5,8 @@
 # for the machine's python3 (its torch) and runs bench/gpu_check.py, the
 # check of mhla.torch's pure-torch path on CUDA tensors. Where the machine lacks the Debian
 # packages, the .deb files in gpu-deps/ (scripts/gpu_deps.sh) are unpacked and
-# built against. Logs go to $OUT (default /tmp/mhla-gpu-check).
+# built against. MHLA_GPU_CHECK_PARTS="python" (or "cuda") runs one stage only.
+# Logs go to $OUT (default /tmp/mhla-gpu-check).
 #
 #   bash scripts/gpu_check.sh [benchmark repeats]
 set -euo pipefail
@@ -39,33 +40,38 @@ if compgen -G "gpu-deps/*.deb" > /dev/null; then
   done
 fi
 
-nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
-echo "== configure (logs: $out) =="
-if ! cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DMHLA_WITH_CUDA=ON \
-  -DCMAKE_CUDA_COMPILER="$nvcc" -DMHLA_BUILD_TOOLS=OFF -DMHLA_BUILD_PYTHON=OFF \
-  -DMHLA_WITH_MPI=OFF -DCMAKE_PREFIX_PATH="$root/usr" > "$out/configure.log" 2>&1; then
-  tail -40 "$out/configure.log"
-  exit 1
-fi
-echo "== build =="
-if ! cmake --build build-gpu -j "$(nproc)" --target mhla_cuda_tests mhla_cuda_operator_bench \
-  > "$out/build.log" 2>&1; then
-  grep -m 30 -A 6 -E "error|Error" "$out/build.log"
-  exit 1
-fi
-
 lib=$root/usr/lib/x86_64-linux-gnu
 export LD_LIBRARY_PATH="$lib/openblas-openmp:$lib:$root/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt" || true
-
-echo "== tests =="
 status=0
-./build-gpu/tests/mhla_cuda_tests --gtest_brief=1 > "$out/tests.log" 2>&1 || status=$?
-grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests? ran" "$out/tests.log" | tail -20
-grep -m 40 -B 1 -A 8 "Failure" "$out/tests.log" || true
 
-echo "== benchmark =="
-./build-gpu/bench/mhla_cuda_operator_bench "${1:-5}" | tee "$out/bench.txt" || status=1
+# MHLA_GPU_CHECK_PARTS picks the stages: "cuda" (the C++ backend), "python" (the torch path).
+parts=" ${MHLA_GPU_CHECK_PARTS:-cuda python} "
+if [[ "$parts" == *" cuda "* ]]; then
+  nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+  echo "== configure (logs: $out) =="
+  if ! cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DMHLA_WITH_CUDA=ON \
+    -DCMAKE_CUDA_COMPILER="$nvcc" -DMHLA_BUILD_TOOLS=OFF -DMHLA_BUILD_PYTHON=OFF \
+    -DMHLA_WITH_MPI=OFF -DCMAKE_PREFIX_PATH="$root/usr" > "$out/configure.log" 2>&1; then
+    tail -40 "$out/configure.log"
+    exit 1
+  fi
+  echo "== build =="
+  if ! cmake --build build-gpu -j "$(nproc)" --target mhla_cuda_tests mhla_cuda_operator_bench \
+    > "$out/build.log" 2>&1; then
+    grep -m 30 -A 6 -E "error|Error" "$out/build.log"
+    exit 1
+  fi
+
+  echo "== tests =="
+  ./build-gpu/tests/mhla_cuda_tests --gtest_brief=1 > "$out/tests.log" 2>&1 || status=$?
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests? ran" "$out/tests.log" | tail -20
+  grep -m 40 -B 1 -A 8 "Failure" "$out/tests.log" || true
+
+  echo "== benchmark =="
+  ./build-gpu/bench/mhla_cuda_operator_bench "${1:-5}" | tee "$out/bench.txt" || status=1
+fi
+[[ "$parts" == *" python "* ]] || exit $status
 
 echo "== the Python package's torch path on CUDA tensors (bench/gpu_check.py) =="
 py=$(command -v python3)
@@ -76,7 +82,7 @@ elif pybind=$("$py" -m pybind11 --cmakedir 2> /dev/null) &&
     -DMHLA_BUILD_TESTS=OFF -DMHLA_WITH_MPI=OFF -DMHLA_BUILD_PYTHON=ON -DPython_EXECUTABLE="$py" \
     -Dpybind11_DIR="$pybind" -DCMAKE_PREFIX_PATH="$root/usr" > "$out/configure-python.log" 2>&1 &&
   cmake --build build-gpu-python -j "$(nproc)" --target mhla_python > "$out/build-python.log" 2>&1; then
-  PYTHONPATH=$PWD/build-gpu-python/python "$py" bench/gpu_check.py --json "$out/gpu-check.json" \
+  PYTHONPATH=$PWD/build-gpu-python/python "$py" bench/gpu_check.py --json "$out/gpu-check.json" --workers 4 \
     2>&1 | tee "$out/gpu-check.txt" || status=1
 else
   echo "the Python package did not build (logs: $out/configure-python.log, $out/build-python.log)"

@@ -4,13 +4,16 @@
 ``backend="torch"``); gradients come from torch's autograd. Every mode of the
 operator's contract (docs/operator.md): 1D/2D/3D layouts with ragged edge
 blocks, causal (1D) and block-causal masking, dense or Toeplitz, shared or
-per-head mixing, the three feature maps, normalized or not. bfloat16 and
-float16 inputs are computed in float32 (summaries and sums included) and the
-result rounded back.
+per-head mixing, the three feature maps, normalized or not. bfloat16 inputs
+keep bfloat16 operands in the products, which sum in float32 and round their
+results to bfloat16, with the normalisers' ``z_b`` and its mix in float32
+(on a CPU whose torch matmul sums bfloat16 in bfloat16, as 1.13's does, they
+compute in float32); float16 inputs compute in float32. The result is rounded
+back once.
 
-Memory: the tokens are regrouped as ``[B, M, C, H, D]`` (C the largest block,
+Memory: the tokens are regrouped as ``[B, M, H, C, D]`` (C the largest block,
 edge blocks padded with masked rows), the block and mixed summaries are
-``[B, M, H, Dk, Dv + 1]``, and causal masking adds the in-block scores
+``[B, M, H, Dk, Dv]``, and causal masking adds the in-block scores
 ``[B, M, H, C, C]``: ``O(N (Dk + Dv) + M Dk Dv + N C H)``, never ``N x N``.
 Toeplitz mixing is applied as shifted and prefix sums of the summaries, so it
 forms no ``M x M`` matrix either.
@@ -24,6 +27,26 @@ import torch.nn.functional as F
 from . import _core
 
 _REDUCED = (torch.bfloat16, torch.float16)
+
+
+def _cpu_sums_bfloat16_products_in_float32():
+    """Whether torch's CPU matmul sums bfloat16 products in float32 (torch 2.x), not in bfloat16
+    (1.13, whose error grows with the length of the sum): 1 plus 256 products of 2^-9 is 1.5, not 1."""
+    x = torch.full((1, 257), 2.0 ** -9, dtype=torch.bfloat16)
+    x[0, 0] = 1
+    return float(x @ torch.ones(257, 1, dtype=torch.bfloat16)) == 1.5
+
+
+_CPU_BFLOAT16_PRODUCTS = _cpu_sums_bfloat16_products_in_float32()
+
+
+def compute_dtype(dtype, device):
+    """The dtype of the products: bfloat16 keeps float32's range, so its products take bfloat16
+    operands (float32 sums; tensor cores on a GPU) wherever the matmul sums in float32; float16's
+    could overflow, so it computes in float32, as does bfloat16 where the sums would be bfloat16."""
+    if dtype == torch.bfloat16 and (torch.device(device).type != "cpu" or _CPU_BFLOAT16_PRODUCTS):
+        return dtype
+    return torch.float32 if dtype in _REDUCED else dtype
 
 
 def feature(x, feature_map):
@@ -119,21 +142,48 @@ def cached_regrouping(geometry, device):
     return _REGROUPINGS[key]
 
 
-def _group(x, geometry, gather):
-    """``[B, N, H, D]`` -> ``[B, M, C, H, D]`` (padding slots: zeros, or copies of token 0)."""
+def slot_rows(geometry, heads, regrouped):
+    """The regrouping as rows of ``[B, N * H, D]`` (token t, head h at row ``t * H + h``): ``rows_in
+    [M * H * C]``, the row that slot (block b, head h, position c) reads, and ``rows_out [N * H]``,
+    the slot row that row t * H + h reads back. One gather then lays each head's blocks out
+    contiguously, as the block products read them."""
+    gather, scatter, valid = regrouped
+    m, size = geometry.num_blocks, geometry.block_size
+    device = valid.device
+    if gather is None:  # 1D: slot b * C + c holds token b * C + c (padding slots: token 0)
+        slot = torch.arange(m * size, device=device)
+        gather = torch.where(slot < geometry.num_tokens, slot, torch.zeros_like(slot))
+        scatter = torch.arange(geometry.num_tokens, device=device)
+    head = torch.arange(heads, device=device)
+    rows_in = (gather.view(m, 1, size) * heads + head.view(1, heads, 1)).flatten()
+    rows_out = ((scatter // size).view(-1, 1) * heads + head.view(1, heads)) * size + (scatter % size).view(-1, 1)
+    return rows_in, rows_out.flatten()
+
+
+_ROWS = {}  # (geometry, heads, device) -> slot_rows, beside _REGROUPINGS
+
+
+def cached_slot_rows(geometry, heads, regrouped):
+    if compiling():  # traced into the graph
+        return slot_rows(geometry, heads, regrouped)
+    key = (geometry, heads, str(regrouped[2].device))
+    if key not in _ROWS:
+        if len(_ROWS) >= 64:
+            _ROWS.clear()
+        _ROWS[key] = slot_rows(geometry, heads, regrouped)
+    return _ROWS[key]
+
+
+def _group(x, rows_in, geometry):
+    """``[B, N, H, D]`` -> ``[B, M, H, C, D]`` (padding slots: copies of token 0)."""
     b, n, h, d = x.shape
-    if gather is None:
-        x = F.pad(x, (0, 0, 0, 0, 0, geometry.num_blocks * geometry.block_size - n))
-    else:
-        x = x.index_select(1, gather)
-    return x.reshape(b, geometry.num_blocks, geometry.block_size, h, d)
+    return x.reshape(b, n * h, d).index_select(1, rows_in).view(b, geometry.num_blocks, h, geometry.block_size, d)
 
 
-def _ungroup(y, geometry, scatter):
-    """``[B, M, C, H, D]`` -> ``[B, N, H, D]`` in token order."""
-    b, _, _, h, d = y.shape
-    y = y.reshape(b, geometry.num_blocks * geometry.block_size, h, d)
-    return y[:, :geometry.num_tokens] if scatter is None else y.index_select(1, scatter)
+def _ungroup(y, rows_out):
+    """``[B, M, H, C, D]`` -> ``[B, N, H, D]`` in token order."""
+    b, _, h, _, d = y.shape
+    return y.reshape(b, -1, d).index_select(1, rows_out).view(b, -1, h, d)
 
 
 def _shift_blocks(x, d):
@@ -149,6 +199,7 @@ def _shift_blocks(x, d):
 def _mix_dense(x, w, masking):
     """``sum_b W[i, b] x_b`` over the blocks the masking lets row i read (causal: b < i, its own
     block acting inside it; block-causal: b <= i). x ``[B, M, H, E]``, w ``[M, M]`` or ``[H, M, M]``."""
+    w = w.to(x.dtype)
     if masking == "causal":
         w = torch.tril(w, -1)
     elif masking == "block_causal":
@@ -160,7 +211,9 @@ def _mix_dense(x, w, masking):
 
 def _mix_toeplitz(x, w, masking):
     """The same for Toeplitz w ``[L + 1]`` or ``[H, L + 1]``: ``W[i, b] = w[min(i - b, L)]``, as
-    ``sum_d w[d] x_{i-d}`` over the near distances and ``w[L]`` times a prefix sum for the rest."""
+    ``sum_d w[d] x_{i-d}`` over the near distances and ``w[L]`` times a prefix sum for the rest,
+    in w's dtype (a bfloat16 x is summed in float32: these are running sums, not one product)."""
+    dtype, x = x.dtype, x.to(w.dtype)
     length = w.shape[-1] - 1
     first = 1 if masking == "causal" else 0
 
@@ -171,7 +224,7 @@ def _mix_toeplitz(x, w, masking):
     for d in range(first, length):
         out = out + weight(d) * _shift_blocks(x, d)
     tail = max(length, first)
-    return out + weight(length) * _shift_blocks(torch.cumsum(x, dim=1), tail)
+    return (out + weight(length) * _shift_blocks(torch.cumsum(x, dim=1), tail)).to(dtype)
 
 
 def _diagonal(w, mixing, blocks):
@@ -188,39 +241,42 @@ def mhla_attention(q, k, v, w, layout, *, masking="none", feature_map="elu1", no
     the other arguments as validated by ``check_call``. ``regrouped``: the layout's ``regrouping``
     on q's device, where the caller keeps it (a layer, as buffers)."""
     dtype = q.dtype
-    compute = torch.float32 if dtype in _REDUCED else dtype
+    compute = compute_dtype(dtype, q.device)
+    # Sums that are not one product (the normalisers' z_b, Toeplitz mixing) are float32.
+    wide = torch.float32 if compute == torch.bfloat16 else compute
     # w is small: a CPU w (as mhla.init_mixing returns it) goes where q is.
-    q, k, v, w = q.to(compute), k.to(compute), v.to(compute), w.to(device=q.device, dtype=compute)
+    q, k, v, w = q.to(compute), k.to(compute), v.to(compute), w.to(device=q.device, dtype=wide)
     geometry = Geometry.of(layout)
-    m, size = geometry.num_blocks, geometry.block_size
-    gather, scatter, valid = regrouped if regrouped is not None else cached_regrouping(geometry, q.device)
-    phi_q = feature(_group(q, geometry, gather), feature_map)
-    # Padding slots add nothing.
-    phi_k = feature(_group(k, geometry, gather), feature_map) * valid.view(1, m, size, 1, 1).to(compute)
-    values = _group(v, geometry, gather)
-    # [S_b | z_b] = phi(K_b)^T [V_b | 1]: [B, M, H, Dk, Dv + 1].
-    summaries = torch.cat([torch.einsum("zmchd,zmche->zmhde", phi_k, values),
-                           phi_k.sum(2).unsqueeze(-1)], dim=-1)
-    flat = summaries.flatten(3)
+    m, size, heads = geometry.num_blocks, geometry.block_size, q.shape[2]
+    if regrouped is None:
+        regrouped = cached_regrouping(geometry, q.device)
+    rows_in, rows_out = cached_slot_rows(geometry, heads, regrouped)
+    phi_q = feature(_group(q, rows_in, geometry), feature_map)  # [B, M, H, C, Dk]
+    phi_k = feature(_group(k, rows_in, geometry), feature_map)
+    if m * size != geometry.num_tokens:  # padding slots add nothing
+        phi_k = phi_k * regrouped[2].view(1, m, 1, size, 1).to(compute)
+    values = _group(v, rows_in, geometry)
+    # S_b = phi(K_b)^T V_b [B, M, H, Dk, Dv] and z_b = sum phi(K_b) [B, M, H, Dk], each mixed.
+    summaries = phi_k.transpose(-1, -2) @ values
     mix = _mix_toeplitz if mixing == "toeplitz" else _mix_dense
-    mixed = mix(flat, w, masking).view_as(summaries)
-    y = torch.einsum("zmchd,zmhdx->zmchx", phi_q, mixed)  # [num | den] per token
+    mixed = mix(summaries.flatten(3), w, masking).view_as(summaries)
+    mixed_sums = mix(phi_k.sum(3, dtype=wide), w, masking)
+    y = phi_q @ mixed  # [B, M, H, C, Dv]
+    den = (phi_q @ mixed_sums.to(compute).unsqueeze(-1)).squeeze(-1)  # [B, M, H, C]
     if masking == "causal":
         # W[i, i] sum_{j in i, j <= t} phi(q_t) . phi(k_j) [v_j | 1], in [C, C] scores per block.
-        scores = torch.einsum("zichd,zijhd->zihcj", phi_q, phi_k)
-        scores = scores * torch.ones(size, size, dtype=torch.bool, device=q.device).tril()
+        scores = phi_q @ phi_k.transpose(-1, -2)  # [B, M, H, C, C]
         diagonal = _diagonal(w, mixing, m)  # [M] or [H, M]
-        scores = scores * (diagonal.view(1, -1, 1, 1, 1) if diagonal.dim() == 1
-                           else diagonal.t().reshape(1, m, -1, 1, 1))
-        in_block = torch.cat([torch.einsum("zihcj,zijhe->ziche", scores, values),
-                              scores.sum(-1).permute(0, 1, 3, 2).unsqueeze(-1)], dim=-1)
-        y = y + in_block
-    dv = v.shape[-1]
+        diagonal = diagonal.view(1, m, 1, 1, 1) if diagonal.dim() == 1 else diagonal.t().reshape(1, m, heads, 1, 1)
+        triangle = torch.ones(size, size, dtype=torch.bool, device=q.device).tril()
+        scores = scores * (triangle * diagonal).to(compute)
+        y = y + scores @ values
+        den = den.to(wide) + scores.sum(-1, dtype=wide)
     if normalize:
-        o = y[..., :dv] / (y[..., dv:] + eps)
+        o = y / (den.to(wide) + eps).to(compute).unsqueeze(-1)
     else:
-        o = (scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])) * y[..., :dv]
-    return _ungroup(o, geometry, scatter).to(dtype)
+        o = (scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])) * y
+    return _ungroup(o, rows_out).to(dtype)
 
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)

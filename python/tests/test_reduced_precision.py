@@ -1,18 +1,20 @@
 """bfloat16 and float16 tensors through mhla.torch, returned (values and
-gradients) in the caller's dtype. float16 is computed in float32, with an error
-against float64 no larger than rounding the exact result to float16; bfloat16
-runs the operator's bfloat16 path (block products on bfloat16 operands, float32
-sums), with an error within a small multiple of that rounding and below the
-same formula computed in bfloat16 itself (torch has no float16 elu on the
-CPU)."""
+gradients) in the caller's dtype, on the C++ operator and on the pure-torch
+path. float16 is computed in float32, with an error against float64 no larger
+than rounding the exact result to float16; bfloat16 runs the operator's
+bfloat16 path (block products on bfloat16 operands, float32 sums), with an
+error within a small multiple of that rounding and near or below the same
+formula computed in bfloat16 itself (torch has no float16 elu on the CPU)."""
 import numpy as np
 import pytest
 import torch
 
 import mhla
 import mhla.torch as mt
+from mhla import _pure_torch
 
 DTYPES = [torch.bfloat16, torch.float16]
+BACKENDS = ["cpp", "torch"]  # the C++ operator, and the pure-torch path that non-CPU tensors take
 
 
 def operands(layout, heads=4, dim=32, seed=0):
@@ -53,25 +55,30 @@ def test_values_and_gradients_come_back_in_the_inputs_dtype(dtype):
         assert torch.isfinite(t.grad.float()).all(), name
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_error_is_near_one_rounding_and_below_the_naive_reduced_computation(dtype):
+def test_error_is_near_one_rounding_and_below_the_naive_reduced_computation(dtype, backend):
     layout = mhla.Layout.sequence(256, 32)
     q64, k64, v64, w64 = operands(layout)
     # The exact result of the inputs as rounded to dtype: the best any dtype output can approach.
     q, k, v, w = (t.to(dtype) for t in (q64, k64, v64, w64))
     exact = mt.mhla_attention(*(t.double() for t in (q, k, v, w)), layout, feature_map="elu1")
-    ours = relative_error(mt.mhla_attention(q, k, v, w, layout, feature_map="elu1"), exact)
+    ours = relative_error(mt.mhla_attention(q, k, v, w, layout, feature_map="elu1", backend=backend), exact)
     rounding = relative_error(exact.to(dtype), exact)
-    # bfloat16 rounds phi(q), phi(k), the summaries and w once more in the products:
-    # 1.0-1.8x one rounding, 0.4-0.7x the naive computation's error over 12 draws.
-    assert ours <= (2.5 if dtype == torch.bfloat16 else 1.5) * rounding, (ours, rounding)
+    # The C++ operator's bfloat16 products round phi(q), phi(k), the summaries and w once more:
+    # 1.0-1.8x one rounding, 0.4-0.7x the naive computation's error over 12 draws. The torch path's
+    # (where they run on bfloat16 operands) also round the read-outs, as the naive computation does:
+    # 1.8-3.8x one rounding, 0.86-1.17x the naive computation's error over 12 draws.
+    products = backend == "torch" and _pure_torch.compute_dtype(dtype, "cpu") == torch.bfloat16
+    assert ours <= (5 if products else 2.5 if dtype == torch.bfloat16 else 1.5) * rounding, (ours, rounding)
     if dtype == torch.bfloat16:
         reduced = relative_error(naive(q, k, v, w, 32), exact)
-        assert ours <= reduced, (ours, reduced)
+        assert ours <= (1.5 if products else 1) * reduced, (ours, reduced)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_gradients_match_float64_to_the_dtypes_precision(dtype):
+def test_gradients_match_float64_to_the_dtypes_precision(dtype, backend):
     layout = mhla.Layout.sequence(96, 16)
     q64, k64, v64, w64 = operands(layout, seed=3)
     grad_o = torch.randn(q64.shape[:-1] + (v64.shape[-1],), generator=torch.Generator().manual_seed(4),
@@ -80,7 +87,8 @@ def test_gradients_match_float64_to_the_dtypes_precision(dtype):
 
     def gradients(tensors):
         leaves = [t.detach().requires_grad_() for t in tensors]
-        mt.mhla_attention(*leaves, layout, feature_map="elu1").backward(grad_o.to(leaves[0].dtype))
+        mt.mhla_attention(*leaves, layout, feature_map="elu1", backend=backend).backward(
+            grad_o.to(leaves[0].dtype))
         return [t.grad for t in leaves]
 
     exact = gradients([t.double() for t in rounded])
@@ -89,8 +97,9 @@ def test_gradients_match_float64_to_the_dtypes_precision(dtype):
         assert relative_error(got, want) <= 4 * torch.finfo(dtype).eps, name
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("seed", range(3))
-def test_bfloat16_gradients_are_within_the_naive_bfloat16_computations_error(seed):
+def test_bfloat16_gradients_are_within_the_naive_bfloat16_computations_error(seed, backend):
     # The bound: a small multiple of the same formula's error in bfloat16 torch ops.
     # Over these draws ours were 0.46-0.98x of it; over 12 draws 0.37-1.21x.
     layout = mhla.Layout.sequence(256, 32)
@@ -105,7 +114,7 @@ def test_bfloat16_gradients_are_within_the_naive_bfloat16_computations_error(see
         return [t.grad for t in leaves]
 
     def attention(q, k, v, w):
-        return mt.mhla_attention(q, k, v, w, layout, feature_map="elu1")
+        return mt.mhla_attention(q, k, v, w, layout, feature_map="elu1", backend=backend)
 
     exact = gradients([t.double() for t in rounded], attention)
     ours = gradients(rounded, attention)
