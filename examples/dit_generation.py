@@ -26,8 +26,6 @@ import copy
 import json
 import math
 import os
-import shutil
-import subprocess
 import time
 
 import numpy as np
@@ -37,6 +35,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 import fashion_mnist
+from reporting import accuracy, mean_pm, mean_std, plot_curves
 from mhla.torch import MHLA2d, softmax_attention
 
 MODELS = ("softmax", "linear", "mhla")
@@ -215,15 +214,12 @@ def classifier_for(data, path, steps, device):
             return model.to(device).eval(), saved["test_accuracy"]
     start = time.time()
     model = train_classifier(data, steps, device)
-    with torch.no_grad():
-        x, y = data["test"]
-        correct = sum((model(x[i:i + 1000].to(device)).argmax(-1).cpu() == y[i:i + 1000]).sum().item()
-                      for i in range(0, len(x), 1000))
-    accuracy = correct / len(data["test"][0])
-    print(f"feature classifier: {steps} steps in {time.time() - start:.0f} s, test accuracy {accuracy:.2%}", flush=True)
+    test_accuracy = accuracy(model, data["test"], device=device)
+    print(f"feature classifier: {steps} steps in {time.time() - start:.0f} s, test accuracy {test_accuracy:.2%}",
+          flush=True)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    torch.save({"steps": steps, "state": model.state_dict(), "test_accuracy": accuracy}, path)
-    return model.eval(), accuracy
+    torch.save({"steps": steps, "state": model.state_dict(), "test_accuracy": test_accuracy}, path)
+    return model.eval(), test_accuracy
 
 
 @torch.no_grad()
@@ -377,39 +373,13 @@ def choose_rate(kind, args, data, reference, classifier):
             return best, [records[lr] for lr in lrs]
 
 
-def stats(values):
-    mean = sum(values) / len(values)
-    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else None
-    return mean, std
-
-
-def plot(out, runs, column, ylabel, name):
-    if shutil.which("gnuplot") is None:
-        return None
-    plots = []
-    for kind, record in runs.items():
-        path = os.path.join(out, f"{name}-{kind}.dat")
-        with open(path, "w") as f:
-            f.writelines(f"{step} {value}\n" for step, value in record[column])
-        plots.append(f"'{path}' using 1:2 with linespoints title '{kind}'")
-    script = (f"set terminal pngcairo size 900,560\nset output '{os.path.join(out, name)}.png'\nset grid\n"
-              f"set xlabel 'training step'\nset ylabel '{ylabel}'\nset title 'DiT on Fashion-MNIST (first seed)'\n"
-              "plot " + ", ".join(plots) + "\n")
-    subprocess.run(["gnuplot"], input=script, text=True, check=True)
-    for kind in runs:
-        os.remove(os.path.join(out, f"{name}-{kind}.dat"))
-    return f"{name}.png"
-
-
 def write_results(args, result):
     rows = []
     for kind in args.models:
         runs = result["models"][kind]["runs"]
-        mean, std = stats([r["test_fd"] for r in runs])
-        spread = f" ± {std:.2f}" if std is not None else ""
-        seconds = stats([r["train_seconds"] for r in runs])[0]
+        seconds = mean_std([r["train_seconds"] for r in runs])[0]
         per_seed = " / ".join(f"{r['test_fd']:.2f}" for r in runs)
-        rows.append(f"| {kind} | {mean:.2f}{spread} | {per_seed} | "
+        rows.append(f"| {kind} | {mean_pm([r['test_fd'] for r in runs])} | {per_seed} | "
                     f"{result['models'][kind]['lr']:g} | {runs[0]['parameters']:,} | {seconds / 60:.1f} |")
     lines = [f"Frechet distance (lower is better) between {args.samples:,} samples (balanced over the classes) and "
              f"the {result['test_images']:,} test images, in the 128 penultimate features of a CNN classifier (test accuracy "
@@ -421,8 +391,8 @@ def write_results(args, result):
         by_seed = {kind: {r["seed"]: r["test_fd"] for r in result["models"][kind]["runs"]} for kind in args.models}
         lines.append("")
         for other in (k for k in args.models if k != "mhla"):
-            mean, std = stats([by_seed["mhla"][s] - by_seed[other][s] for s in args.seeds])
-            lines.append(f"MHLA minus {other}, paired by seed: {mean:+.2f} ± {std:.2f}")
+            paired = mean_pm([by_seed["mhla"][s] - by_seed[other][s] for s in args.seeds], signed=True)
+            lines.append(f"MHLA minus {other}, paired by seed: {paired}")
     table = "\n".join(lines) + "\n"
     print("\n" + table)
     with open(os.path.join(args.out, "results.md"), "w") as f:
@@ -522,8 +492,12 @@ def main():
                                                       lr=result["models"][kind]["lr"], seed=seed, steps=args.steps,
                                                       sweep=False))
     first = {kind: result["models"][kind]["runs"][0] for kind in args.models}
-    result["loss_png"] = plot(args.out, first, "loss", "flow-matching loss (training, mean per interval)", "loss")
-    result["fd_png"] = plot(args.out, first, "validation_fd", f"validation FD ({args.eval_samples} samples)", "fd")
+    for column, name, ylabel in (("loss", "loss", "flow-matching loss (training, mean per interval)"),
+                                 ("validation_fd", "fd", f"validation FD ({args.eval_samples} samples)")):
+        result[f"{name}_png"] = plot_curves(os.path.join(args.out, f"{name}.png"),
+                                            {kind: record[column] for kind, record in first.items()},
+                                            xlabel="training step", ylabel=ylabel,
+                                            title="DiT on Fashion-MNIST (first seed)")
     result["seconds"] = time.time() - start
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump(result, f, indent=1)

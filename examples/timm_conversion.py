@@ -20,8 +20,6 @@ import copy
 import json
 import math
 import os
-import shutil
-import subprocess
 import time
 
 import numpy as np
@@ -30,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 import fashion_mnist
+from reporting import accuracy, mean_pm, plot_curves
 from mhla.timm import swap_attention
 
 
@@ -53,13 +52,6 @@ def make_model(args):
 
 
 @torch.no_grad()
-def accuracy(model, split, batch=1000):
-    model.eval()
-    x, y = split
-    correct = sum((model(x[i:i + batch]).argmax(-1) == y[i:i + batch]).sum().item() for i in range(0, len(x), batch))
-    return correct / len(x)
-
-
 def train(model, data, *, epochs, lr, seed, batch, evals_per_epoch, patience=None, log=""):
     """AdamW with a cosine schedule over ``epochs``; validation accuracy ``evals_per_epoch`` times per
     epoch. With ``patience``, stops after that many evaluations without a new best and restores the
@@ -99,25 +91,6 @@ def train(model, data, *, epochs, lr, seed, batch, evals_per_epoch, patience=Non
     if patience is not None:
         model.load_state_dict(best_state)
     return curve
-
-
-def plot(out, curves):
-    if shutil.which("gnuplot") is None:
-        return None
-    lines, plots = [], []
-    for i, (title, curve) in enumerate(curves.items()):
-        path = os.path.join(out, f"curve-{i}.dat")
-        with open(path, "w") as f:
-            f.writelines(f"{e} {v * 100}\n" for e, _, v in curve)
-        plots.append(f"'{path}' using 1:2 with linespoints title '{title}'")
-    script = ("set terminal pngcairo size 900,560\nset output '" + os.path.join(out, "curves.png") + "'\n"
-              "set grid\nset key bottom right\nset xlabel 'fine-tuning epoch'\n"
-              "set ylabel 'validation accuracy (%)'\nset title 'softmax ViT converted, fine-tuned (first seed)'\n"
-              "plot " + ", ".join(plots) + "\n")
-    subprocess.run(["gnuplot"], input=script, text=True, check=True)
-    for i in range(len(curves)):
-        os.remove(os.path.join(out, f"curve-{i}.dat"))
-    return "curves.png"
 
 
 def main():
@@ -167,7 +140,10 @@ def main():
                 curves[kind] = curve
             with open(os.path.join(args.out, "results.json"), "w") as f:
                 json.dump(result, f, indent=1)
-    result["curves_png"] = plot(args.out, curves)
+    result["curves_png"] = plot_curves(os.path.join(args.out, "curves.png"),
+                                       {name: [(e, v * 100) for e, _, v in curve] for name, curve in curves.items()},
+                                       xlabel="fine-tuning epoch", ylabel="validation accuracy (%)",
+                                       title="softmax ViT converted, fine-tuned (first seed)", key="bottom right")
     result["seconds"] = time.time() - start
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump(result, f, indent=1)
@@ -177,19 +153,14 @@ def main():
 def write_table(args, result):
     soft = result["softmax"]
 
-    def stats(values):
-        mean = sum(values) / len(values)
-        std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0
-        return mean, std
-
     rows = [f"| softmax (trained) | {100 * soft['test']:.2f} | | {len(soft['curve'])} epochs |"]
     for kind in ("mhla", "linear"):
         runs = result[kind]
-        before = stats([100 * r["test_before"] for r in runs])
-        after = stats([100 * r["test"] for r in runs])
-        recovered = stats([r["test"] / soft["test"] * 100 for r in runs])
-        rows.append(f"| {kind} (converted) | {after[0]:.2f} ± {after[1]:.2f} | {before[0]:.2f} ± {before[1]:.2f} | "
-                    f"{args.finetune_epochs:g} epoch(s): {recovered[0]:.1f} ± {recovered[1]:.1f}% of softmax |")
+        before = mean_pm([100 * r["test_before"] for r in runs])
+        after = mean_pm([100 * r["test"] for r in runs])
+        recovered = mean_pm([r["test"] / soft["test"] * 100 for r in runs], digits=1)
+        rows.append(f"| {kind} (converted) | {after} | {before} | "
+                    f"{args.finetune_epochs:g} epoch(s): {recovered}% of softmax |")
     table = ("Test accuracy (%) on all 10,000 Fashion-MNIST test images; converted models: mean ± std over "
              f"{len(result['mhla'])} fine-tuning seeds\n\n| model | test after | test at the swap | "
              "training |\n|---|---:|---:|---|\n" + "\n".join(rows) + "\n")
