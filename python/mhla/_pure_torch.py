@@ -131,15 +131,20 @@ def compiling():
     return compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling()
 
 
+def _memo(cache, key, make):
+    """``make()``, kept in ``cache`` under ``key`` (at most 64 entries); traced into the graph, not
+    kept, under torch.compile."""
+    if compiling():
+        return make()
+    if key not in cache:
+        if len(cache) >= 64:
+            cache.clear()
+        cache[key] = make()
+    return cache[key]
+
+
 def cached_regrouping(geometry, device):
-    if compiling():  # traced into the graph
-        return regrouping(geometry, device)
-    key = (geometry, str(device))
-    if key not in _REGROUPINGS:
-        if len(_REGROUPINGS) >= 64:
-            _REGROUPINGS.clear()
-        _REGROUPINGS[key] = regrouping(geometry, device)
-    return _REGROUPINGS[key]
+    return _memo(_REGROUPINGS, (geometry, str(device)), lambda: regrouping(geometry, device))
 
 
 def slot_rows(geometry, heads, regrouped):
@@ -164,14 +169,7 @@ _ROWS = {}  # (geometry, heads, device) -> slot_rows, beside _REGROUPINGS
 
 
 def cached_slot_rows(geometry, heads, regrouped):
-    if compiling():  # traced into the graph
-        return slot_rows(geometry, heads, regrouped)
-    key = (geometry, heads, str(regrouped[2].device))
-    if key not in _ROWS:
-        if len(_ROWS) >= 64:
-            _ROWS.clear()
-        _ROWS[key] = slot_rows(geometry, heads, regrouped)
-    return _ROWS[key]
+    return _memo(_ROWS, (geometry, heads, str(regrouped[2].device)), lambda: slot_rows(geometry, heads, regrouped))
 
 
 def _group(x, rows_in, geometry):
