@@ -24,6 +24,9 @@ import torch
 import mhla
 import mhla.torch as mt
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "tests"))
+from einsum_formulation import einsum_mhla  # noqa: E402
+
 # (name, tokens, heads, head dim, layout, masking): the anchor shapes of docs/python.md. The video shape is
 # Wan2.1's 21 x 30 x 50 latent grid in 1 x 15 x 10 tiles: 210 blocks of 150 tokens.
 SHAPES = [
@@ -79,26 +82,7 @@ def sdpa(backend_name, causal):
     return run
 
 
-def einsum_mhla(w, blocks):
-    """Non-causal MHLA as the plain einsum formulation (the paper authors' form), every op in the
-    inputs' dtype, on tokens already in block order: the yardstick the pure-torch path must match."""
-    w = w.to(torch.bfloat16)
-
-    def run(q, k, v):
-        b, n, h, d = q.shape
-        fq = (torch.nn.functional.elu(q) + 1).view(b, blocks, n // blocks, h, d)
-        fk = (torch.nn.functional.elu(k) + 1).view(b, blocks, n // blocks, h, d)
-        mixed = torch.einsum("ij,bjhde->bihde", w, torch.einsum("bmchd,bmche->bmhde", fk,
-                                                                  v.view(b, blocks, n // blocks, h, -1)))
-        mixed_sums = torch.einsum("ij,bjhd->bihd", w, fk.sum(2))
-        numerator = torch.einsum("bmchd,bmhde->bmche", fq, mixed)
-        denominator = torch.einsum("bmchd,bmhd->bmch", fq, mixed_sums)
-        return (numerator / (denominator[..., None] + 1e-6)).reshape(b, n, h, -1)
-
-    return run
-
-
-def time_shape(name, tokens, heads, dim, layout, masking):
+def time_shape(name, tokens, heads, dim, layout, masking, rounds=2):
     device = torch.device("cuda")
     gen = torch.Generator(device=device).manual_seed(0)
     q, k, v = (torch.randn(1, tokens, heads, dim, device=device, dtype=torch.bfloat16, generator=gen)
@@ -110,7 +94,6 @@ def time_shape(name, tokens, heads, dim, layout, masking):
     def ours(q, k, v):
         return mt.mhla_attention(q, k, v, w, layout, masking=masking)
 
-    row["mhla_fwd_ms"], row["mhla_fwdbwd_ms"] = fwd_and_fwdbwd(ours, (q, k, v))
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
@@ -118,16 +101,29 @@ def time_shape(name, tokens, heads, dim, layout, masking):
     ours(*leaves).backward(torch.randn(1, tokens, heads, dim, device=device, dtype=torch.bfloat16))
     torch.cuda.synchronize()
     row["mhla_fwdbwd_peak_mib_above_inputs"] = (torch.cuda.max_memory_allocated() - base) / 2 ** 20
-    row["einsum_fwd_ms"], row["einsum_fwdbwd_ms"] = (
-        fwd_and_fwdbwd(einsum_mhla(w, layout.num_blocks), (q, k, v)) if masking == "none" else (None, None))
+    contenders = {"mhla": ours, "einsum": None}
+    if masking == "none":  # tokens taken as in block order: a timing, not a check, for 2D and 3D layouts
+        w_reduced = w.to(torch.bfloat16)
+        contenders["einsum"] = lambda q, k, v: einsum_mhla(q, k, v, w_reduced, tokens // layout.num_blocks)
     for label, backend_name in (("flash", "FLASH_ATTENTION"), ("cudnn", "CUDNN_ATTENTION")):
-        run = sdpa(backend_name, masking == "causal")
-        try:
-            fwd, fwdbwd = fwd_and_fwdbwd(run, (q, k, v)) if run else (None, None)
-        except RuntimeError as error:  # this GPU or build has no such kernel for the shape
-            print(f"  {label} at {name}: {str(error).splitlines()[0]}")
-            fwd, fwdbwd = None, None
-        row[f"{label}_fwd_ms"], row[f"{label}_fwdbwd_ms"] = fwd, fwdbwd
+        contenders[label] = sdpa(backend_name, masking == "causal")
+    # Two interleaved rounds, each contender's faster median kept: the order of the timings
+    # (clocks, caches, the allocator's state) moves a median by several percent.
+    for label in contenders:
+        row[f"{label}_fwd_ms"] = row[f"{label}_fwdbwd_ms"] = None
+    for _ in range(rounds):
+        for label, run in contenders.items():
+            if run is None:
+                continue
+            try:
+                fwd, fwdbwd = fwd_and_fwdbwd(run, (q, k, v))
+            except RuntimeError as error:  # this GPU or build has no such kernel for the shape
+                print(f"  {label} at {name}: {str(error).splitlines()[0]}")
+                contenders[label] = None
+                continue
+            for kind, ms in (("fwd", fwd), ("fwdbwd", fwdbwd)):
+                kept = row[f"{label}_{kind}_ms"]
+                row[f"{label}_{kind}_ms"] = ms if kept is None else min(kept, ms)
     for kind in ("fwd", "fwdbwd"):
         for other in ("cudnn", "einsum"):
             theirs = row[f"{other}_{kind}_ms"]

@@ -5,7 +5,9 @@
 # for the machine's python3 (its torch) and runs bench/gpu_check.py, the
 # check of mhla.torch's pure-torch path on CUDA tensors. Where the machine lacks the Debian
 # packages, the .deb files in gpu-deps/ (scripts/gpu_deps.sh) are unpacked and
-# built against. MHLA_GPU_CHECK_PARTS="python" (or "cuda") runs one stage only.
+# built against. MHLA_GPU_CHECK_PARTS="python" (or "cuda") runs one stage only;
+# MHLA_GPU_CHECK_PYTHON replaces the Python stage's script and arguments
+# (e.g. "bench/torch_path_variants.py").
 # Logs go to $OUT (default /tmp/mhla-gpu-check).
 #
 #   bash scripts/gpu_check.sh [benchmark repeats]
@@ -82,8 +84,8 @@ elif pybind=$("$py" -m pybind11 --cmakedir 2> /dev/null) &&
     -DMHLA_BUILD_TESTS=OFF -DMHLA_WITH_MPI=OFF -DMHLA_BUILD_PYTHON=ON -DPython_EXECUTABLE="$py" \
     -Dpybind11_DIR="$pybind" -DCMAKE_PREFIX_PATH="$root/usr" > "$out/configure-python.log" 2>&1 &&
   cmake --build build-gpu-python -j "$(nproc)" --target mhla_python > "$out/build-python.log" 2>&1; then
-  PYTHONPATH=$PWD/build-gpu-python/python "$py" bench/gpu_check.py --json "$out/gpu-check.json" --workers 4 \
-    2>&1 | tee "$out/gpu-check.txt" || status=1
+  read -ra script <<< "${MHLA_GPU_CHECK_PYTHON:-bench/gpu_check.py --json $out/gpu-check.json --workers 4}"
+  PYTHONPATH=$PWD/build-gpu-python/python "$py" "${script[@]}" 2>&1 | tee "$out/gpu-check.txt" || status=1
 else
   echo "the Python package did not build (logs: $out/configure-python.log, $out/build-python.log)"
   tail -20 "$out/configure-python.log" "$out/build-python.log" 2> /dev/null || true

@@ -88,100 +88,69 @@ class Geometry(NamedTuple):
         return Geometry.make(1, (1, 1, tokens), (1, 1, block))
 
 
-def regrouping(geometry, device):
-    """How a layout's tokens regroup into ``[M, C]`` slots (C its largest block), on ``device``:
-    ``(gather, scatter, valid)``. ``scatter[t]`` is token t's slot ``b * C + c`` (block b, position
-    c in token order), ``gather`` the inverse (token 0 for padding slots), ``valid [M, C]`` marks
-    the slots that hold a token. 1D layouts have contiguous blocks: padding the end regroups them,
-    and gather and scatter are None. Elementwise arithmetic only."""
-    grid, tile, counts = geometry.grid, geometry.tile, geometry.counts
-    size = geometry.block_size
-    slot = torch.arange(geometry.num_blocks * size, device=device)
-    if geometry.rank == 1:
-        return None, None, (slot < geometry.num_tokens).view(geometry.num_blocks, size)
-    # Token t's slot: block numbering as the C++ TokenLayout::block_of (row-major over the block
-    # grid), and the position in its block its row-major index among the block's own extents.
-    t = torch.arange(geometry.num_tokens, device=device)
-    coords = (t // (grid[1] * grid[2]), (t // grid[2]) % grid[1], t % grid[2])
-    block, position = torch.zeros_like(t), torch.zeros_like(t)
-    for axis in range(3):
-        index, offset = coords[axis] // tile[axis], coords[axis] % tile[axis]
-        extent = torch.clamp(grid[axis] - index * tile[axis], max=tile[axis])
-        block = block * counts[axis] + index
-        position = position * extent + offset
-    scatter = block * size + position
-    # And the other way: slot (b, c)'s token, decomposed the same way.
-    b, c = slot // size, slot % size
-    index = (b // (counts[1] * counts[2]), (b // counts[2]) % counts[1], b % counts[2])
-    extents = [torch.clamp(grid[axis] - index[axis] * tile[axis], max=tile[axis]) for axis in range(3)]
-    local = (c // (extents[1] * extents[2]), (c // extents[2]) % extents[1], c % extents[2])
-    valid = local[0] < extents[0]
-    token = torch.zeros_like(slot)
-    for axis in range(3):
-        token = token * grid[axis] + index[axis] * tile[axis] + local[axis]
-    gather = torch.where(valid, token, torch.zeros_like(token))
-    return gather, scatter, valid.view(geometry.num_blocks, size)
-
-
-_REGROUPINGS = {}  # (geometry, device) -> regrouping: a model calls with the same few layouts
-
-
 def compiling():
     compiler = getattr(torch, "compiler", None)
     return compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling()
 
 
-def _memo(cache, key, make):
-    """``make()``, kept in ``cache`` under ``key`` (at most 64 entries); traced into the graph, not
-    kept, under torch.compile."""
-    if compiling():
-        return make()
-    if key not in cache:
-        if len(cache) >= 64:
-            cache.clear()
-        cache[key] = make()
-    return cache[key]
+def _padded(geometry):
+    """Whether an edge block is ragged: the grid is not a whole number of tiles along some axis."""
+    return any(c * t != g for c, t, g in zip(geometry.counts, geometry.tile, geometry.grid))
 
 
-def cached_regrouping(geometry, device):
-    return _memo(_REGROUPINGS, (geometry, str(device)), lambda: regrouping(geometry, device))
+def group(x, geometry):
+    """``[B, N, H, D]`` -> ``[B, M, H, C, D]``: block b's tokens at slots ``[:, b, h, :]`` in
+    row-major order within its tile, ragged edge blocks padded with zero tokens to a whole tile
+    (``slot_valid`` marks the real ones). The grid is padded to whole tiles and split into
+    (block, position) axes, so the regrouping is one strided copy (two with padding), and its
+    gradient another: a gather by token index is a slower kernel on a GPU, and its gradient an
+    atomic scatter."""
+    b, _, h, d = x.shape
+    counts, tile, grid = geometry.counts, geometry.tile, geometry.grid
+    if _padded(geometry):  # F.pad's list runs from the last dim: (h, d) unpadded, then axes 2, 1, 0
+        ends = [p for axis in (2, 1, 0) for p in (0, counts[axis] * tile[axis] - grid[axis])]
+        x = F.pad(x.view(b, *grid, h, d), [0, 0, 0, 0] + ends)
+    x = x.view(b, counts[0], tile[0], counts[1], tile[1], counts[2], tile[2], h, d)
+    return x.permute(0, 1, 3, 5, 7, 2, 4, 6, 8).reshape(b, geometry.num_blocks, h, geometry.block_size, d)
 
 
-def slot_rows(geometry, heads, regrouped):
-    """The regrouping as rows of ``[B, N * H, D]`` (token t, head h at row ``t * H + h``): ``rows_in
-    [M * H * C]``, the row that slot (block b, head h, position c) reads, and ``rows_out [N * H]``,
-    the slot row that row t * H + h reads back. One gather then lays each head's blocks out
-    contiguously, as the block products read them."""
-    gather, scatter, valid = regrouped
-    m, size = geometry.num_blocks, geometry.block_size
-    device = valid.device
-    if gather is None:  # 1D: slot b * C + c holds token b * C + c (padding slots: token 0)
-        slot = torch.arange(m * size, device=device)
-        gather = torch.where(slot < geometry.num_tokens, slot, torch.zeros_like(slot))
-        scatter = torch.arange(geometry.num_tokens, device=device)
-    head = torch.arange(heads, device=device)
-    rows_in = (gather.view(m, 1, size) * heads + head.view(1, heads, 1)).flatten()
-    rows_out = ((scatter // size).view(-1, 1) * heads + head.view(1, heads)) * size + (scatter % size).view(-1, 1)
-    return rows_in, rows_out.flatten()
-
-
-_ROWS = {}  # (geometry, heads, device) -> slot_rows, beside _REGROUPINGS
-
-
-def cached_slot_rows(geometry, heads, regrouped):
-    return _memo(_ROWS, (geometry, heads, str(regrouped[2].device)), lambda: slot_rows(geometry, heads, regrouped))
-
-
-def _group(x, rows_in, geometry):
-    """``[B, N, H, D]`` -> ``[B, M, H, C, D]`` (padding slots: copies of token 0)."""
-    b, n, h, d = x.shape
-    return x.reshape(b, n * h, d).index_select(1, rows_in).view(b, geometry.num_blocks, h, geometry.block_size, d)
-
-
-def _ungroup(y, rows_out):
-    """``[B, M, H, C, D]`` -> ``[B, N, H, D]`` in token order."""
+def ungroup(y, geometry):
+    """``group``'s inverse: ``[B, M, H, C, D]`` -> ``[B, N, H, D]`` in token order, the padding
+    slots dropped."""
     b, _, h, _, d = y.shape
-    return y.reshape(b, -1, d).index_select(1, rows_out).view(b, -1, h, d)
+    counts, tile, grid = geometry.counts, geometry.tile, geometry.grid
+    y = y.view(b, *counts, h, *tile, d).permute(0, 1, 5, 2, 6, 3, 7, 4, 8)
+    if _padded(geometry):
+        y = y.reshape(b, *(c * t for c, t in zip(counts, tile)), h, d)[:, :grid[0], :grid[1], :grid[2]]
+    return y.reshape(b, geometry.num_tokens, h, d)
+
+
+def slot_valid(geometry, device):
+    """``[M, C]``: which of ``group``'s slots hold a token; None where no block is ragged."""
+    if not _padded(geometry):
+        return None
+    # Along each axis, [count, tile]: whether block index i, offset j lies inside the grid.
+    inside = [(torch.arange(c, device=device).view(-1, 1) * t + torch.arange(t, device=device)) < g
+              for c, t, g in zip(geometry.counts, geometry.tile, geometry.grid)]
+    counts, tile = geometry.counts, geometry.tile
+    valid = (inside[0].view(counts[0], 1, 1, tile[0], 1, 1) & inside[1].view(1, counts[1], 1, 1, tile[1], 1)
+             & inside[2].view(1, 1, counts[2], 1, 1, tile[2]))
+    return valid.reshape(geometry.num_blocks, geometry.block_size)
+
+
+_VALID = {}  # (geometry, device) -> slot_valid: a model calls with the same few layouts
+
+
+def cached_slot_valid(geometry, device):
+    """``slot_valid``, kept (at most 64 layouts); traced into the graph, not kept, under torch.compile."""
+    if compiling():
+        return slot_valid(geometry, device)
+    key = (geometry, str(device))
+    if key not in _VALID:
+        if len(_VALID) >= 64:
+            _VALID.clear()
+        _VALID[key] = slot_valid(geometry, device)
+    return _VALID[key]
 
 
 def _shift_blocks(x, d):
@@ -202,8 +171,8 @@ def _mix_dense(x, w, masking):
         w = torch.tril(w, -1)
     elif masking == "block_causal":
         w = torch.tril(w)
-    if w.dim() == 2:
-        return torch.einsum("ib,zbhe->zihe", w, x)
+    if w.dim() == 2:  # one batched product over [B, M, H E] (an einsum costs more to dispatch)
+        return torch.matmul(w, x.flatten(2)).view_as(x)
     return torch.einsum("hib,zbhe->zihe", w, x)
 
 
@@ -233,11 +202,10 @@ def _diagonal(w, mixing, blocks):
 
 
 def mhla_attention(q, k, v, w, layout, *, masking="none", feature_map="elu1", normalize=True, eps=1e-6,
-                   scale=None, mixing="dense", regrouped=None):
+                   scale=None, mixing="dense"):
     """MHLA of ``q, k [B, N, H, Dk]``, ``v [B, N, H, Dv]`` with mixing ``w`` on q's device, in torch
     ops; returns ``[B, N, H, Dv]`` in q's dtype. ``layout``: an ``mhla.Layout`` or a ``Geometry``;
-    the other arguments as validated by ``check_call``. ``regrouped``: the layout's ``regrouping``
-    on q's device, where the caller keeps it (a layer, as buffers)."""
+    the other arguments as validated by ``check_call``."""
     dtype = q.dtype
     compute = compute_dtype(dtype, q.device)
     # Sums that are not one product (the normalisers' z_b, Toeplitz mixing) are float32.
@@ -246,14 +214,12 @@ def mhla_attention(q, k, v, w, layout, *, masking="none", feature_map="elu1", no
     q, k, v, w = q.to(compute), k.to(compute), v.to(compute), w.to(device=q.device, dtype=wide)
     geometry = Geometry.of(layout)
     m, size, heads = geometry.num_blocks, geometry.block_size, q.shape[2]
-    if regrouped is None:
-        regrouped = cached_regrouping(geometry, q.device)
-    rows_in, rows_out = cached_slot_rows(geometry, heads, regrouped)
-    phi_q = feature(_group(q, rows_in, geometry), feature_map)  # [B, M, H, C, Dk]
-    phi_k = feature(_group(k, rows_in, geometry), feature_map)
-    if m * size != geometry.num_tokens:  # padding slots add nothing
-        phi_k = phi_k * regrouped[2].view(1, m, 1, size, 1).to(compute)
-    values = _group(v, rows_in, geometry)
+    valid = cached_slot_valid(geometry, q.device)
+    phi_q = feature(group(q, geometry), feature_map)  # [B, M, H, C, Dk]
+    phi_k = feature(group(k, geometry), feature_map)
+    if valid is not None:  # padding slots add nothing
+        phi_k = phi_k * valid.view(1, m, 1, size, 1).to(compute)
+    values = group(v, geometry)
     # S_b = phi(K_b)^T V_b [B, M, H, Dk, Dv] and z_b = sum phi(K_b) [B, M, H, Dk], each mixed.
     summaries = phi_k.transpose(-1, -2) @ values
     mix = _mix_toeplitz if mixing == "toeplitz" else _mix_dense
@@ -271,10 +237,13 @@ def mhla_attention(q, k, v, w, layout, *, masking="none", feature_map="elu1", no
         y = y + scores @ values
         den = den.to(wide) + scores.sum(-1, dtype=wide)
     if normalize:
-        o = y / (den.to(wide) + eps).to(compute).unsqueeze(-1)
+        if valid is not None:  # padding rows divide by at least 1: no 0 / 0 reaches a gradient
+            den = den + (~valid).view(1, m, 1, size).to(den.dtype)
+        # One rounding of den + eps to the products' dtype (a bfloat16 den adds eps in float32).
+        o = y / (den + eps).to(compute).unsqueeze(-1)
     else:
         o = (scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])) * y
-    return _ungroup(o, rows_out).to(dtype)
+    return ungroup(o, geometry).to(dtype)
 
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)

@@ -491,9 +491,9 @@ def _block_positions(layout, device):
         raise ValueError(f"the authors' normaliser needs blocks of equal size; a {'x'.join(map(str, grid))} grid "
                          f"in {'x'.join(map(str, tile))} tiles has blocks of {smallest} to {size} tokens (make the "
                          "grid a multiple of the tile)")
-    slots = _pure_torch.cached_regrouping(geometry, device)[1]  # token t's slot b * size + position
-    if slots is None:  # 1D: blocks are consecutive runs of tokens
-        slots = torch.arange(geometry.num_tokens, device=device)
+    # Token t's slot b * size + position: the slot numbers, put in token order.
+    slots = _pure_torch.ungroup(torch.arange(geometry.num_blocks * size, device=device).view(1, -1, 1, size, 1),
+                                geometry).flatten()
     return slots // size, slots % size, size
 
 
@@ -555,7 +555,7 @@ class _MHLALayer(nn.Module):
             geometry = self._geometry(tokens)
             o = _pure_torch.mhla_attention(q, k, v, self.mixing(geometry.num_blocks), geometry,
                                            masking=self.masking, feature_map=self.feature_map,
-                                           normalize=self.normalize, regrouped=self._regrouped())
+                                           normalize=self.normalize)
         else:
             # Compiled, the operator takes the layout as plain values.
             layout = self._geometry(tokens) if _pure_torch.compiling() else self._layout(tokens)
@@ -564,10 +564,6 @@ class _MHLALayer(nn.Module):
         if self.pos_conv is not None:
             o = o + self._positional(v.reshape(batch, tokens, -1))
         return self._output(x, o)
-
-    def _regrouped(self):
-        """The layout's regrouping where the layer keeps it (grid layers: buffers), else None."""
-        return None
 
     def _check_input(self, x):
         if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != self.dim:
@@ -737,15 +733,6 @@ class _GridLayer(_MHLALayer):
         self.layout = type(self)._make_layout(*self.grid, *tile)
         self.geometry = _pure_torch.Geometry.of(self.layout)
         super().__init__(dim, heads, layout=self.layout, causal=False, **options)
-        # The pure-torch path's token regrouping, computed once and moved with the layer; not saved
-        # (a function of grid and tile).
-        gather, scatter, valid = _pure_torch.regrouping(self.geometry, "cpu")
-        self.register_buffer("_slot_tokens", gather, persistent=False)
-        self.register_buffer("_token_slots", scatter, persistent=False)
-        self.register_buffer("_slot_valid", valid, persistent=False)
-
-    def _regrouped(self):
-        return self._slot_tokens, self._token_slots, self._slot_valid
 
     def _geometry(self, tokens):
         if tokens != self.geometry.num_tokens:

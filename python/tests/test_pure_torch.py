@@ -93,6 +93,25 @@ def test_catalogue_matches_the_cpp_operator_forward_and_gradients(seed):
         assert float((a - b).abs().max()) / scale <= 1e-10, (name, layout, kwargs)
 
 
+@pytest.mark.parametrize("feature_map", ["identity", "relu"])
+@pytest.mark.parametrize("layout", [L.sequence(10, 4), L.grid2d(5, 7, 2, 3), L.grid3d(3, 4, 5, 2, 3, 2)],
+                         ids=["1d", "2d", "3d"])
+def test_ragged_blocks_padding_reaches_no_gradient_with_eps_zero(layout, feature_map):
+    # The padding slots of ragged edge blocks hold zero tokens, whose phi is 0 under these maps:
+    # a 0 / 0 there must not turn the gradients into NaN.
+    gen = torch.Generator().manual_seed(7)
+    n, m = layout.num_tokens, layout.num_blocks
+    q, k, v = (torch.rand(2, n, 2, 3, dtype=torch.float64, generator=gen) + 0.05 for _ in range(3))
+    w = torch.rand(m, m, dtype=torch.float64, generator=gen) + 0.05
+    kwargs = dict(feature_map=feature_map, eps=0.0)
+    grad = torch.randn(q.shape, dtype=torch.float64, generator=gen)
+    want = results("cpp", layout, kwargs, (q, k, v, w), grad)
+    got = results("torch", layout, kwargs, (q, k, v, w), grad)
+    for name, a, b in zip(("o", "grad_q", "grad_k", "grad_v", "grad_w"), got, want):
+        assert torch.isfinite(a).all(), name
+        assert float((a - b).abs().max()) <= 1e-10 * max(1.0, float(b.abs().max())), name
+
+
 def test_cpu_tensors_take_the_cpp_operator_by_default():
     layout, kwargs, (q, k, v, w) = random_case(3)
     o = mt.mhla_attention(q, k, v, w, layout, **kwargs)

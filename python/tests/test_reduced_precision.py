@@ -13,6 +13,8 @@ import mhla
 import mhla.torch as mt
 from mhla import _pure_torch
 
+from einsum_formulation import einsum_mhla
+
 DTYPES = [torch.bfloat16, torch.float16]
 BACKENDS = ["cpp", "torch"]  # the C++ operator, and the pure-torch path that non-CPU tensors take
 
@@ -23,20 +25,6 @@ def operands(layout, heads=4, dim=32, seed=0):
     q, k, v = (torch.randn(1, n, heads, dim, generator=g, dtype=torch.float64) for _ in range(3))
     w = torch.from_numpy(mhla.init_mixing(layout)).double()
     return q, k, v, w
-
-
-def naive(q, k, v, w, block):
-    """Non-causal MHLA with elu+1 written in torch ops, in the dtype of its inputs."""
-    batch, tokens, heads, dk = q.shape
-    m = tokens // block
-    fq = (torch.nn.functional.elu(q) + 1).reshape(batch, m, block, heads, dk)
-    fk = (torch.nn.functional.elu(k) + 1).reshape(batch, m, block, heads, dk)
-    vb = v.reshape(batch, m, block, heads, v.shape[-1])
-    mixed = torch.einsum("ij,bjhde->bihde", w, torch.einsum("bmchd,bmche->bmhde", fk, vb))
-    mixed_sums = torch.einsum("ij,bjhd->bihd", w, fk.sum(2))
-    numerator = torch.einsum("bmchd,bmhde->bmche", fq, mixed)
-    denominator = torch.einsum("bmchd,bmhd->bmch", fq, mixed_sums)
-    return (numerator / (denominator[..., None] + 1e-6)).reshape(batch, tokens, heads, -1)
 
 
 def relative_error(x, exact):
@@ -72,7 +60,7 @@ def test_error_is_near_one_rounding_and_below_the_naive_reduced_computation(dtyp
     products = backend == "torch" and _pure_torch.compute_dtype(dtype, "cpu") == torch.bfloat16
     assert ours <= (5 if products else 2.5 if dtype == torch.bfloat16 else 1.5) * rounding, (ours, rounding)
     if dtype == torch.bfloat16:
-        reduced = relative_error(naive(q, k, v, w, 32), exact)
+        reduced = relative_error(einsum_mhla(q, k, v, w, 32), exact)
         assert ours <= (1.5 if products else 1) * reduced, (ours, reduced)
 
 
@@ -118,7 +106,7 @@ def test_bfloat16_gradients_are_within_the_naive_bfloat16_computations_error(see
 
     exact = gradients([t.double() for t in rounded], attention)
     ours = gradients(rounded, attention)
-    reduced = gradients(rounded, lambda q, k, v, w: naive(q, k, v, w, 32))
+    reduced = gradients(rounded, lambda q, k, v, w: einsum_mhla(q, k, v, w, 32))
     for name, got, theirs, want in zip("qkvw", ours, reduced, exact):
         assert relative_error(got, want) <= 1.5 * relative_error(theirs, want), name
 
