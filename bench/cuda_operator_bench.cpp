@@ -1,5 +1,6 @@
 // The CUDA backend's operator at the shapes of the GPU anchors (docs/cuda.md):
-// median forward and forward+backward times in float, next to the two floors
+// median forward and forward+backward times in float, the forward in
+// bfloat16 (its token phases on tensor cores), next to the two floors
 // of each shape: the bytes the forward must move (read q, k, v; write o) over
 // the card's copy rate, and its FLOPs over the card's dense bf16 rate.
 //
@@ -37,16 +38,31 @@ struct Shape {
   mhla::TokenLayout layout;
 };
 
-// A device array of n floats drawn uniformly from [lo, hi).
-float* random_device_array(int64_t n, float lo, float hi, std::mt19937& rng) {
+// n floats drawn uniformly from [lo, hi).
+std::vector<float> random_values(int64_t n, float lo, float hi, std::mt19937& rng) {
   std::uniform_real_distribution<float> dist(lo, hi);
   std::vector<float> host(static_cast<size_t>(n));
   for (float& x : host) x = dist(rng);
-  float* device = nullptr;
-  check(cudaMalloc(&device, size_t(n) * sizeof(float)), "cudaMalloc");
-  check(cudaMemcpy(device, host.data(), size_t(n) * sizeof(float), cudaMemcpyHostToDevice),
+  return host;
+}
+
+template <typename T>
+T* to_device(const std::vector<T>& host) {
+  T* device = nullptr;
+  check(cudaMalloc(&device, host.size() * sizeof(T)), "cudaMalloc");
+  check(cudaMemcpy(device, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice),
         "cudaMemcpy");
   return device;
+}
+
+float* random_device_array(int64_t n, float lo, float hi, std::mt19937& rng) {
+  return to_device(random_values(n, lo, hi, rng));
+}
+
+std::vector<mhla::bfloat16> rounded(const std::vector<float>& x) {
+  std::vector<mhla::bfloat16> out(x.size());
+  for (size_t i = 0; i < x.size(); ++i) out[i] = mhla::to_bfloat16(x[i]);
+  return out;
 }
 
 template <typename Fn>
@@ -84,18 +100,21 @@ int main(int argc, char** argv) try {
   };
   cudaDeviceProp props{};
   check(cudaGetDeviceProperties(&props, 0), "cudaGetDeviceProperties");
-  std::printf("device: %s; float32 q, k, v; reference kernels; median of %d\n", props.name,
-              repeats);
-  std::printf("%-44s %12s %12s %14s %14s\n", "shape", "fwd ms", "fwd+bwd ms", "bytes floor ms",
-              "bf16 flop floor ms");
+  std::printf("device: %s; float32 on the reference kernels, bf16 forward on tensor cores; "
+              "median of %d\n", props.name, repeats);
+  std::printf("%-44s %12s %12s %12s %14s %14s\n", "shape", "fwd ms", "fwd+bwd ms", "bf16 fwd ms",
+              "bytes floor ms", "bf16 flop floor ms");
   std::mt19937 rng(1);
   for (const Shape& s : shapes) {
     const int64_t n = s.layout.num_tokens(), m = s.layout.num_blocks();
     const std::vector<int64_t> shape = {1, n, s.heads, s.d}, w_shape = {m, m};
     const int64_t elements = n * s.heads * s.d;
-    float* q = random_device_array(elements, -1, 1, rng);
-    float* k = random_device_array(elements, -1, 1, rng);
-    float* v = random_device_array(elements, -1, 1, rng);
+    const std::vector<float> hq = random_values(elements, -1, 1, rng),
+                             hk = random_values(elements, -1, 1, rng),
+                             hv = random_values(elements, -1, 1, rng);
+    float *q = to_device(hq), *k = to_device(hk), *v = to_device(hv);
+    mhla::bfloat16 *bq = to_device(rounded(hq)), *bk = to_device(rounded(hk)),
+                   *bv = to_device(rounded(hv)), *bo = to_device(rounded(hv));
     float* grad_o = random_device_array(elements, -1, 1, rng);
     float* w = random_device_array(m * m, 0, 1, rng);
     float *o = nullptr, *gq = nullptr, *gk = nullptr, *gv = nullptr, *gw = nullptr;
@@ -117,13 +136,20 @@ int main(int argc, char** argv) try {
                             {gk, shape, Device::cuda}, {gv, shape, Device::cuda},
                             {gw, w_shape, Device::cuda});
     });
+    const double bf16_fwd = median_ms(repeats, [&] {
+      mhla::forward(options, TensorView<const mhla::bfloat16>{bq, shape, Device::cuda},
+                    TensorView<const mhla::bfloat16>{bk, shape, Device::cuda},
+                    TensorView<const mhla::bfloat16>{bv, shape, Device::cuda}, cw,
+                    TensorView<mhla::bfloat16>{bo, shape, Device::cuda});
+    });
     // bf16 tokens: 2 bytes each of q, k, v read and o written.
     const double bytes_floor = 4.0 * double(elements) * 2.0 / copy_bytes_per_ms;
     const mhla::FlopCount flops =
         mhla::mhla_flops(1, n, s.heads, s.d, s.d, m, mhla::Masking::none, n / m);
-    std::printf("%-44s %12.3f %12.3f %14.3f %14.3f\n", s.name, fwd, fwd_bwd, bytes_floor,
-                flops.forward / flops_per_ms);
+    std::printf("%-44s %12.3f %12.3f %12.3f %14.3f %14.3f\n", s.name, fwd, fwd_bwd, bf16_fwd,
+                bytes_floor, flops.forward / flops_per_ms);
     for (float* p : {q, k, v, grad_o, w, o, gq, gk, gv, gw}) cudaFree(p);
+    for (mhla::bfloat16* p : {bq, bk, bv, bo}) cudaFree(p);
   }
   return 0;
 } catch (const std::exception& e) {

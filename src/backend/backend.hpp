@@ -56,7 +56,9 @@ class Attention {
 };
 
 // The operator on bfloat16 q, k, v, o and their gradients, with float w,
-// summaries and grad_w, summed in float.
+// summaries and grad_w, summed in float. A backend without bfloat16 backward
+// kernels for the problem returns false from backward without writing; the
+// API then runs the float kernels on widened copies, as it does on any false.
 class Bf16Attention {
  public:
   virtual ~Bf16Attention() = default;

@@ -1,16 +1,19 @@
 // The CUDA backend: the operator's phases as the one-thread-per-result
 // kernels of cuda/reference_kernels.cuh, on the default stream, with
-// per-thread device scratch. Token-level causal masking, the bfloat16 kernels
-// (the API computes in float on widened copies), the decoder's step and the
-// softmax baseline are not implemented on CUDA and are refused by name.
+// per-thread device scratch; the bfloat16 forward's token phases on tensor
+// cores (cuda/bf16_forward_kernels.cuh), its mix and its backward in float.
+// Token-level causal masking, the decoder's step and the softmax baseline are
+// not implemented on CUDA and are refused by name.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "backend/backend.hpp"
+#include "cuda/bf16_forward_kernels.cuh"
 #include "cuda/cuda_check.hpp"
 #include "cuda/elementwise.cuh"
 #include "cuda/reference_kernels.cuh"
@@ -78,6 +81,11 @@ T* own(Own slot, int64_t count) {
 }
 
 template <typename T>
+T* api_slot(Scratch slot, int64_t count) {
+  return static_cast<T*>(api_scratch.get(size_t(slot), size_t(count) * sizeof(T)));
+}
+
+template <typename T>
 void upload(const std::vector<T>& host, T* device) {
   check(cudaMemcpy(device, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice),
         "cudaMemcpy (host to device)");
@@ -105,6 +113,8 @@ class Geometry {
       });
     }
     block_start[m] = next;
+    for (int64_t b = 0; b < m; ++b)
+      problem_.largest_block = std::max(problem_.largest_block, block_start[b + 1] - block_start[b]);
     arrays_ = DeviceBuffer(host.size() * sizeof(int64_t));
     upload(host, static_cast<int64_t*>(arrays_.data()));
     const auto* device = static_cast<const int64_t*>(arrays_.data());
@@ -163,8 +173,8 @@ class CudaAttention final : public backend::Attention<T> {
 
   bool forward(const T* q, const T* k, const T* v, T* o, T* saved_summaries,
                T* saved_mixed) const override {
-    T* s = saved_summaries ? saved_summaries : slot(Scratch::summaries, summary_elements());
-    T* m = saved_mixed ? saved_mixed : slot(Scratch::mixed, summary_elements());
+    T* s = saved_summaries ? saved_summaries : api_slot<T>(Scratch::summaries, summary_elements());
+    T* m = saved_mixed ? saved_mixed : api_slot<T>(Scratch::mixed, summary_elements());
     summaries(k, v, s);
     mix(s, m);
     return outputs(q, k, v, m, o);
@@ -175,13 +185,13 @@ class CudaAttention final : public backend::Attention<T> {
                 const T* saved_mixed) const override {
     const T* s = saved_summaries;
     if (s == nullptr) {
-      T* fresh = slot(Scratch::summaries, summary_elements());
+      T* fresh = api_slot<T>(Scratch::summaries, summary_elements());
       summaries(k, v, fresh);
       s = fresh;
     }
     const T* m = saved_mixed;
     if (m == nullptr) {
-      T* fresh = slot(Scratch::mixed, summary_elements());
+      T* fresh = api_slot<T>(Scratch::mixed, summary_elements());
       mix(s, fresh);
       m = fresh;
     }
@@ -228,9 +238,6 @@ class CudaAttention final : public backend::Attention<T> {
   int64_t summary_elements() const {
     return p().batch * p().heads * p().blocks * p().dk * (p().dv + 1);
   }
-  static T* slot(Scratch s, int64_t count) {
-    return static_cast<T*>(api_scratch.get(size_t(s), size_t(count) * sizeof(T)));
-  }
   void run_output_gradients(const T* q, const T* grad_o, const T* mixed, T* grad_mixed,
                             T* grad_q, int* flag) const {
     T* terms = own<T>(Own::token_terms, 2 * p().batch * p().tokens * p().heads);
@@ -239,6 +246,38 @@ class CudaAttention final : public backend::Attention<T> {
 
   const Geometry geometry_;
   const T* w_;
+};
+
+// The bfloat16 forward: summaries and outputs on tensor cores, the mix in
+// float between them. Backward has no bfloat16 kernels yet and returns false
+// without writing, so the API runs the float kernels on widened copies.
+class CudaBf16Attention final : public backend::Bf16Attention {
+ public:
+  CudaBf16Attention(const detail::Problem& p, const float* w) : geometry_(p), w_(w) {}
+  bool fits() const { return bf16_kernels_fit(geometry_.problem()); }
+
+  bool forward(const bfloat16* q, const bfloat16* k, const bfloat16* v, bfloat16* o,
+               float* saved_summaries, float* saved_mixed) const override {
+    const KernelProblem& p = geometry_.problem();
+    const int64_t elements = p.batch * p.heads * p.blocks * p.dk * (p.dv + 1);
+    float* s = saved_summaries ? saved_summaries : api_slot<float>(Scratch::summaries, elements);
+    float* m = saved_mixed ? saved_mixed : api_slot<float>(Scratch::mixed, elements);
+    bf16_summaries(p, bits(k), bits(v), s, nullptr);
+    cuda::mix(p, w_, s, m, nullptr);
+    const NonFiniteFlag flag;
+    bf16_outputs(p, bits(q), m, reinterpret_cast<uint16_t*>(o), flag.device(), nullptr);
+    return !flag.raised();
+  }
+  bool backward(const bfloat16*, const bfloat16*, const bfloat16*, const bfloat16*, bfloat16*,
+                bfloat16*, bfloat16*, float*, const float*, const float*) const override {
+    return false;
+  }
+
+ private:
+  static const uint16_t* bits(const bfloat16* x) { return reinterpret_cast<const uint16_t*>(x); }
+
+  const Geometry geometry_;
+  const float* w_;
 };
 
 class CudaBackend final : public backend::Backend {
@@ -251,9 +290,14 @@ class CudaBackend final : public backend::Backend {
                                                         const double* w) const override {
     return make_attention(p, w);
   }
-  std::unique_ptr<backend::Bf16Attention> bf16_attention(const detail::Problem&,
-                                                         const float*) const override {
-    return nullptr;
+  std::unique_ptr<backend::Bf16Attention> bf16_attention(const detail::Problem& p,
+                                                         const float* w) const override {
+    // Where the bfloat16 kernels do not apply, the API refuses the problem or
+    // runs it in float on widened copies (make_attention says which).
+    if (p.causal || p.first_block != 0 || p.mixing_blocks != p.blocks) return nullptr;
+    auto kernels = std::make_unique<CudaBf16Attention>(p, w);
+    if (!kernels->fits()) return nullptr;
+    return kernels;
   }
   std::unique_ptr<backend::DecodeState> decode_state(int64_t, int64_t) const override {
     unsupported("the streaming decoder");

@@ -1,16 +1,10 @@
 #include "cuda/cuda_check.hpp"
+#include "cuda/device_helpers.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/reference_kernels.cuh"
 
 namespace mhla::cuda {
 namespace {
-
-template <typename T>
-__device__ T feature(FeatureMap phi, T x) {
-  if (phi == FeatureMap::relu) return x > T(0) ? x : T(0);
-  if (phi == FeatureMap::elu1) return x > T(0) ? x + T(1) : exp(x);
-  return x;
-}
 
 template <typename T>
 __device__ T feature_derivative(FeatureMap phi, T x) {
@@ -35,11 +29,6 @@ __device__ T weight(const KernelProblem& p, const T* w, int64_t h, int64_t row, 
 // Whether the mix reads W[row, col].
 __device__ bool reads(const KernelProblem& p, int64_t row, int64_t col) {
   return !(p.lower_triangular || p.toeplitz) || col <= row;
-}
-
-// The flat row of token t of batch entry bb, head h, in a token tensor.
-__device__ int64_t token_row(const KernelProblem& p, int64_t bb, int64_t t, int64_t h) {
-  return (bb * p.tokens + t) * p.heads + h;
 }
 
 // The (batch, head) slice and the block of the token at a flat row of a token tensor.

@@ -20,6 +20,7 @@ namespace mhla::cuda {
 struct KernelProblem {
   int64_t batch = 0, tokens = 0, heads = 0, dk = 0, dv = 0;
   int64_t blocks = 0;               // M of this call
+  int64_t largest_block = 0;        // tokens in the largest block
   const int64_t* block_tokens = nullptr;  // [N]: the tokens of block 0, then block 1, ...
   const int64_t* block_start = nullptr;   // [M + 1]: block b is block_tokens[start[b] .. start[b+1])
   const int64_t* token_block = nullptr;   // [N]: the block of each token

@@ -4,6 +4,8 @@
 // that needs one skips, and the refusal of device tensors is checked instead.
 #include <cuda_runtime.h>
 
+#include <limits>
+
 #include "backend/backend.hpp"
 #include "test_support.hpp"
 
@@ -100,18 +102,26 @@ TEST_P(CudaOperator, MatchesTheCpuOperator) {
 
 INSTANTIATE_TEST_SUITE_P(AllModes, CudaOperator, testing::ValuesIn(all_mode_cases()), case_name);
 
-// bfloat16 tokens: the CUDA backend computes in float on widened copies, as
-// the CPU does without AVX512-BF16; both round the results once.
+std::vector<bfloat16> rounded(const std::vector<double>& x) {
+  std::vector<bfloat16> out(x.size());
+  for (size_t i = 0; i < x.size(); ++i) out[i] = to_bfloat16(float(x[i]));
+  return out;
+}
+
+std::vector<double> as_double(const std::vector<bfloat16>& x) {
+  std::vector<double> out(x.size());
+  for (size_t i = 0; i < x.size(); ++i) out[i] = to_float(x[i]);
+  return out;
+}
+
+// bfloat16 tokens: the CUDA forward runs its token products on tensor cores
+// and its backward in float on widened copies, as the CPU does without
+// AVX512-BF16; each rounds the results once.
 TEST(CudaBackend, Bfloat16MatchesTheCpuOperator) {
   SKIP_WITHOUT_DEVICE();
   Case c{"2d-ragged", 2, 2, 6, 5, TokenLayout::grid2d(7, 5, 3, 2)};
   const Inputs in = make_inputs(c, 3);
-  const auto b16 = [](const std::vector<double>& x) {
-    std::vector<bfloat16> out(x.size());
-    for (size_t i = 0; i < x.size(); ++i) out[i] = to_bfloat16(float(x[i]));
-    return out;
-  };
-  const auto q = b16(in.q), k = b16(in.k), v = b16(in.v), g = b16(in.grad_o);
+  const auto q = rounded(in.q), k = rounded(in.k), v = rounded(in.v), g = rounded(in.grad_o);
   const std::vector<float> w(in.w.begin(), in.w.end());
   std::vector<bfloat16> o(v.size());
   forward(c.options(), view(q, c.q_shape()), view(k, c.q_shape()), view(v, c.v_shape()),
@@ -123,11 +133,6 @@ TEST(CudaBackend, Bfloat16MatchesTheCpuOperator) {
   DeviceArray<float> dgw(w.size());
   forward(c.options(), dq.cview(c.q_shape()), dk.cview(c.q_shape()), dv.cview(c.v_shape()),
           dw.cview(c.w_shape()), dout.view(c.v_shape()));
-  const auto as_double = [](const std::vector<bfloat16>& x) {
-    std::vector<double> out(x.size());
-    for (size_t i = 0; i < x.size(); ++i) out[i] = to_float(x[i]);
-    return out;
-  };
   // One bfloat16 rounding of each result apart at most (2^-8 relative).
   EXPECT_CLOSE(as_double(dout.host()), as_double(o), 1e-2, "bfloat16 forward");
 
@@ -155,6 +160,51 @@ TEST(CudaBackend, Bfloat16MatchesTheCpuOperator) {
            view(gw64, c.w_shape()));
   EXPECT_CLOSE(dgw.host(), gw64, 2e-4, "bfloat16 grad w");
 }
+
+// The bfloat16 forward's tensor-core kernels against float64 on the same
+// bfloat16 inputs, in every mode they take, on the catalogue and on shapes
+// that span several tiles (Dk and Dv over 64, blocks over 64 tokens). Every
+// result array is poisoned (NaN) first, so an element left unwritten fails.
+std::vector<Case> bf16_cases() {
+  std::vector<Case> cases = shape_cases();
+  cases.push_back({"1d-wide-long-blocks", 1, 2, 130, 70, TokenLayout::sequence(300, 100)});
+  cases.push_back({"3d-ragged-wide", 2, 1, 72, 65, TokenLayout::grid3d(3, 9, 10, 2, 4, 6)});
+  return with_all_modes(cases);
+}
+
+class CudaBf16Forward : public testing::TestWithParam<Case> {};
+
+TEST_P(CudaBf16Forward, MatchesFloat64OnTheSameInputs) {
+  SKIP_WITHOUT_DEVICE();
+  const Case& c = GetParam();
+  if (c.masking == Masking::causal) GTEST_SKIP() << "token-level causal masking: refused on CUDA";
+  const Inputs in = make_inputs(c, 13);
+  const auto q = rounded(in.q), k = rounded(in.k), v = rounded(in.v);
+  const std::vector<float> w(in.w.begin(), in.w.end());
+  const std::vector<int64_t> s_shape = saved_summaries_shape(c.options(), c.q_shape(), c.v_shape());
+  const size_t n = size_t(numel(s_shape));
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const DeviceArray<bfloat16> dq(q), dk(k), dv(v);
+  const DeviceArray<float> dw(w);
+  DeviceArray<bfloat16> o(std::vector<bfloat16>(v.size(), to_bfloat16(nan)));
+  DeviceArray<float> s(std::vector<float>(n, nan)), m(std::vector<float>(n, nan));
+  forward(c.options(), dq.cview(c.q_shape()), dk.cview(c.q_shape()), dv.cview(c.v_shape()),
+          dw.cview(c.w_shape()), o.view(c.v_shape()), s.view(s_shape), m.view(s_shape));
+
+  const std::vector<double> q64 = as_double(q), k64 = as_double(k), v64 = as_double(v),
+                            w64 = widened(w);
+  std::vector<double> o64(v.size()), s64(n), m64(n);
+  forward<double>(c.options(), view(q64, c.q_shape()), view(k64, c.q_shape()),
+                  view(v64, c.v_shape()), view(w64, c.w_shape()), view(o64, c.v_shape()),
+                  view(s64, s_shape), view(m64, s_shape));
+  // Split bfloat16 operands keep the sums near float32: the summaries and the
+  // mix far inside 1e-4, o within its one rounding to bfloat16 (2^-9).
+  EXPECT_CLOSE(s.host(), s64, 1e-4, "summaries");
+  EXPECT_CLOSE(m.host(), m64, 1e-4, "mixed summaries");
+  EXPECT_CLOSE(as_double(o.host()), o64, 4e-3, "o");
+}
+
+INSTANTIATE_TEST_SUITE_P(AllModes, CudaBf16Forward, testing::ValuesIn(bf16_cases()), case_name);
 
 // Saved summaries from outside are held to fingerprints of k and v (read from
 // host copies): the matching ones pass, stale ones are refused by name.
