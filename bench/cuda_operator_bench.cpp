@@ -136,6 +136,7 @@ int main(int argc, char** argv) try {
                             {gk, shape, Device::cuda}, {gv, shape, Device::cuda},
                             {gw, w_shape, Device::cuda});
     });
+    setenv("MHLA_CUDA_BF16_KERNELS", "1", 1);  // the tensor-core kernels (docs/cuda.md)
     const double bf16_fwd = median_ms(repeats, [&] {
       mhla::forward(options, TensorView<const mhla::bfloat16>{bq, shape, Device::cuda},
                     TensorView<const mhla::bfloat16>{bk, shape, Device::cuda},

@@ -66,10 +66,9 @@ void backward(const Options& options, TensorView<const T> q, TensorView<const T>
 // the bfloat16 tensors in place, runs every product (dphi(q), dS~, dS, dw,
 // dphi(k), dv) on bfloat16 operands and rounds each gradient once. On other
 // CPUs, and in causal mode, both compute in float32 on widened copies in the
-// calling thread's scratch (release_scratch frees them). On CUDA the forward
-// runs its token products on tensor cores with split bfloat16 operands (near
-// float32 sums, o rounded once; docs/cuda.md) and backward computes in
-// float32 on widened copies. The fingerprints of
+// calling thread's scratch (release_scratch frees them), as both do on CUDA
+// (where MHLA_CUDA_BF16_KERNELS=1 runs the forward's token products on
+// tensor cores instead: not yet run on a GPU; docs/cuda.md). The fingerprints of
 // the saved arrays allow for the bfloat16 roundings of phi(k), and of w and
 // the summaries in the mix. See docs/operator.md, "bfloat16".
 void forward(const Options& options, TensorView<const bfloat16> q, TensorView<const bfloat16> k,

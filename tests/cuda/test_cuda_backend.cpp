@@ -4,6 +4,7 @@
 // that needs one skips, and the refusal of device tensors is checked instead.
 #include <cuda_runtime.h>
 
+#include <cstdlib>
 #include <limits>
 
 #include "backend/backend.hpp"
@@ -114,9 +115,8 @@ std::vector<double> as_double(const std::vector<bfloat16>& x) {
   return out;
 }
 
-// bfloat16 tokens: the CUDA forward runs its token products on tensor cores
-// and its backward in float on widened copies, as the CPU does without
-// AVX512-BF16; each rounds the results once.
+// bfloat16 tokens: by default the CUDA backend computes in float on widened
+// copies, as the CPU does without AVX512-BF16; both round the results once.
 TEST(CudaBackend, Bfloat16MatchesTheCpuOperator) {
   SKIP_WITHOUT_DEVICE();
   Case c{"2d-ragged", 2, 2, 6, 5, TokenLayout::grid2d(7, 5, 3, 2)};
@@ -172,7 +172,13 @@ std::vector<Case> bf16_cases() {
   return with_all_modes(cases);
 }
 
-class CudaBf16Forward : public testing::TestWithParam<Case> {};
+// The kernels run only where MHLA_CUDA_BF16_KERNELS=1 asks for them, until
+// they have passed on a GPU: each test sets it for its own duration.
+class CudaBf16Forward : public testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override { setenv("MHLA_CUDA_BF16_KERNELS", "1", 1); }
+  void TearDown() override { unsetenv("MHLA_CUDA_BF16_KERNELS"); }
+};
 
 TEST_P(CudaBf16Forward, MatchesFloat64OnTheSameInputs) {
   SKIP_WITHOUT_DEVICE();
