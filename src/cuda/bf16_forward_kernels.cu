@@ -175,11 +175,73 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// Grid (64 rows of W, 64 columns of the summaries, slice bh): mixed = W S on
+// one slice, S its [M, Dk (Dv + 1)] summaries. Each step stages 32 blocks:
+// W's entries as the masking lets each row read them, and S, both split.
+__global__ void __launch_bounds__(kThreads) mix_kernel(KernelProblem p, const float* w,
+                                                       const float* s, float* mixed) {
+  __shared__ __align__(32) bf16 w_hi[kTile][kChunk + kPad];
+  __shared__ __align__(32) bf16 w_lo[kTile][kChunk + kPad];
+  __shared__ __align__(32) bf16 s_hi[kChunk][kTile + kPad];
+  __shared__ __align__(32) bf16 s_lo[kChunk][kTile + kPad];
+  __shared__ __align__(32) float out[kTile][kTile + kOutPad];
+
+  const int64_t i0 = int64_t(blockIdx.x) * kTile, f0 = int64_t(blockIdx.y) * kTile, bh = blockIdx.z;
+  const int64_t width = p.dk * (p.dv + 1), h = bh % p.heads;
+  const float* slice = s + bh * p.blocks * width;
+  const int warp = threadIdx.x / 32;
+  // Lower-triangular and Toeplitz rows read no block past their own.
+  const int64_t last = p.lower_triangular || p.toeplitz ? min(p.blocks, i0 + kTile) : p.blocks;
+
+  Accumulator acc[kTile / kFrag];
+  for (Accumulator& a : acc) wmma::fill_fragment(a, 0.0f);
+  for (int64_t b0 = 0; b0 < last; b0 += kChunk) {
+    for (int e = threadIdx.x; e < kTile * kChunk; e += kThreads) {
+      const int i = e / kChunk, b = e % kChunk;
+      const int64_t row = i0 + i, col = b0 + b;
+      const float x = row < p.blocks && col < p.blocks && reads(p, row, col) ? weight(p, w, h, row, col) : 0.0f;
+      split(x, w_hi[i][b], w_lo[i][b]);
+    }
+    for (int e = threadIdx.x; e < kChunk * kTile; e += kThreads) {
+      const int b = e / kTile, j = e % kTile;
+      const float x = b0 + b < p.blocks && f0 + j < width ? slice[(b0 + b) * width + f0 + j] : 0.0f;
+      split(x, s_hi[b][j], s_lo[b][j]);
+    }
+    __syncthreads();
+    for (int step = 0; step < kChunk; step += kFrag) {
+      wmma::fragment<wmma::matrix_a, kFrag, kFrag, kFrag, bf16, wmma::row_major> a_hi, a_lo;
+      wmma::load_matrix_sync(a_hi, &w_hi[warp * kFrag][step], kChunk + kPad);
+      wmma::load_matrix_sync(a_lo, &w_lo[warp * kFrag][step], kChunk + kPad);
+      for (int n = 0; n < kTile / kFrag; ++n) {
+        wmma::fragment<wmma::matrix_b, kFrag, kFrag, kFrag, bf16, wmma::row_major> b_hi, b_lo;
+        wmma::load_matrix_sync(b_hi, &s_hi[step][n * kFrag], kTile + kPad);
+        wmma::load_matrix_sync(b_lo, &s_lo[step][n * kFrag], kTile + kPad);
+        wmma::mma_sync(acc[n], a_hi, b_hi, acc[n]);
+        wmma::mma_sync(acc[n], a_hi, b_lo, acc[n]);
+        wmma::mma_sync(acc[n], a_lo, b_hi, acc[n]);
+      }
+    }
+    __syncthreads();
+  }
+
+  for (int n = 0; n < kTile / kFrag; ++n)
+    wmma::store_matrix_sync(&out[warp * kFrag][n * kFrag], acc[n], kTile + kOutPad,
+                            wmma::mem_row_major);
+  __syncthreads();
+  float* dst = mixed + bh * p.blocks * width;
+  for (int e = threadIdx.x; e < kTile * kTile; e += kThreads) {
+    const int i = e / kTile, j = e % kTile;
+    if (i0 + i < p.blocks && f0 + j < width) dst[(i0 + i) * width + f0 + j] = out[i][j];
+  }
+}
+
 }  // namespace
 
 bool bf16_kernels_fit(const KernelProblem& p) {
   return p.batch * p.heads <= kMaxGrid && tiles(p.dk) * tiles(p.dv) <= kMaxGrid && p.blocks > 0 &&
-         p.blocks * tiles(p.largest_block) <= int64_t(INT32_MAX);
+         p.blocks * tiles(p.largest_block) <= int64_t(INT32_MAX) &&
+         tiles(p.dk * (p.dv + 1)) <= kMaxGrid && p.first_block == 0 &&
+         p.mixing_blocks == p.blocks;
 }
 
 void bf16_summaries(const KernelProblem& p, const uint16_t* k, const uint16_t* v, float* summaries,
@@ -187,6 +249,14 @@ void bf16_summaries(const KernelProblem& p, const uint16_t* k, const uint16_t* v
   const dim3 grid(unsigned(p.blocks), unsigned(p.batch * p.heads), unsigned(tiles(p.dk) * tiles(p.dv)));
   summaries_kernel<<<grid, kThreads, 0, stream>>>(p, k, v, summaries);
   check_launch("bf16 summaries kernel");
+}
+
+void bf16_mix(const KernelProblem& p, const float* w, const float* summaries, float* mixed,
+              cudaStream_t stream) {
+  const dim3 grid(unsigned(tiles(p.blocks)), unsigned(tiles(p.dk * (p.dv + 1))),
+                  unsigned(p.batch * p.heads));
+  mix_kernel<<<grid, kThreads, 0, stream>>>(p, w, summaries, mixed);
+  check_launch("bf16 mix kernel");
 }
 
 void bf16_outputs(const KernelProblem& p, const uint16_t* q, const float* mixed, uint16_t* o,

@@ -1,7 +1,7 @@
 // The CUDA backend: the operator's phases as the one-thread-per-result
 // kernels of cuda/reference_kernels.cuh, on the default stream, with
-// per-thread device scratch; the bfloat16 forward's token phases on tensor
-// cores (cuda/bf16_forward_kernels.cuh), its mix and its backward in float.
+// per-thread device scratch; the bfloat16 forward on tensor cores
+// (cuda/bf16_forward_kernels.cuh), its backward in float.
 // Token-level causal masking, the decoder's step and the softmax baseline are
 // not implemented on CUDA and are refused by name.
 #include <cuda_runtime.h>
@@ -249,8 +249,7 @@ class CudaAttention final : public backend::Attention<T> {
   const T* w_;
 };
 
-// The bfloat16 forward: summaries and outputs on tensor cores, the mix in
-// float between them. Backward has no bfloat16 kernels yet and returns false
+// The bfloat16 forward on tensor cores. Backward has no bfloat16 kernels yet and returns false
 // without writing, so the API runs the float kernels on widened copies.
 class CudaBf16Attention final : public backend::Bf16Attention {
  public:
@@ -264,7 +263,7 @@ class CudaBf16Attention final : public backend::Bf16Attention {
     float* s = saved_summaries ? saved_summaries : api_slot<float>(Scratch::summaries, elements);
     float* m = saved_mixed ? saved_mixed : api_slot<float>(Scratch::mixed, elements);
     bf16_summaries(p, bits(k), bits(v), s, nullptr);
-    cuda::mix(p, w_, s, m, nullptr);
+    bf16_mix(p, w_, s, m, nullptr);
     const NonFiniteFlag flag;
     bf16_outputs(p, bits(q), m, reinterpret_cast<uint16_t*>(o), flag.device(), nullptr);
     return !flag.raised();
@@ -304,8 +303,7 @@ class CudaBackend final : public backend::Backend {
                                                          const float* w) const override {
     // Where the bfloat16 kernels do not apply, the API refuses the problem or
     // runs it in float on widened copies (make_attention says which).
-    if (!bf16_kernels_requested() || p.causal || p.first_block != 0 || p.mixing_blocks != p.blocks)
-      return nullptr;
+    if (!bf16_kernels_requested() || p.causal) return nullptr;
     auto kernels = std::make_unique<CudaBf16Attention>(p, w);
     if (!kernels->fits()) return nullptr;
     return kernels;

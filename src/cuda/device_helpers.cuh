@@ -1,6 +1,6 @@
 #pragma once
-// What every kernel shares on the device: phi, the feature map, and where a
-// token's row sits in a token tensor.
+// What every kernel shares on the device: phi, the feature map, W's entries
+// as the mix reads them, and where a token's row sits in a token tensor.
 #include <cstdint>
 
 #include "cuda/reference_kernels.cuh"
@@ -13,6 +13,25 @@ __device__ inline T feature(FeatureMap phi, T x) {
   if (phi == FeatureMap::relu) return x > T(0) ? x : T(0);
   if (phi == FeatureMap::elu1) return x > T(0) ? x + T(1) : exp(x);
   return x;
+}
+
+// W[row, col] of head h's copy (row, col absolute block indices); every
+// entry 1 for w == nullptr, the parameter-free sum of linear attention.
+template <typename T>
+__device__ inline T weight(const KernelProblem& p, const T* w, int64_t h, int64_t row,
+                           int64_t col) {
+  if (w == nullptr) return T(1);
+  const int64_t copy = p.per_head ? h : 0;
+  if (p.toeplitz) {
+    const int64_t d = row - col < p.toeplitz_length ? row - col : p.toeplitz_length;
+    return w[copy * (p.toeplitz_length + 1) + d];
+  }
+  return w[(copy * p.w_stride + row) * p.w_stride + col];
+}
+
+// Whether the mix reads W[row, col].
+__device__ inline bool reads(const KernelProblem& p, int64_t row, int64_t col) {
+  return !(p.lower_triangular || p.toeplitz) || col <= row;
 }
 
 // The flat row of token t of batch entry bb, head h, in a token tensor.

@@ -13,24 +13,6 @@ __device__ T feature_derivative(FeatureMap phi, T x) {
   return T(1);
 }
 
-// W[row, col] of head h's copy (row, col absolute block indices); every
-// entry 1 for w == nullptr, the parameter-free sum of linear attention.
-template <typename T>
-__device__ T weight(const KernelProblem& p, const T* w, int64_t h, int64_t row, int64_t col) {
-  if (w == nullptr) return T(1);
-  const int64_t copy = p.per_head ? h : 0;
-  if (p.toeplitz) {
-    const int64_t d = row - col < p.toeplitz_length ? row - col : p.toeplitz_length;
-    return w[copy * (p.toeplitz_length + 1) + d];
-  }
-  return w[(copy * p.w_stride + row) * p.w_stride + col];
-}
-
-// Whether the mix reads W[row, col].
-__device__ bool reads(const KernelProblem& p, int64_t row, int64_t col) {
-  return !(p.lower_triangular || p.toeplitz) || col <= row;
-}
-
 // The (batch, head) slice and the block of the token at a flat row of a token tensor.
 struct TokenPlace {
   int64_t bh, block;
