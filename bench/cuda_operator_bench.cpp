@@ -100,8 +100,10 @@ int main(int argc, char** argv) try {
   };
   cudaDeviceProp props{};
   check(cudaGetDeviceProperties(&props, 0), "cudaGetDeviceProperties");
-  std::printf("device: %s; float32 on the reference kernels, bf16 forward on tensor cores; "
-              "median of %d\n", props.name, repeats);
+  std::printf(
+      "device: %s; float32 on the reference kernels, bf16 forward on tensor cores; "
+      "median of %d\n",
+      props.name, repeats);
   std::printf("%-44s %12s %12s %12s %14s %14s\n", "shape", "fwd ms", "fwd+bwd ms", "bf16 fwd ms",
               "bytes floor ms", "bf16 flop floor ms");
   std::mt19937 rng(1);

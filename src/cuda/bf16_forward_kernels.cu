@@ -21,9 +21,7 @@ constexpr int64_t kMaxGrid = 65535;  // gridDim.y and gridDim.z
 
 using Accumulator = wmma::fragment<wmma::accumulator, kFrag, kFrag, kFrag, float>;
 
-__device__ inline float to_float(uint16_t bits) {
-  return __uint_as_float(uint32_t(bits) << 16);
-}
+__device__ inline float to_float(uint16_t bits) { return __uint_as_float(uint32_t(bits) << 16); }
 
 // x as hi + lo, both bfloat16.
 __device__ inline void split(float x, bf16& hi, bf16& lo) {
@@ -35,8 +33,8 @@ __host__ __device__ inline int64_t tiles(int64_t extent) { return (extent + kTil
 
 // Grid (block b, slice bh, Dk tile x Dv tile). Each step stages kChunk of the
 // block's tokens: phi(k) split in two, v as it is (already bfloat16).
-__global__ void __launch_bounds__(kThreads) summaries_kernel(KernelProblem p, const uint16_t* k,
-                                                             const uint16_t* v, float* s) {
+__global__ void __launch_bounds__(kThreads)
+    summaries_kernel(KernelProblem p, const uint16_t* k, const uint16_t* v, float* s) {
   __shared__ __align__(32) bf16 k_hi[kChunk][kTile + kPad];
   __shared__ __align__(32) bf16 k_lo[kChunk][kTile + kPad];
   __shared__ __align__(32) bf16 vs[kChunk][kTile + kPad];
@@ -45,7 +43,8 @@ __global__ void __launch_bounds__(kThreads) summaries_kernel(KernelProblem p, co
   const int64_t block = blockIdx.x, bh = blockIdx.y;
   const int64_t bb = bh / p.heads, h = bh % p.heads;
   const int64_t dv_tiles = tiles(p.dv);
-  const int64_t dk0 = int64_t(blockIdx.z) / dv_tiles * kTile, dv0 = int64_t(blockIdx.z) % dv_tiles * kTile;
+  const int64_t dk0 = int64_t(blockIdx.z) / dv_tiles * kTile,
+                dv0 = int64_t(blockIdx.z) % dv_tiles * kTile;
   const int warp = threadIdx.x / 32;
   const int64_t first = p.block_start[block], count = p.block_start[block + 1] - first;
 
@@ -131,7 +130,9 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t a0 = 0; a0 < p.dk; a0 += kChunk) {
     for (int e = threadIdx.x; e < kTile * kChunk; e += kThreads) {
       const int t = e / kChunk, a = e % kChunk;
-      const float x = rows[t] >= 0 && a0 + a < p.dk ? feature(p.phi, to_float(q[rows[t] * p.dk + a0 + a])) : 0.0f;
+      const float x = rows[t] >= 0 && a0 + a < p.dk
+                          ? feature(p.phi, to_float(q[rows[t] * p.dk + a0 + a]))
+                          : 0.0f;
       split(x, q_hi[t][a], q_lo[t][a]);
     }
     for (int e = threadIdx.x; e < kChunk * kTile; e += kThreads) {
@@ -178,8 +179,8 @@ __global__ void __launch_bounds__(kThreads)
 // Grid (64 rows of W, 64 columns of the summaries, slice bh): mixed = W S on
 // one slice, S its [M, Dk (Dv + 1)] summaries. Each step stages 32 blocks:
 // W's entries as the masking lets each row read them, and S, both split.
-__global__ void __launch_bounds__(kThreads) mix_kernel(KernelProblem p, const float* w,
-                                                       const float* s, float* mixed) {
+__global__ void __launch_bounds__(kThreads)
+    mix_kernel(KernelProblem p, const float* w, const float* s, float* mixed) {
   __shared__ __align__(32) bf16 w_hi[kTile][kChunk + kPad];
   __shared__ __align__(32) bf16 w_lo[kTile][kChunk + kPad];
   __shared__ __align__(32) bf16 s_hi[kChunk][kTile + kPad];
@@ -199,7 +200,8 @@ __global__ void __launch_bounds__(kThreads) mix_kernel(KernelProblem p, const fl
     for (int e = threadIdx.x; e < kTile * kChunk; e += kThreads) {
       const int i = e / kChunk, b = e % kChunk;
       const int64_t row = i0 + i, col = b0 + b;
-      const float x = row < p.blocks && col < p.blocks && reads(p, row, col) ? weight(p, w, h, row, col) : 0.0f;
+      const float x =
+          row < p.blocks && col < p.blocks && reads(p, row, col) ? weight(p, w, h, row, col) : 0.0f;
       split(x, w_hi[i][b], w_lo[i][b]);
     }
     for (int e = threadIdx.x; e < kChunk * kTile; e += kThreads) {
@@ -240,13 +242,13 @@ __global__ void __launch_bounds__(kThreads) mix_kernel(KernelProblem p, const fl
 bool bf16_kernels_fit(const KernelProblem& p) {
   return p.batch * p.heads <= kMaxGrid && tiles(p.dk) * tiles(p.dv) <= kMaxGrid && p.blocks > 0 &&
          p.blocks * tiles(p.largest_block) <= int64_t(INT32_MAX) &&
-         tiles(p.dk * (p.dv + 1)) <= kMaxGrid && p.first_block == 0 &&
-         p.mixing_blocks == p.blocks;
+         tiles(p.dk * (p.dv + 1)) <= kMaxGrid && p.first_block == 0 && p.mixing_blocks == p.blocks;
 }
 
 void bf16_summaries(const KernelProblem& p, const uint16_t* k, const uint16_t* v, float* summaries,
                     cudaStream_t stream) {
-  const dim3 grid(unsigned(p.blocks), unsigned(p.batch * p.heads), unsigned(tiles(p.dk) * tiles(p.dv)));
+  const dim3 grid(unsigned(p.blocks), unsigned(p.batch * p.heads),
+                  unsigned(tiles(p.dk) * tiles(p.dv)));
   summaries_kernel<<<grid, kThreads, 0, stream>>>(p, k, v, summaries);
   check_launch("bf16 summaries kernel");
 }

@@ -115,7 +115,8 @@ class Geometry {
     }
     block_start[m] = next;
     for (int64_t b = 0; b < m; ++b)
-      problem_.largest_block = std::max(problem_.largest_block, block_start[b + 1] - block_start[b]);
+      problem_.largest_block =
+          std::max(problem_.largest_block, block_start[b + 1] - block_start[b]);
     arrays_ = DeviceBuffer(host.size() * sizeof(int64_t));
     upload(host, static_cast<int64_t*>(arrays_.data()));
     const auto* device = static_cast<const int64_t*>(arrays_.data());
@@ -239,8 +240,8 @@ class CudaAttention final : public backend::Attention<T> {
   int64_t summary_elements() const {
     return p().batch * p().heads * p().blocks * p().dk * (p().dv + 1);
   }
-  void run_output_gradients(const T* q, const T* grad_o, const T* mixed, T* grad_mixed,
-                            T* grad_q, int* flag) const {
+  void run_output_gradients(const T* q, const T* grad_o, const T* mixed, T* grad_mixed, T* grad_q,
+                            int* flag) const {
     T* terms = own<T>(Own::token_terms, 2 * p().batch * p().tokens * p().heads);
     cuda::output_gradients(p(), q, mixed, grad_o, grad_q, grad_mixed, terms, flag, nullptr);
   }
@@ -315,8 +316,8 @@ class CudaBackend final : public backend::Backend {
                        float*, float*) const override {
     unsupported("softmax attention");
   }
-  void softmax_forward(const backend::SoftmaxProblem&, const double*, const double*,
-                       const double*, double*, double*) const override {
+  void softmax_forward(const backend::SoftmaxProblem&, const double*, const double*, const double*,
+                       double*, double*) const override {
     unsupported("softmax attention");
   }
   void softmax_backward(const backend::SoftmaxProblem&, const float*, const float*, const float*,
@@ -324,9 +325,9 @@ class CudaBackend final : public backend::Backend {
                         float*) const override {
     unsupported("softmax attention");
   }
-  void softmax_backward(const backend::SoftmaxProblem&, const double*, const double*,
-                        const double*, const double*, const double*, const double*, double*,
-                        double*, double*) const override {
+  void softmax_backward(const backend::SoftmaxProblem&, const double*, const double*, const double*,
+                        const double*, const double*, const double*, double*, double*,
+                        double*) const override {
     unsupported("softmax attention");
   }
 
