@@ -149,6 +149,20 @@ double relative_error(const std::vector<T>& got, const std::vector<double>& want
   return err / scale;
 }
 
+// x rounded to bfloat16 (to nearest, ties to even), and bfloat16 values back
+// as doubles (exact).
+inline std::vector<bfloat16> rounded_to_bfloat16(const std::vector<double>& x) {
+  std::vector<bfloat16> out(x.size());
+  for (size_t i = 0; i < x.size(); ++i) out[i] = to_bfloat16(float(x[i]));
+  return out;
+}
+
+inline std::vector<double> bfloat16_values(const std::vector<bfloat16>& x) {
+  std::vector<double> out(x.size());
+  for (size_t i = 0; i < x.size(); ++i) out[i] = to_float(x[i]);
+  return out;
+}
+
 // Each argument is evaluated once (got may be a call with side effects).
 #define EXPECT_CLOSE(got, want, tol, what)                                     \
   do {                                                                         \

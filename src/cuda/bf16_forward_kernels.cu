@@ -31,6 +31,33 @@ __device__ inline void split(float x, bf16& hi, bf16& lo) {
 
 __host__ __device__ inline int64_t tiles(int64_t extent) { return (extent + kTile - 1) / kTile; }
 
+// acc[n] += (A_hi + A_lo) (B_hi + B_lo) over one kFrag-deep step, all but
+// the lo*lo term: A is this warp's 16 rows (row-major, leading dimension lda),
+// B the tile's 64 columns (row-major, ldb).
+__device__ inline void split_product_step(Accumulator (&acc)[kTile / kFrag], const bf16* a_hi,
+                                          const bf16* a_lo, int lda, const bf16* b_hi,
+                                          const bf16* b_lo, int ldb) {
+  wmma::fragment<wmma::matrix_a, kFrag, kFrag, kFrag, bf16, wmma::row_major> ah, al;
+  wmma::load_matrix_sync(ah, a_hi, lda);
+  wmma::load_matrix_sync(al, a_lo, lda);
+  for (int n = 0; n < kTile / kFrag; ++n) {
+    wmma::fragment<wmma::matrix_b, kFrag, kFrag, kFrag, bf16, wmma::row_major> bh, bl;
+    wmma::load_matrix_sync(bh, b_hi + n * kFrag, ldb);
+    wmma::load_matrix_sync(bl, b_lo + n * kFrag, ldb);
+    wmma::mma_sync(acc[n], ah, bh, acc[n]);
+    wmma::mma_sync(acc[n], ah, bl, acc[n]);
+    wmma::mma_sync(acc[n], al, bh, acc[n]);
+  }
+}
+
+// This warp's 16 rows of the tile's accumulators into out (row-major).
+__device__ inline void store_rows(const Accumulator (&acc)[kTile / kFrag],
+                                  float (&out)[kTile][kTile + kOutPad], int warp) {
+  for (int n = 0; n < kTile / kFrag; ++n)
+    wmma::store_matrix_sync(&out[warp * kFrag][n * kFrag], acc[n], kTile + kOutPad,
+                            wmma::mem_row_major);
+}
+
 // Grid (block b, slice bh, Dk tile x Dv tile). Each step stages kChunk of the
 // block's tokens: phi(k) split in two, v as it is (already bfloat16).
 __global__ void __launch_bounds__(kThreads)
@@ -83,9 +110,7 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
   }
 
-  for (int n = 0; n < kTile / kFrag; ++n)
-    wmma::store_matrix_sync(&out[warp * kFrag][n * kFrag], acc[n], kTile + kOutPad,
-                            wmma::mem_row_major);
+  store_rows(acc, out, warp);
   __syncthreads();
   const int64_t width = p.dv + 1;
   float* dst = s + (bh * p.blocks + block) * p.dk * width;
@@ -145,25 +170,13 @@ __global__ void __launch_bounds__(kThreads)
       for (int a = 0; a < kChunk && a0 + a < p.dk; ++a)
         den += (__bfloat162float(q_hi[threadIdx.x][a]) + __bfloat162float(q_lo[threadIdx.x][a])) *
                m[(a0 + a) * width + p.dv];
-    for (int step = 0; step < kChunk; step += kFrag) {
-      wmma::fragment<wmma::matrix_a, kFrag, kFrag, kFrag, bf16, wmma::row_major> a_hi, a_lo;
-      wmma::load_matrix_sync(a_hi, &q_hi[warp * kFrag][step], kChunk + kPad);
-      wmma::load_matrix_sync(a_lo, &q_lo[warp * kFrag][step], kChunk + kPad);
-      for (int n = 0; n < kTile / kFrag; ++n) {
-        wmma::fragment<wmma::matrix_b, kFrag, kFrag, kFrag, bf16, wmma::row_major> b_hi, b_lo;
-        wmma::load_matrix_sync(b_hi, &m_hi[step][n * kFrag], kTile + kPad);
-        wmma::load_matrix_sync(b_lo, &m_lo[step][n * kFrag], kTile + kPad);
-        wmma::mma_sync(acc[n], a_hi, b_hi, acc[n]);
-        wmma::mma_sync(acc[n], a_hi, b_lo, acc[n]);
-        wmma::mma_sync(acc[n], a_lo, b_hi, acc[n]);
-      }
-    }
+    for (int step = 0; step < kChunk; step += kFrag)
+      split_product_step(acc, &q_hi[warp * kFrag][step], &q_lo[warp * kFrag][step], kChunk + kPad,
+                         &m_hi[step][0], &m_lo[step][0], kTile + kPad);
     __syncthreads();
   }
 
-  for (int n = 0; n < kTile / kFrag; ++n)
-    wmma::store_matrix_sync(&out[warp * kFrag][n * kFrag], acc[n], kTile + kOutPad,
-                            wmma::mem_row_major);
+  store_rows(acc, out, warp);
   if (threadIdx.x < kTile) denominator[threadIdx.x] = den;
   __syncthreads();
   for (int e = threadIdx.x; e < kTile * kTile; e += kThreads) {
@@ -210,25 +223,13 @@ __global__ void __launch_bounds__(kThreads)
       split(x, s_hi[b][j], s_lo[b][j]);
     }
     __syncthreads();
-    for (int step = 0; step < kChunk; step += kFrag) {
-      wmma::fragment<wmma::matrix_a, kFrag, kFrag, kFrag, bf16, wmma::row_major> a_hi, a_lo;
-      wmma::load_matrix_sync(a_hi, &w_hi[warp * kFrag][step], kChunk + kPad);
-      wmma::load_matrix_sync(a_lo, &w_lo[warp * kFrag][step], kChunk + kPad);
-      for (int n = 0; n < kTile / kFrag; ++n) {
-        wmma::fragment<wmma::matrix_b, kFrag, kFrag, kFrag, bf16, wmma::row_major> b_hi, b_lo;
-        wmma::load_matrix_sync(b_hi, &s_hi[step][n * kFrag], kTile + kPad);
-        wmma::load_matrix_sync(b_lo, &s_lo[step][n * kFrag], kTile + kPad);
-        wmma::mma_sync(acc[n], a_hi, b_hi, acc[n]);
-        wmma::mma_sync(acc[n], a_hi, b_lo, acc[n]);
-        wmma::mma_sync(acc[n], a_lo, b_hi, acc[n]);
-      }
-    }
+    for (int step = 0; step < kChunk; step += kFrag)
+      split_product_step(acc, &w_hi[warp * kFrag][step], &w_lo[warp * kFrag][step], kChunk + kPad,
+                         &s_hi[step][0], &s_lo[step][0], kTile + kPad);
     __syncthreads();
   }
 
-  for (int n = 0; n < kTile / kFrag; ++n)
-    wmma::store_matrix_sync(&out[warp * kFrag][n * kFrag], acc[n], kTile + kOutPad,
-                            wmma::mem_row_major);
+  store_rows(acc, out, warp);
   __syncthreads();
   float* dst = mixed + bh * p.blocks * width;
   for (int e = threadIdx.x; e < kTile * kTile; e += kThreads) {

@@ -103,25 +103,14 @@ TEST_P(CudaOperator, MatchesTheCpuOperator) {
 
 INSTANTIATE_TEST_SUITE_P(AllModes, CudaOperator, testing::ValuesIn(all_mode_cases()), case_name);
 
-std::vector<bfloat16> rounded(const std::vector<double>& x) {
-  std::vector<bfloat16> out(x.size());
-  for (size_t i = 0; i < x.size(); ++i) out[i] = to_bfloat16(float(x[i]));
-  return out;
-}
-
-std::vector<double> as_double(const std::vector<bfloat16>& x) {
-  std::vector<double> out(x.size());
-  for (size_t i = 0; i < x.size(); ++i) out[i] = to_float(x[i]);
-  return out;
-}
-
 // bfloat16 tokens: by default the CUDA backend computes in float on widened
 // copies, as the CPU does without AVX512-BF16; both round the results once.
 TEST(CudaBackend, Bfloat16MatchesTheCpuOperator) {
   SKIP_WITHOUT_DEVICE();
   Case c{"2d-ragged", 2, 2, 6, 5, TokenLayout::grid2d(7, 5, 3, 2)};
   const Inputs in = make_inputs(c, 3);
-  const auto q = rounded(in.q), k = rounded(in.k), v = rounded(in.v), g = rounded(in.grad_o);
+  const auto q = rounded_to_bfloat16(in.q), k = rounded_to_bfloat16(in.k),
+             v = rounded_to_bfloat16(in.v), g = rounded_to_bfloat16(in.grad_o);
   const std::vector<float> w(in.w.begin(), in.w.end());
   std::vector<bfloat16> o(v.size());
   forward(c.options(), view(q, c.q_shape()), view(k, c.q_shape()), view(v, c.v_shape()),
@@ -134,7 +123,7 @@ TEST(CudaBackend, Bfloat16MatchesTheCpuOperator) {
   forward(c.options(), dq.cview(c.q_shape()), dk.cview(c.q_shape()), dv.cview(c.v_shape()),
           dw.cview(c.w_shape()), dout.view(c.v_shape()));
   // One bfloat16 rounding of each result apart at most (2^-8 relative).
-  EXPECT_CLOSE(as_double(dout.host()), as_double(o), 1e-2, "bfloat16 forward");
+  EXPECT_CLOSE(bfloat16_values(dout.host()), bfloat16_values(o), 1e-2, "bfloat16 forward");
 
   std::vector<bfloat16> gq(q.size()), gk(k.size()), gv(v.size());
   std::vector<float> gw(w.size());
@@ -145,15 +134,16 @@ TEST(CudaBackend, Bfloat16MatchesTheCpuOperator) {
            dw.cview(c.w_shape()), dout.cview(c.v_shape()), dg.cview(c.v_shape()),
            dgq.view(c.q_shape()), dgk.view(c.q_shape()), dgv.view(c.v_shape()),
            dgw.view(c.w_shape()));
-  EXPECT_CLOSE(as_double(dgq.host()), as_double(gq), 1e-2, "bfloat16 grad q");
-  EXPECT_CLOSE(as_double(dgk.host()), as_double(gk), 1e-2, "bfloat16 grad k");
-  EXPECT_CLOSE(as_double(dgv.host()), as_double(gv), 1e-2, "bfloat16 grad v");
+  EXPECT_CLOSE(bfloat16_values(dgq.host()), bfloat16_values(gq), 1e-2, "bfloat16 grad q");
+  EXPECT_CLOSE(bfloat16_values(dgk.host()), bfloat16_values(gk), 1e-2, "bfloat16 grad k");
+  EXPECT_CLOSE(bfloat16_values(dgv.host()), bfloat16_values(gv), 1e-2, "bfloat16 grad v");
   // grad w is float, so it is held to float64 on the same bfloat16 inputs
   // rather than to the CPU, whose AVX512-BF16 products (where the CPU has
   // them) round each product to bfloat16.
   std::vector<double> gq64(q.size()), gk64(k.size()), gv64(v.size()), gw64(w.size());
-  const std::vector<double> q64 = as_double(q), k64 = as_double(k), v64 = as_double(v),
-                            o64 = as_double(dout.host()), g64 = as_double(g), w64 = widened(w);
+  const std::vector<double> q64 = bfloat16_values(q), k64 = bfloat16_values(k),
+                            v64 = bfloat16_values(v), o64 = bfloat16_values(dout.host()),
+                            g64 = bfloat16_values(g), w64 = widened(w);
   backward(c.options(), view(q64, c.q_shape()), view(k64, c.q_shape()), view(v64, c.v_shape()),
            view(w64, c.w_shape()), view(o64, c.v_shape()), view(g64, c.v_shape()),
            view(gq64, c.q_shape()), view(gk64, c.q_shape()), view(gv64, c.v_shape()),
@@ -185,7 +175,8 @@ TEST_P(CudaBf16Forward, MatchesFloat64OnTheSameInputs) {
   const Case& c = GetParam();
   if (c.masking == Masking::causal) GTEST_SKIP() << "token-level causal masking: refused on CUDA";
   const Inputs in = make_inputs(c, 13);
-  const auto q = rounded(in.q), k = rounded(in.k), v = rounded(in.v);
+  const auto q = rounded_to_bfloat16(in.q), k = rounded_to_bfloat16(in.k),
+             v = rounded_to_bfloat16(in.v);
   const std::vector<float> w(in.w.begin(), in.w.end());
   const std::vector<int64_t> s_shape = saved_summaries_shape(c.options(), c.q_shape(), c.v_shape());
   const size_t n = size_t(numel(s_shape));
@@ -197,8 +188,8 @@ TEST_P(CudaBf16Forward, MatchesFloat64OnTheSameInputs) {
   forward(c.options(), dq.cview(c.q_shape()), dk.cview(c.q_shape()), dv.cview(c.v_shape()),
           dw.cview(c.w_shape()), o.view(c.v_shape()), s.view(s_shape), m.view(s_shape));
 
-  const std::vector<double> q64 = as_double(q), k64 = as_double(k), v64 = as_double(v),
-                            w64 = widened(w);
+  const std::vector<double> q64 = bfloat16_values(q), k64 = bfloat16_values(k),
+                            v64 = bfloat16_values(v), w64 = widened(w);
   std::vector<double> o64(v.size()), s64(n), m64(n);
   forward<double>(c.options(), view(q64, c.q_shape()), view(k64, c.q_shape()),
                   view(v64, c.v_shape()), view(w64, c.w_shape()), view(o64, c.v_shape()),
@@ -207,7 +198,7 @@ TEST_P(CudaBf16Forward, MatchesFloat64OnTheSameInputs) {
   // mix far inside 1e-4, o within its one rounding to bfloat16 (2^-9).
   EXPECT_CLOSE(s.host(), s64, 1e-4, "summaries");
   EXPECT_CLOSE(m.host(), m64, 1e-4, "mixed summaries");
-  EXPECT_CLOSE(as_double(o.host()), o64, 4e-3, "o");
+  EXPECT_CLOSE(bfloat16_values(o.host()), o64, 4e-3, "o");
 }
 
 INSTANTIATE_TEST_SUITE_P(AllModes, CudaBf16Forward, testing::ValuesIn(bf16_cases()), case_name);

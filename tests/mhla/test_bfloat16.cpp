@@ -17,18 +17,6 @@
 namespace mhla::test {
 namespace {
 
-std::vector<bfloat16> rounded(const std::vector<double>& x) {
-  std::vector<bfloat16> out(x.size());
-  for (size_t i = 0; i < x.size(); ++i) out[i] = to_bfloat16(float(x[i]));
-  return out;
-}
-
-std::vector<double> widened(const std::vector<bfloat16>& x) {
-  std::vector<double> out(x.size());
-  for (size_t i = 0; i < x.size(); ++i) out[i] = to_float(x[i]);
-  return out;
-}
-
 struct Bf16Results {
   std::vector<bfloat16> o, gq, gk, gv;
   std::vector<float> gw;
@@ -44,7 +32,8 @@ struct Bf16Results {
 Bf16Results run_bf16(const Case& c, const Inputs& in, int threads, bool save = true) {
   const int before = omp_get_max_threads();
   omp_set_num_threads(threads);
-  const auto q = rounded(in.q), k = rounded(in.k), v = rounded(in.v), g = rounded(in.grad_o);
+  const auto q = rounded_to_bfloat16(in.q), k = rounded_to_bfloat16(in.k),
+             v = rounded_to_bfloat16(in.v), g = rounded_to_bfloat16(in.grad_o);
   const auto w = cast<float>(in.w);
   Bf16Results r{std::vector<bfloat16>(v.size()), std::vector<bfloat16>(q.size()),
                 std::vector<bfloat16>(k.size()), std::vector<bfloat16>(v.size()),
@@ -68,8 +57,10 @@ Bf16Results run_bf16(const Case& c, const Inputs& in, int threads, bool save = t
 // The float64 operator on the inputs as the bfloat16 call sees them.
 Inputs as_rounded(const Inputs& in) {
   Inputs r = in;
-  r.q = widened(rounded(in.q)), r.k = widened(rounded(in.k)), r.v = widened(rounded(in.v));
-  r.grad_o = widened(rounded(in.grad_o));
+  r.q = bfloat16_values(rounded_to_bfloat16(in.q)),
+  r.k = bfloat16_values(rounded_to_bfloat16(in.k)),
+  r.v = bfloat16_values(rounded_to_bfloat16(in.v));
+  r.grad_o = bfloat16_values(rounded_to_bfloat16(in.grad_o));
   for (double& x : r.w) x = float(x);
   return r;
 }
@@ -107,11 +98,11 @@ constexpr double kGradWTolerance = 0.09;
 void expect_matches_double(const Case& c, const Inputs& in, const Bf16Results& got,
                            const OperatorResults<double>& want) {
   const Inputs exact_in = as_rounded(in);
-  const OperatorResults<double> grads = double_gradients_at(c, exact_in, widened(got.o));
-  EXPECT_CLOSE(widened(got.o), want.o, kOutputTolerance, "o");
-  EXPECT_CLOSE(widened(got.gq), grads.gq, kGradientTolerance, "grad_q");
-  EXPECT_CLOSE(widened(got.gk), grads.gk, kGradientTolerance, "grad_k");
-  EXPECT_CLOSE(widened(got.gv), grads.gv, kGradientTolerance, "grad_v");
+  const OperatorResults<double> grads = double_gradients_at(c, exact_in, bfloat16_values(got.o));
+  EXPECT_CLOSE(bfloat16_values(got.o), want.o, kOutputTolerance, "o");
+  EXPECT_CLOSE(bfloat16_values(got.gq), grads.gq, kGradientTolerance, "grad_q");
+  EXPECT_CLOSE(bfloat16_values(got.gk), grads.gk, kGradientTolerance, "grad_k");
+  EXPECT_CLOSE(bfloat16_values(got.gv), grads.gv, kGradientTolerance, "grad_v");
   EXPECT_CLOSE(got.gw, grads.gw, kGradWTolerance, "grad_w");
 }
 
@@ -166,14 +157,16 @@ TEST(Bfloat16, TheWidenedFloatPathAgrees) {
     const Bf16Results widened_path = run_bf16(c, in, 1);
     cpu::simd::pin_target(0);
     expect_matches_double(c, in, widened_path, want);
-    EXPECT_CLOSE(widened(widened_path.o), widened(best.o), kOutputTolerance, "o, both paths");
+    EXPECT_CLOSE(bfloat16_values(widened_path.o), bfloat16_values(best.o), kOutputTolerance,
+                 "o, both paths");
   }
 }
 
 // The bfloat16 forward's o, keeping the summaries and the mixed summaries as asked.
 std::vector<bfloat16> bf16_output(const Case& c, const Inputs& in, bool keep_summaries,
                                   bool keep_mixed) {
-  const auto q = rounded(in.q), k = rounded(in.k), v = rounded(in.v);
+  const auto q = rounded_to_bfloat16(in.q), k = rounded_to_bfloat16(in.k),
+             v = rounded_to_bfloat16(in.v);
   const auto w = cast<float>(in.w);
   const auto shape = saved_summaries_shape(c.options(), c.q_shape(), c.v_shape());
   std::vector<float> summaries(size_t(numel(shape))), mixed(summaries.size());
@@ -221,8 +214,9 @@ TEST(Bfloat16, RepeatsBitForBitAcrossThreadCounts) {
 TEST(Bfloat16, SummariesSavedForOtherKeysAreRefused) {
   const Case c{"1d", 1, 2, 8, 8, TokenLayout::sequence(64, 16)};
   const Inputs in = make_inputs(c, 6), other = make_inputs(c, 7);
-  const auto q = rounded(in.q), k = rounded(in.k), v = rounded(in.v), g = rounded(in.grad_o);
-  const auto k2 = rounded(other.k);
+  const auto q = rounded_to_bfloat16(in.q), k = rounded_to_bfloat16(in.k),
+             v = rounded_to_bfloat16(in.v), g = rounded_to_bfloat16(in.grad_o);
+  const auto k2 = rounded_to_bfloat16(other.k);
   const auto w = cast<float>(in.w);
   const auto shape = saved_summaries_shape(c.options(), c.q_shape(), c.v_shape());
   std::vector<float> summaries(size_t(numel(shape)));
@@ -244,7 +238,8 @@ TEST(Bfloat16, SummariesSavedForOtherKeysAreRefused) {
 TEST(Bfloat16, BadArgumentsAreNamed) {
   const Case c{"1d", 1, 2, 8, 8, TokenLayout::sequence(64, 16)};
   const Inputs in = make_inputs(c, 8);
-  const auto q = rounded(in.q), k = rounded(in.k), v = rounded(in.v), g = rounded(in.grad_o);
+  const auto q = rounded_to_bfloat16(in.q), k = rounded_to_bfloat16(in.k),
+             v = rounded_to_bfloat16(in.v), g = rounded_to_bfloat16(in.grad_o);
   const auto w = cast<float>(in.w);
   std::vector<bfloat16> o(v.size()), gq(q.size()), gk(k.size()), gv(v.size());
   std::vector<float> gw(w.size());
