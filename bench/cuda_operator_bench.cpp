@@ -1,6 +1,6 @@
 // The CUDA backend's operator at the shapes of the GPU anchors (docs/cuda.md):
 // median forward and forward+backward times in float, the forward in
-// bfloat16 (its token phases on tensor cores), next to the two floors
+// bfloat16 (on tensor cores), next to the two floors
 // of each shape: the bytes the forward must move (read q, k, v; write o) over
 // the card's copy rate, and its FLOPs over the card's dense bf16 rate.
 //
@@ -106,6 +106,7 @@ int main(int argc, char** argv) try {
       props.name, repeats);
   std::printf("%-44s %12s %12s %12s %14s %14s\n", "shape", "fwd ms", "fwd+bwd ms", "bf16 fwd ms",
               "bytes floor ms", "bf16 flop floor ms");
+  setenv("MHLA_CUDA_BF16_KERNELS", "1", 1);  // the bf16 tensor-core kernels (docs/cuda.md)
   std::mt19937 rng(1);
   for (const Shape& s : shapes) {
     const int64_t n = s.layout.num_tokens(), m = s.layout.num_blocks();
@@ -138,7 +139,6 @@ int main(int argc, char** argv) try {
                             {gk, shape, Device::cuda}, {gv, shape, Device::cuda},
                             {gw, w_shape, Device::cuda});
     });
-    setenv("MHLA_CUDA_BF16_KERNELS", "1", 1);  // the tensor-core kernels (docs/cuda.md)
     const double bf16_fwd = median_ms(repeats, [&] {
       mhla::forward(options, TensorView<const mhla::bfloat16>{bq, shape, Device::cuda},
                     TensorView<const mhla::bfloat16>{bk, shape, Device::cuda},

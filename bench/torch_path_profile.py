@@ -17,9 +17,7 @@ import mhla
 import mhla.torch as mt
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "tests"))
-from einsum_formulation import einsum_mhla  # noqa: E402
-from gpu_check import SHAPES  # noqa: E402
+from gpu_check import SHAPES, einsum_mhla  # noqa: E402  (gpu_check finds the tests' einsum formulation)
 
 
 def profile(name, forward, inputs, rows):

@@ -7,7 +7,7 @@
 # packages, the .deb files in gpu-deps/ (scripts/gpu_deps.sh) are unpacked and
 # built against. MHLA_GPU_CHECK_PARTS="python" (or "cuda") runs one stage only;
 # MHLA_GPU_CHECK_PYTHON replaces the Python stage's script and arguments
-# (e.g. "bench/torch_path_variants.py").
+# (e.g. "bench/torch_path_profile.py").
 # Logs go to $OUT (default /tmp/mhla-gpu-check).
 #
 #   bash scripts/gpu_check.sh [benchmark repeats]

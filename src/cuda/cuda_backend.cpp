@@ -143,6 +143,10 @@ class Geometry {
     problem_.scale = p.scale;
   }
   const KernelProblem& problem() const { return problem_; }
+  // The elements of the summaries and of the mixed summaries, [B*H, M, Dk, Dv + 1].
+  int64_t summary_elements() const {
+    return problem_.batch * problem_.heads * problem_.blocks * problem_.dk * (problem_.dv + 1);
+  }
 
  private:
   DeviceBuffer arrays_;
@@ -237,9 +241,7 @@ class CudaAttention final : public backend::Attention<T> {
 
  private:
   const KernelProblem& p() const { return geometry_.problem(); }
-  int64_t summary_elements() const {
-    return p().batch * p().heads * p().blocks * p().dk * (p().dv + 1);
-  }
+  int64_t summary_elements() const { return geometry_.summary_elements(); }
   void run_output_gradients(const T* q, const T* grad_o, const T* mixed, T* grad_mixed, T* grad_q,
                             int* flag) const {
     T* terms = own<T>(Own::token_terms, 2 * p().batch * p().tokens * p().heads);
@@ -260,7 +262,7 @@ class CudaBf16Attention final : public backend::Bf16Attention {
   bool forward(const bfloat16* q, const bfloat16* k, const bfloat16* v, bfloat16* o,
                float* saved_summaries, float* saved_mixed) const override {
     const KernelProblem& p = geometry_.problem();
-    const int64_t elements = p.batch * p.heads * p.blocks * p.dk * (p.dv + 1);
+    const int64_t elements = geometry_.summary_elements();
     float* s = saved_summaries ? saved_summaries : api_slot<float>(Scratch::summaries, elements);
     float* m = saved_mixed ? saved_mixed : api_slot<float>(Scratch::mixed, elements);
     bf16_summaries(p, bits(k), bits(v), s, nullptr);
