@@ -151,10 +151,11 @@ def main():
         here = os.path.dirname(os.path.abspath(__file__))
         env = dict(os.environ, MHLA_TEST_DEVICE="cuda")
         workers = ["-n", str(args.workers)] if args.workers > 1 and importlib.util.find_spec("xdist") else []
-        tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *workers,
-                                os.path.join(here, "..", "python", "tests", "test_pure_torch.py")],
+        files = [os.path.join(here, "..", "python", "tests", name)
+                 for name in ("test_pure_torch.py", "test_cuda_tensors.py")]
+        tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *workers, *files],
                                env=env).returncode
-        print(f"test_pure_torch.py on cuda: {'passed' if tests == 0 else 'FAILED'}")
+        print(f"test_pure_torch.py and test_cuda_tensors.py on cuda: {'passed' if tests == 0 else 'FAILED'}")
     rows = [time_shape(*shape) for shape in SHAPES]
     print("\n| shape | MHLA fwd / fwd+bwd ms | einsum MHLA | FlashAttention | cuDNN | "
           "MHLA / einsum fwd, fwd+bwd | MHLA / cuDNN fwd, fwd+bwd | MHLA fwd+bwd peak MiB |")

@@ -2,8 +2,9 @@
 # The GPU checks in one call: builds the library with the CUDA backend and
 # nothing else of the project (-DMHLA_BUILD_TOOLS=OFF), runs the CUDA tests
 # and the CUDA benchmark; then, time permitting, builds the Python package
-# for the machine's python3 (its torch) and runs bench/gpu_check.py, the
-# check of mhla.torch's pure-torch path on CUDA tensors. Where the machine lacks the Debian
+# for the machine's python3 (its torch), with the CUDA backend, and runs
+# bench/gpu_check.py: the tests of mhla.torch's pure-torch path and of CUDA
+# tensors through mhla.forward/backward on the device, then the timings. Where the machine lacks the Debian
 # packages, the .deb files in gpu-deps/ (scripts/gpu_deps.sh) are unpacked and
 # built against. MHLA_GPU_CHECK_PARTS="python" (or "cuda") runs one stage only;
 # MHLA_GPU_CHECK_PYTHON replaces the Python stage's script and arguments
@@ -49,12 +50,15 @@ status=0
 
 # MHLA_GPU_CHECK_PARTS picks the stages: "cuda" (the C++ backend), "python" (the torch path).
 parts=" ${MHLA_GPU_CHECK_PARTS:-cuda python} "
+# One build tree for both stages: the Python package links the library the
+# first stage compiled, CUDA backend included.
+nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+configure=(-S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DMHLA_WITH_CUDA=ON
+  -DCMAKE_CUDA_COMPILER="$nvcc" -DMHLA_BUILD_TOOLS=OFF -DMHLA_WITH_MPI=OFF
+  -DCMAKE_PREFIX_PATH="$root/usr")
 if [[ "$parts" == *" cuda "* ]]; then
-  nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
   echo "== configure (logs: $out) =="
-  if ! cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DMHLA_WITH_CUDA=ON \
-    -DCMAKE_CUDA_COMPILER="$nvcc" -DMHLA_BUILD_TOOLS=OFF -DMHLA_BUILD_PYTHON=OFF \
-    -DMHLA_WITH_MPI=OFF -DCMAKE_PREFIX_PATH="$root/usr" > "$out/configure.log" 2>&1; then
+  if ! cmake "${configure[@]}" -DMHLA_BUILD_PYTHON=OFF > "$out/configure.log" 2>&1; then
     tail -40 "$out/configure.log"
     exit 1
   fi
@@ -75,17 +79,16 @@ if [[ "$parts" == *" cuda "* ]]; then
 fi
 [[ "$parts" == *" python "* ]] || exit $status
 
-echo "== the Python package's torch path on CUDA tensors (bench/gpu_check.py) =="
+echo "== the Python package on CUDA tensors (bench/gpu_check.py) =="
 py=$(command -v python3)
 if ((SECONDS > ${MHLA_PYTHON_STAGE_BEFORE:-300})); then
   echo "skipped: ${SECONDS} s gone (it starts only before ${MHLA_PYTHON_STAGE_BEFORE:-300} s)"
 elif pybind=$("$py" -m pybind11 --cmakedir 2> /dev/null) &&
-  cmake -S . -B build-gpu-python -DCMAKE_BUILD_TYPE=Release -DMHLA_BUILD_TOOLS=OFF \
-    -DMHLA_BUILD_TESTS=OFF -DMHLA_WITH_MPI=OFF -DMHLA_BUILD_PYTHON=ON -DPython_EXECUTABLE="$py" \
-    -Dpybind11_DIR="$pybind" -DCMAKE_PREFIX_PATH="$root/usr" > "$out/configure-python.log" 2>&1 &&
-  cmake --build build-gpu-python -j "$(nproc)" --target mhla_python > "$out/build-python.log" 2>&1; then
+  cmake "${configure[@]}" -DMHLA_BUILD_PYTHON=ON -DPython_EXECUTABLE="$py" \
+    -Dpybind11_DIR="$pybind" > "$out/configure-python.log" 2>&1 &&
+  cmake --build build-gpu -j "$(nproc)" --target mhla_python > "$out/build-python.log" 2>&1; then
   read -ra script <<< "${MHLA_GPU_CHECK_PYTHON:-bench/gpu_check.py --json $out/gpu-check.json --workers 4}"
-  PYTHONPATH=$PWD/build-gpu-python/python "$py" "${script[@]}" 2>&1 | tee "$out/gpu-check.txt" || status=1
+  PYTHONPATH=$PWD/build-gpu/python "$py" "${script[@]}" 2>&1 | tee "$out/gpu-check.txt" || status=1
 else
   echo "the Python package did not build (logs: $out/configure-python.log, $out/build-python.log)"
   tail -20 "$out/configure-python.log" "$out/build-python.log" 2> /dev/null || true

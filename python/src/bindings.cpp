@@ -12,6 +12,7 @@
 #include "api/private_state_backward.hpp"
 #include "conversion_bindings.hpp"
 #include "core/validate.hpp"
+#include "cuda_interop.hpp"
 #include "decoder_bindings.hpp"
 #include "dlpack_buffer.hpp"
 #include "dlpack_import.hpp"
@@ -56,9 +57,11 @@ std::vector<int64_t> summaries_shape_for_forward(const Options& options, const I
 }
 
 // The operator's tensors: float32, float64 or bfloat16 (float16 has no
-// entry point: mhla.torch widens it to float32).
+// entry point: mhla.torch widens it to float32), on the CPU or on CUDA. The
+// results go to q's device; the library refuses a call whose tensors are on
+// different devices.
 ImportedTensor operator_tensor(py::handle object, const char* name) {
-  ImportedTensor t(object, name, true);
+  ImportedTensor t(object, name, true, Devices::cpu_and_cuda);
   if (t.dtype() == DType::float16)
     throw py::type_error(std::string(name) +
                          " has dtype float16; the operator takes float32, float64 or bfloat16 "
@@ -109,12 +112,12 @@ py::tuple mhla_forward(py::handle q_, py::handle k_, py::handle v_, py::handle w
     const int marker = 0;
     detail::check_qkv("mhla::forward", &marker, q.shape(), &marker, k.shape(), &marker, v.shape());
   }
-  Buffer o(q.dtype(), v.shape());
+  Buffer o(q.dtype(), v.shape(), q.place());
   std::optional<Buffer> saved, mixed;
   if (save_summaries || save_mixed) {
     const std::vector<int64_t> shape = summaries_shape_for_forward(options, q, k, v, w, o);
-    if (save_summaries) saved.emplace(w.dtype(), shape);
-    if (save_mixed) mixed.emplace(w.dtype(), shape);
+    if (save_summaries) saved.emplace(w.dtype(), shape, q.place());
+    if (save_mixed) mixed.emplace(w.dtype(), shape, q.place());
   }
   if (bf16) {
     compute([&] {
@@ -151,16 +154,16 @@ py::tuple mhla_backward(py::handle q_, py::handle k_, py::handle v_, py::handle 
     check_same_dtype({&q, &w});
   std::optional<ImportedTensor> summaries;
   if (!summaries_.is_none()) {
-    summaries.emplace(summaries_, "summaries");
+    summaries.emplace(summaries_, "summaries", false, Devices::cpu_and_cuda);
     check_same_dtype({bf16 ? &w : &q, &*summaries});
   }
   std::optional<ImportedTensor> mixed;
   if (!mixed_.is_none()) {
-    mixed.emplace(mixed_, "mixed");
+    mixed.emplace(mixed_, "mixed", false, Devices::cpu_and_cuda);
     check_same_dtype({bf16 ? &w : &q, &*mixed});
   }
-  Buffer gq(q.dtype(), q.shape()), gk(q.dtype(), k.shape()), gv(q.dtype(), v.shape()),
-      gw(w.dtype(), w.shape());
+  Buffer gq(q.dtype(), q.shape(), q.place()), gk(q.dtype(), k.shape(), q.place()),
+      gv(q.dtype(), v.shape(), q.place()), gw(w.dtype(), w.shape(), q.place());
   // Only mhla.torch's autograd function holds its saved arrays privately.
   const auto saved_arrays =
       private_state ? detail::SavedArrays::private_to_caller : detail::SavedArrays::from_outside;
@@ -269,9 +272,11 @@ PYBIND11_MODULE(_core, m) {
   using namespace mhla;
   using namespace mhla::python;
   m.doc() =
-      "MHLA operator bindings (CPU). Use the mhla package, which wraps results in the caller's "
+      "MHLA operator bindings (CPU; CUDA for forward and backward in CUDA builds). Use the mhla "
+      "package, which wraps results in the caller's "
       "tensor type.";
   m.attr("__version__") = MHLA_VERSION_STRING;
+  m.attr("has_cuda_backend") = python::cuda::backend_built();
   m.def(
       "release_memory",
       [] {
@@ -297,7 +302,7 @@ PYBIND11_MODULE(_core, m) {
                      "protocol (numpy.asarray).")
       .def_buffer(&Buffer::buffer_info)
       .def("__dlpack__", &Buffer::dlpack, "stream"_a = py::none())
-      .def_static("__dlpack_device__", &Buffer::dlpack_device)
+      .def("__dlpack_device__", &Buffer::dlpack_device)
       .def_property_readonly("shape",
                              [](const Buffer& b) { return py::tuple(py::cast(b.shape())); })
       .def_property_readonly("dtype", [](const Buffer& b) { return dtype_name(b.dtype()); });

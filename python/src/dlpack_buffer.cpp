@@ -4,7 +4,10 @@
 #include <deque>
 #include <mutex>
 #include <new>
+#include <string>
 #include <utility>
+
+#include "cuda_interop.hpp"
 
 namespace py = pybind11;
 
@@ -85,6 +88,10 @@ struct Export {
   DLManagedTensor managed{};
 };
 
+DLDevice dlpack_device_of(Place place) {
+  return place.device == Device::cuda ? DLDevice{kDLCUDA, place.id} : DLDevice{kDLCPU, 0};
+}
+
 void delete_export(DLManagedTensor* managed) { delete static_cast<Export*>(managed->manager_ctx); }
 
 // Frees an export nobody consumed (a consumer renames the capsule "used_dltensor").
@@ -97,9 +104,14 @@ void delete_unused_capsule(PyObject* capsule) {
 
 }  // namespace
 
-Buffer::Buffer(DType dtype, std::vector<int64_t> shape) : dtype_(dtype), shape_(std::move(shape)) {
+Buffer::Buffer(DType dtype, std::vector<int64_t> shape, Place place)
+    : dtype_(dtype), shape_(std::move(shape)), place_(place) {
   size_t bytes = dtype_size(dtype_);
   for (int64_t extent : shape_) bytes *= static_cast<size_t>(extent);
+  if (place_.device == Device::cuda) {
+    storage_ = cuda::allocate(bytes);
+    return;
+  }
   // Cache-line aligned, as the kernels' own buffers; never a null pointer.
   const size_t rounded = (bytes + 63) / 64 * 64 + 64 * (bytes == 0);
   storage_ = std::shared_ptr<void>(RecycledMemory::instance().take(rounded), [rounded](void* p) {
@@ -112,13 +124,17 @@ void release_recycled_buffers() { RecycledMemory::instance().release(); }
 size_t recycled_buffer_bytes() { return RecycledMemory::instance().held(); }
 
 py::capsule Buffer::dlpack(py::object stream) const {
-  if (!stream.is_none()) throw py::value_error("__dlpack__: stream must be None for CPU memory");
+  if (place_.device == Device::cpu && !stream.is_none())
+    throw py::value_error("__dlpack__: stream must be None for CPU memory");
+  // None: the consumer works on the legacy default stream, which is mhla's.
+  if (place_.device == Device::cuda && !stream.is_none())
+    cuda::order_after_backend(stream.cast<int64_t>());
   auto owned = std::make_unique<Export>();
   Export& e = *owned;
   e.shape = shape_;
   e.storage = storage_;
   e.managed.dl_tensor.data = storage_.get();
-  e.managed.dl_tensor.device = DLDevice{kDLCPU, 0};
+  e.managed.dl_tensor.device = dlpack_device_of(place_);
   e.managed.dl_tensor.ndim = static_cast<int32_t>(shape_.size());
   e.managed.dl_tensor.dtype = to_dlpack(dtype_);
   e.managed.dl_tensor.shape = e.shape.data();
@@ -131,9 +147,16 @@ py::capsule Buffer::dlpack(py::object stream) const {
   return capsule;
 }
 
-py::tuple Buffer::dlpack_device() { return py::make_tuple(static_cast<int>(kDLCPU), 0); }
+py::tuple Buffer::dlpack_device() const {
+  const DLDevice device = dlpack_device_of(place_);
+  return py::make_tuple(static_cast<int>(device.device_type), device.device_id);
+}
 
 py::buffer_info Buffer::buffer_info() {
+  if (place_.device == Device::cuda)
+    throw py::type_error("a buffer on cuda:" + std::to_string(place_.id) +
+                         " cannot be read through the buffer protocol (host memory only); read "
+                         "it with torch.from_dlpack");
   if (dtype_ == DType::bfloat16)
     throw py::type_error(
         "a bfloat16 buffer has no buffer-protocol format (NumPy has no bfloat16); read it with "

@@ -1,7 +1,8 @@
 #pragma once
-// Memory the bindings allocate for results, handed to the caller's framework
-// through the DLPack protocol (torch.from_dlpack) or the buffer protocol
-// (numpy.asarray) without a copy. The memory lives as long as any tensor made from it.
+// Memory the bindings allocate for results, on the CPU or on the inputs' CUDA
+// device, handed to the caller's framework through the DLPack protocol
+// (torch.from_dlpack) or, on the CPU, the buffer protocol (numpy.asarray)
+// without a copy. The memory lives as long as any tensor made from it.
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
@@ -13,21 +14,29 @@
 
 namespace mhla::python {
 
+// Where a tensor's memory is: the device kind and, for CUDA, its index.
+struct Place {
+  Device device = Device::cpu;
+  int id = 0;
+};
+
 class Buffer {
  public:
-  Buffer(DType dtype, std::vector<int64_t> shape);
+  Buffer(DType dtype, std::vector<int64_t> shape, Place place = {});
 
   DType dtype() const { return dtype_; }
   const std::vector<int64_t>& shape() const { return shape_; }
 
   template <typename T>
   TensorView<T> view() {
-    return {static_cast<T*>(storage_.get()), shape_};
+    return {static_cast<T*>(storage_.get()), shape_, place_.device};
   }
 
-  // The DLPack protocol. `stream` must be None: the memory is on the CPU.
+  // The DLPack protocol. For CPU memory `stream` must be None; for CUDA
+  // memory the consumer's stream (DLPack's code) is made to wait for the
+  // computation that wrote it.
   pybind11::capsule dlpack(pybind11::object stream) const;
-  static pybind11::tuple dlpack_device();
+  pybind11::tuple dlpack_device() const;
   // The buffer protocol, for NumPy: numpy.asarray(buffer) is a writable view
   // (numpy.from_dlpack would mark it read-only).
   pybind11::buffer_info buffer_info();
@@ -35,6 +44,7 @@ class Buffer {
  private:
   DType dtype_;
   std::vector<int64_t> shape_;
+  Place place_;
   std::shared_ptr<void> storage_;
 };
 

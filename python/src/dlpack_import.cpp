@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <string>
 
+#include "cuda_interop.hpp"
 #include "mhla/tensor.hpp"
 
 namespace py = pybind11;
@@ -21,12 +22,6 @@ std::string device_name(int type, int id) {
     default:
       return "DLPack device type " + std::to_string(type) + " (id " + std::to_string(id) + ")";
   }
-}
-
-void check_cpu(const char* name, int type, int id) {
-  if (type != kDLCPU)
-    throw py::value_error(std::string(name) + " is on " + device_name(type, id) +
-                          "; mhla runs on the CPU (move it there first, e.g. .cpu())");
 }
 
 DType dtype_from(const char* name, DLDataType t, bool storage_types) {
@@ -56,8 +51,9 @@ bool is_c_contiguous(const std::vector<int64_t>& shape, const std::vector<int64_
 
 }  // namespace
 
-ImportedTensor::ImportedTensor(py::handle object, const char* name, bool storage_types)
-    : name_(name), storage_types_(storage_types) {
+ImportedTensor::ImportedTensor(py::handle object, const char* name, bool storage_types,
+                               Devices devices)
+    : name_(name), storage_types_(storage_types), devices_(devices) {
   if (!py::hasattr(object, "__dlpack__")) {
     if (PyObject_CheckBuffer(object.ptr())) {
       import_buffer(object);
@@ -68,13 +64,17 @@ ImportedTensor::ImportedTensor(py::handle object, const char* name, bool storage
         " must be a tensor that supports DLPack (torch.Tensor, numpy.ndarray), not " +
         std::string(py::str(py::type::handle_of(object).attr("__name__"))));
   }
+  // A tensor that says where it is gets checked before it is exported; one on
+  // CUDA is asked to order its pending work before the backend's stream.
+  bool on_cuda = false;
   if (py::hasattr(object, "__dlpack_device__")) {
     const auto [type, id] = object.attr("__dlpack_device__")().cast<std::pair<int, int>>();
-    check_cpu(name, type, id);
+    on_cuda = admit_device(type, id).device == Device::cuda;
   }
   py::object exported;
   try {
-    exported = object.attr("__dlpack__")();
+    exported = on_cuda ? object.attr("__dlpack__")(py::arg("stream") = cuda::kLegacyDefaultStream)
+                       : object.attr("__dlpack__")();
   } catch (py::error_already_set& e) {
     if (e.matches(PyExc_BufferError) && PyObject_CheckBuffer(object.ptr())) {
       import_buffer(object);
@@ -87,17 +87,36 @@ ImportedTensor::ImportedTensor(py::handle object, const char* name, bool storage
                    (std::string(name) + " could not be read through DLPack: " + reason).c_str());
     throw py::error_already_set();
   }
-  import_dlpack(exported);
+  import_dlpack(exported, on_cuda);
 }
 
-void ImportedTensor::import_dlpack(const py::object& capsule) {
+Place ImportedTensor::admit_device(int type, int id) const {
+  if (type == kDLCPU) return {};
+  if (type == kDLCUDA && devices_ == Devices::cpu_and_cuda) {
+    cuda::check_usable(name_, id);
+    return {Device::cuda, id};
+  }
+  std::string message = std::string(name_) + " is on " + device_name(type, id);
+  if (!cuda::backend_built())
+    message += "; mhla runs on the CPU: move it there first (e.g. .cpu())";
+  else if (devices_ == Devices::cpu_and_cuda)
+    message += "; mhla runs on the CPU and on CUDA devices: move it to the CPU first (e.g. .cpu())";
+  else
+    message +=
+        "; this function of mhla runs on the CPU only: move it there first (e.g. .cpu()); "
+        "mhla.forward and mhla.backward take CUDA tensors too";
+  throw py::value_error(message);
+}
+
+void ImportedTensor::import_dlpack(const py::object& capsule, bool ordered) {
   if (!PyCapsule_IsValid(capsule.ptr(), "dltensor"))
     throw py::type_error(std::string(name_) +
                          ".__dlpack__() did not return an unused DLPack capsule");
   owner_ = capsule;
   const DLTensor& t =
       static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule.ptr(), "dltensor"))->dl_tensor;
-  check_cpu(name_, t.device.device_type, t.device.device_id);
+  place_ = admit_device(t.device.device_type, t.device.device_id);
+  if (place_.device == Device::cuda && !ordered) cuda::wait_for_device();
   dtype_ = dtype_from(name_, t.dtype, storage_types_);
   shape_.assign(t.shape, t.shape + t.ndim);
   if (t.strides != nullptr) check_strides(std::vector<int64_t>(t.strides, t.strides + t.ndim));

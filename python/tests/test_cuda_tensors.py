@@ -1,0 +1,168 @@
+"""CUDA tensors through DLPack: mhla.forward and mhla.backward hand them to the
+library's CUDA backend (results on the inputs' device, ordered with the
+caller's stream); every other entry point, and a build or a machine without
+that backend, refuses them by name before reading them.
+
+The tests that need a GPU skip without one; the refusals run everywhere."""
+import ctypes
+
+import pytest
+import torch
+
+import mhla
+from mhla import _core
+
+LAYOUT = mhla.Layout.grid2d(5, 6, 2, 4)  # ragged edge tiles: M = 3 x 2
+HEADS, DK, DV = 2, 8, 4
+
+gpu = pytest.mark.skipif(
+    not (_core.has_cuda_backend and torch.cuda.is_available()),
+    reason="needs a CUDA device and an mhla built with its CUDA backend")
+
+
+def operands(dtype=torch.float32, device="cpu", seed=0):
+    g = torch.Generator().manual_seed(seed)
+    n, m = LAYOUT.num_tokens, LAYOUT.num_blocks
+    q = torch.randn(2, n, HEADS, DK, generator=g, dtype=dtype)
+    k = torch.randn(2, n, HEADS, DK, generator=g, dtype=dtype)
+    v = torch.randn(2, n, HEADS, DV, generator=g, dtype=dtype)
+    w = 0.2 + torch.rand(m, m, generator=g, dtype=torch.float32 if dtype == torch.bfloat16 else dtype)
+    return tuple(x.to(device) for x in (q, k, v, w))
+
+
+class AnnouncedOnCuda:
+    """A tensor that says it is on cuda:`id`; it must be refused before it is exported."""
+
+    def __init__(self, id):
+        self.id = id
+
+    def __dlpack__(self, stream=None):
+        raise AssertionError("must not be exported")
+
+    def __dlpack_device__(self):
+        return (2, self.id)  # kDLCUDA
+
+
+def refusal_of_a_cuda_operand(name, id):
+    """What mhla.forward says of operand `name` on cuda:`id` where it cannot run there."""
+    if not _core.has_cuda_backend:
+        return f"{name} is on cuda:{id}, but this build of mhla has no CUDA backend"
+    return (f"{name} is on cuda:{id}(, but no CUDA device is visible to this process"
+            f"| but the current CUDA device is cuda:\\d+; make it current first)")
+
+
+@pytest.mark.skipif(torch.cuda.device_count() > 1, reason="cuda:1 exists here")
+def test_an_operand_on_an_unusable_cuda_device_is_refused_before_export():
+    q, k, v, w = operands()
+    with pytest.raises(ValueError, match=refusal_of_a_cuda_operand("k", 1)):
+        mhla.forward(q, AnnouncedOnCuda(1), v, w, layout=LAYOUT)
+
+
+def test_functions_without_a_cuda_backend_refuse_cuda_tensors_by_name():
+    q, k, v, w = operands()
+    cpu_only = ("this function of mhla runs on the CPU only" if _core.has_cuda_backend
+                else "mhla runs on the CPU")
+    with pytest.raises(ValueError, match=f"q is on cuda:0; {cpu_only}"):
+        mhla.varlen_forward(AnnouncedOnCuda(0), k[:1], v[:1], w, [0, LAYOUT.num_tokens], block=4)
+    with pytest.raises(ValueError, match=f"v is on cuda:0; {cpu_only}"):
+        mhla.linear_attention_forward(q, k, AnnouncedOnCuda(0))
+
+
+class DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+class DLManagedTensor(ctypes.Structure):
+    _fields_ = [("dl_tensor", DLTensor), ("manager_ctx", ctypes.c_void_p),
+                ("deleter", ctypes.c_void_p)]
+
+
+class UnannouncedOnCuda:
+    """A DLPack producer without __dlpack_device__ whose capsule says cuda:0. Its
+    data address is not readable memory: reading it would crash the test."""
+
+    def __init__(self, shape):
+        self.shape = (ctypes.c_int64 * len(shape))(*shape)
+        self.managed = DLManagedTensor()
+        self.managed.dl_tensor = DLTensor(0x1000, DLDevice(2, 0), len(shape), DLDataType(2, 32, 1),
+                                          self.shape, None, 0)
+
+    def __dlpack__(self, stream=None):
+        new_capsule = ctypes.pythonapi.PyCapsule_New
+        new_capsule.restype = ctypes.py_object
+        new_capsule.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+        return new_capsule(ctypes.addressof(self.managed), b"dltensor", None)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a device is visible: the address would be read")
+def test_a_cuda_capsule_from_a_producer_that_did_not_say_so_is_refused_by_name():
+    q, k, v, w = operands()
+    cuda_v = UnannouncedOnCuda(list(v.shape))
+    with pytest.raises(ValueError, match=refusal_of_a_cuda_operand("v", 0)):
+        mhla.forward(q, k, cuda_v, w, layout=LAYOUT)
+    with pytest.raises(ValueError, match="v is on cuda:0; (this function of )?mhla runs on the CPU"):
+        mhla.linear_attention_forward(q, k, cuda_v)
+
+
+# ---- on a GPU ----------------------------------------------------------------------------------
+
+
+@gpu
+@pytest.mark.parametrize("dtype,tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
+def test_forward_and_backward_on_cuda_match_the_cpu(dtype, tolerance):
+    q, k, v, w = operands(dtype)
+    want_o, want_saved = mhla.forward(q, k, v, w, layout=LAYOUT, save_summaries=True)
+    grad_o = torch.randn_like(want_o)
+    want = mhla.backward(q, k, v, w, want_o, grad_o, summaries=want_saved, layout=LAYOUT)
+    cuda = [x.cuda() for x in (q, k, v, w)]
+    o, saved = mhla.forward(*cuda, layout=LAYOUT, save_summaries=True)
+    assert o.device == q.cuda().device and saved.device == o.device and o.dtype == dtype
+    got = mhla.backward(*cuda, o, grad_o.cuda(), summaries=saved, layout=LAYOUT)
+    for name, g, x in zip(["o", "grad_q", "grad_k", "grad_v", "grad_w"], (o,) + got,
+                          (want_o,) + want):
+        assert g.is_cuda, name
+        torch.testing.assert_close(g.cpu().float(), x.float(), rtol=tolerance, atol=tolerance,
+                                   msg=lambda m: f"{name}: {m}")
+
+
+@gpu
+def test_work_pending_on_the_callers_stream_is_ordered_before_and_after_the_call():
+    q, k, v, w = operands()
+    want, _ = mhla.forward(q, k, v, w, layout=LAYOUT)
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        # q is written on the side stream after a long sleep: a call that does
+        # not wait for it reads zeros.
+        q_cuda = torch.zeros_like(q, device="cuda")
+        torch.cuda._sleep(200_000_000)
+        q_cuda.copy_(q, non_blocking=False)
+        o, _ = mhla.forward(q_cuda, *(x.cuda() for x in (k, v, w)), layout=LAYOUT)
+        doubled = o * 2  # on the side stream: must see o written
+    torch.cuda.synchronize()
+    torch.testing.assert_close(doubled.cpu(), 2 * want, rtol=1e-5, atol=1e-5)
+
+
+@gpu
+def test_operands_on_two_devices_are_refused_by_name():
+    q, k, v, w = operands()
+    with pytest.raises(ValueError, match="k is on the cpu device but q is on the cuda device"):
+        mhla.forward(q.cuda(), k, v.cuda(), w.cuda(), layout=LAYOUT)
+
+
+@gpu
+def test_a_cuda_result_is_not_readable_through_the_buffer_protocol():
+    q, k, v, w = (x.cuda() for x in operands())
+    o, _ = _core.forward(q, k, v, w, layout=LAYOUT)
+    assert o.__dlpack_device__() == (2, q.device.index or 0)
+    with pytest.raises(TypeError, match="cannot be read through the buffer protocol"):
+        memoryview(o)
