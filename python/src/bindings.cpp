@@ -297,10 +297,10 @@ PYBIND11_MODULE(_core, m) {
     }
   });
 
-  py::class_<Buffer>(m, "Buffer", py::buffer_protocol(),
-                     "Result memory, exported through DLPack (torch.from_dlpack) or the buffer "
-                     "protocol (numpy.asarray).")
-      .def_buffer(&Buffer::buffer_info)
+  py::class_<Buffer>(m, "Buffer",
+                     "Result memory, exported through DLPack (torch.from_dlpack) or NumPy's "
+                     "array interface (numpy.asarray).")
+      .def_property_readonly("__array_interface__", &Buffer::array_interface)
       .def("__dlpack__", &Buffer::dlpack, "stream"_a = py::none())
       .def("__dlpack_device__", &Buffer::dlpack_device)
       .def_property_readonly("shape",

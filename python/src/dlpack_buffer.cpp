@@ -152,27 +152,22 @@ py::tuple Buffer::dlpack_device() const {
   return py::make_tuple(static_cast<int>(device.device_type), device.device_id);
 }
 
-py::buffer_info Buffer::buffer_info() {
+py::dict Buffer::array_interface() const {
   if (place_.device == Device::cuda)
-    throw py::type_error("a buffer on cuda:" + std::to_string(place_.id) +
-                         " cannot be read through the buffer protocol (host memory only); read "
-                         "it with torch.from_dlpack");
+    throw py::type_error("a result on cuda:" + std::to_string(place_.id) +
+                         " is not host memory that NumPy can read; read it with torch.from_dlpack");
   if (dtype_ == DType::bfloat16)
-    throw py::type_error(
-        "a bfloat16 buffer has no buffer-protocol format (NumPy has no bfloat16); read it with "
-        "torch.from_dlpack");
-  std::vector<py::ssize_t> strides(shape_.size());
-  py::ssize_t stride = static_cast<py::ssize_t>(dtype_size(dtype_));
-  for (size_t d = shape_.size(); d-- > 0;) {
-    strides[d] = stride;
-    stride *= shape_[d];
-  }
-  const std::string format = dtype_ == DType::float16   ? std::string("e")  // IEEE half, as NumPy
-                             : dtype_ == DType::float32 ? py::format_descriptor<float>::format()
-                                                        : py::format_descriptor<double>::format();
-  return py::buffer_info(storage_.get(), static_cast<py::ssize_t>(dtype_size(dtype_)), format,
-                         static_cast<py::ssize_t>(shape_.size()),
-                         std::vector<py::ssize_t>(shape_.begin(), shape_.end()), strides);
+    throw py::type_error("a bfloat16 result has no NumPy dtype; read it with torch.from_dlpack");
+  // Little-endian IEEE floats of the element's size; C order (no strides).
+  const std::string typestr = "<f" + std::to_string(dtype_size(dtype_));
+  py::dict interface;
+  py::tuple shape(shape_.size());
+  for (size_t d = 0; d < shape_.size(); ++d) shape[d] = py::int_(shape_[d]);
+  interface["shape"] = shape;
+  interface["typestr"] = typestr;
+  interface["data"] = py::make_tuple(reinterpret_cast<uintptr_t>(storage_.get()), false);
+  interface["version"] = 3;
+  return interface;
 }
 
 }  // namespace mhla::python

@@ -1,7 +1,7 @@
 #pragma once
 // Memory the bindings allocate for results, on the CPU or on the inputs' CUDA
 // device, handed to the caller's framework through the DLPack protocol
-// (torch.from_dlpack) or, on the CPU, the buffer protocol (numpy.asarray)
+// (torch.from_dlpack) or, on the CPU, NumPy's array interface (numpy.asarray)
 // without a copy. The memory lives as long as any tensor made from it.
 #include <pybind11/pybind11.h>
 
@@ -37,9 +37,11 @@ class Buffer {
   // computation that wrote it.
   pybind11::capsule dlpack(pybind11::object stream) const;
   pybind11::tuple dlpack_device() const;
-  // The buffer protocol, for NumPy: numpy.asarray(buffer) is a writable view
-  // (numpy.from_dlpack would mark it read-only).
-  pybind11::buffer_info buffer_info();
+  // NumPy's array interface: numpy.asarray(buffer) is a writable view that
+  // keeps the buffer alive (numpy.from_dlpack would mark it read-only). Not
+  // the buffer protocol: an error there cannot reach Python (pybind11 2.10
+  // terminates the process), and CUDA or bfloat16 results must be refused.
+  pybind11::dict array_interface() const;
 
  private:
   DType dtype_;

@@ -31,6 +31,14 @@ def test_wrong_dtype():
         mt.mhla_attention(q.bfloat16(), k.bfloat16(), v, w, LAYOUT)
 
 
+def test_a_result_numpy_cannot_hold_is_refused_by_name():
+    # bfloat16 has no NumPy dtype; the extension's conversions return such results.
+    result = mhla._core.float32_to_bfloat16(np.ones(4, np.float32))
+    with pytest.raises(TypeError, match="a bfloat16 result has no NumPy dtype"):
+        np.asarray(result)
+    assert torch.equal(torch.from_dlpack(result).float(), torch.ones(4))
+
+
 def test_wrong_shapes():
     q, k, v, w = good()
     with pytest.raises(ValueError, match=r"w has shape \[3, 3\], expected \[2, 2\]"):
