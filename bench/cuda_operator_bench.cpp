@@ -1,6 +1,6 @@
 // The CUDA backend's operator at the shapes of the GPU anchors (docs/cuda.md):
-// median forward and forward+backward times in float, the forward in
-// bfloat16 (on tensor cores), next to the two floors
+// median forward and forward+backward times in float, and in bfloat16 (on
+// tensor cores), next to the two floors
 // of each shape: the bytes the forward must move (read q, k, v; write o) over
 // the card's copy rate, and its FLOPs over the card's dense bf16 rate.
 //
@@ -101,11 +101,11 @@ int main(int argc, char** argv) try {
   cudaDeviceProp props{};
   check(cudaGetDeviceProperties(&props, 0), "cudaGetDeviceProperties");
   std::printf(
-      "device: %s; float32 on the reference kernels, bf16 forward on tensor cores; "
+      "device: %s; float32 on the reference kernels, bf16 on tensor cores; "
       "median of %d\n",
       props.name, repeats);
-  std::printf("%-44s %12s %12s %12s %14s %14s\n", "shape", "fwd ms", "fwd+bwd ms", "bf16 fwd ms",
-              "bytes floor ms", "bf16 flop floor ms");
+  std::printf("%-44s %12s %12s %12s %16s %14s %14s\n", "shape", "fwd ms", "fwd+bwd ms",
+              "bf16 fwd ms", "bf16 fwd+bwd ms", "bytes floor ms", "bf16 flop floor ms");
   setenv("MHLA_CUDA_BF16_KERNELS", "1", 1);  // the bf16 tensor-core kernels (docs/cuda.md)
   std::mt19937 rng(1);
   for (const Shape& s : shapes) {
@@ -117,7 +117,9 @@ int main(int argc, char** argv) try {
                              hv = random_values(elements, -1, 1, rng);
     float *q = to_device(hq), *k = to_device(hk), *v = to_device(hv);
     mhla::bfloat16 *bq = to_device(rounded(hq)), *bk = to_device(rounded(hk)),
-                   *bv = to_device(rounded(hv)), *bo = to_device(rounded(hv));
+                   *bv = to_device(rounded(hv)), *bo = to_device(rounded(hv)),
+                   *bgo = to_device(rounded(hq)), *bgq = to_device(rounded(hq)),
+                   *bgk = to_device(rounded(hq)), *bgv = to_device(rounded(hq));
     float* grad_o = random_device_array(elements, -1, 1, rng);
     float* w = random_device_array(m * m, 0, 1, rng);
     float *o = nullptr, *gq = nullptr, *gk = nullptr, *gv = nullptr, *gw = nullptr;
@@ -139,20 +141,32 @@ int main(int argc, char** argv) try {
                             {gk, shape, Device::cuda}, {gv, shape, Device::cuda},
                             {gw, w_shape, Device::cuda});
     });
-    const double bf16_fwd = median_ms(repeats, [&] {
-      mhla::forward(options, TensorView<const mhla::bfloat16>{bq, shape, Device::cuda},
-                    TensorView<const mhla::bfloat16>{bk, shape, Device::cuda},
-                    TensorView<const mhla::bfloat16>{bv, shape, Device::cuda}, cw,
+    const auto bf16 = [&](mhla::bfloat16* x) {
+      return TensorView<const mhla::bfloat16>{x, shape, Device::cuda};
+    };
+    const auto run_bf16_forward = [&] {
+      mhla::forward(options, bf16(bq), bf16(bk), bf16(bv), cw,
                     TensorView<mhla::bfloat16>{bo, shape, Device::cuda});
+    };
+    const double bf16_fwd = median_ms(repeats, run_bf16_forward);
+    // Backward without saved arrays, as in the float column: the kernels
+    // recompute the summaries and their mix.
+    const double bf16_fwd_bwd = median_ms(repeats, [&] {
+      run_bf16_forward();
+      mhla::backward(options, bf16(bq), bf16(bk), bf16(bv), cw, bf16(bo), bf16(bgo),
+                     TensorView<mhla::bfloat16>{bgq, shape, Device::cuda},
+                     TensorView<mhla::bfloat16>{bgk, shape, Device::cuda},
+                     TensorView<mhla::bfloat16>{bgv, shape, Device::cuda},
+                     TensorView<float>{gw, w_shape, Device::cuda});
     });
     // bf16 tokens: 2 bytes each of q, k, v read and o written.
     const double bytes_floor = 4.0 * double(elements) * 2.0 / copy_bytes_per_ms;
     const mhla::FlopCount flops =
         mhla::mhla_flops(1, n, s.heads, s.d, s.d, m, mhla::Masking::none, n / m);
-    std::printf("%-44s %12.3f %12.3f %12.3f %14.3f %14.3f\n", s.name, fwd, fwd_bwd, bf16_fwd,
-                bytes_floor, flops.forward / flops_per_ms);
+    std::printf("%-44s %12.3f %12.3f %12.3f %16.3f %14.3f %14.3f\n", s.name, fwd, fwd_bwd, bf16_fwd,
+                bf16_fwd_bwd, bytes_floor, flops.forward / flops_per_ms);
     for (float* p : {q, k, v, grad_o, w, o, gq, gk, gv, gw}) cudaFree(p);
-    for (mhla::bfloat16* p : {bq, bk, bv, bo}) cudaFree(p);
+    for (mhla::bfloat16* p : {bq, bk, bv, bo, bgo, bgq, bgk, bgv}) cudaFree(p);
   }
   return 0;
 } catch (const std::exception& e) {

@@ -67,8 +67,8 @@ void backward(const Options& options, TensorView<const T> q, TensorView<const T>
 // dphi(k), dv) on bfloat16 operands and rounds each gradient once. On other
 // CPUs, and in causal mode, both compute in float32 on widened copies in the
 // calling thread's scratch (release_scratch frees them), as both do on CUDA
-// (where MHLA_CUDA_BF16_KERNELS=1 runs the forward's token products on
-// tensor cores instead: not yet run on a GPU; docs/cuda.md). The fingerprints of
+// (where MHLA_CUDA_BF16_KERNELS=1 runs forward and backward on tensor cores
+// instead: not yet run on a GPU; docs/cuda.md). The fingerprints of
 // the saved arrays allow for the bfloat16 roundings of phi(k), and of w and
 // the summaries in the mix. See docs/operator.md, "bfloat16".
 void forward(const Options& options, TensorView<const bfloat16> q, TensorView<const bfloat16> k,

@@ -1,7 +1,7 @@
 // The CUDA backend: the operator's phases as the one-thread-per-result
 // kernels of cuda/reference_kernels.cuh, on the default stream, with
-// per-thread device scratch; the bfloat16 forward on tensor cores
-// (cuda/bf16_forward_kernels.cuh), its backward in float.
+// per-thread device scratch; the bfloat16 operator on tensor cores
+// (cuda/bf16_*_kernels.cuh).
 // Token-level causal masking, the decoder's step and the softmax baseline are
 // not implemented on CUDA and are refused by name.
 #include <cuda_runtime.h>
@@ -14,7 +14,9 @@
 #include <vector>
 
 #include "backend/backend.hpp"
+#include "cuda/bf16_backward_kernels.cuh"
 #include "cuda/bf16_forward_kernels.cuh"
+#include "cuda/bf16_mix_kernels.cuh"
 #include "cuda/cuda_check.hpp"
 #include "cuda/elementwise.cuh"
 #include "cuda/reference_kernels.cuh"
@@ -72,7 +74,7 @@ class ScratchArrays {
 };
 
 // The API's slots (backend::Scratch) and the attention kernels' own.
-enum class Own { grad_mixed, grad_summaries, token_terms, flag, count };
+enum class Own { grad_mixed, grad_summaries, token_terms, mix_backward, flag, count };
 thread_local ScratchArrays api_scratch{size_t(Scratch::count)};
 thread_local ScratchArrays own_scratch{size_t(Own::count)};
 
@@ -252,8 +254,9 @@ class CudaAttention final : public backend::Attention<T> {
   const T* w_;
 };
 
-// The bfloat16 forward on tensor cores. Backward has no bfloat16 kernels yet and returns false
-// without writing, so the API runs the float kernels on widened copies.
+// The bfloat16 operator on tensor cores: the forward's summaries, mix and
+// outputs; the backward's query gradients (with the per-token terms), the
+// mixed summaries' gradient, the mix's backward and the key and value gradients.
 class CudaBf16Attention final : public backend::Bf16Attention {
  public:
   CudaBf16Attention(const detail::Problem& p, const float* w) : geometry_(p), w_(w) {}
@@ -268,16 +271,43 @@ class CudaBf16Attention final : public backend::Bf16Attention {
     bf16_summaries(p, bits(k), bits(v), s, nullptr);
     bf16_mix(p, w_, s, m, nullptr);
     const NonFiniteFlag flag;
-    bf16_outputs(p, bits(q), m, reinterpret_cast<uint16_t*>(o), flag.device(), nullptr);
+    bf16_outputs(p, bits(q), m, bits(o), flag.device(), nullptr);
     return !flag.raised();
   }
-  bool backward(const bfloat16*, const bfloat16*, const bfloat16*, const bfloat16*, bfloat16*,
-                bfloat16*, bfloat16*, float*, const float*, const float*) const override {
-    return false;
+  bool backward(const bfloat16* q, const bfloat16* k, const bfloat16* v, const bfloat16* grad_o,
+                bfloat16* grad_q, bfloat16* grad_k, bfloat16* grad_v, float* grad_w,
+                const float* saved_summaries, const float* saved_mixed) const override {
+    const KernelProblem& p = geometry_.problem();
+    const int64_t elements = geometry_.summary_elements();
+    const float* s = saved_summaries;
+    if (s == nullptr) {
+      float* fresh = api_slot<float>(Scratch::summaries, elements);
+      bf16_summaries(p, bits(k), bits(v), fresh, nullptr);
+      s = fresh;
+    }
+    const float* m = saved_mixed;
+    if (m == nullptr) {
+      float* fresh = api_slot<float>(Scratch::mixed, elements);
+      bf16_mix(p, w_, s, fresh, nullptr);
+      m = fresh;
+    }
+    const NonFiniteFlag flag;
+    float* terms = own<float>(Own::token_terms, 2 * p.batch * p.tokens * p.heads);
+    float* grad_mixed = own<float>(Own::grad_mixed, elements);
+    float* grad_summaries = own<float>(Own::grad_summaries, elements);
+    float* mix_scratch = own<float>(Own::mix_backward, bf16_mix_backward_scratch(p));
+    bf16_query_gradients(p, bits(q), bits(grad_o), m, bits(grad_q), terms, flag.device(), nullptr);
+    bf16_mixed_gradients(p, bits(q), bits(grad_o), terms, grad_mixed, nullptr);
+    bf16_mix_backward(p, w_, s, grad_mixed, grad_summaries, grad_w, mix_scratch, flag.device(),
+                      nullptr);
+    bf16_key_value_gradients(p, bits(k), bits(v), grad_summaries, bits(grad_k), bits(grad_v),
+                             flag.device(), nullptr);
+    return !flag.raised();
   }
 
  private:
   static const uint16_t* bits(const bfloat16* x) { return reinterpret_cast<const uint16_t*>(x); }
+  static uint16_t* bits(bfloat16* x) { return reinterpret_cast<uint16_t*>(x); }
 
   const Geometry geometry_;
   const float* w_;

@@ -1,5 +1,5 @@
 #pragma once
-// What every kernel shares on the device: phi, the feature map, W's entries
+// What every kernel shares on the device: phi, the feature map, and its derivative, W's entries
 // as the mix reads them, and where a token's row sits in a token tensor.
 #include <cstdint>
 
@@ -13,6 +13,13 @@ __device__ inline T feature(FeatureMap phi, T x) {
   if (phi == FeatureMap::relu) return x > T(0) ? x : T(0);
   if (phi == FeatureMap::elu1) return x > T(0) ? x + T(1) : exp(x);
   return x;
+}
+
+template <typename T>
+__device__ inline T feature_derivative(FeatureMap phi, T x) {
+  if (phi == FeatureMap::relu) return x > T(0) ? T(1) : T(0);
+  if (phi == FeatureMap::elu1) return x > T(0) ? T(1) : exp(x);
+  return T(1);
 }
 
 // W[row, col] of head h's copy (row, col absolute block indices); every

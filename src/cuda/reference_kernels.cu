@@ -6,13 +6,6 @@
 namespace mhla::cuda {
 namespace {
 
-template <typename T>
-__device__ T feature_derivative(FeatureMap phi, T x) {
-  if (phi == FeatureMap::relu) return x > T(0) ? T(1) : T(0);
-  if (phi == FeatureMap::elu1) return x > T(0) ? T(1) : exp(x);
-  return T(1);
-}
-
 // The (batch, head) slice and the block of the token at a flat row of a token tensor.
 struct TokenPlace {
   int64_t bh, block;

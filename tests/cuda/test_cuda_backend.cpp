@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 
 #include "backend/backend.hpp"
@@ -202,6 +203,77 @@ TEST_P(CudaBf16Forward, MatchesFloat64OnTheSameInputs) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllModes, CudaBf16Forward, testing::ValuesIn(bf16_cases()), case_name);
+
+// The bfloat16 backward's tensor-core kernels against float64 on the same
+// bfloat16 inputs, with the forward's saved arrays and without them (the
+// kernels recompute them), gradients poisoned first; a second call must give
+// the same bits (the weight gradient is summed in a fixed order).
+class CudaBf16Backward : public CudaBf16Forward {};
+
+TEST_P(CudaBf16Backward, MatchesFloat64OnTheSameInputs) {
+  SKIP_WITHOUT_DEVICE();
+  const Case& c = GetParam();
+  if (c.masking == Masking::causal) GTEST_SKIP() << "token-level causal masking: refused on CUDA";
+  const Inputs in = make_inputs(c, 17);
+  const auto q = rounded_to_bfloat16(in.q), k = rounded_to_bfloat16(in.k),
+             v = rounded_to_bfloat16(in.v), g = rounded_to_bfloat16(in.grad_o);
+  const std::vector<float> w(in.w.begin(), in.w.end());
+  const std::vector<int64_t> s_shape = saved_summaries_shape(c.options(), c.q_shape(), c.v_shape());
+  const size_t n = size_t(numel(s_shape));
+  const DeviceArray<bfloat16> dq(q), dk(k), dv(v), dg(g);
+  const DeviceArray<float> dw(w);
+  DeviceArray<bfloat16> o(v.size());
+  DeviceArray<float> s(n), m(n);
+  forward(c.options(), dq.cview(c.q_shape()), dk.cview(c.q_shape()), dv.cview(c.v_shape()),
+          dw.cview(c.w_shape()), o.view(c.v_shape()), s.view(s_shape), m.view(s_shape));
+
+  const std::vector<double> q64 = bfloat16_values(q), k64 = bfloat16_values(k),
+                            v64 = bfloat16_values(v), g64 = bfloat16_values(g), w64 = widened(w);
+  std::vector<double> o64(v.size()), gq64(q.size()), gk64(k.size()), gv64(v.size()), gw64(w.size());
+  forward<double>(c.options(), view(q64, c.q_shape()), view(k64, c.q_shape()),
+                  view(v64, c.v_shape()), view(w64, c.w_shape()), view(o64, c.v_shape()));
+  backward<double>(c.options(), view(q64, c.q_shape()), view(k64, c.q_shape()),
+                   view(v64, c.v_shape()), view(w64, c.w_shape()), view(o64, c.v_shape()),
+                   view(g64, c.v_shape()), view(gq64, c.q_shape()), view(gk64, c.q_shape()),
+                   view(gv64, c.v_shape()), view(gw64, c.w_shape()));
+
+  const bfloat16 nan = to_bfloat16(std::numeric_limits<float>::quiet_NaN());
+  struct Gradients {
+    std::vector<bfloat16> q, k, v;
+    std::vector<float> w;
+  };
+  const auto run = [&](bool saved) {
+    DeviceArray<bfloat16> gq(std::vector<bfloat16>(q.size(), nan)),
+        gk(std::vector<bfloat16>(k.size(), nan)), gv(std::vector<bfloat16>(v.size(), nan));
+    DeviceArray<float> gw(std::vector<float>(w.size(), std::numeric_limits<float>::quiet_NaN()));
+    backward(c.options(), dq.cview(c.q_shape()), dk.cview(c.q_shape()), dv.cview(c.v_shape()),
+             dw.cview(c.w_shape()), o.cview(c.v_shape()), dg.cview(c.v_shape()),
+             gq.view(c.q_shape()), gk.view(c.q_shape()), gv.view(c.v_shape()), gw.view(c.w_shape()),
+             saved ? s.cview(s_shape) : TensorView<const float>{},
+             saved ? m.cview(s_shape) : TensorView<const float>{});
+    return Gradients{gq.host(), gk.host(), gv.host(), gw.host()};
+  };
+  for (const bool saved : {true, false}) {
+    const std::string how = saved ? " (saved arrays)" : " (recomputed)";
+    const Gradients got = run(saved);
+    // Each gradient is rounded once to bfloat16 (2^-9 relative) after sums
+    // near float32; grad w stays float.
+    EXPECT_CLOSE(bfloat16_values(got.q), gq64, 1e-2, "grad q" + how);
+    EXPECT_CLOSE(bfloat16_values(got.k), gk64, 1e-2, "grad k" + how);
+    EXPECT_CLOSE(bfloat16_values(got.v), gv64, 1e-2, "grad v" + how);
+    EXPECT_CLOSE(got.w, gw64, 1e-3, "grad w" + how);
+    if (!saved) continue;
+    const Gradients again = run(saved);
+    const auto same_bits = [](const auto& a, const auto& b) {
+      return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0;
+    };
+    EXPECT_TRUE(same_bits(again.q, got.q) && same_bits(again.k, got.k) &&
+                same_bits(again.v, got.v) && same_bits(again.w, got.w))
+        << "a second call gave other bits";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllModes, CudaBf16Backward, testing::ValuesIn(bf16_cases()), case_name);
 
 // Saved summaries from outside are held to fingerprints of k and v (read from
 // host copies): the matching ones pass, stale ones are refused by name.

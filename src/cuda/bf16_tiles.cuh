@@ -1,0 +1,214 @@
+#pragma once
+// The tile machinery of the bfloat16 tensor-core kernels (WMMA, sm_80 and
+// later): one CTA of 4 warps computes a 64 x 64 tile of float results, 16 rows
+// per warp (four 16 x 16 accumulators each), from operands staged in shared
+// memory 32 inner entries at a time. Every operand is split into two bfloat16
+// halves, hi = bf16(x) and lo = bf16(x - hi), and a product adds all but the
+// lo*lo term: about 16 bits of mantissa, so results stay near float32 (an
+// operand that is already bfloat16 splits with lo = 0).
+//
+// Two shapes of product cover every kernel:
+// - rows_product: a tile of rows (tokens, or rows of W) times a matrix,
+//   A [rows, inner] B [inner, columns], e.g. phi(Q_b) mixed_b;
+// - tokens_product: a sum over a block's tokens of outer products,
+//   A^T B with A [tokens, rows] and B [tokens, columns], e.g. phi(K_b)^T V_b.
+// The operands come from loaders (device lambdas returning the float value of
+// one element, called only inside the problem) so that each kernel says what
+// it multiplies and the staging is written once.
+#include <cuda_bf16.h>
+#include <mma.h>
+
+#include <cstdint>
+
+#include "cuda/device_helpers.cuh"
+
+namespace mhla::cuda::tiles {
+
+using bf16 = __nv_bfloat16;
+
+// Shared rows are padded by 8 bfloat16 (16 bytes) or 4 floats, which keeps
+// WMMA's 32-byte fragment alignment and spreads the banks.
+constexpr int kWarps = 4, kThreads = 32 * kWarps, kTile = 64, kFrag = 16;
+constexpr int kChunk = 32;  // inner entries (or tokens) staged per step
+constexpr int kPad = 8, kOutPad = 4;
+constexpr int64_t kMaxGridYZ = 65535;  // gridDim.y and gridDim.z
+
+// Blocks of kThreads covering `total` one-thread-per-element results (the
+// kernels stride over the rest).
+inline unsigned elementwise_blocks(int64_t total) {
+  const int64_t blocks = (total + kThreads - 1) / kThreads;
+  return unsigned(blocks < 1 ? 1 : blocks < (int64_t(1) << 30) ? blocks : int64_t(1) << 30);
+}
+
+using Accumulator = nvcuda::wmma::fragment<nvcuda::wmma::accumulator, kFrag, kFrag, kFrag, float>;
+using Accumulators = Accumulator[kTile / kFrag];
+using OutTile = float[kTile][kTile + kOutPad];
+
+__host__ __device__ inline int64_t tile_count(int64_t extent) {
+  return (extent + kTile - 1) / kTile;
+}
+
+__device__ inline float to_float(uint16_t bits) { return __uint_as_float(uint32_t(bits) << 16); }
+
+__device__ inline uint16_t to_bits(float x) { return __bfloat16_as_ushort(__float2bfloat16_rn(x)); }
+
+// x as hi + lo, both bfloat16.
+__device__ inline void split(float x, bf16& hi, bf16& lo) {
+  hi = __float2bfloat16_rn(x);
+  lo = __float2bfloat16_rn(x - __bfloat162float(hi));
+}
+
+// hi + lo as a float: the staged value of an operand.
+__device__ inline float joined(bf16 hi, bf16 lo) {
+  return __bfloat162float(hi) + __bfloat162float(lo);
+}
+
+__device__ inline void clear(Accumulators& acc) {
+  for (Accumulator& a : acc) nvcuda::wmma::fill_fragment(a, 0.0f);
+}
+
+// This warp's 16 rows of the tile's accumulators into out (row-major).
+__device__ inline void store_rows(const Accumulators& acc, OutTile& out) {
+  const int warp = threadIdx.x / 32;
+  for (int n = 0; n < kTile / kFrag; ++n)
+    nvcuda::wmma::store_matrix_sync(&out[warp * kFrag][n * kFrag], acc[n], kTile + kOutPad,
+                                    nvcuda::wmma::mem_row_major);
+}
+
+// The staging of rows_product: A's kTile rows x kChunk inner entries and B's
+// kChunk inner entries x kTile columns, each split in two.
+struct RowStage {
+  bf16 a_hi[kTile][kChunk + kPad];
+  bf16 a_lo[kTile][kChunk + kPad];
+  bf16 b_hi[kChunk][kTile + kPad];
+  bf16 b_lo[kChunk][kTile + kPad];
+};
+
+// The staging of tokens_product: kChunk tokens of A's kTile rows and of B's
+// kTile columns, each split in two.
+struct TokenStage {
+  bf16 a_hi[kChunk][kTile + kPad];
+  bf16 a_lo[kChunk][kTile + kPad];
+  bf16 b_hi[kChunk][kTile + kPad];
+  bf16 b_lo[kChunk][kTile + kPad];
+};
+
+// Which index of B consecutive threads load: its column (B row-major in
+// memory) or its inner entry (B stored transposed, e.g. the rows of a
+// summary read as columns), so that the loads stay coalesced.
+enum class BLoad { by_column, by_inner };
+
+// acc += A B over inner entries [begin, end): A(t, a) for the tile's row t,
+// B(a, j) for its column j (floats; zero where the loader has no element,
+// e.g. rows or columns past the problem). after_stage(stage, a0) runs with
+// each staged chunk, between the barriers (e.g. for a sum over the rows).
+template <BLoad kBLoad, class LoadA, class LoadB, class AfterStage>
+__device__ void rows_product(Accumulators& acc, RowStage& s, int64_t begin, int64_t end,
+                             const LoadA& load_a, const LoadB& load_b,
+                             const AfterStage& after_stage) {
+  using namespace nvcuda;
+  const int warp = threadIdx.x / 32;
+  for (int64_t a0 = begin; a0 < end; a0 += kChunk) {
+    for (int e = threadIdx.x; e < kTile * kChunk; e += kThreads) {
+      const int t = e / kChunk, a = e % kChunk;
+      split(a0 + a < end ? load_a(t, a0 + a) : 0.0f, s.a_hi[t][a], s.a_lo[t][a]);
+    }
+    for (int e = threadIdx.x; e < kChunk * kTile; e += kThreads) {
+      const int a = kBLoad == BLoad::by_column ? e / kTile : e % kChunk;
+      const int j = kBLoad == BLoad::by_column ? e % kTile : e / kChunk;
+      split(a0 + a < end ? load_b(a0 + a, j) : 0.0f, s.b_hi[a][j], s.b_lo[a][j]);
+    }
+    __syncthreads();
+    after_stage(s, a0);
+    for (int step = 0; step < kChunk; step += kFrag) {
+      wmma::fragment<wmma::matrix_a, kFrag, kFrag, kFrag, bf16, wmma::row_major> ah, al;
+      wmma::load_matrix_sync(ah, &s.a_hi[warp * kFrag][step], kChunk + kPad);
+      wmma::load_matrix_sync(al, &s.a_lo[warp * kFrag][step], kChunk + kPad);
+      for (int n = 0; n < kTile / kFrag; ++n) {
+        wmma::fragment<wmma::matrix_b, kFrag, kFrag, kFrag, bf16, wmma::row_major> bh, bl;
+        wmma::load_matrix_sync(bh, &s.b_hi[step][n * kFrag], kTile + kPad);
+        wmma::load_matrix_sync(bl, &s.b_lo[step][n * kFrag], kTile + kPad);
+        wmma::mma_sync(acc[n], ah, bh, acc[n]);
+        wmma::mma_sync(acc[n], ah, bl, acc[n]);
+        wmma::mma_sync(acc[n], al, bh, acc[n]);
+      }
+    }
+    __syncthreads();
+  }
+}
+
+// acc += A^T B over tokens [0, count): A(j, d) for token j and the tile's row
+// d, B(j, e) for its column e; after_stage(stage, c0) as above.
+template <class LoadA, class LoadB, class AfterStage>
+__device__ void tokens_product(Accumulators& acc, TokenStage& s, int64_t count, const LoadA& load_a,
+                               const LoadB& load_b, const AfterStage& after_stage) {
+  using namespace nvcuda;
+  const int warp = threadIdx.x / 32;
+  for (int64_t c0 = 0; c0 < count; c0 += kChunk) {
+    for (int e = threadIdx.x; e < kChunk * kTile; e += kThreads) {
+      const int j = e / kTile, d = e % kTile;
+      const bool inside = c0 + j < count;  // tokens past the end add nothing
+      split(inside ? load_a(c0 + j, d) : 0.0f, s.a_hi[j][d], s.a_lo[j][d]);
+      split(inside ? load_b(c0 + j, d) : 0.0f, s.b_hi[j][d], s.b_lo[j][d]);
+    }
+    __syncthreads();
+    after_stage(s, c0);
+    for (int step = 0; step < kChunk; step += kFrag) {
+      // A^T: element (d, j) sits at [j][d], column-major.
+      wmma::fragment<wmma::matrix_a, kFrag, kFrag, kFrag, bf16, wmma::col_major> ah, al;
+      wmma::load_matrix_sync(ah, &s.a_hi[step][warp * kFrag], kTile + kPad);
+      wmma::load_matrix_sync(al, &s.a_lo[step][warp * kFrag], kTile + kPad);
+      for (int n = 0; n < kTile / kFrag; ++n) {
+        wmma::fragment<wmma::matrix_b, kFrag, kFrag, kFrag, bf16, wmma::row_major> bh, bl;
+        wmma::load_matrix_sync(bh, &s.b_hi[step][n * kFrag], kTile + kPad);
+        wmma::load_matrix_sync(bl, &s.b_lo[step][n * kFrag], kTile + kPad);
+        wmma::mma_sync(acc[n], ah, bh, acc[n]);
+        wmma::mma_sync(acc[n], ah, bl, acc[n]);
+        wmma::mma_sync(acc[n], al, bh, acc[n]);
+      }
+    }
+    __syncthreads();
+  }
+}
+
+// For a CTA that takes kTile tokens of one block (grid x: block x chunk, grid
+// y: slice): sets `block` and rows[t], the row of the chunk's token t in the
+// token tensors, or -1 past the block's end. Returns false, before any
+// barrier, where the block has fewer chunks: the whole CTA leaves.
+__device__ inline bool chunk_rows(const KernelProblem& p, int64_t chunks, int64_t& block,
+                                  int64_t (&rows)[kTile]) {
+  block = blockIdx.x / chunks;
+  const int64_t c0 = int64_t(blockIdx.x) % chunks * kTile;
+  const int64_t first = p.block_start[block], count = p.block_start[block + 1] - first;
+  if (c0 >= count) return false;
+  const int64_t bh = blockIdx.y;
+  if (threadIdx.x < kTile)
+    rows[threadIdx.x] =
+        c0 + threadIdx.x < count
+            ? token_row(p, bh / p.heads, p.block_tokens[first + c0 + threadIdx.x], bh % p.heads)
+            : -1;
+  __syncthreads();
+  return true;
+}
+
+// One CTA's tile of a [Dk, Dv + 1] summary-shaped array (rows from dk0,
+// columns from dv0) from out, after its barrier; the CTA of the first Dv tile
+// also writes the last column, `last` of thread t for row dk0 + t.
+__device__ inline void store_summary_tile(const KernelProblem& p, const OutTile& out, float last,
+                                          int64_t dk0, int64_t dv0, float* dst) {
+  const int64_t width = p.dv + 1;
+  for (int e = threadIdx.x; e < kTile * kTile; e += kThreads) {
+    const int i = e / kTile, j = e % kTile;
+    if (dk0 + i < p.dk && dv0 + j < p.dv) dst[(dk0 + i) * width + dv0 + j] = out[i][j];
+  }
+  if (dv0 == 0 && threadIdx.x < kTile && dk0 + threadIdx.x < p.dk)
+    dst[(dk0 + threadIdx.x) * width + p.dv] = last;
+}
+
+// No work between a stage's barriers.
+struct NothingPerStage {
+  template <class Stage>
+  __device__ void operator()(const Stage&, int64_t) const {}
+};
+
+}  // namespace mhla::cuda::tiles
