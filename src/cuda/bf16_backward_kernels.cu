@@ -89,38 +89,32 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ __align__(32) TokenStage stage;
   __shared__ __align__(32) OutTile out;
 
-  const int64_t block = blockIdx.x, bh = blockIdx.y;
-  const int64_t bb = bh / p.heads, h = bh % p.heads;
-  const int64_t dv_tiles = tile_count(p.dv);
-  const int64_t dk0 = int64_t(blockIdx.z) / dv_tiles * kTile,
-                dv0 = int64_t(blockIdx.z) % dv_tiles * kTile;
-  const int64_t first = p.block_start[block], count = p.block_start[block + 1] - first;
-  const auto row = [&](int64_t j) { return token_row(p, bb, p.block_tokens[first + j], h); };
+  const BlockSumTile tile(p);
 
   Accumulators acc;
   clear(acc);
-  float last = 0;  // sum of phi(q_t) dden_t over the block for Dk entry dk0 + threadIdx.x
+  float last = 0;  // sum of phi(q_t) dden_t over the block for Dk entry tile.dk0 + threadIdx.x
   tokens_product(
-      acc, stage, count,
+      acc, stage, tile.count,
       [&](int64_t j, int d) {
-        return dk0 + d < p.dk ? feature(p.phi, to_float(q[row(j) * p.dk + dk0 + d])) : 0.0f;
+        return tile.dk0 + d < p.dk ? feature(p.phi, to_float(q[tile.row(j) * p.dk + tile.dk0 + d]))
+                                   : 0.0f;
       },
       [&](int64_t j, int e) {
-        if (dv0 + e >= p.dv) return 0.0f;
-        const int64_t r = row(j);
-        return terms[2 * r] * to_float(grad_o[r * p.dv + dv0 + e]);
+        if (tile.dv0 + e >= p.dv) return 0.0f;
+        const int64_t r = tile.row(j);
+        return terms[2 * r] * to_float(grad_o[r * p.dv + tile.dv0 + e]);
       },
       [&](const TokenStage& staged, int64_t c0) {
         if (threadIdx.x < kTile)
-          for (int j = 0; j < kChunk && c0 + j < count; ++j)
+          for (int j = 0; j < kChunk && c0 + j < tile.count; ++j)
             last += joined(staged.a_hi[j][threadIdx.x], staged.a_lo[j][threadIdx.x]) *
-                    terms[2 * row(c0 + j) + 1];
+                    terms[2 * tile.row(c0 + j) + 1];
       });
 
   store_rows(acc, out);
   __syncthreads();
-  store_summary_tile(p, out, last, dk0, dv0,
-                     grad_mixed + (bh * p.blocks + block) * p.dk * (p.dv + 1));
+  store_summary_tile(p, out, last, tile.dk0, tile.dv0, tile.in(grad_mixed));
 }
 
 // Grid (block b x chunk of kTile tokens, slice bh, Dk tiles then Dv tiles):

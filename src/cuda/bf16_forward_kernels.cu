@@ -15,24 +15,19 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ __align__(32) TokenStage stage;
   __shared__ __align__(32) OutTile out;
 
-  const int64_t block = blockIdx.x, bh = blockIdx.y;
-  const int64_t bb = bh / p.heads, h = bh % p.heads;
-  const int64_t dv_tiles = tile_count(p.dv);
-  const int64_t dk0 = int64_t(blockIdx.z) / dv_tiles * kTile,
-                dv0 = int64_t(blockIdx.z) % dv_tiles * kTile;
-  const int64_t first = p.block_start[block], count = p.block_start[block + 1] - first;
-  const auto row = [&](int64_t j) { return token_row(p, bb, p.block_tokens[first + j], h); };
+  const BlockSumTile tile(p);
 
   Accumulators acc;
   clear(acc);
-  float z = 0;  // sum of phi(k) over the block for Dk entry dk0 + threadIdx.x
+  float z = 0;  // sum of phi(k) over the block for Dk entry tile.dk0 + threadIdx.x
   tokens_product(
-      acc, stage, count,
+      acc, stage, tile.count,
       [&](int64_t j, int d) {
-        return dk0 + d < p.dk ? feature(p.phi, to_float(k[row(j) * p.dk + dk0 + d])) : 0.0f;
+        return tile.dk0 + d < p.dk ? feature(p.phi, to_float(k[tile.row(j) * p.dk + tile.dk0 + d]))
+                                   : 0.0f;
       },
       [&](int64_t j, int e) {
-        return dv0 + e < p.dv ? to_float(v[row(j) * p.dv + dv0 + e]) : 0.0f;
+        return tile.dv0 + e < p.dv ? to_float(v[tile.row(j) * p.dv + tile.dv0 + e]) : 0.0f;
       },
       [&](const TokenStage& staged, int64_t) {
         if (threadIdx.x < kTile)
@@ -42,7 +37,7 @@ __global__ void __launch_bounds__(kThreads)
 
   store_rows(acc, out);
   __syncthreads();
-  store_summary_tile(p, out, z, dk0, dv0, s + (bh * p.blocks + block) * p.dk * (p.dv + 1));
+  store_summary_tile(p, out, z, tile.dk0, tile.dv0, tile.in(s));
 }
 
 // Grid (block b x chunk of kTile tokens, slice bh, Dv tile): o for the

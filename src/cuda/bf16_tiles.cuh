@@ -93,6 +93,26 @@ struct TokenStage {
   bf16 b_lo[kChunk][kTile + kPad];
 };
 
+// acc[n] += (A_hi + A_lo) (B_hi + B_lo) over one kFrag-deep step, all but the
+// lo*lo term: A is this warp's 16 rows (fragments of layout ALayout, leading
+// dimension lda), B the tile's 64 columns (row-major rows of kTile + kPad).
+template <class ALayout>
+__device__ inline void split_product_step(Accumulators& acc, const bf16* a_hi, const bf16* a_lo,
+                                          int lda, const bf16* b_hi, const bf16* b_lo) {
+  using namespace nvcuda;
+  wmma::fragment<wmma::matrix_a, kFrag, kFrag, kFrag, bf16, ALayout> ah, al;
+  wmma::load_matrix_sync(ah, a_hi, lda);
+  wmma::load_matrix_sync(al, a_lo, lda);
+  for (int n = 0; n < kTile / kFrag; ++n) {
+    wmma::fragment<wmma::matrix_b, kFrag, kFrag, kFrag, bf16, wmma::row_major> bh, bl;
+    wmma::load_matrix_sync(bh, b_hi + n * kFrag, kTile + kPad);
+    wmma::load_matrix_sync(bl, b_lo + n * kFrag, kTile + kPad);
+    wmma::mma_sync(acc[n], ah, bh, acc[n]);
+    wmma::mma_sync(acc[n], ah, bl, acc[n]);
+    wmma::mma_sync(acc[n], al, bh, acc[n]);
+  }
+}
+
 // Which index of B consecutive threads load: its column (B row-major in
 // memory) or its inner entry (B stored transposed, e.g. the rows of a
 // summary read as columns), so that the loads stay coalesced.
@@ -106,7 +126,6 @@ template <BLoad kBLoad, class LoadA, class LoadB, class AfterStage>
 __device__ void rows_product(Accumulators& acc, RowStage& s, int64_t begin, int64_t end,
                              const LoadA& load_a, const LoadB& load_b,
                              const AfterStage& after_stage) {
-  using namespace nvcuda;
   const int warp = threadIdx.x / 32;
   for (int64_t a0 = begin; a0 < end; a0 += kChunk) {
     for (int e = threadIdx.x; e < kTile * kChunk; e += kThreads) {
@@ -120,19 +139,10 @@ __device__ void rows_product(Accumulators& acc, RowStage& s, int64_t begin, int6
     }
     __syncthreads();
     after_stage(s, a0);
-    for (int step = 0; step < kChunk; step += kFrag) {
-      wmma::fragment<wmma::matrix_a, kFrag, kFrag, kFrag, bf16, wmma::row_major> ah, al;
-      wmma::load_matrix_sync(ah, &s.a_hi[warp * kFrag][step], kChunk + kPad);
-      wmma::load_matrix_sync(al, &s.a_lo[warp * kFrag][step], kChunk + kPad);
-      for (int n = 0; n < kTile / kFrag; ++n) {
-        wmma::fragment<wmma::matrix_b, kFrag, kFrag, kFrag, bf16, wmma::row_major> bh, bl;
-        wmma::load_matrix_sync(bh, &s.b_hi[step][n * kFrag], kTile + kPad);
-        wmma::load_matrix_sync(bl, &s.b_lo[step][n * kFrag], kTile + kPad);
-        wmma::mma_sync(acc[n], ah, bh, acc[n]);
-        wmma::mma_sync(acc[n], ah, bl, acc[n]);
-        wmma::mma_sync(acc[n], al, bh, acc[n]);
-      }
-    }
+    for (int step = 0; step < kChunk; step += kFrag)
+      split_product_step<nvcuda::wmma::row_major>(acc, &s.a_hi[warp * kFrag][step],
+                                                  &s.a_lo[warp * kFrag][step], kChunk + kPad,
+                                                  &s.b_hi[step][0], &s.b_lo[step][0]);
     __syncthreads();
   }
 }
@@ -142,7 +152,6 @@ __device__ void rows_product(Accumulators& acc, RowStage& s, int64_t begin, int6
 template <class LoadA, class LoadB, class AfterStage>
 __device__ void tokens_product(Accumulators& acc, TokenStage& s, int64_t count, const LoadA& load_a,
                                const LoadB& load_b, const AfterStage& after_stage) {
-  using namespace nvcuda;
   const int warp = threadIdx.x / 32;
   for (int64_t c0 = 0; c0 < count; c0 += kChunk) {
     for (int e = threadIdx.x; e < kChunk * kTile; e += kThreads) {
@@ -153,23 +162,38 @@ __device__ void tokens_product(Accumulators& acc, TokenStage& s, int64_t count, 
     }
     __syncthreads();
     after_stage(s, c0);
-    for (int step = 0; step < kChunk; step += kFrag) {
-      // A^T: element (d, j) sits at [j][d], column-major.
-      wmma::fragment<wmma::matrix_a, kFrag, kFrag, kFrag, bf16, wmma::col_major> ah, al;
-      wmma::load_matrix_sync(ah, &s.a_hi[step][warp * kFrag], kTile + kPad);
-      wmma::load_matrix_sync(al, &s.a_lo[step][warp * kFrag], kTile + kPad);
-      for (int n = 0; n < kTile / kFrag; ++n) {
-        wmma::fragment<wmma::matrix_b, kFrag, kFrag, kFrag, bf16, wmma::row_major> bh, bl;
-        wmma::load_matrix_sync(bh, &s.b_hi[step][n * kFrag], kTile + kPad);
-        wmma::load_matrix_sync(bl, &s.b_lo[step][n * kFrag], kTile + kPad);
-        wmma::mma_sync(acc[n], ah, bh, acc[n]);
-        wmma::mma_sync(acc[n], ah, bl, acc[n]);
-        wmma::mma_sync(acc[n], al, bh, acc[n]);
-      }
-    }
+    // A^T: element (d, j) sits at [j][d], column-major.
+    for (int step = 0; step < kChunk; step += kFrag)
+      split_product_step<nvcuda::wmma::col_major>(acc, &s.a_hi[step][warp * kFrag],
+                                                  &s.a_lo[step][warp * kFrag], kTile + kPad,
+                                                  &s.b_hi[step][0], &s.b_lo[step][0]);
     __syncthreads();
   }
 }
+
+// Where a CTA that sums over one block's tokens works (grid x: block, y:
+// slice bh, z: Dk tile x Dv tile): its tile of a [Dk, Dv + 1] array and the
+// block's tokens, row(j) being token j's row in the token tensors.
+struct BlockSumTile {
+  const KernelProblem& p;
+  int64_t block, bh, dk0, dv0, first, count;
+
+  __device__ explicit BlockSumTile(const KernelProblem& problem)
+      : p(problem), block(blockIdx.x), bh(blockIdx.y) {
+    const int64_t dv_tiles = tile_count(p.dv);
+    dk0 = int64_t(blockIdx.z) / dv_tiles * kTile;
+    dv0 = int64_t(blockIdx.z) % dv_tiles * kTile;
+    first = p.block_start[block];
+    count = p.block_start[block + 1] - first;
+  }
+  __device__ int64_t row(int64_t j) const {
+    return token_row(p, bh / p.heads, p.block_tokens[first + j], bh % p.heads);
+  }
+  // This block's [Dk, Dv + 1] array in a [B*H, M, Dk, Dv + 1] one.
+  __device__ float* in(float* array) const {
+    return array + (bh * p.blocks + block) * p.dk * (p.dv + 1);
+  }
+};
 
 // For a CTA that takes kTile tokens of one block (grid x: block x chunk, grid
 // y: slice): sets `block` and rows[t], the row of the chunk's token t in the
