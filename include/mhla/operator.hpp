@@ -67,10 +67,10 @@ void backward(const Options& options, TensorView<const T> q, TensorView<const T>
 // dphi(k), dv) on bfloat16 operands and rounds each gradient once. On other
 // CPUs, and in causal mode, both compute in float32 on widened copies in the
 // calling thread's scratch (release_scratch frees them), as both do on CUDA
-// (where MHLA_CUDA_BF16_KERNELS=1 runs forward and backward on tensor cores
-// instead: not yet run on a GPU; docs/cuda.md). The fingerprints of
-// the saved arrays allow for the bfloat16 roundings of phi(k), and of w and
-// the summaries in the mix. See docs/operator.md, "bfloat16".
+// outside causal mode. MHLA_CUDA_BF16_KERNELS=1 runs them on CUDA's tensor
+// cores instead, causal mode included (not yet run on a GPU; docs/cuda.md).
+// The fingerprints of the saved arrays allow for the bfloat16 roundings of
+// phi(k), and of w and the summaries in the mix. See docs/operator.md, "bfloat16".
 void forward(const Options& options, TensorView<const bfloat16> q, TensorView<const bfloat16> k,
              TensorView<const bfloat16> v, TensorView<const float> w, TensorView<bfloat16> o,
              TensorView<float> saved_summaries = {}, TensorView<float> saved_mixed = {});

@@ -8,55 +8,97 @@ namespace {
 
 using namespace tiles;
 
-// Grid (block b x chunk of kTile tokens, slice bh). Two passes over the tiles
-// of Dk: the first sums phi(q_t) . u_t and den_t per token, which give the
-// terms; the second writes grad_q (recomputing u, unless Dk is one tile and
-// u is still in shared memory).
+// Grid (block b x chunk of kTile tokens, slice bh). Pass 1 sums, per token,
+// den_t and g_t . y_t: phi(q_t) . z and phi(q_t) . u_t over the tiles of Dk,
+// u_t = mixed[:, :Dv] g_t, and with token-level causal masking the block's
+// keys up to t (the masked scores, and their product with v against g). They
+// give the terms, and (causal) the chunk's part of W[i, i]'s gradient. Pass 2
+// writes grad_q a tile of Dk at a time: [inv_t g_t | dden_t] against the
+// mixed summaries (z as one more inner entry), plus (causal) the masked
+// W[i, i] (inv_t g_t . v_j + dden_t) against phi(k_j).
 __global__ void __launch_bounds__(kThreads)
-    query_gradients_kernel(KernelProblem p, int64_t chunks, const uint16_t* q,
-                           const uint16_t* grad_o, const float* mixed, uint16_t* grad_q,
-                           float* terms, int* non_finite) {
-  __shared__ __align__(32) RowStage stage;
+    query_gradients_kernel(KernelProblem p, int64_t chunks, const uint16_t* q, const uint16_t* k,
+                           const uint16_t* v, const uint16_t* grad_o, const float* w,
+                           const float* mixed, uint16_t* grad_q, float* terms, float* diagonal,
+                           int* non_finite) {
+  __shared__ __align__(32) StageOrTile scratch;
   __shared__ __align__(32) OutTile out;
-  __shared__ int64_t rows[kTile];
-  __shared__ float inv[kTile], dden[kTile];
+  __shared__ int64_t rows[kTile], keys[kTile];
+  __shared__ float inv[kTile], dden[kTile], in_block[kTile];
 
-  int64_t block;
-  if (!chunk_rows(p, chunks, block, rows)) return;
+  TokenChunk chunk;
+  if (!chunk_rows(p, chunks, chunk, rows)) {
+    // A chunk past the block's end adds nothing to W[i, i]'s gradient.
+    if (p.causal && threadIdx.x == 0) diagonal[int64_t(blockIdx.y) * gridDim.x + blockIdx.x] = 0;
+    return;
+  }
+  RowStage& stage = scratch.stage;
   const int64_t bh = blockIdx.y, width = p.dv + 1;
-  const float* m = mixed + (bh * p.blocks + block) * p.dk * width;
-  // u_t = mixed[:, :Dv] grad_o_t for the Dk entries [dk0, dk0 + kTile), into out.
-  const auto u_tile = [&](int64_t dk0) {
-    Accumulators acc;
-    clear(acc);
-    rows_product<BLoad::by_inner>(
-        acc, stage, 0, p.dv,
-        [&](int r, int64_t e) {
-          return rows[r] >= 0 ? to_float(grad_o[rows[r] * p.dv + e]) : 0.0f;
-        },
-        [&](int64_t e, int j) { return dk0 + j < p.dk ? m[(dk0 + j) * width + e] : 0.0f; },
-        NothingPerStage{});
-    store_rows(acc, out);
-    __syncthreads();
+  const float* m = mixed + (bh * p.blocks + chunk.block) * p.dk * width;
+  const float w_ii = p.causal ? weight(p, w, bh % p.heads, chunk.block, chunk.block) : 0.0f;
+  const auto phi_q = [&](int t, int64_t a) {
+    return rows[t] >= 0 ? feature(p.phi, to_float(q[rows[t] * p.dk + a])) : 0.0f;
   };
+  const auto phi_k = [&](int j, int64_t a) {
+    return keys[j] >= 0 ? feature(p.phi, to_float(k[keys[j] * p.dk + a])) : 0.0f;
+  };
+  const auto g = [&](int t, int64_t e) {
+    return rows[t] >= 0 ? to_float(grad_o[rows[t] * p.dv + e]) : 0.0f;
+  };
+  const auto value = [&](int j, int64_t e) {
+    return keys[j] >= 0 ? to_float(v[keys[j] * p.dv + e]) : 0.0f;
+  };
+  // Key j of the chunk from position k0 is visible to the chunk's token t.
+  const auto visible = [&](int t, int j, int64_t k0) { return k0 + j <= chunk.c0 + t; };
 
   const int t = threadIdx.x;  // threads t < kTile: the chunk's token t
   float den = 0, dot = 0;
   for (int64_t dk0 = 0; dk0 < p.dk; dk0 += kTile) {
-    u_tile(dk0);
+    pair_products(stage, out, p.dv, g, [&](int j, int64_t e) {
+      return dk0 + j < p.dk ? m[(dk0 + j) * width + e] : 0.0f;
+    });
     if (t < kTile && rows[t] >= 0)
       for (int a = 0; a < kTile && dk0 + a < p.dk; ++a) {
-        const float phi = feature(p.phi, to_float(q[rows[t] * p.dk + dk0 + a]));
+        const float phi = phi_q(t, dk0 + a);
         dot += phi * out[t][a];
         den += phi * m[(dk0 + a) * width + p.dv];
       }
     __syncthreads();
   }
+  float scores = 0, products = 0;  // causal: sum_j s_tj and sum_j s_tj (g_t . v_j), j <= t
+  for (int64_t k0 = 0; p.causal && k0 <= chunk.c0; k0 += kTile) {
+    block_rows(p, chunk, k0, keys);
+    __syncthreads();
+    pair_products(stage, out, p.dk, phi_q, phi_k);
+    for (int e = threadIdx.x; e < kTile * kTile; e += kThreads)
+      if (!visible(e / kTile, e % kTile, k0)) out[e / kTile][e % kTile] = 0.0f;
+    __syncthreads();
+    if (t < kTile)
+      for (int j = 0; j < kTile; ++j) scores += out[t][j];
+    for (int64_t dv0 = 0; dv0 < p.dv; dv0 += kTile) {
+      Accumulators y;
+      clear(y);
+      rows_product<BLoad::by_column>(
+          y, stage, 0, kTile, [&](int r, int64_t j) { return out[r][j]; },
+          [&](int64_t j, int e) { return dv0 + e < p.dv ? value(int(j), dv0 + e) : 0.0f; },
+          NothingPerStage{});
+      store_rows(y, scratch.tile);
+      __syncthreads();
+      if (t < kTile)
+        for (int e = 0; e < kTile && dv0 + e < p.dv; ++e)
+          products += g(t, dv0 + e) * scratch.tile[t][e];
+      __syncthreads();
+    }
+  }
   if (t < kTile) {
+    den += w_ii * scores;
+    dot += w_ii * products;
     const float i_t = p.normalize ? 1.0f / (den + float(p.eps)) : float(p.scale);
     const float d_t = p.normalize ? -dot * i_t * i_t : 0.0f;
     inv[t] = i_t;
     dden[t] = d_t;
+    // sum_j s_tj (dy_t . [v_j | 1]): token t's part of W[i, i]'s gradient.
+    in_block[t] = rows[t] >= 0 ? i_t * products + d_t * scores : 0.0f;
     if (rows[t] >= 0) {
       terms[2 * rows[t]] = i_t;
       terms[2 * rows[t] + 1] = d_t;
@@ -64,17 +106,45 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   __syncthreads();
+  if (p.causal && t == 0) {
+    float sum = 0;
+    for (int r = 0; r < kTile; ++r) sum += in_block[r];
+    diagonal[int64_t(blockIdx.y) * gridDim.x + blockIdx.x] = sum;
+  }
 
   for (int64_t dk0 = 0; dk0 < p.dk; dk0 += kTile) {
-    if (p.dk > kTile) u_tile(dk0);
+    Accumulators acc;
+    clear(acc);
+    rows_product<BLoad::by_inner>(
+        acc, stage, 0, width,
+        [&](int r, int64_t e) {
+          return e < p.dv ? inv[r] * g(r, e) : rows[r] >= 0 ? dden[r] : 0.0f;
+        },
+        [&](int64_t e, int a) { return dk0 + a < p.dk ? m[(dk0 + a) * width + e] : 0.0f; },
+        NothingPerStage{});
+    for (int64_t k0 = 0; p.causal && k0 <= chunk.c0; k0 += kTile) {
+      block_rows(p, chunk, k0, keys);
+      __syncthreads();
+      pair_products(stage, out, p.dv, g, value);
+      for (int e = threadIdx.x; e < kTile * kTile; e += kThreads) {
+        const int r = e / kTile, j = e % kTile;
+        out[r][j] = visible(r, j, k0) ? w_ii * (inv[r] * out[r][j] + dden[r]) : 0.0f;
+      }
+      __syncthreads();
+      rows_product<BLoad::by_column>(
+          acc, stage, 0, kTile, [&](int r, int64_t j) { return out[r][j]; },
+          [&](int64_t j, int a) { return dk0 + a < p.dk ? phi_k(int(j), dk0 + a) : 0.0f; },
+          NothingPerStage{});
+    }
+    store_rows(acc, out);
+    __syncthreads();
     for (int e = threadIdx.x; e < kTile * kTile; e += kThreads) {
       const int r = e / kTile, a = e % kTile;
       if (rows[r] < 0 || dk0 + a >= p.dk) continue;
       const int64_t at = rows[r] * p.dk + dk0 + a;
-      const float g = feature_derivative(p.phi, to_float(q[at])) *
-                      (inv[r] * out[r][a] + dden[r] * m[(dk0 + a) * width + p.dv]);
-      if (!isfinite(g)) atomicOr(non_finite, 1);
-      grad_q[at] = to_bits(g);
+      const float gq = feature_derivative(p.phi, to_float(q[at])) * out[r][a];
+      if (!isfinite(gq)) atomicOr(non_finite, 1);
+      grad_q[at] = to_bits(gq);
     }
     __syncthreads();
   }
@@ -117,74 +187,121 @@ __global__ void __launch_bounds__(kThreads)
   store_summary_tile(p, out, last, tile.dk0, tile.dv0, tile.in(grad_mixed));
 }
 
-// Grid (block b x chunk of kTile tokens, slice bh, Dk tiles then Dv tiles):
-// a tile of grad_k, phi'(k) times [v | 1] [dS | dz]^T (the ones as one more
-// inner entry), or of grad_v, phi(K) dS.
+// Grid (block b x chunk of kTile keys, slice bh, Dk tiles then Dv tiles): a
+// tile of grad_k, phi'(k) times [v | 1] [dS | dz]^T (the ones as one more
+// inner entry), or of grad_v, phi(K) dS; with token-level causal masking
+// plus the block's queries t >= j, a chunk of kTile at a time: W[i, i]
+// (inv_t g_t . v_j + dden_t) against phi(q_t), or W[i, i] s_tj inv_t against g_t.
 __global__ void __launch_bounds__(kThreads)
-    key_value_gradients_kernel(KernelProblem p, int64_t chunks, const uint16_t* k,
-                               const uint16_t* v, const float* grad_s, uint16_t* grad_k,
-                               uint16_t* grad_v, int* non_finite) {
+    key_value_gradients_kernel(KernelProblem p, int64_t chunks, const uint16_t* q,
+                               const uint16_t* k, const uint16_t* v, const uint16_t* grad_o,
+                               const float* w, const float* terms, const float* grad_s,
+                               uint16_t* grad_k, uint16_t* grad_v, int* non_finite) {
   __shared__ __align__(32) RowStage stage;
   __shared__ __align__(32) OutTile out;
-  __shared__ int64_t rows[kTile];
+  __shared__ int64_t rows[kTile], queries[kTile];
+  __shared__ float inv[kTile], dden[kTile];
 
-  int64_t block;
-  if (!chunk_rows(p, chunks, block, rows)) return;
+  TokenChunk chunk;
+  if (!chunk_rows(p, chunks, chunk, rows)) return;
   const int64_t bh = blockIdx.y, width = p.dv + 1, dk_tiles = tile_count(p.dk);
-  const float* ds = grad_s + (bh * p.blocks + block) * p.dk * width;
+  const float* ds = grad_s + (bh * p.blocks + chunk.block) * p.dk * width;
+  const float w_ii = p.causal ? weight(p, w, bh % p.heads, chunk.block, chunk.block) : 0.0f;
+  const bool key_tile = int64_t(blockIdx.z) < dk_tiles;
+  const int64_t col0 = (key_tile ? int64_t(blockIdx.z) : int64_t(blockIdx.z) - dk_tiles) * kTile;
+  const auto phi_k = [&](int j, int64_t a) {
+    return rows[j] >= 0 ? feature(p.phi, to_float(k[rows[j] * p.dk + a])) : 0.0f;
+  };
+  const auto value = [&](int j, int64_t e) {
+    return rows[j] >= 0 ? to_float(v[rows[j] * p.dv + e]) : 0.0f;
+  };
+  const auto phi_q = [&](int t, int64_t a) {
+    return queries[t] >= 0 ? feature(p.phi, to_float(q[queries[t] * p.dk + a])) : 0.0f;
+  };
+  const auto g = [&](int t, int64_t e) {
+    return queries[t] >= 0 ? to_float(grad_o[queries[t] * p.dv + e]) : 0.0f;
+  };
 
   Accumulators acc;
   clear(acc);
-  if (int64_t(blockIdx.z) < dk_tiles) {
-    const int64_t dk0 = int64_t(blockIdx.z) * kTile;
+  if (key_tile)
     rows_product<BLoad::by_inner>(
         acc, stage, 0, width,
-        [&](int r, int64_t e) {
-          return rows[r] < 0 ? 0.0f : e < p.dv ? to_float(v[rows[r] * p.dv + e]) : 1.0f;
-        },
-        [&](int64_t e, int j) { return dk0 + j < p.dk ? ds[(dk0 + j) * width + e] : 0.0f; },
+        [&](int r, int64_t e) { return e < p.dv       ? value(r, e)
+                                       : rows[r] >= 0 ? 1.0f
+                                                      : 0.0f; },
+        [&](int64_t e, int j) { return col0 + j < p.dk ? ds[(col0 + j) * width + e] : 0.0f; },
         NothingPerStage{});
-    store_rows(acc, out);
-    __syncthreads();
-    for (int e = threadIdx.x; e < kTile * kTile; e += kThreads) {
-      const int r = e / kTile, a = e % kTile;
-      if (rows[r] < 0 || dk0 + a >= p.dk) continue;
-      const int64_t at = rows[r] * p.dk + dk0 + a;
-      const float g = feature_derivative(p.phi, to_float(k[at])) * out[r][a];
-      if (!isfinite(g)) atomicOr(non_finite, 1);
-      grad_k[at] = to_bits(g);
+  else
+    rows_product<BLoad::by_column>(
+        acc, stage, 0, p.dk, phi_k,
+        [&](int64_t a, int j) { return col0 + j < p.dv ? ds[a * width + col0 + j] : 0.0f; },
+        NothingPerStage{});
+  for (int64_t q0 = chunk.c0; p.causal && q0 < chunk.count; q0 += kTile) {
+    block_rows(p, chunk, q0, queries);
+    if (threadIdx.x < kTile) {  // the thread that wrote queries[threadIdx.x]
+      const int64_t r = queries[threadIdx.x];
+      inv[threadIdx.x] = r >= 0 ? terms[2 * r] : 0.0f;
+      dden[threadIdx.x] = r >= 0 ? terms[2 * r + 1] : 0.0f;
     }
-    return;
+    __syncthreads();
+    // out[j][t]: v_j . g_t (grad_k) or phi(k_j) . phi(q_t) (grad_v), then its masked factor.
+    if (key_tile)
+      pair_products(stage, out, p.dv, value, g);
+    else
+      pair_products(stage, out, p.dk, phi_k, phi_q);
+    for (int e = threadIdx.x; e < kTile * kTile; e += kThreads) {
+      const int j = e / kTile, t = e % kTile;
+      const bool visible = chunk.c0 + j <= q0 + t;
+      out[j][t] = !visible   ? 0.0f
+                  : key_tile ? w_ii * (inv[t] * out[j][t] + dden[t])
+                             : w_ii * inv[t] * out[j][t];
+    }
+    __syncthreads();
+    rows_product<BLoad::by_column>(
+        acc, stage, 0, kTile, [&](int j, int64_t t) { return out[j][t]; },
+        [&](int64_t t, int c) {
+          if (key_tile) return col0 + c < p.dk ? phi_q(int(t), col0 + c) : 0.0f;
+          return col0 + c < p.dv ? g(int(t), col0 + c) : 0.0f;
+        },
+        NothingPerStage{});
   }
-  const int64_t dv0 = (int64_t(blockIdx.z) - dk_tiles) * kTile;
-  rows_product<BLoad::by_column>(
-      acc, stage, 0, p.dk,
-      [&](int r, int64_t a) {
-        return rows[r] >= 0 ? feature(p.phi, to_float(k[rows[r] * p.dk + a])) : 0.0f;
-      },
-      [&](int64_t a, int j) { return dv0 + j < p.dv ? ds[a * width + dv0 + j] : 0.0f; },
-      NothingPerStage{});
+
   store_rows(acc, out);
   __syncthreads();
   for (int e = threadIdx.x; e < kTile * kTile; e += kThreads) {
-    const int r = e / kTile, j = e % kTile;
-    if (rows[r] < 0 || dv0 + j >= p.dv) continue;
-    const float g = out[r][j];
-    if (!isfinite(g)) atomicOr(non_finite, 1);
-    grad_v[rows[r] * p.dv + dv0 + j] = to_bits(g);
+    const int r = e / kTile, c = e % kTile;
+    if (rows[r] < 0) continue;
+    if (key_tile) {
+      if (col0 + c >= p.dk) continue;
+      const int64_t at = rows[r] * p.dk + col0 + c;
+      const float gk = feature_derivative(p.phi, to_float(k[at])) * out[r][c];
+      if (!isfinite(gk)) atomicOr(non_finite, 1);
+      grad_k[at] = to_bits(gk);
+    } else {
+      if (col0 + c >= p.dv) continue;
+      const float gv = out[r][c];
+      if (!isfinite(gv)) atomicOr(non_finite, 1);
+      grad_v[rows[r] * p.dv + col0 + c] = to_bits(gv);
+    }
   }
 }
 
 }  // namespace
 
-void bf16_query_gradients(const KernelProblem& p, const uint16_t* q, const uint16_t* grad_o,
-                          const float* mixed, uint16_t* grad_q, float* terms, int* non_finite,
-                          cudaStream_t stream) {
+void bf16_query_gradients(const KernelProblem& p, const uint16_t* q, const uint16_t* k,
+                          const uint16_t* v, const uint16_t* grad_o, const float* w,
+                          const float* mixed, uint16_t* grad_q, float* terms, float* diagonal,
+                          int* non_finite, cudaStream_t stream) {
   const int64_t chunks = tile_count(p.largest_block);
   const dim3 grid(unsigned(p.blocks * chunks), unsigned(p.batch * p.heads));
-  query_gradients_kernel<<<grid, kThreads, 0, stream>>>(p, chunks, q, grad_o, mixed, grad_q, terms,
-                                                        non_finite);
+  query_gradients_kernel<<<grid, kThreads, 0, stream>>>(p, chunks, q, k, v, grad_o, w, mixed,
+                                                        grad_q, terms, diagonal, non_finite);
   check_launch("bf16 query gradients kernel");
+}
+
+int64_t bf16_diagonal_terms(const KernelProblem& p) {
+  return p.batch * p.heads * p.blocks * tile_count(p.largest_block);
 }
 
 void bf16_mixed_gradients(const KernelProblem& p, const uint16_t* q, const uint16_t* grad_o,
@@ -195,14 +312,15 @@ void bf16_mixed_gradients(const KernelProblem& p, const uint16_t* q, const uint1
   check_launch("bf16 mixed gradients kernel");
 }
 
-void bf16_key_value_gradients(const KernelProblem& p, const uint16_t* k, const uint16_t* v,
-                              const float* grad_summaries, uint16_t* grad_k, uint16_t* grad_v,
-                              int* non_finite, cudaStream_t stream) {
+void bf16_key_value_gradients(const KernelProblem& p, const uint16_t* q, const uint16_t* k,
+                              const uint16_t* v, const uint16_t* grad_o, const float* w,
+                              const float* terms, const float* grad_summaries, uint16_t* grad_k,
+                              uint16_t* grad_v, int* non_finite, cudaStream_t stream) {
   const int64_t chunks = tile_count(p.largest_block);
   const dim3 grid(unsigned(p.blocks * chunks), unsigned(p.batch * p.heads),
                   unsigned(tile_count(p.dk) + tile_count(p.dv)));
-  key_value_gradients_kernel<<<grid, kThreads, 0, stream>>>(p, chunks, k, v, grad_summaries, grad_k,
-                                                            grad_v, non_finite);
+  key_value_gradients_kernel<<<grid, kThreads, 0, stream>>>(
+      p, chunks, q, k, v, grad_o, w, terms, grad_summaries, grad_k, grad_v, non_finite);
   check_launch("bf16 key and value gradients kernel");
 }
 

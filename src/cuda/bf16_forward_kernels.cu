@@ -41,29 +41,31 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // Grid (block b x chunk of kTile tokens, slice bh, Dv tile): o for the
-// chunk's tokens, phi(Q) times the block's mixed summaries, divided by the
-// denominators as they are written.
+// chunk's tokens, phi(Q) times the block's mixed summaries (with token-level
+// causal masking, plus W[i, i] times the block's keys up to each token),
+// divided by the denominators as they are written.
 __global__ void __launch_bounds__(kThreads)
-    outputs_kernel(KernelProblem p, int64_t chunks, const uint16_t* q, const float* mixed,
-                   uint16_t* o, int* non_finite) {
+    outputs_kernel(KernelProblem p, int64_t chunks, const uint16_t* q, const uint16_t* k,
+                   const uint16_t* v, const float* w, const float* mixed, uint16_t* o,
+                   int* non_finite) {
   __shared__ __align__(32) RowStage stage;
   __shared__ __align__(32) OutTile out;
   __shared__ float denominator[kTile];
-  __shared__ int64_t rows[kTile];
+  __shared__ int64_t rows[kTile], keys[kTile];
 
-  int64_t block;
-  if (!chunk_rows(p, chunks, block, rows)) return;
+  TokenChunk chunk;
+  if (!chunk_rows(p, chunks, chunk, rows)) return;
   const int64_t bh = blockIdx.y, dv0 = int64_t(blockIdx.z) * kTile, width = p.dv + 1;
-  const float* m = mixed + (bh * p.blocks + block) * p.dk * width;
+  const float* m = mixed + (bh * p.blocks + chunk.block) * p.dk * width;
+  const auto phi_q = [&](int t, int64_t a) {
+    return rows[t] >= 0 ? feature(p.phi, to_float(q[rows[t] * p.dk + a])) : 0.0f;
+  };
 
   Accumulators acc;
   clear(acc);
-  float den = 0;  // phi(q) . z for token c0 + threadIdx.x
+  float den = 0;  // the denominator of the chunk's token threadIdx.x
   rows_product<BLoad::by_column>(
-      acc, stage, 0, p.dk,
-      [&](int t, int64_t a) {
-        return rows[t] >= 0 ? feature(p.phi, to_float(q[rows[t] * p.dk + a])) : 0.0f;
-      },
+      acc, stage, 0, p.dk, phi_q,
       [&](int64_t a, int j) { return dv0 + j < p.dv ? m[a * width + dv0 + j] : 0.0f; },
       [&](const RowStage& staged, int64_t a0) {
         if (threadIdx.x < kTile)
@@ -71,6 +73,29 @@ __global__ void __launch_bounds__(kThreads)
             den += joined(staged.a_hi[threadIdx.x][a], staged.a_lo[threadIdx.x][a]) *
                    m[(a0 + a) * width + p.dv];
       });
+  // Causal: W[i, i] (phi(q_t) . phi(k_j)) [v_j | 1] over the block's keys j <= t,
+  // kTile keys at a time: their masked scores in out, then against v.
+  for (int64_t k0 = 0; p.causal && k0 <= chunk.c0; k0 += kTile) {
+    const float diagonal = weight(p, w, bh % p.heads, chunk.block, chunk.block);
+    block_rows(p, chunk, k0, keys);
+    __syncthreads();
+    pair_products(stage, out, p.dk, phi_q, [&](int j, int64_t a) {
+      return keys[j] >= 0 ? feature(p.phi, to_float(k[keys[j] * p.dk + a])) : 0.0f;
+    });
+    for (int e = threadIdx.x; e < kTile * kTile; e += kThreads) {
+      const int t = e / kTile, j = e % kTile;
+      out[t][j] = k0 + j <= chunk.c0 + t ? diagonal * out[t][j] : 0.0f;
+    }
+    __syncthreads();
+    if (threadIdx.x < kTile)
+      for (int j = 0; j < kTile; ++j) den += out[threadIdx.x][j];
+    rows_product<BLoad::by_column>(
+        acc, stage, 0, kTile, [&](int t, int64_t j) { return out[t][j]; },
+        [&](int64_t j, int e) {
+          return keys[j] >= 0 && dv0 + e < p.dv ? to_float(v[keys[j] * p.dv + dv0 + e]) : 0.0f;
+        },
+        NothingPerStage{});
+  }
 
   store_rows(acc, out);
   if (threadIdx.x < kTile) denominator[threadIdx.x] = den;
@@ -104,12 +129,13 @@ void bf16_summaries(const KernelProblem& p, const uint16_t* k, const uint16_t* v
   check_launch("bf16 summaries kernel");
 }
 
-void bf16_outputs(const KernelProblem& p, const uint16_t* q, const float* mixed, uint16_t* o,
-                  int* non_finite, cudaStream_t stream) {
+void bf16_outputs(const KernelProblem& p, const uint16_t* q, const uint16_t* k, const uint16_t* v,
+                  const float* w, const float* mixed, uint16_t* o, int* non_finite,
+                  cudaStream_t stream) {
   const int64_t chunks = tile_count(p.largest_block);
   const dim3 grid(unsigned(p.blocks * chunks), unsigned(p.batch * p.heads),
                   unsigned(tile_count(p.dv)));
-  outputs_kernel<<<grid, kThreads, 0, stream>>>(p, chunks, q, mixed, o, non_finite);
+  outputs_kernel<<<grid, kThreads, 0, stream>>>(p, chunks, q, k, v, w, mixed, o, non_finite);
   check_launch("bf16 outputs kernel");
 }
 

@@ -24,9 +24,12 @@ bool bf16_kernels_fit(const KernelProblem& p);
 void bf16_summaries(const KernelProblem& p, const uint16_t* k, const uint16_t* v, float* summaries,
                     cudaStream_t stream);
 
-// o_t = y_t / (phi(q_t) . z + eps) or scale y_t, y_t = phi(q_t)^T mixed[block of t][:, :Dv],
-// written for every token; sets *non_finite when an output or denominator is not finite.
-void bf16_outputs(const KernelProblem& p, const uint16_t* q, const float* mixed, uint16_t* o,
-                  int* non_finite, cudaStream_t stream);
+// o_t = y_t / (den_t + eps) or scale y_t, y_t = phi(q_t)^T mixed[block of t][:, :Dv] and
+// den_t = phi(q_t) . z (token-level causal: plus W[i, i] sum_{j in i, j <= t}
+// (phi(q_t) . phi(k_j)) [v_j | 1]), written for every token; sets *non_finite when an
+// output or denominator is not finite.
+void bf16_outputs(const KernelProblem& p, const uint16_t* q, const uint16_t* k, const uint16_t* v,
+                  const float* w, const float* mixed, uint16_t* o, int* non_finite,
+                  cudaStream_t stream);
 
 }  // namespace mhla::cuda

@@ -107,10 +107,13 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Per (copy, i, b): the splits' partial sums added in order, kept in the
-// copy's first split (the dense gradient, which Toeplitz W sums further) and,
-// for dense W, added to the entries of W the mix reads.
-__global__ void weight_sum_kernel(KernelProblem p, int64_t splits, float* partials, float* grad_w,
+// Per (copy, i, b): the splits' partial sums added in order (for W[i, i]
+// under token-level causal masking, its in-block terms instead, per slice and
+// chunk in order), kept in the copy's first split (the dense gradient, which
+// Toeplitz W sums further) and, for dense W, added to the entries the
+// operator uses.
+__global__ void weight_sum_kernel(KernelProblem p, int64_t splits, int64_t chunks,
+                                  const float* diagonal, float* partials, float* grad_w,
                                   int* non_finite) {
   const int64_t m = p.blocks, copies = p.per_head ? p.heads : 1, total = copies * m * m;
   for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
@@ -118,9 +121,17 @@ __global__ void weight_sum_kernel(KernelProblem p, int64_t splits, float* partia
     const int64_t ib = idx % (m * m), i = ib / m, b = ib % m, copy = idx / (m * m);
     float* first = partials + copy * splits * m * m + ib;
     float sum = 0;
-    for (int64_t split = 0; split < splits; ++split) sum += first[split * m * m];
+    if (p.causal && i == b) {
+      const int64_t slices = p.per_head ? p.batch : p.batch * p.heads;
+      for (int64_t slice = 0; slice < slices; ++slice) {
+        const int64_t bh = p.per_head ? slice * p.heads + copy : slice;
+        for (int64_t c = 0; c < chunks; ++c) sum += diagonal[(bh * m + i) * chunks + c];
+      }
+    } else {
+      for (int64_t split = 0; split < splits; ++split) sum += first[split * m * m];
+    }
     *first = sum;
-    if (p.toeplitz || !reads(p, i, b)) continue;
+    if (p.toeplitz || !uses(p, i, b)) continue;
     float& entry = grad_w[(copy * p.w_stride + i) * p.w_stride + b];
     entry += sum;
     if (!isfinite(entry)) atomicOr(non_finite, 1);
@@ -170,8 +181,8 @@ int64_t bf16_mix_backward_scratch(const KernelProblem& p) {
 }
 
 void bf16_mix_backward(const KernelProblem& p, const float* w, const float* summaries,
-                       const float* grad_mixed, float* grad_summaries, float* grad_w,
-                       float* scratch, int* non_finite, cudaStream_t stream) {
+                       const float* grad_mixed, const float* diagonal, float* grad_summaries,
+                       float* grad_w, float* scratch, int* non_finite, cudaStream_t stream) {
   mix_kernel<true><<<mix_grid(p), kThreads, 0, stream>>>(p, w, grad_mixed, grad_summaries);
   check_launch("bf16 mix backward kernel");
   if (grad_w == nullptr) return;
@@ -182,7 +193,8 @@ void bf16_mix_backward(const KernelProblem& p, const float* w, const float* summ
                                                         grad_mixed, summaries, scratch);
   check_launch("bf16 weight gradient kernel");
   weight_sum_kernel<<<elementwise_blocks(split.copies * p.blocks * p.blocks), kThreads, 0,
-                      stream>>>(p, split.splits, scratch, grad_w, non_finite);
+                      stream>>>(p, split.splits, tile_count(p.largest_block), diagonal, scratch,
+                                grad_w, non_finite);
   check_launch("bf16 weight gradient sum kernel");
   if (!p.toeplitz) return;
   toeplitz_weight_kernel<<<elementwise_blocks(split.copies * (p.toeplitz_length + 1)), kThreads, 0,

@@ -22,12 +22,13 @@ int64_t bf16_mix_backward_scratch(const KernelProblem& p);
 // Backward of the mix: grad_summaries[bh, b] = sum_i W[i, b] grad_mixed[bh, i]
 // (written) and, unless grad_w is null, grad_w[i, b] += the sum over the
 // slices of W's copy of grad_mixed[bh, i] . summaries[bh, b] (dense W), or
-// its sums along the diagonals (Toeplitz W). The weight gradient is summed
-// in a fixed order (partial sums per split of the slices, then their sum),
-// so repeated calls give identical results. Sets *non_finite when an entry
-// of grad_w is not finite.
+// its sums along the diagonals (Toeplitz W); with token-level causal masking
+// W[i, i] gains the in-block terms of bf16_query_gradients' diagonal instead.
+// The weight gradient is summed in a fixed order (partial sums per split of
+// the slices, then their sum), so repeated calls give identical results. Sets
+// *non_finite when an entry of grad_w is not finite.
 void bf16_mix_backward(const KernelProblem& p, const float* w, const float* summaries,
-                       const float* grad_mixed, float* grad_summaries, float* grad_w,
-                       float* scratch, int* non_finite, cudaStream_t stream);
+                       const float* grad_mixed, const float* diagonal, float* grad_summaries,
+                       float* grad_w, float* scratch, int* non_finite, cudaStream_t stream);
 
 }  // namespace mhla::cuda

@@ -84,6 +84,12 @@ struct RowStage {
   bf16 b_lo[kChunk][kTile + kPad];
 };
 
+// A rows product's staging or, between products, a second result tile.
+union StageOrTile {
+  RowStage stage;
+  OutTile tile;
+};
+
 // The staging of tokens_product: kChunk tokens of A's kTile rows and of B's
 // kTile columns, each split in two.
 struct TokenStage {
@@ -195,22 +201,35 @@ struct BlockSumTile {
   }
 };
 
-// For a CTA that takes kTile tokens of one block (grid x: block x chunk, grid
-// y: slice): sets `block` and rows[t], the row of the chunk's token t in the
-// token tensors, or -1 past the block's end. Returns false, before any
-// barrier, where the block has fewer chunks: the whole CTA leaves.
-__device__ inline bool chunk_rows(const KernelProblem& p, int64_t chunks, int64_t& block,
+// A CTA that takes kTile tokens of one block (grid x: block x chunk, grid y:
+// slice bh): the block, where its tokens start in block_tokens, how many it
+// has, and the first of the chunk's (a position in the block).
+struct TokenChunk {
+  int64_t block, first, count, c0;
+};
+
+// rows[t] = the row in the token tensors of token c + t of the chunk's block
+// (slice blockIdx.y), or -1 past the block's end. Callers synchronise.
+__device__ inline void block_rows(const KernelProblem& p, const TokenChunk& chunk, int64_t c,
                                   int64_t (&rows)[kTile]) {
-  block = blockIdx.x / chunks;
-  const int64_t c0 = int64_t(blockIdx.x) % chunks * kTile;
-  const int64_t first = p.block_start[block], count = p.block_start[block + 1] - first;
-  if (c0 >= count) return false;
   const int64_t bh = blockIdx.y;
   if (threadIdx.x < kTile)
-    rows[threadIdx.x] =
-        c0 + threadIdx.x < count
-            ? token_row(p, bh / p.heads, p.block_tokens[first + c0 + threadIdx.x], bh % p.heads)
-            : -1;
+    rows[threadIdx.x] = c + threadIdx.x < chunk.count
+                            ? token_row(p, bh / p.heads,
+                                        p.block_tokens[chunk.first + c + threadIdx.x], bh % p.heads)
+                            : -1;
+}
+
+// Sets the CTA's chunk and the rows of its tokens. Returns false, before any
+// barrier, where the block has fewer chunks: the whole CTA leaves.
+__device__ inline bool chunk_rows(const KernelProblem& p, int64_t chunks, TokenChunk& chunk,
+                                  int64_t (&rows)[kTile]) {
+  chunk.block = blockIdx.x / chunks;
+  chunk.c0 = int64_t(blockIdx.x) % chunks * kTile;
+  chunk.first = p.block_start[chunk.block];
+  chunk.count = p.block_start[chunk.block + 1] - chunk.first;
+  if (chunk.c0 >= chunk.count) return false;
+  block_rows(p, chunk, chunk.c0, rows);
   __syncthreads();
   return true;
 }
@@ -229,10 +248,28 @@ __device__ inline void store_summary_tile(const KernelProblem& p, const OutTile&
     dst[(dk0 + threadIdx.x) * width + p.dv] = last;
 }
 
+// out[t][j] = sum_a X(t, a) Y(j, a) over a in [0, inner): products of two
+// sets of kTile token rows, e.g. the scores phi(q_t) . phi(k_j); returns
+// after the barrier that makes out readable.
+template <class LoadX, class LoadY>
+__device__ void pair_products(RowStage& stage, OutTile& out, int64_t inner, const LoadX& x,
+                              const LoadY& y);
+
 // No work between a stage's barriers.
 struct NothingPerStage {
   template <class Stage>
   __device__ void operator()(const Stage&, int64_t) const {}
 };
+
+template <class LoadX, class LoadY>
+__device__ void pair_products(RowStage& stage, OutTile& out, int64_t inner, const LoadX& x,
+                              const LoadY& y) {
+  Accumulators acc;
+  clear(acc);
+  rows_product<BLoad::by_inner>(
+      acc, stage, 0, inner, x, [&](int64_t a, int j) { return y(j, a); }, NothingPerStage{});
+  store_rows(acc, out);
+  __syncthreads();
+}
 
 }  // namespace mhla::cuda::tiles

@@ -74,7 +74,7 @@ class ScratchArrays {
 };
 
 // The API's slots (backend::Scratch) and the attention kernels' own.
-enum class Own { grad_mixed, grad_summaries, token_terms, mix_backward, flag, count };
+enum class Own { grad_mixed, grad_summaries, token_terms, mix_backward, diagonal, flag, count };
 thread_local ScratchArrays api_scratch{size_t(Scratch::count)};
 thread_local ScratchArrays own_scratch{size_t(Own::count)};
 
@@ -138,6 +138,7 @@ class Geometry {
     problem_.per_head = p.per_head_mixing;
     problem_.toeplitz = p.toeplitz;
     problem_.lower_triangular = p.lower_triangular();
+    problem_.causal = p.causal;
     problem_.toeplitz_length = p.toeplitz_length;
     problem_.phi = p.phi;
     problem_.normalize = p.normalize;
@@ -271,7 +272,7 @@ class CudaBf16Attention final : public backend::Bf16Attention {
     bf16_summaries(p, bits(k), bits(v), s, nullptr);
     bf16_mix(p, w_, s, m, nullptr);
     const NonFiniteFlag flag;
-    bf16_outputs(p, bits(q), m, bits(o), flag.device(), nullptr);
+    bf16_outputs(p, bits(q), bits(k), bits(v), w_, m, bits(o), flag.device(), nullptr);
     return !flag.raised();
   }
   bool backward(const bfloat16* q, const bfloat16* k, const bfloat16* v, const bfloat16* grad_o,
@@ -296,12 +297,14 @@ class CudaBf16Attention final : public backend::Bf16Attention {
     float* grad_mixed = own<float>(Own::grad_mixed, elements);
     float* grad_summaries = own<float>(Own::grad_summaries, elements);
     float* mix_scratch = own<float>(Own::mix_backward, bf16_mix_backward_scratch(p));
-    bf16_query_gradients(p, bits(q), bits(grad_o), m, bits(grad_q), terms, flag.device(), nullptr);
+    float* diagonal = p.causal ? own<float>(Own::diagonal, bf16_diagonal_terms(p)) : nullptr;
+    bf16_query_gradients(p, bits(q), bits(k), bits(v), bits(grad_o), w_, m, bits(grad_q), terms,
+                         diagonal, flag.device(), nullptr);
     bf16_mixed_gradients(p, bits(q), bits(grad_o), terms, grad_mixed, nullptr);
-    bf16_mix_backward(p, w_, s, grad_mixed, grad_summaries, grad_w, mix_scratch, flag.device(),
-                      nullptr);
-    bf16_key_value_gradients(p, bits(k), bits(v), grad_summaries, bits(grad_k), bits(grad_v),
-                             flag.device(), nullptr);
+    bf16_mix_backward(p, w_, s, grad_mixed, diagonal, grad_summaries, grad_w, mix_scratch,
+                      flag.device(), nullptr);
+    bf16_key_value_gradients(p, bits(q), bits(k), bits(v), bits(grad_o), w_, terms, grad_summaries,
+                             bits(grad_k), bits(grad_v), flag.device(), nullptr);
     return !flag.raised();
   }
 
@@ -336,7 +339,7 @@ class CudaBackend final : public backend::Backend {
                                                          const float* w) const override {
     // Where the bfloat16 kernels do not apply, the API refuses the problem or
     // runs it in float on widened copies (make_attention says which).
-    if (!bf16_kernels_requested() || p.causal) return nullptr;
+    if (!bf16_kernels_requested()) return nullptr;
     auto kernels = std::make_unique<CudaBf16Attention>(p, w);
     if (!kernels->fits()) return nullptr;
     return kernels;

@@ -36,9 +36,17 @@ __device__ inline T weight(const KernelProblem& p, const T* w, int64_t h, int64_
   return w[(copy * p.w_stride + row) * p.w_stride + col];
 }
 
-// Whether the mix reads W[row, col].
+// Whether the mix reads W[row, col]. Triangular rows stop at their own
+// block; token-level causal rows before it (their own block enters in block).
 __device__ inline bool reads(const KernelProblem& p, int64_t row, int64_t col) {
+  if (p.causal) return col < row;
   return !(p.lower_triangular || p.toeplitz) || col <= row;
+}
+
+// Whether the operator uses W[row, col]: what the mix reads, and with
+// token-level causal masking the diagonal too.
+__device__ inline bool uses(const KernelProblem& p, int64_t row, int64_t col) {
+  return reads(p, row, col) || (p.causal && row == col);
 }
 
 // The flat row of token t of batch entry bb, head h, in a token tensor.

@@ -28,6 +28,9 @@ struct KernelProblem {
   // columns; dense rows w_stride apart, or Toeplitz (w[min(i - b, L)]).
   int64_t first_block = 0, mixing_blocks = 0, w_stride = 0;
   bool per_head = false, toeplitz = false, lower_triangular = false;
+  // Token-level causal masking (1D; the bfloat16 kernels only): the mix reads
+  // the blocks before a row's own, and the own block enters token by token.
+  bool causal = false;
   int64_t toeplitz_length = 0;
   FeatureMap phi = FeatureMap::elu1;
   bool normalize = true;
