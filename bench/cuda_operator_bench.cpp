@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -36,7 +37,16 @@ struct Shape {
   const char* name;
   int64_t heads, d;
   mhla::TokenLayout layout;
+  mhla::Masking masking = mhla::Masking::none;
 };
+
+// A time in ms, or "-" where the kernels do not take the shape.
+std::string cell(double ms) {
+  if (std::isnan(ms)) return "-";
+  char text[32];
+  std::snprintf(text, sizeof text, "%.3f", ms);
+  return text;
+}
 
 // n floats drawn uniformly from [lo, hi).
 std::vector<float> random_values(int64_t n, float lo, float hi, std::mt19937& rng) {
@@ -97,6 +107,9 @@ int main(int argc, char** argv) try {
       {"65536 tokens, 8 heads of 64, M = 256", 8, 64, mhla::TokenLayout::sequence(65536, 256)},
       {"video 21x30x50, 12 heads of 128, M = 210", 12, 128,
        mhla::TokenLayout::grid3d(21, 30, 50, 1, 15, 10)},
+      // Token-level causal masking: the bf16 kernels only (the float ones refuse it).
+      {"causal 65536 tokens, 8 heads of 64, M = 256", 8, 64,
+       mhla::TokenLayout::sequence(65536, 256), mhla::Masking::causal},
   };
   cudaDeviceProp props{};
   check(cudaGetDeviceProperties(&props, 0), "cudaGetDeviceProperties");
@@ -128,14 +141,16 @@ int main(int argc, char** argv) try {
     check(cudaMalloc(&gw, size_t(m * m) * sizeof(float)), "cudaMalloc");
     mhla::Options options;
     options.layout = s.layout;
+    options.masking = s.masking;
+    const bool float_kernels = s.masking != mhla::Masking::causal;
     const TensorView<const float> cq{q, shape, Device::cuda}, ck{k, shape, Device::cuda},
         cv{v, shape, Device::cuda}, cw{w, w_shape, Device::cuda}, cg{grad_o, shape, Device::cuda},
         co{o, shape, Device::cuda};
     const auto run_forward = [&] {
       mhla::forward<float>(options, cq, ck, cv, cw, {o, shape, Device::cuda});
     };
-    const double fwd = median_ms(repeats, run_forward);
-    const double fwd_bwd = median_ms(repeats, [&] {
+    const double fwd = float_kernels ? median_ms(repeats, run_forward) : NAN;
+    const double fwd_bwd = !float_kernels ? NAN : median_ms(repeats, [&] {
       run_forward();
       mhla::backward<float>(options, cq, ck, cv, cw, co, cg, {gq, shape, Device::cuda},
                             {gk, shape, Device::cuda}, {gv, shape, Device::cuda},
@@ -161,10 +176,10 @@ int main(int argc, char** argv) try {
     });
     // bf16 tokens: 2 bytes each of q, k, v read and o written.
     const double bytes_floor = 4.0 * double(elements) * 2.0 / copy_bytes_per_ms;
-    const mhla::FlopCount flops =
-        mhla::mhla_flops(1, n, s.heads, s.d, s.d, m, mhla::Masking::none, n / m);
-    std::printf("%-44s %12.3f %12.3f %12.3f %16.3f %14.3f %14.3f\n", s.name, fwd, fwd_bwd, bf16_fwd,
-                bf16_fwd_bwd, bytes_floor, flops.forward / flops_per_ms);
+    const mhla::FlopCount flops = mhla::mhla_flops(1, n, s.heads, s.d, s.d, m, s.masking, n / m);
+    std::printf("%-44s %12s %12s %12.3f %16.3f %14.3f %14.3f\n", s.name, cell(fwd).c_str(),
+                cell(fwd_bwd).c_str(), bf16_fwd, bf16_fwd_bwd, bytes_floor,
+                flops.forward / flops_per_ms);
     for (float* p : {q, k, v, grad_o, w, o, gq, gk, gv, gw}) cudaFree(p);
     for (mhla::bfloat16* p : {bq, bk, bv, bo, bgo, bgq, bgk, bgv}) cudaFree(p);
   }
