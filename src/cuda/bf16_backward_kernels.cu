@@ -165,11 +165,7 @@ __global__ void __launch_bounds__(kThreads)
   clear(acc);
   float last = 0;  // sum of phi(q_t) dden_t over the block for Dk entry tile.dk0 + threadIdx.x
   tokens_product(
-      acc, stage, tile.count,
-      [&](int64_t j, int d) {
-        return tile.dk0 + d < p.dk ? feature(p.phi, to_float(q[tile.row(j) * p.dk + tile.dk0 + d]))
-                                   : 0.0f;
-      },
+      acc, stage, tile.count, [&](int64_t j, int d) { return tile.feature_of(q, j, d); },
       [&](int64_t j, int e) {
         if (tile.dv0 + e >= p.dv) return 0.0f;
         const int64_t r = tile.row(j);

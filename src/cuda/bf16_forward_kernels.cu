@@ -21,11 +21,7 @@ __global__ void __launch_bounds__(kThreads)
   clear(acc);
   float z = 0;  // sum of phi(k) over the block for Dk entry tile.dk0 + threadIdx.x
   tokens_product(
-      acc, stage, tile.count,
-      [&](int64_t j, int d) {
-        return tile.dk0 + d < p.dk ? feature(p.phi, to_float(k[tile.row(j) * p.dk + tile.dk0 + d]))
-                                   : 0.0f;
-      },
+      acc, stage, tile.count, [&](int64_t j, int d) { return tile.feature_of(k, j, d); },
       [&](int64_t j, int e) {
         return tile.dv0 + e < p.dv ? to_float(v[tile.row(j) * p.dv + tile.dv0 + e]) : 0.0f;
       },

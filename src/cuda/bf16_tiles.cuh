@@ -195,6 +195,10 @@ struct BlockSumTile {
   __device__ int64_t row(int64_t j) const {
     return token_row(p, bh / p.heads, p.block_tokens[first + j], bh % p.heads);
   }
+  // phi of entry dk0 + d of token j's row in a [B, N, H, Dk] tensor (0 past Dk).
+  __device__ float feature_of(const uint16_t* x, int64_t j, int d) const {
+    return dk0 + d < p.dk ? feature(p.phi, to_float(x[row(j) * p.dk + dk0 + d])) : 0.0f;
+  }
   // This block's [Dk, Dv + 1] array in a [B*H, M, Dk, Dv + 1] one.
   __device__ float* in(float* array) const {
     return array + (bh * p.blocks + block) * p.dk * (p.dv + 1);
