@@ -2,7 +2,8 @@
 
 On a machine with a CUDA device it
 1. runs python/tests/test_pure_torch.py with the torch path on CUDA tensors, against the C++
-   operator on the CPU (MHLA_TEST_DEVICE=cuda);
+   operator on the CPU (MHLA_TEST_DEVICE=cuda), and python/tests/test_cuda_tensors.py (CUDA
+   tensors through mhla.forward/backward, in a build with the CUDA backend);
 2. times forward and forward+backward of mhla.torch.mhla_attention at four shapes (bf16, B = 1),
    next to the plain einsum formulation (non-causal shapes) and SDPA's FlashAttention and cuDNN
    backends in the same process (medians of CUDA-event

@@ -273,8 +273,7 @@ PYBIND11_MODULE(_core, m) {
   using namespace mhla::python;
   m.doc() =
       "MHLA operator bindings (CPU; CUDA for forward and backward in CUDA builds). Use the mhla "
-      "package, which wraps results in the caller's "
-      "tensor type.";
+      "package, which wraps results in the caller's tensor type.";
   m.attr("__version__") = MHLA_VERSION_STRING;
   m.attr("has_cuda_backend") = python::cuda::backend_built();
   m.def(

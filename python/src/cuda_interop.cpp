@@ -28,7 +28,7 @@ void check_usable(const char* name, int id) {
   if (id != current)
     throw py::value_error(
         where + " but the current CUDA device is cuda:" + std::to_string(current) +
-        "; make it current first (torch: " + "torch.cuda.set_device(" + std::to_string(id) + "))");
+        "; make it current first (torch: torch.cuda.set_device(" + std::to_string(id) + "))");
 }
 
 std::shared_ptr<void> allocate(size_t bytes) {

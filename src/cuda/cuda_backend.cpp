@@ -1,9 +1,9 @@
 // The CUDA backend: the operator's phases as the one-thread-per-result
 // kernels of cuda/reference_kernels.cuh, on the default stream, with
 // per-thread device scratch; the bfloat16 operator on tensor cores
-// (cuda/bf16_*_kernels.cuh).
-// Token-level causal masking, the decoder's step and the softmax baseline are
-// not implemented on CUDA and are refused by name.
+// (cuda/bf16_*_kernels.cuh), token-level causal masking included.
+// Token-level causal masking in float and double, the decoder's step and the
+// softmax baseline are not implemented on CUDA and are refused by name.
 #include <cuda_runtime.h>
 
 #include <algorithm>
