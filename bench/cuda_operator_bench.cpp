@@ -119,7 +119,6 @@ int main(int argc, char** argv) try {
       props.name, repeats);
   std::printf("%-44s %12s %12s %12s %16s %14s %14s\n", "shape", "fwd ms", "fwd+bwd ms",
               "bf16 fwd ms", "bf16 fwd+bwd ms", "bytes floor ms", "bf16 flop floor ms");
-  setenv("MHLA_CUDA_BF16_KERNELS", "1", 1);  // the bf16 tensor-core kernels (docs/cuda.md)
   std::mt19937 rng(1);
   for (const Shape& s : shapes) {
     const int64_t n = s.layout.num_tokens(), m = s.layout.num_blocks();

@@ -66,9 +66,10 @@ void backward(const Options& options, TensorView<const T> q, TensorView<const T>
 // the bfloat16 tensors in place, runs every product (dphi(q), dS~, dS, dw,
 // dphi(k), dv) on bfloat16 operands and rounds each gradient once. On other
 // CPUs, and in causal mode, both compute in float32 on widened copies in the
-// calling thread's scratch (release_scratch frees them), as both do on CUDA
-// outside causal mode. MHLA_CUDA_BF16_KERNELS=1 runs them on CUDA's tensor
-// cores instead, causal mode included (not yet run on a GPU; docs/cuda.md).
+// calling thread's scratch (release_scratch frees them). On CUDA both run on
+// tensor cores, causal mode included, every operand split into two bfloat16
+// halves so that the sums stay near float32 (docs/cuda.md); shapes past the
+// kernels' grid limits compute in float32 on widened copies.
 // The fingerprints of the saved arrays allow for the bfloat16 roundings of
 // phi(k), and of w and the summaries in the mix. See docs/operator.md, "bfloat16".
 void forward(const Options& options, TensorView<const bfloat16> q, TensorView<const bfloat16> k,

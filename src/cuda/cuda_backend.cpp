@@ -7,7 +7,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <memory>
 #include <string>
 #include <utility>
@@ -316,15 +315,6 @@ class CudaBf16Attention final : public backend::Bf16Attention {
   const float* w_;
 };
 
-// The bfloat16 tensor-core kernels have not yet run on a GPU. Until they
-// have passed their tests there, they run only where MHLA_CUDA_BF16_KERNELS=1
-// asks for them (their tests and the benchmark set it); bfloat16 otherwise
-// computes in float on widened copies, the path checked on an H100.
-bool bf16_kernels_requested() {
-  const char* value = std::getenv("MHLA_CUDA_BF16_KERNELS");
-  return value != nullptr && std::string(value) == "1";
-}
-
 class CudaBackend final : public backend::Backend {
  public:
   std::unique_ptr<backend::Attention<float>> attention(const detail::Problem& p,
@@ -339,7 +329,6 @@ class CudaBackend final : public backend::Backend {
                                                          const float* w) const override {
     // Where the bfloat16 kernels do not apply, the API refuses the problem or
     // runs it in float on widened copies (make_attention says which).
-    if (!bf16_kernels_requested()) return nullptr;
     auto kernels = std::make_unique<CudaBf16Attention>(p, w);
     if (!kernels->fits()) return nullptr;
     return kernels;

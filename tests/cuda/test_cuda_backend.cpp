@@ -4,7 +4,6 @@
 // that needs one skips, and the refusal of device tensors is checked instead.
 #include <cuda_runtime.h>
 
-#include <cstdlib>
 #include <cstring>
 #include <limits>
 
@@ -166,13 +165,7 @@ std::vector<Case> bf16_cases() {
   return with_all_modes(cases);
 }
 
-// The kernels run only where MHLA_CUDA_BF16_KERNELS=1 asks for them, until
-// they have passed on a GPU: each test sets it for its own duration.
-class CudaBf16Forward : public testing::TestWithParam<Case> {
- protected:
-  void SetUp() override { setenv("MHLA_CUDA_BF16_KERNELS", "1", 1); }
-  void TearDown() override { unsetenv("MHLA_CUDA_BF16_KERNELS"); }
-};
+class CudaBf16Forward : public testing::TestWithParam<Case> {};
 
 TEST_P(CudaBf16Forward, MatchesFloat64OnTheSameInputs) {
   SKIP_WITHOUT_DEVICE();
