@@ -58,6 +58,35 @@ __device__ inline void split(float x, bf16& hi, bf16& lo) {
   lo = __float2bfloat16_rn(x - __bfloat162float(hi));
 }
 
+// kGroup consecutive entries of one staged row are split by one thread and
+// stored with one 16-byte store per half: the index arithmetic of a row is
+// shared by its entries (the loaders inline, so it is computed once) and the
+// stores are an eighth as many as one per entry.
+constexpr int kGroup = 8;
+
+struct SplitGroup {
+  bf16 hi[kGroup], lo[kGroup];
+
+  // Entry u is value(u); entries where inside(u) is false are zero.
+  template <class Inside, class Value>
+  __device__ SplitGroup(const Inside& inside, const Value& value) {
+    for (int u = 0; u < kGroup; ++u) split(inside(u) ? value(u) : 0.0f, hi[u], lo[u]);
+  }
+  // Stores both halves at hi_dst and lo_dst, 16-byte aligned.
+  __device__ void store(bf16* hi_dst, bf16* lo_dst) const {
+    *reinterpret_cast<uint4*>(hi_dst) = packed(hi);
+    *reinterpret_cast<uint4*>(lo_dst) = packed(lo);
+  }
+
+ private:
+  __device__ static uint32_t pair(bf16 a, bf16 b) {
+    return uint32_t(__bfloat16_as_ushort(a)) | uint32_t(__bfloat16_as_ushort(b)) << 16;
+  }
+  __device__ static uint4 packed(const bf16 (&x)[kGroup]) {
+    return make_uint4(pair(x[0], x[1]), pair(x[2], x[3]), pair(x[4], x[5]), pair(x[6], x[7]));
+  }
+};
+
 // hi + lo as a float: the staged value of an operand.
 __device__ inline float joined(bf16 hi, bf16 lo) {
   return __bfloat162float(hi) + __bfloat162float(lo);
@@ -134,14 +163,23 @@ __device__ void rows_product(Accumulators& acc, RowStage& s, int64_t begin, int6
                              const AfterStage& after_stage) {
   const int warp = threadIdx.x / 32;
   for (int64_t a0 = begin; a0 < end; a0 += kChunk) {
-    for (int e = threadIdx.x; e < kTile * kChunk; e += kThreads) {
-      const int t = e / kChunk, a = e % kChunk;
-      split(a0 + a < end ? load_a(t, a0 + a) : 0.0f, s.a_hi[t][a], s.a_lo[t][a]);
+    for (int g = threadIdx.x; g < kTile * kChunk / kGroup; g += kThreads) {
+      const int t = g / (kChunk / kGroup), a = g % (kChunk / kGroup) * kGroup;
+      SplitGroup([&](int u) { return a0 + a + u < end; },
+                 [&](int u) { return load_a(t, a0 + a + u); })
+          .store(&s.a_hi[t][a], &s.a_lo[t][a]);
     }
-    for (int e = threadIdx.x; e < kChunk * kTile; e += kThreads) {
-      const int a = kBLoad == BLoad::by_column ? e / kTile : e % kChunk;
-      const int j = kBLoad == BLoad::by_column ? e % kTile : e / kChunk;
-      split(a0 + a < end ? load_b(a0 + a, j) : 0.0f, s.b_hi[a][j], s.b_lo[a][j]);
+    if constexpr (kBLoad == BLoad::by_column) {
+      for (int g = threadIdx.x; g < kChunk * kTile / kGroup; g += kThreads) {
+        const int a = g / (kTile / kGroup), j = g % (kTile / kGroup) * kGroup;
+        SplitGroup([&](int) { return a0 + a < end; }, [&](int u) { return load_b(a0 + a, j + u); })
+            .store(&s.b_hi[a][j], &s.b_lo[a][j]);
+      }
+    } else {  // consecutive inner entries are a column of the stage: one entry a thread
+      for (int e = threadIdx.x; e < kChunk * kTile; e += kThreads) {
+        const int a = e % kChunk, j = e / kChunk;
+        split(a0 + a < end ? load_b(a0 + a, j) : 0.0f, s.b_hi[a][j], s.b_lo[a][j]);
+      }
     }
     __syncthreads();
     after_stage(s, a0);
@@ -160,11 +198,15 @@ __device__ void tokens_product(Accumulators& acc, TokenStage& s, int64_t count, 
                                const LoadB& load_b, const AfterStage& after_stage) {
   const int warp = threadIdx.x / 32;
   for (int64_t c0 = 0; c0 < count; c0 += kChunk) {
-    for (int e = threadIdx.x; e < kChunk * kTile; e += kThreads) {
-      const int j = e / kTile, d = e % kTile;
-      const bool inside = c0 + j < count;  // tokens past the end add nothing
-      split(inside ? load_a(c0 + j, d) : 0.0f, s.a_hi[j][d], s.a_lo[j][d]);
-      split(inside ? load_b(c0 + j, d) : 0.0f, s.b_hi[j][d], s.b_lo[j][d]);
+    for (int g = threadIdx.x; g < kChunk * kTile / kGroup; g += kThreads) {
+      const int j = g / (kTile / kGroup), d = g % (kTile / kGroup) * kGroup;
+      const auto inside = [&](int) { return c0 + j < count; };  // tokens past the end add nothing
+      SplitGroup(inside, [&](int u) {
+        return load_a(c0 + j, d + u);
+      }).store(&s.a_hi[j][d], &s.a_lo[j][d]);
+      SplitGroup(inside, [&](int u) {
+        return load_b(c0 + j, d + u);
+      }).store(&s.b_hi[j][d], &s.b_lo[j][d]);
     }
     __syncthreads();
     after_stage(s, c0);
@@ -183,6 +225,7 @@ __device__ void tokens_product(Accumulators& acc, TokenStage& s, int64_t count, 
 struct BlockSumTile {
   const KernelProblem& p;
   int64_t block, bh, dk0, dv0, first, count;
+  int64_t batch_entry, head;  // of slice bh, divided out once: rows are read per element
 
   __device__ explicit BlockSumTile(const KernelProblem& problem)
       : p(problem), block(blockIdx.x), bh(blockIdx.y) {
@@ -191,9 +234,11 @@ struct BlockSumTile {
     dv0 = int64_t(blockIdx.z) % dv_tiles * kTile;
     first = p.block_start[block];
     count = p.block_start[block + 1] - first;
+    batch_entry = bh / p.heads;
+    head = bh % p.heads;
   }
   __device__ int64_t row(int64_t j) const {
-    return token_row(p, bh / p.heads, p.block_tokens[first + j], bh % p.heads);
+    return token_row(p, batch_entry, p.block_tokens[first + j], head);
   }
   // phi of entry dk0 + d of token j's row in a [B, N, H, Dk] tensor (0 past Dk).
   __device__ float feature_of(const uint16_t* x, int64_t j, int d) const {

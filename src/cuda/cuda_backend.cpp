@@ -93,18 +93,53 @@ void upload(const std::vector<T>& host, T* device) {
         "cudaMemcpy (host to device)");
 }
 
-// The block geometry of a validated problem as device arrays, and the
-// kernels' view of the problem.
-class Geometry {
+// A layout's block arrays on the device: block_tokens [N] (each block's
+// tokens in order), block_start [M + 1], token_block [N].
+struct DeviceBlockArrays {
+  DeviceBuffer arrays;
+  int64_t largest_block = 0;
+};
+
+// The block arrays of the layouts a thread used last, kept on the device:
+// a model calls the operator with few layouts, and building and uploading
+// O(N) arrays (with an allocation and a synchronising free) on every call
+// costs more than a short call's kernels. Keyed by the current device and
+// the block table's runs.
+class BlockArrayCache {
  public:
-  explicit Geometry(const detail::Problem& p) {
-    const detail::BlockTableView& table = p.table;
-    const int64_t n = p.dims.tokens, m = table.blocks;
+  std::shared_ptr<const DeviceBlockArrays> get(const detail::BlockTableView& table, int64_t n) {
+    int device = 0;
+    check(cudaGetDevice(&device), "cudaGetDevice");
+    std::vector<int64_t> key = {device, n, table.blocks};
+    key.insert(key.end(), table.run_start, table.run_start + table.blocks + 1);
+    for (int64_t r = 0; r < table.run_start[table.blocks]; ++r) {
+      key.push_back(table.runs[r].first);
+      key.push_back(table.runs[r].length);
+    }
+    for (const Entry& entry : entries_)
+      if (entry.key == key) return entry.arrays;
+    if (entries_.size() == kEntries) entries_.erase(entries_.begin());
+    entries_.push_back({std::move(key), build(table, n)});
+    return entries_.back().arrays;
+  }
+  void clear() { entries_.clear(); }
+
+ private:
+  static constexpr size_t kEntries = 8;
+  struct Entry {
+    std::vector<int64_t> key;
+    std::shared_ptr<const DeviceBlockArrays> arrays;
+  };
+
+  static std::shared_ptr<const DeviceBlockArrays> build(const detail::BlockTableView& table,
+                                                        int64_t n) {
+    const int64_t m = table.blocks;
     std::vector<int64_t> host(size_t(2 * n + m + 1));
     int64_t* block_tokens = host.data();
     int64_t* block_start = block_tokens + n;
     int64_t* token_block = block_start + m + 1;
     int64_t next = 0;
+    auto device = std::make_shared<DeviceBlockArrays>();
     for (int64_t b = 0; b < m; ++b) {
       block_start[b] = next;
       table.for_each_run(b, [&](int64_t first, int64_t length) {
@@ -113,15 +148,27 @@ class Geometry {
           token_block[t] = b;
         }
       });
+      device->largest_block = std::max(device->largest_block, next - block_start[b]);
     }
     block_start[m] = next;
-    for (int64_t b = 0; b < m; ++b)
-      problem_.largest_block =
-          std::max(problem_.largest_block, block_start[b + 1] - block_start[b]);
-    arrays_ = DeviceBuffer(host.size() * sizeof(int64_t));
-    upload(host, static_cast<int64_t*>(arrays_.data()));
-    const auto* device = static_cast<const int64_t*>(arrays_.data());
+    device->arrays = DeviceBuffer(host.size() * sizeof(int64_t));
+    upload(host, static_cast<int64_t*>(device->arrays.data()));
+    return device;
+  }
 
+  std::vector<Entry> entries_;
+};
+
+thread_local BlockArrayCache block_arrays;
+
+// The block geometry of a validated problem as device arrays, and the
+// kernels' view of the problem.
+class Geometry {
+ public:
+  explicit Geometry(const detail::Problem& p) : arrays_(block_arrays.get(p.table, p.dims.tokens)) {
+    const int64_t n = p.dims.tokens, m = p.table.blocks;
+    const auto* device = static_cast<const int64_t*>(arrays_->arrays.data());
+    problem_.largest_block = arrays_->largest_block;
     problem_.batch = p.dims.batch;
     problem_.tokens = n;
     problem_.heads = p.dims.heads;
@@ -151,7 +198,7 @@ class Geometry {
   }
 
  private:
-  DeviceBuffer arrays_;
+  std::shared_ptr<const DeviceBlockArrays> arrays_;
   KernelProblem problem_;
 };
 
@@ -361,6 +408,7 @@ class CudaBackend final : public backend::Backend {
   void release_scratch() const override {
     api_scratch.release();
     own_scratch.release();
+    block_arrays.clear();
   }
 
   void add(const float* from, int64_t n, float* to) const override {
