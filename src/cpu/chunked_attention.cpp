@@ -1,20 +1,17 @@
 #include "cpu/chunked_attention.hpp"
 
 #include <algorithm>
-#include <bit>
-#include <type_traits>
 #include <vector>
 
 #include "core/element.hpp"
 #include "cpu/block_products.hpp"
 #include "cpu/block_rows.hpp"
+#include "cpu/key_value_rows.hpp"
 #include "cpu/workspace.hpp"
 #include "mhla/line_aligned.hpp"
 
 namespace mhla::cpu {
 namespace {
-
-using mhla::detail::value_of;
 
 // Per-thread tiles start on cache lines, and tiles of Dv + 1 columns have
 // rows of whole lines (ld_x1_): rows at a 16-byte offset made the products'
@@ -24,8 +21,8 @@ using Tile = mhla::detail::LineAlignedVector<T>;
 
 // [V_b | 1]: the block's values with a column of ones appended, so one GEMM
 // yields both S_b and z_b (and both num_t and den_t); rows ld apart.
-template <typename S, typename T>
-void gather_values_with_ones(const mhla::detail::BlockTableView& layout, int64_t block, const S* v,
+template <typename T>
+void gather_values_with_ones(const mhla::detail::BlockTableView& layout, int64_t block, const T* v,
                              HeadSlice s, int64_t dv, int64_t rows, T* dst, int64_t ld) {
   gather_rows(layout, block, FeatureMap::identity, v, s, dv, dst, ld);
   for (int64_t r = 0; r < rows; ++r) dst[r * ld + dv] = T(1);
@@ -113,8 +110,7 @@ ChunkedAttention<T>::ChunkedAttention(const mhla::detail::Problem& problem, cons
       max_rows_(problem.table.max_block_size()) {}
 
 template <typename T>
-template <typename S>
-void ChunkedAttention<T>::in_block_scores(const BlockTask& t, const S* k, const S* v, const T* u,
+void ChunkedAttention<T>::in_block_scores(const BlockTask& t, const T* k, const T* v, const T* u,
                                           T* kap, T* vals, T* a) const {
   const auto& d = p_.dims;
   gather_rows(p_.table, t.block, p_.phi, k, t.qk, d.dk, kap, d.dk);
@@ -134,9 +130,8 @@ bool ChunkedAttention<T>::forward(const T* q, const T* k, const T* v, T* o, T* s
 }
 
 template <typename T>
-template <typename S>
-bool ChunkedAttention<T>::backward(const S* q, const S* k, const S* v, const S* grad_o, S* grad_q,
-                                   S* grad_k, S* grad_v, T* grad_w, const T* saved_summaries,
+bool ChunkedAttention<T>::backward(const T* q, const T* k, const T* v, const T* grad_o, T* grad_q,
+                                   T* grad_k, T* grad_v, T* grad_w, const T* saved_summaries,
                                    const T* saved_mixed) const {
   const size_t total = size_t(task_count() * x_);
   const T* summaries = saved_summaries;
@@ -157,11 +152,8 @@ bool ChunkedAttention<T>::backward(const S* q, const S* k, const S* v, const S* 
   }
   const bool finite_q = output_gradients(q, k, v, grad_o, mixed, mixed_grad, diagonal_grad, grad_q,
                                          grad_k, grad_v, true);
-  if constexpr (std::is_same_v<S, bfloat16>)
-    mixer_.mix_backward_bf16(mixed_grad, summaries, nullptr, summaries_grad, grad_w);
-  else
-    mixer_.mix_backward(mixed_grad, summaries, p_.causal ? diagonal_grad : nullptr, summaries_grad,
-                        grad_w);
+  mixer_.mix_backward(mixed_grad, summaries, p_.causal ? diagonal_grad : nullptr, summaries_grad,
+                      grad_w);
   const bool finite_kv = key_value_gradients(k, v, summaries_grad, grad_k, grad_v, p_.causal);
   return finite_q && finite_kv;
 }
@@ -275,10 +267,9 @@ bool ChunkedAttention<T>::compute_outputs(const T* q, const T* k, const T* v, co
 }
 
 template <typename T>
-template <typename S>
-bool ChunkedAttention<T>::output_gradients(const S* q, const S* k, const S* v, const S* grad_o,
+bool ChunkedAttention<T>::output_gradients(const T* q, const T* k, const T* v, const T* grad_o,
                                            const T* mixed, T* mixed_grad, T* diagonal_grad,
-                                           S* grad_q, S* grad_k, S* grad_v, bool park) const {
+                                           T* grad_q, T* grad_k, T* grad_v, bool park) const {
   const auto& d = p_.dims;
   const T eps = T(p_.eps), scale = T(p_.scale);
   // grad_q is final here; the causal in-block key/value parts are not.
@@ -289,16 +280,6 @@ bool ChunkedAttention<T>::output_gradients(const S* q, const S* k, const S* v, c
     Tile<T> u(max_rows_ * d.dk), den(max_rows_), dy(max_rows_ * ld_x1_), du(max_rows_ * d.dk),
         zt(d.dk), dz(d.dk), dy_z_rows(max_rows_);
     Tile<T> kap, vals, a, da, dkap, dvals;
-    // bfloat16 tokens: phi(Q) as pairs of tokens (dmixed_i's A^T), dy as pairs
-    // of columns (dphi(Q)'s A) and of tokens (dmixed_i's B), S~_i^T's pairs.
-    const int64_t dv_pairs = (d.dv + 1) / 2, row_pairs = (max_rows_ + 1) / 2;
-    Tile<uint32_t> u_pairs, dy_columns, dy_rows, mixed_columns;
-    if constexpr (std::is_same_v<S, bfloat16>) {
-      u_pairs.resize(row_pairs * d.dk);
-      dy_columns.resize(max_rows_ * dv_pairs);
-      dy_rows.resize(row_pairs * d.dv);
-      mixed_columns.resize(dv_pairs * d.dk);
-    }
     if (p_.causal) {
       kap.resize(max_rows_ * d.dk);
       vals.resize(max_rows_ * ld_x1_);
@@ -308,7 +289,7 @@ bool ChunkedAttention<T>::output_gradients(const S* q, const S* k, const S* v, c
       dvals.resize(max_rows_ * d.dv);
     }
     RowLines next_reads, next_writes;
-    RowWriter<S> q_rows(write_q, d.dk), k_rows(RowWrite::overwrite, d.dk),
+    RowWriter<T> q_rows(write_q, d.dk), k_rows(RowWrite::overwrite, d.dk),
         v_rows(RowWrite::overwrite, d.dv);
 #pragma omp for schedule(static) reduction(&& : finite)
     for (int64_t task = 0; task < task_count(); ++task) {
@@ -317,20 +298,13 @@ bool ChunkedAttention<T>::output_gradients(const S* q, const S* k, const S* v, c
       // The next task's rows arrive during this task's products: q and grad_o
       // (causal: k and v) during the first; the mixed summary and what it
       // writes during the last (a product requests one line per step: one
-      // alone has too few steps for all of them). For bfloat16 tokens, q and
-      // grad_o two tasks ahead, as the forward's summaries do: the product on
-      // bfloat16 operands is too short for them to arrive in time (mhla_bench's
-      // bfloat16 table; the same for k and v in key_value_gradients gained nothing).
+      // alone has too few steps for all of them).
       next_reads.clear();
       next_writes.clear();
-      constexpr int64_t kAhead = std::is_same_v<S, bfloat16> ? 2 : 1;
-      if (task + kAhead < task_count()) {
-        const BlockTask far = block_task(task + kAhead);
-        next_reads.add_read(p_.table, far.block, q, far.qk, d.dk);
-        next_reads.add_read(p_.table, far.block, grad_o, far.v, d.dv);
-      }
       if (task + 1 < task_count()) {
         const BlockTask next = block_task(task + 1);
+        next_reads.add_read(p_.table, next.block, q, next.qk, d.dk);
+        next_reads.add_read(p_.table, next.block, grad_o, next.v, d.dv);
         if (p_.causal) {
           next_reads.add_read(p_.table, next.block, k, next.qk, d.dk);
           next_reads.add_read(p_.table, next.block, v, next.v, d.dv);
@@ -345,13 +319,7 @@ bool ChunkedAttention<T>::output_gradients(const S* q, const S* k, const S* v, c
         if (mixed_grad != mixed) next_writes.add_span_write(mixed_grad + next.summary, x_);
       }
       const T* mixed_i = mixed + t.summary;
-      // bfloat16: phi(Q)'s pairs of tokens formed with it (the float values
-      // feed den, g . o and phi').
-      if constexpr (std::is_same_v<S, bfloat16>)
-        gather_feature_row_pairs(p_.table, t.block, p_.phi, q, t.qk, d.dk, u_pairs.data(), d.dk,
-                                 nullptr, u.data(), d.dk);
-      else
-        gather_rows(p_.table, t.block, p_.phi, q, t.qk, d.dk, u.data(), d.dk);
+      gather_rows(p_.table, t.block, p_.phi, q, t.qk, d.dk, u.data(), d.dk);
 
       // den_t = phi(q_t) . z~_i (+ causal in-block key sums); eps is added below.
       gemv(rows, d.dk, u.data(), d.dk, mixed_i + d.dv, x1_, den.data());
@@ -367,39 +335,17 @@ bool ChunkedAttention<T>::output_gradients(const S* q, const S* k, const S* v, c
       // grad_o is read in place, row by row (the line requests have brought it
       // into cache): copying it into a tile first cost a memory-speed pass.
       for_each_row(p_.table, t.block, t.v, [&](int64_t r, int64_t offset) {
-        const S* gr = grad_o + offset;
-        // (Beside the line requests it helps the bfloat16 backward in
-        // mhla_bench; the float one is unchanged.)
+        const T* gr = grad_o + offset;
         prefetch_ahead(gr, t.v.stride, d.dv);
         T* dyr = dy.data() + r * ld_x1_;
         const T factor = p_.normalize ? T(1) / (den[r] + eps) : scale;
-        // bfloat16: rounded straight into both products' pair forms, as
-        // packing the float rows would round them; the float rows are kept
-        // only for the causal in-block terms.
-        if constexpr (std::is_same_v<S, bfloat16>) {
-          simd::scaled_pairs(gr, d.dv, factor, dy_columns.data() + r * dv_pairs,
-                             dy_rows.data() + (r / 2) * d.dv, int(r % 2),
-                             p_.causal ? dyr : nullptr);
-          return;
-        }
 #pragma omp simd
-        for (int64_t e = 0; e < d.dv; ++e) dyr[e] = value_of(gr[e]) * factor;
+        for (int64_t e = 0; e < d.dv; ++e) dyr[e] = gr[e] * factor;
       });
       // y = phi(Q) mixed_i:  dphi(Q) = dy mixed_i^T = P + dy[Dv] z~_i^T with
-      // P = dy[:, :Dv] S~_i^T, on bfloat16 operands for bfloat16 tokens. Its
-      // two terms cancel when normalised, but g . o below comes from the same
-      // P, so they cancel consistently: on the test catalogue grad_q's largest
-      // error went from 0.0083 (P in float) to 0.011, for a faster phase in
-      // mhla_bench. (While backward read the rounded o, P on bfloat16 operands
-      // took that error to 0.48.)
-      if constexpr (std::is_same_v<S, bfloat16>) {
-        simd::pack_transposed_pairs(mixed_i, x1_, d.dk, d.dv, mixed_columns.data(), d.dk);
-        simd::gemm_bf16(rows, d.dk, dv_pairs, {dy_columns.data(), dv_pairs, 1},
-                        mixed_columns.data(), d.dk, du.data(), d.dk, next_reads.prefetch());
-      } else {
-        block_gemm(false, true, rows, d.dk, d.dv, T(1), dy.data(), ld_x1_, mixed_i, x1_, T(0),
-                   du.data(), d.dk, next_reads.prefetch());
-      }
+      // P = dy[:, :Dv] S~_i^T.
+      block_gemm(false, true, rows, d.dk, d.dv, T(1), dy.data(), ld_x1_, mixed_i, x1_, T(0),
+                 du.data(), d.dk, next_reads.prefetch());
       // Causal, y += W[i,i] A [V|1] with A = mask(phi(Q) phi(K)^T); first
       // B = mask(dy[:, :Dv] V^T).
       if (p_.causal) lower_scores(rows, d.dv, dy.data(), vals.data(), ld_x1_, da.data());
@@ -410,24 +356,7 @@ bool ChunkedAttention<T>::output_gradients(const S* q, const S* k, const S* v, c
       const RowBias<T> bias = p_.normalize ? RowBias<T>{zt.data(), dy_z_rows.data()} : RowBias<T>{};
       // dmixed_i's z column, phi(Q)^T dy[:, Dv], summed into dz below.
       std::fill(dz.begin(), dz.end(), T(0));
-      // bfloat16, not causal: the row loop's steps as SIMD passes over the
-      // block (all dot products; dz = phi(Q)^T dy[:, Dv]).
-      bool rows_done = false;
-      if constexpr (std::is_same_v<S, bfloat16>) {
-        if (!p_.causal) {
-          if (p_.normalize) {
-            simd::row_dots(u.data(), du.data(), d.dk, rows, d.dk, dy_z_rows.data());
-#pragma omp simd
-            for (int64_t r = 0; r < rows; ++r)
-              dy_z_rows[r] = -dy_z_rows[r] * (T(1) / (den[r] + eps));
-            simd::weighted_column_sums(u.data(), d.dk, rows, d.dk, dy_z_rows.data(), dz.data());
-          }
-          finite = finite && scatter_through_feature(p_.table, t.block, p_.phi, u.data(), du.data(),
-                                                     d.dk, t.qk, d.dk, q_rows, grad_q, bias);
-          rows_done = true;
-        }
-      }
-      if (!rows_done) {
+      {
         // Row by row: g . o = dy[:Dv] . y = phi(q) . P (+ W[i,i] sum_j A[., j]
         // B[., j]) and dy[Dv] from it; causal, then
         //   dA = W[i,i] mask(dy [V|1]^T) = W[i,i] (B + dy[Dv] 1^T),
@@ -494,12 +423,8 @@ bool ChunkedAttention<T>::output_gradients(const S* q, const S* k, const S* v, c
       // y = phi(Q) mixed_i:  dmixed_i = phi(Q)^T dy (mixed_i, if the same array, is no
       // longer read); its z column from the rows above.
       T* dmixed_i = mixed_grad + t.summary;
-      if constexpr (std::is_same_v<S, bfloat16>)
-        simd::gemm_bf16(d.dk, d.dv, (rows + 1) / 2, {u_pairs.data(), 1, d.dk}, dy_rows.data(), d.dv,
-                        dmixed_i, x1_, next_writes.prefetch());
-      else
-        block_gemm(true, false, d.dk, d.dv, rows, T(1), u.data(), d.dk, dy.data(), ld_x1_, T(0),
-                   dmixed_i, x1_, next_writes.prefetch());
+      block_gemm(true, false, d.dk, d.dv, rows, T(1), u.data(), d.dk, dy.data(), ld_x1_, T(0),
+                 dmixed_i, x1_, next_writes.prefetch());
       for (int64_t e = 0; e < d.dk; ++e) dmixed_i[e * x1_ + d.dv] = dz[e];
     }
   }
@@ -507,124 +432,67 @@ bool ChunkedAttention<T>::output_gradients(const S* q, const S* k, const S* v, c
 }
 
 template <typename T>
-template <typename S>
-bool ChunkedAttention<T>::key_value_gradients(const S* k, const S* v, const T* summaries_grad,
-                                              S* grad_k, S* grad_v, bool add_to_parked) const {
+bool ChunkedAttention<T>::key_value_gradients(const T* k, const T* v, const T* summaries_grad,
+                                              T* grad_k, T* grad_v, bool add_to_parked) const {
   const auto& d = p_.dims;
   const RowWrite write_k = result_write(d, d.dk, grad_k, add_to_parked);
   const RowWrite write_v = result_write(d, d.dv, grad_v, add_to_parked);
   bool finite = true;
 #pragma omp parallel
   {
-    Tile<T> kap(max_rows_ * d.dk), vals, dkap(max_rows_ * d.dk), dvalues(max_rows_ * d.dv),
-        dz(d.dk);
-    // bfloat16 tokens: phi(K) and V as pairs of columns, dS's two operand forms.
-    const int64_t dk_pairs = (d.dk + 1) / 2, dv_pairs = (d.dv + 1) / 2;
-    Tile<uint32_t> kap_pairs, value_pairs, ds_columns, ds_rows;
-    if constexpr (std::is_same_v<S, bfloat16>) {
-      kap_pairs.resize(max_rows_ * dk_pairs);
-      value_pairs.resize(max_rows_ * dv_pairs);
-      ds_columns.resize((x1_ + 1) / 2 * d.dk);
-      ds_rows.resize(dk_pairs * d.dv);
-    } else {
-      vals.resize(max_rows_ * d.dv);
-    }
+    Tile<T> kap(max_rows_ * d.dk), vals(max_rows_ * d.dv), dkap(max_rows_ * d.dk),
+        dvalues(max_rows_ * d.dv), dz(d.dk);
     RowLines next_reads, next_writes;
-    RowWriter<S> k_rows(write_k, d.dk), v_rows(write_v, d.dv);
+    RowWriter<T> k_rows(write_k, d.dk), v_rows(write_v, d.dv);
 #pragma omp for schedule(static) reduction(&& : finite)
     for (int64_t task = 0; task < task_count(); ++task) {
       const BlockTask t = block_task(task);
       // As in output_gradients. Streamed gradients need no lines requested,
       // and then the values' rows (beyond the first product's steps, together
       // with the keys and dS) arrive during the second.
-      next_reads.clear();
-      next_writes.clear();
-      if (task + 1 < task_count()) {
-        const BlockTask next = block_task(task + 1);
-        next_reads.add_span_read(summaries_grad + next.summary, x_);
-        next_reads.add_read(p_.table, next.block, k, next.qk, d.dk);
-        (k_rows.streaming() ? next_writes : next_reads)
-            .add_read(p_.table, next.block, v, next.v, d.dv);
-        if (!k_rows.streaming()) next_writes.add_write(p_.table, next.block, grad_k, next.qk, d.dk);
-        if (!v_rows.streaming()) next_writes.add_write(p_.table, next.block, grad_v, next.v, d.dv);
-      }
+      request_key_value_rows(p_, task, k, v, summaries_grad, grad_k, grad_v, k_rows, v_rows,
+                             next_reads, next_writes);
       const T* ds = summaries_grad + t.summary;
       // [S_b | z_b] = phi(K)^T [V | 1]:  dphi(K) = [V | 1] dS^T,  dV = phi(K) dS[:, :Dv]
       // (the ones' gradient is not needed).
-      if constexpr (std::is_same_v<S, bfloat16>) {
-        // On bfloat16 products: phi(K)'s pairs come rounded from its gather,
-        // V's rows are copied as they are (not widened and packed again), and
-        // dz, the ones' column, is added after the product, as the scatter
-        // forms grad_k: dphi(K) = V dS[:, :Dv]^T + 1 dz^T (as fast as widening
-        // and packing V in mhla_bench, with one copy fewer). dz is rounded as
-        // dS is: added unrounded, it raised grad_k's largest error on the test
-        // catalogue from 0.015 to 0.021 (and rounding it value by value was
-        // slower).
-        gather_rows(p_.table, t.block, p_.phi, k, t.qk, d.dk, kap.data(), d.dk, kap_pairs.data(),
-                    dk_pairs);
-        gather_column_pairs(p_.table, t.block, v, t.v, d.dv, value_pairs.data(), dv_pairs);
-        // dS^T with its z column, which the product skips: rounded there, dz
-        // is half Dv % 2 of pair Dv / 2 (for odd Dv beside V's zero pad).
-        simd::pack_transposed_pairs(ds, x1_, d.dk, x1_, ds_columns.data(), d.dk);
-        simd::gemm_bf16(t.rows, d.dk, dv_pairs, {value_pairs.data(), dv_pairs, 1},
-                        ds_columns.data(), d.dk, dkap.data(), d.dk, next_reads.prefetch());
-        const uint32_t* dz_pairs = ds_columns.data() + (d.dv / 2) * d.dk;
-        const int dz_shift = 16 * int(d.dv % 2);
-#pragma omp simd
-        for (int64_t a = 0; a < d.dk; ++a)
-          dz[a] = std::bit_cast<float>((dz_pairs[a] >> dz_shift) << 16);
-        simd::pack_row_pairs(ds, x1_, d.dk, d.dv, ds_rows.data(), d.dv);
-        simd::gemm_bf16(t.rows, d.dv, dk_pairs, {kap_pairs.data(), dk_pairs, 1}, ds_rows.data(),
-                        d.dv, dvalues.data(), d.dv, next_writes.prefetch());
+      gather_rows(p_.table, t.block, p_.phi, k, t.qk, d.dk, kap.data(), d.dk);
+      // dphi(K) = V dS[:, :Dv]^T + 1 dz^T, the second term added by the
+      // scatter (filling every row of dphi(K) with dz before the product
+      // cost a copy of the tile per block). V is read in place when the
+      // block is one run of tokens: the product reads each of its rows once
+      // (dphi(K) is one column panel on AVX-512; narrower targets read them
+      // once per panel), so a gather was mostly a copy.
+      const T* values = vals.data();
+      int64_t ld_values = d.dv;
+      if (const mhla::detail::TokenRun* run = p_.table.single_run(t.block)) {
+        values = v + t.v.offset + run->first * t.v.stride;
+        ld_values = t.v.stride;
       } else {
-        gather_rows(p_.table, t.block, p_.phi, k, t.qk, d.dk, kap.data(), d.dk);
-        // dphi(K) = V dS[:, :Dv]^T + 1 dz^T, the second term added by the
-        // scatter (filling every row of dphi(K) with dz before the product
-        // cost a copy of the tile per block). V is read in place when the
-        // block is one run of tokens: the product reads each of its rows once
-        // (dphi(K) is one column panel on AVX-512; narrower targets read them
-        // once per panel), so a gather was mostly a copy.
-        const S* values = vals.data();
-        int64_t ld_values = d.dv;
-        if (const mhla::detail::TokenRun* run = p_.table.single_run(t.block)) {
-          values = v + t.v.offset + run->first * t.v.stride;
-          ld_values = t.v.stride;
-        } else {
-          gather_rows(p_.table, t.block, FeatureMap::identity, v, t.v, d.dv, vals.data(), d.dv);
-        }
-        for (int64_t a = 0; a < d.dk; ++a) dz[a] = ds[a * x1_ + d.dv];
-        block_gemm(false, true, t.rows, d.dk, d.dv, T(1), values, ld_values, ds, x1_, T(0),
-                   dkap.data(), d.dk, next_reads.prefetch());
-        block_gemm(false, false, t.rows, d.dv, d.dk, T(1), kap.data(), d.dk, ds, x1_, T(0),
-                   dvalues.data(), d.dv, next_writes.prefetch());
+        gather_rows(p_.table, t.block, FeatureMap::identity, v, t.v, d.dv, vals.data(), d.dv);
       }
+      for (int64_t a = 0; a < d.dk; ++a) dz[a] = ds[a * x1_ + d.dv];
+      block_gemm(false, true, t.rows, d.dk, d.dv, T(1), values, ld_values, ds, x1_, T(0),
+                 dkap.data(), d.dk, next_reads.prefetch());
+      block_gemm(false, false, t.rows, d.dv, d.dk, T(1), kap.data(), d.dk, ds, x1_, T(0),
+                 dvalues.data(), d.dv, next_writes.prefetch());
       // Causal blocks add to the in-block part parked in grad_k / grad_v.
-      const bool finite_k =
-          scatter_through_feature(p_.table, t.block, p_.phi, kap.data(), dkap.data(), d.dk, t.qk,
-                                  d.dk, k_rows, grad_k, RowBias<T>{dz.data()});
-      const bool finite_v =
-          scatter_rows(p_.table, t.block, dvalues.data(), d.dv, t.v, d.dv, v_rows, grad_v);
-      finite = finite && finite_k && finite_v;
+      finite = scatter_key_value_gradients(p_, t, kap.data(), dkap.data(), dz.data(),
+                                           dvalues.data(), k_rows, grad_k, v_rows, grad_v) &&
+               finite;
     }
   }
   return finite;
 }
 
-// The member templates for token tensors of the computing type, and the
-// backward's for bfloat16 ones.
-#define MHLA_INSTANTIATE_PHASES(T, S)                                                             \
-  template void ChunkedAttention<T>::compute_summaries<S>(const S*, const S*, T*) const;          \
-  template bool ChunkedAttention<T>::output_gradients<S>(                                         \
-      const S*, const S*, const S*, const S*, const T*, T*, T*, S*, S*, S*, bool) const;          \
-  template bool ChunkedAttention<T>::key_value_gradients<S>(const S*, const S*, const T*, S*, S*, \
-                                                            bool) const;                          \
-  template bool ChunkedAttention<T>::backward<S>(const S*, const S*, const S*, const S*, S*, S*,  \
-                                                 S*, T*, const T*, const T*) const;
+// The summaries for token tensors of the computing type, and for bfloat16
+// ones (the bfloat16 backward's recomputed summaries, cpu/bf16_backward.hpp).
 template class ChunkedAttention<float>;
 template class ChunkedAttention<double>;
-MHLA_INSTANTIATE_PHASES(float, float)
-MHLA_INSTANTIATE_PHASES(double, double)
-MHLA_INSTANTIATE_PHASES(float, bfloat16)
-#undef MHLA_INSTANTIATE_PHASES
+template void ChunkedAttention<float>::compute_summaries<float>(const float*, const float*,
+                                                                float*) const;
+template void ChunkedAttention<double>::compute_summaries<double>(const double*, const double*,
+                                                                  double*) const;
+template void ChunkedAttention<float>::compute_summaries<bfloat16>(const bfloat16*, const bfloat16*,
+                                                                   float*) const;
 
 }  // namespace mhla::cpu

@@ -35,20 +35,15 @@ class ChunkedAttention {
   // results when something went wrong. backward adds to grad_w.
   bool forward(const T* q, const T* k, const T* v, T* o, T* summaries_out = nullptr,
                T* mixed_out = nullptr) const;
-  //
-  // The backward phases also take bfloat16 token tensors (S = bfloat16, T =
-  // float: gathered widened, gradients rounded as they are scattered, and
-  // their products on bfloat16 operands, all by the bfloat16 kernels, so
-  // only where simd::bf16_products_available()); not in causal mode, whose
-  // in-block gradients are parked in the outputs.
-  template <typename S = T>
-  bool backward(const S* q, const S* k, const S* v, const S* grad_o, S* grad_q, S* grad_k,
-                S* grad_v, T* grad_w, const T* saved_summaries = nullptr,
+  bool backward(const T* q, const T* k, const T* v, const T* grad_o, T* grad_q, T* grad_k,
+                T* grad_v, T* grad_w, const T* saved_summaries = nullptr,
                 const T* saved_mixed = nullptr) const;
 
   // The three phases and their backward, each on this call's blocks; the mix
   // between them is the mixer's. Summary arrays are [B*H, M, Dk*(Dv+1)].
-  // 1. [S_b | z_b] = phi(K_b)^T [V_b | 1].
+  // 1. [S_b | z_b] = phi(K_b)^T [V_b | 1]; also from bfloat16 tokens, widened
+  //    as they are gathered (S = bfloat16, T = float: the bfloat16 backward's
+  //    recomputed summaries).
   template <typename S = T>
   void compute_summaries(const S* k, const S* v, T* summaries) const;
   // 3. o from the mixed summaries (causal: plus the in-block term).
@@ -59,14 +54,12 @@ class ChunkedAttention {
   // dW[i,i] per slice and block into diagonal_grad [B*H, M]. With `park`, the
   // in-block key gradient is left before phi' for key_value_gradients to
   // finish (one pass over grad_k instead of two).
-  template <typename S = T>
-  bool output_gradients(const S* q, const S* k, const S* v, const S* grad_o, const T* mixed,
-                        T* mixed_grad, T* diagonal_grad, S* grad_q, S* grad_k, S* grad_v,
+  bool output_gradients(const T* q, const T* k, const T* v, const T* grad_o, const T* mixed,
+                        T* mixed_grad, T* diagonal_grad, T* grad_q, T* grad_k, T* grad_v,
                         bool park) const;
   // Backward of 1: writes grad_k and grad_v, or with `add_to_parked` adds the
   // inter-block part to what output_gradients parked there.
-  template <typename S = T>
-  bool key_value_gradients(const S* k, const S* v, const T* summaries_grad, S* grad_k, S* grad_v,
+  bool key_value_gradients(const T* k, const T* v, const T* summaries_grad, T* grad_k, T* grad_v,
                            bool add_to_parked) const;
 
  private:
@@ -76,8 +69,7 @@ class ChunkedAttention {
   // Causal in-block scores of a task: gathers phi(K_i) into kap and [V_i | 1]
   // into vals, and sets a = mask(u phi(K_i)^T) (keys after the query zeroed;
   // entries right of a row's tile of kTriangleTile rows are left unwritten).
-  template <typename S>
-  void in_block_scores(const BlockTask& t, const S* k, const S* v, const T* u, T* kap, T* vals,
+  void in_block_scores(const BlockTask& t, const T* k, const T* v, const T* u, T* kap, T* vals,
                        T* a) const;
 
   mhla::detail::Problem p_;

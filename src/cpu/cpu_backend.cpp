@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "backend/backend.hpp"
+#include "cpu/bf16_backward.hpp"
 #include "cpu/bf16_forward.hpp"
 #include "cpu/chunked_attention.hpp"
 #include "cpu/simd/bf16_products.hpp"
@@ -98,7 +99,11 @@ class CpuAttention final : public backend::Attention<T> {
 class CpuBf16Attention final : public backend::Bf16Attention {
  public:
   CpuBf16Attention(const detail::Problem& p, const float* w)
-      : p_(p), mixer_(make_mixer(p_, w)), kernel_(p_, *mixer_), forward_(p_, *mixer_) {}
+      : p_(p),
+        mixer_(make_mixer(p_, w)),
+        kernel_(p_, *mixer_),
+        forward_(p_, *mixer_),
+        backward_(p_, *mixer_, kernel_) {}
 
   bool forward(const bfloat16* q, const bfloat16* k, const bfloat16* v, bfloat16* o,
                float* saved_summaries, float* saved_mixed) const override {
@@ -107,15 +112,16 @@ class CpuBf16Attention final : public backend::Bf16Attention {
   bool backward(const bfloat16* q, const bfloat16* k, const bfloat16* v, const bfloat16* grad_o,
                 bfloat16* grad_q, bfloat16* grad_k, bfloat16* grad_v, float* grad_w,
                 const float* saved_summaries, const float* saved_mixed) const override {
-    return kernel_.backward(q, k, v, grad_o, grad_q, grad_k, grad_v, grad_w, saved_summaries,
-                            saved_mixed);
+    return backward_.backward(q, k, v, grad_o, grad_q, grad_k, grad_v, grad_w, saved_summaries,
+                              saved_mixed);
   }
 
  private:
   const detail::Problem p_;
   const std::unique_ptr<Mixer<float>> mixer_;
-  const ChunkedAttention<float> kernel_;
+  const ChunkedAttention<float> kernel_;  // the summaries the backward recomputes
   const Bf16Forward forward_;
+  const Bf16Backward backward_;
 };
 
 // The decoder's state in StateLayout (rows padded to whole cache lines) and

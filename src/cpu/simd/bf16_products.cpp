@@ -6,6 +6,7 @@
 #include "cpu/simd/elu1_avx512.hpp"
 #include "cpu/simd/isa.hpp"
 #include "cpu/simd/prefetch.hpp"
+#include "cpu/simd/row_tiles.hpp"
 #include "mhla/bfloat16.hpp"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -119,7 +120,10 @@ MHLA_BF16_INLINE void TileOfWidth(const Operands& o, int64_t i0, int64_t j0, int
   }
 }
 
-MHLA_BF16_TARGET void gemm_bf16_avx512(int64_t m, int64_t n, const Operands& o, LineRuns prefetch) {
+// Flattened: the row tiles' calls through for_each_row_tile inline here.
+MHLA_BF16_TARGET __attribute__((flatten)) void gemm_bf16_avx512(int64_t m, int64_t n,
+                                                                const Operands& o,
+                                                                LineRuns prefetch) {
   constexpr int64_t panel = kMaxVectors * kLanes;
   PrefetchCursor pf(prefetch);
   // Column panels outside, row tiles inside, as in block_gemm.cpp.
@@ -129,28 +133,9 @@ MHLA_BF16_TARGET void gemm_bf16_avx512(int64_t m, int64_t n, const Operands& o, 
     const int64_t last = cols - (vectors - 1) * kLanes;
     const __mmask16 tail = __mmask16((1u << last) - 1u);
     const bool masked = last != kLanes;
-    for (int64_t i0 = 0; i0 < m; i0 += kRows) {
-      switch (std::min<int64_t>(kRows, m - i0)) {
-        case 1:
-          TileOfWidth<1>(o, i0, j0, vectors, tail, masked, pf);
-          break;
-        case 2:
-          TileOfWidth<2>(o, i0, j0, vectors, tail, masked, pf);
-          break;
-        case 3:
-          TileOfWidth<3>(o, i0, j0, vectors, tail, masked, pf);
-          break;
-        case 4:
-          TileOfWidth<4>(o, i0, j0, vectors, tail, masked, pf);
-          break;
-        case 5:
-          TileOfWidth<5>(o, i0, j0, vectors, tail, masked, pf);
-          break;
-        default:
-          TileOfWidth<6>(o, i0, j0, vectors, tail, masked, pf);
-          break;
-      }
-    }
+    for_each_row_tile<kRows>(m, [&](auto rows, int64_t i0) MHLA_BF16_TARGET {
+      TileOfWidth<decltype(rows)::value>(o, i0, j0, vectors, tail, masked, pf);
+    });
   }
 }
 

@@ -11,6 +11,7 @@
 #include "cpu/simd/block_gemm.hpp"
 #include "cpu/simd/partial_vectors-inl.h"
 #include "cpu/simd/prefetch.hpp"
+#include "cpu/simd/row_tiles.hpp"
 
 HWY_BEFORE_NAMESPACE();
 namespace mhla::cpu::simd {
@@ -108,8 +109,9 @@ HWY_INLINE void TileOfWidth(const Operands& o, int64_t i0, int64_t j0, int vecto
   }
 }
 
-void GemmImpl(int64_t m, int64_t n, int64_t k, float alpha, Strided a, const float* b, int64_t ldb,
-              bool accumulate, float* c, int64_t ldc, LineRuns prefetch) {
+// Flattened: the row tiles' calls through for_each_row_tile inline here.
+HWY_FLATTEN void GemmImpl(int64_t m, int64_t n, int64_t k, float alpha, Strided a, const float* b,
+                          int64_t ldb, bool accumulate, float* c, int64_t ldc, LineRuns prefetch) {
   const Operands o{k, alpha, a, b, ldb, accumulate, c, ldc};
   const int64_t lanes = int64_t(hn::Lanes(Tag()));
   const int64_t panel = kMaxVectors * lanes;
@@ -121,28 +123,9 @@ void GemmImpl(int64_t m, int64_t n, int64_t k, float alpha, Strided a, const flo
     const int vectors = int((cols + lanes - 1) / lanes);
     const size_t tail = size_t(cols - (vectors - 1) * lanes);
     const bool masked = int64_t(tail) != lanes;
-    for (int64_t i0 = 0; i0 < m; i0 += kRows) {
-      switch (std::min<int64_t>(kRows, m - i0)) {
-        case 1:
-          TileOfWidth<1>(o, i0, j0, vectors, tail, masked, pf);
-          break;
-        case 2:
-          TileOfWidth<2>(o, i0, j0, vectors, tail, masked, pf);
-          break;
-        case 3:
-          TileOfWidth<3>(o, i0, j0, vectors, tail, masked, pf);
-          break;
-        case 4:
-          TileOfWidth<4>(o, i0, j0, vectors, tail, masked, pf);
-          break;
-        case 5:
-          TileOfWidth<5>(o, i0, j0, vectors, tail, masked, pf);
-          break;
-        default:
-          TileOfWidth<6>(o, i0, j0, vectors, tail, masked, pf);
-          break;
-      }
-    }
+    for_each_row_tile<kRows>(m, [&](auto rows, int64_t i0) {
+      TileOfWidth<decltype(rows)::value>(o, i0, j0, vectors, tail, masked, pf);
+    });
   }
 }
 
