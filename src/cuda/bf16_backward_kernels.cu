@@ -57,9 +57,16 @@ __global__ void __launch_bounds__(kThreads)
     pair_products(stage, out, p.dv, g, [&](int j, int64_t e) {
       return dk0 + j < p.dk ? m[(dk0 + j) * width + e] : 0.0f;
     });
+    // phi(q) of the chunk's tokens in this Dk tile, read coalesced by all
+    // threads into the stage's place, then summed per token.
+    for (int e = threadIdx.x; e < kTile * kTile; e += kThreads) {
+      const int r = e / kTile, a = e % kTile;
+      scratch.tile[r][a] = dk0 + a < p.dk ? phi_q(r, dk0 + a) : 0.0f;
+    }
+    __syncthreads();
     if (t < kTile && rows[t] >= 0)
       for (int a = 0; a < kTile && dk0 + a < p.dk; ++a) {
-        const float phi = phi_q(t, dk0 + a);
+        const float phi = scratch.tile[t][a];
         dot += phi * out[t][a];
         den += phi * m[(dk0 + a) * width + p.dv];
       }

@@ -105,12 +105,22 @@ __device__ inline void store_rows(const Accumulators& acc, OutTile& out) {
 }
 
 // The staging of rows_product: A's kTile rows x kChunk inner entries and B's
-// kChunk inner entries x kTile columns, each split in two.
+// kChunk inner entries x kTile columns, each split in two. B is staged by
+// rows, or by columns (transposed) where consecutive inner entries are
+// consecutive in memory, so that each thread stores a group of them at once.
 struct RowStage {
   bf16 a_hi[kTile][kChunk + kPad];
   bf16 a_lo[kTile][kChunk + kPad];
-  bf16 b_hi[kChunk][kTile + kPad];
-  bf16 b_lo[kChunk][kTile + kPad];
+  union {
+    struct {
+      bf16 hi[kChunk][kTile + kPad];
+      bf16 lo[kChunk][kTile + kPad];
+    } rows;
+    struct {
+      bf16 hi[kTile][kChunk + kPad];
+      bf16 lo[kTile][kChunk + kPad];
+    } columns;
+  } b;
 };
 
 // A rows product's staging or, between products, a second result tile.
@@ -130,18 +140,20 @@ struct TokenStage {
 
 // acc[n] += (A_hi + A_lo) (B_hi + B_lo) over one kFrag-deep step, all but the
 // lo*lo term: A is this warp's 16 rows (fragments of layout ALayout, leading
-// dimension lda), B the tile's 64 columns (row-major rows of kTile + kPad).
-template <class ALayout>
+// dimension lda), B the tile's 64 columns (fragments of layout BLayout,
+// leading dimension ldb, each kFrag columns b_next entries after the last).
+template <class ALayout, class BLayout = nvcuda::wmma::row_major>
 __device__ inline void split_product_step(Accumulators& acc, const bf16* a_hi, const bf16* a_lo,
-                                          int lda, const bf16* b_hi, const bf16* b_lo) {
+                                          int lda, const bf16* b_hi, const bf16* b_lo,
+                                          int ldb = kTile + kPad, int b_next = kFrag) {
   using namespace nvcuda;
   wmma::fragment<wmma::matrix_a, kFrag, kFrag, kFrag, bf16, ALayout> ah, al;
   wmma::load_matrix_sync(ah, a_hi, lda);
   wmma::load_matrix_sync(al, a_lo, lda);
   for (int n = 0; n < kTile / kFrag; ++n) {
-    wmma::fragment<wmma::matrix_b, kFrag, kFrag, kFrag, bf16, wmma::row_major> bh, bl;
-    wmma::load_matrix_sync(bh, b_hi + n * kFrag, kTile + kPad);
-    wmma::load_matrix_sync(bl, b_lo + n * kFrag, kTile + kPad);
+    wmma::fragment<wmma::matrix_b, kFrag, kFrag, kFrag, bf16, BLayout> bh, bl;
+    wmma::load_matrix_sync(bh, b_hi + n * b_next, ldb);
+    wmma::load_matrix_sync(bl, b_lo + n * b_next, ldb);
     wmma::mma_sync(acc[n], ah, bh, acc[n]);
     wmma::mma_sync(acc[n], ah, bl, acc[n]);
     wmma::mma_sync(acc[n], al, bh, acc[n]);
@@ -173,20 +185,29 @@ __device__ void rows_product(Accumulators& acc, RowStage& s, int64_t begin, int6
       for (int g = threadIdx.x; g < kChunk * kTile / kGroup; g += kThreads) {
         const int a = g / (kTile / kGroup), j = g % (kTile / kGroup) * kGroup;
         SplitGroup([&](int) { return a0 + a < end; }, [&](int u) { return load_b(a0 + a, j + u); })
-            .store(&s.b_hi[a][j], &s.b_lo[a][j]);
+            .store(&s.b.rows.hi[a][j], &s.b.rows.lo[a][j]);
       }
-    } else {  // consecutive inner entries are a column of the stage: one entry a thread
-      for (int e = threadIdx.x; e < kChunk * kTile; e += kThreads) {
-        const int a = e % kChunk, j = e / kChunk;
-        split(a0 + a < end ? load_b(a0 + a, j) : 0.0f, s.b_hi[a][j], s.b_lo[a][j]);
+    } else {  // B by columns: B(a, j) at columns[j][a]
+      for (int g = threadIdx.x; g < kTile * kChunk / kGroup; g += kThreads) {
+        const int j = g / (kChunk / kGroup), a = g % (kChunk / kGroup) * kGroup;
+        SplitGroup([&](int u) { return a0 + a + u < end; },
+                   [&](int u) { return load_b(a0 + a + u, j); })
+            .store(&s.b.columns.hi[j][a], &s.b.columns.lo[j][a]);
       }
     }
     __syncthreads();
     after_stage(s, a0);
-    for (int step = 0; step < kChunk; step += kFrag)
-      split_product_step<nvcuda::wmma::row_major>(acc, &s.a_hi[warp * kFrag][step],
-                                                  &s.a_lo[warp * kFrag][step], kChunk + kPad,
-                                                  &s.b_hi[step][0], &s.b_lo[step][0]);
+    for (int step = 0; step < kChunk; step += kFrag) {
+      const bf16 *a_hi = &s.a_hi[warp * kFrag][step], *a_lo = &s.a_lo[warp * kFrag][step];
+      using nvcuda::wmma::col_major, nvcuda::wmma::row_major;
+      if constexpr (kBLoad == BLoad::by_column)
+        split_product_step<row_major>(acc, a_hi, a_lo, kChunk + kPad, &s.b.rows.hi[step][0],
+                                      &s.b.rows.lo[step][0]);
+      else  // column n of B starts at columns[n][step], kChunk + kPad entries after column n - 1
+        split_product_step<row_major, col_major>(
+            acc, a_hi, a_lo, kChunk + kPad, &s.b.columns.hi[0][step], &s.b.columns.lo[0][step],
+            kChunk + kPad, kFrag * (kChunk + kPad));
+    }
     __syncthreads();
   }
 }
