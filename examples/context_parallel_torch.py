@@ -50,6 +50,9 @@ def main():
         o = torch.cat([p for _, p in sorted(parts, key=lambda t: t[0])], dim=1)
         print(f"{world} ranks, {TOKENS} tokens in {blocks} blocks; rank 0 held {shard}")
         print(f"max |o - o_whole| = {(o - o_whole).abs().max().item():.3g}")
+    # Every rank leaves together: a rank that tears its group down while
+    # another still runs can abort at exit under torch 2.x's gloo.
+    dist.barrier()
     dist.destroy_process_group()
 
 
