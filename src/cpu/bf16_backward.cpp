@@ -166,8 +166,6 @@ bool Bf16Backward::key_value_gradients(const bfloat16* k, const bfloat16* v,
 #pragma omp for schedule(static) reduction(&& : finite)
     for (int64_t task = 0; task < task_count(p_); ++task) {
       const BlockTask t = block_task(p_, task);
-      // The next task's rows during this task's products, as in the float
-      // kernel's key_value_gradients.
       request_key_value_rows(p_, task, k, v, summaries_grad, grad_k, grad_v, k_rows, v_rows,
                              next_reads, next_writes);
       const float* ds = summaries_grad + t.summary;

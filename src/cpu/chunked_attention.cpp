@@ -356,70 +356,68 @@ bool ChunkedAttention<T>::output_gradients(const T* q, const T* k, const T* v, c
       const RowBias<T> bias = p_.normalize ? RowBias<T>{zt.data(), dy_z_rows.data()} : RowBias<T>{};
       // dmixed_i's z column, phi(Q)^T dy[:, Dv], summed into dz below.
       std::fill(dz.begin(), dz.end(), T(0));
-      {
-        // Row by row: g . o = dy[:Dv] . y = phi(q) . P (+ W[i,i] sum_j A[., j]
-        // B[., j]) and dy[Dv] from it; causal, then
-        //   dA = W[i,i] mask(dy [V|1]^T) = W[i,i] (B + dy[Dv] 1^T),
-        //   dW[i,i] = <mask(dy [V|1]^T), A>, dphi(Q) += dA phi(K),
-        //   dphi(K) = dA^T phi(Q),  d[V|1] = W[i,i] A^T dy
-        // while the row of A and B is in L1 (a second pass over the triangle
-        // made mhla_bench's causal backward slower).
-        // dz is summed here row by row while the rows are in L1.
-        T dw = 0;
-        for (int64_t r = 0; r < rows; ++r) {
-          // Row r of A and B (causal only: the other modes have no such tiles).
-          T* a_r = p_.causal ? a.data() + r * rows : nullptr;
-          T* b_r = p_.causal ? da.data() + r * rows : nullptr;
-          T dy_z = 0;
-          if (p_.normalize) {
-            const T* dur = du.data() + r * d.dk;
-            const T* ur = u.data() + r * d.dk;
-            T dot = 0;
+      // Row by row: g . o = dy[:Dv] . y = phi(q) . P (+ W[i,i] sum_j A[., j]
+      // B[., j]) and dy[Dv] from it; causal, then
+      //   dA = W[i,i] mask(dy [V|1]^T) = W[i,i] (B + dy[Dv] 1^T),
+      //   dW[i,i] = <mask(dy [V|1]^T), A>, dphi(Q) += dA phi(K),
+      //   dphi(K) = dA^T phi(Q),  d[V|1] = W[i,i] A^T dy
+      // while the row of A and B is in L1 (a second pass over the triangle
+      // made mhla_bench's causal backward slower).
+      // dz is summed here row by row while the rows are in L1.
+      T dw = 0;
+      for (int64_t r = 0; r < rows; ++r) {
+        // Row r of A and B (causal only: the other modes have no such tiles).
+        T* a_r = p_.causal ? a.data() + r * rows : nullptr;
+        T* b_r = p_.causal ? da.data() + r * rows : nullptr;
+        T dy_z = 0;
+        if (p_.normalize) {
+          const T* dur = du.data() + r * d.dk;
+          const T* ur = u.data() + r * d.dk;
+          T dot = 0;
 #pragma omp simd reduction(+ : dot)
-            for (int64_t e = 0; e < d.dk; ++e) dot += ur[e] * dur[e];
-            if (p_.causal) {
-              T in_block = 0;
-#pragma omp simd reduction(+ : in_block)
-              for (int64_t c = 0; c <= r; ++c) in_block += a_r[c] * b_r[c];
-              dot += wii * in_block;
-            }
-            dy_z = -dot * (T(1) / (den[r] + eps));
-            dy_z_rows[r] = dy_z;
-#pragma omp simd
-            for (int64_t e = 0; e < d.dk; ++e) dz[e] += ur[e] * dy_z;
-          }
+          for (int64_t e = 0; e < d.dk; ++e) dot += ur[e] * dur[e];
           if (p_.causal) {
-            T dw_r = 0;
-#pragma omp simd reduction(+ : dw_r)
-            for (int64_t c = 0; c <= r; ++c) {
-              const T x = b_r[c] + dy_z;
-              dw_r += x * a_r[c];
-              b_r[c] = x * wii;
-            }
-            dw += dw_r;
+            T in_block = 0;
+#pragma omp simd reduction(+ : in_block)
+            for (int64_t c = 0; c <= r; ++c) in_block += a_r[c] * b_r[c];
+            dot += wii * in_block;
           }
+          dy_z = -dot * (T(1) / (den[r] + eps));
+          dy_z_rows[r] = dy_z;
+#pragma omp simd
+          for (int64_t e = 0; e < d.dk; ++e) dz[e] += ur[e] * dy_z;
         }
         if (p_.causal) {
-          diagonal_grad[t.bh * p_.blocks + t.block] = dw;
-          lower_times(rows, d.dk, T(1), da.data(), kap.data(), d.dk, true, du.data(), d.dk);
-          lower_transposed_times(rows, d.dk, T(1), da.data(), u.data(), d.dk, dkap.data(), d.dk);
-          // (The ones' column of [V | 1] has no gradient to keep.)
-          lower_transposed_times(rows, d.dv, wii, a.data(), dy.data(), ld_x1_, dvals.data(), d.dv);
-          // Park the in-block key/value gradients in the outputs, where
-          // key_value_gradients adds the inter-block part, applies phi' and
-          // checks the sums; or finish them here.
-          const bool finite_k =
-              park ? scatter_rows(p_.table, t.block, dkap.data(), d.dk, t.qk, d.dk, k_rows, grad_k)
-                   : scatter_through_feature(p_.table, t.block, p_.phi, kap.data(), dkap.data(),
-                                             d.dk, t.qk, d.dk, k_rows, grad_k);
-          const bool finite_v =
-              scatter_rows(p_.table, t.block, dvals.data(), d.dv, t.v, d.dv, v_rows, grad_v);
-          finite = finite && (park || (finite_k && finite_v));
+          T dw_r = 0;
+#pragma omp simd reduction(+ : dw_r)
+          for (int64_t c = 0; c <= r; ++c) {
+            const T x = b_r[c] + dy_z;
+            dw_r += x * a_r[c];
+            b_r[c] = x * wii;
+          }
+          dw += dw_r;
         }
-        const bool finite_q = scatter_through_feature(
-            p_.table, t.block, p_.phi, u.data(), du.data(), d.dk, t.qk, d.dk, q_rows, grad_q, bias);
-        finite = finite && finite_q;
       }
+      if (p_.causal) {
+        diagonal_grad[t.bh * p_.blocks + t.block] = dw;
+        lower_times(rows, d.dk, T(1), da.data(), kap.data(), d.dk, true, du.data(), d.dk);
+        lower_transposed_times(rows, d.dk, T(1), da.data(), u.data(), d.dk, dkap.data(), d.dk);
+        // (The ones' column of [V | 1] has no gradient to keep.)
+        lower_transposed_times(rows, d.dv, wii, a.data(), dy.data(), ld_x1_, dvals.data(), d.dv);
+        // Park the in-block key/value gradients in the outputs, where
+        // key_value_gradients adds the inter-block part, applies phi' and
+        // checks the sums; or finish them here.
+        const bool finite_k =
+            park ? scatter_rows(p_.table, t.block, dkap.data(), d.dk, t.qk, d.dk, k_rows, grad_k)
+                 : scatter_through_feature(p_.table, t.block, p_.phi, kap.data(), dkap.data(), d.dk,
+                                           t.qk, d.dk, k_rows, grad_k);
+        const bool finite_v =
+            scatter_rows(p_.table, t.block, dvals.data(), d.dv, t.v, d.dv, v_rows, grad_v);
+        finite = finite && (park || (finite_k && finite_v));
+      }
+      const bool finite_q = scatter_through_feature(p_.table, t.block, p_.phi, u.data(), du.data(),
+                                                    d.dk, t.qk, d.dk, q_rows, grad_q, bias);
+      finite = finite && finite_q;
       // y = phi(Q) mixed_i:  dmixed_i = phi(Q)^T dy (mixed_i, if the same array, is no
       // longer read); its z column from the rows above.
       T* dmixed_i = mixed_grad + t.summary;
@@ -447,9 +445,6 @@ bool ChunkedAttention<T>::key_value_gradients(const T* k, const T* v, const T* s
 #pragma omp for schedule(static) reduction(&& : finite)
     for (int64_t task = 0; task < task_count(); ++task) {
       const BlockTask t = block_task(task);
-      // As in output_gradients. Streamed gradients need no lines requested,
-      // and then the values' rows (beyond the first product's steps, together
-      // with the keys and dS) arrive during the second.
       request_key_value_rows(p_, task, k, v, summaries_grad, grad_k, grad_v, k_rows, v_rows,
                              next_reads, next_writes);
       const T* ds = summaries_grad + t.summary;

@@ -12,7 +12,8 @@ namespace mhla::cpu {
 // The rows of the task after `task`, if any: its dS, k and (where grad_k is
 // not streamed) v during the block's first product; v (where grad_k is
 // streamed) and the rows of grad_k and grad_v that are not streamed during
-// the second.
+// the second. Streamed gradients need no lines requested, which leaves the
+// second product's steps to the values.
 template <typename S, typename T>
 void request_key_value_rows(const mhla::detail::Problem& p, int64_t task, const S* k, const S* v,
                             const T* summaries_grad, const S* grad_k, const S* grad_v,
