@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -85,8 +86,13 @@ void require_regular_file(const std::string& path) {
   if (!S_ISREG(st.st_mode)) not_regular(path, st.st_mode);
 }
 
+std::string temporary_path_beside(const std::string& path, const std::string& suffix) {
+  static std::atomic<uint64_t> count{0};
+  return path + "." + std::to_string(::getpid()) + "-" + std::to_string(count++) + suffix;
+}
+
 void write_file_atomically(const std::string& path, const std::vector<uint8_t>& bytes) {
-  const std::string temporary = path + ".partial";
+  const std::string temporary = temporary_path_beside(path);
   std::FILE* f = std::fopen(temporary.c_str(), "wb");
   if (!f) fail("cannot write", temporary);
   const bool written = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();

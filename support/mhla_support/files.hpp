@@ -37,8 +37,14 @@ class InputFile {
 // that open it through another library).
 void require_regular_file(const std::string& path);
 
+// A name for a temporary file beside `path` ("path.<pid>-<n>.partial") that no
+// other thread or process uses, so writers of the same path (two comparisons
+// sharing an output folder) never write into each other's temporary file.
+std::string temporary_path_beside(const std::string& path, const std::string& suffix = ".partial");
+
 // Writes to a temporary file beside `path`, then renames it over `path`, so a
-// failure part-way never leaves a truncated file where a good one was.
+// failure part-way never leaves a truncated file where a good one was, and
+// concurrent writers leave one of their files whole.
 void write_file_atomically(const std::string& path, const std::vector<uint8_t>& bytes);
 
 }  // namespace mhla::io

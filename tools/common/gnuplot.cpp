@@ -6,12 +6,14 @@
 #include <fstream>
 
 #include "mhla/error.hpp"
+#include "mhla_support/files.hpp"
 
 namespace mhla::tools {
 
 void draw_png_with_gnuplot(const std::string& png, int width, int height,
                            const std::string& commands) {
-  const std::string partial = png + ".partial", script = png + ".gp";
+  const std::string partial = io::temporary_path_beside(png),
+                    script = io::temporary_path_beside(png, ".gp");
   {
     std::ofstream out(script);
     out << "set terminal pngcairo size " << width << "," << height << "\nset output '" << partial
@@ -22,7 +24,10 @@ void draw_png_with_gnuplot(const std::string& png, int width, int height,
   const std::string command = "gnuplot '" + script + "' 2>&1";
   const bool ok = std::system(command.c_str()) == 0 && std::filesystem::exists(partial);
   std::filesystem::remove(script);
-  if (!ok) throw Error("gnuplot could not draw " + png + " (apt-get install gnuplot-nox)");
+  if (!ok) {
+    std::filesystem::remove(partial);
+    throw Error("gnuplot could not draw " + png + " (apt-get install gnuplot-nox)");
+  }
   std::filesystem::rename(partial, png);
 }
 

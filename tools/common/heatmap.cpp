@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "mhla/error.hpp"
+#include "mhla_support/files.hpp"
 
 #define STB_IMAGE_WRITE_IMPLEMENTATION
 #include <stb/stb_image_write.h>
@@ -52,7 +53,7 @@ void write_heatmap_png(const std::string& path, const std::vector<double>& matri
       const auto rgb = colour(top > 0 ? std::sqrt(std::max(v, 0.0) / top) : 0.0);
       std::copy(rgb.begin(), rgb.end(), pixels.begin() + (y * w + x) * 3);
     }
-  const std::string partial = path + ".partial";
+  const std::string partial = io::temporary_path_beside(path);
   if (!stbi_write_png(partial.c_str(), int(w), int(h), 3, pixels.data(), int(w * 3))) {
     std::filesystem::remove(partial);
     throw Error(path + ": cannot write the PNG file");
