@@ -356,6 +356,38 @@ TEST_F(Cli, CompareWidensTheGridAndContinuesAStoppedComparison) {
   EXPECT_EQ(tables(), before);
 }
 
+TEST_F(Cli, CompareTakesOneModelSizeForEveryModel) {
+  const std::string compare =
+      "compare --preset full --tasks mqar --steps 2 --eval-size 4 --seeds 0 --lrs 1e-3 "
+      "--threads 1 --layers 3 --dim 16 --heads 4 --mlp 24 --attention softmax,linear ";
+  const CliRun r = mhla_cli(compare + "--out " + path("sized"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  std::ifstream in(path("sized/compare.json"));
+  const nlohmann::json entry = nlohmann::json::parse(in)["entries"][0];
+  EXPECT_EQ(entry["config"]["dim"], 16);
+  EXPECT_EQ(entry["config"]["heads"], 4);
+  EXPECT_EQ(entry["config"]["mlp_hidden"], 24);
+  for (const char* model : {"softmax", "linear"}) {
+    std::ifstream metrics(
+        path("sized/mqar_N_256_kv_8/" + std::string(model) + "-lr0.001-seed0/metrics.json"));
+    const nlohmann::json config = nlohmann::json::parse(metrics)["config"];
+    EXPECT_EQ(config["attention"], std::string(model) + "," + model + "," + model);
+    EXPECT_EQ(config["dim"], 16);
+    EXPECT_EQ(config["mlp_hidden"], 24);
+  }
+  std::ifstream md(path("sized/compare.md"));
+  const std::string text((std::istreambuf_iterator<char>(md)), std::istreambuf_iterator<char>());
+  EXPECT_THAT(text, HasSubstr("3 layers of width 16, 4 heads, MLP 24"));
+
+  // A model that lists its layers must list as many as --layers asks for.
+  const CliRun bad = mhla_cli(
+      "compare --preset full --tasks mqar --layers 3 --attention "
+      "linear/mhla --out " +
+      path("bad"));
+  EXPECT_EQ(bad.status, 1);
+  EXPECT_THAT(bad.output, HasSubstr("--layers 3 but the model 'linear/mhla' lists 2 layers"));
+}
+
 TEST_F(Cli, TrainOneKindFillsTheDepth) {
   const std::string tiny =
       "train --dim 8 --heads 2 --mlp 8 --steps 2 --warmup 0 --batch 2 --vocab 16 --seq-len 16 "

@@ -219,6 +219,16 @@ CLI::App* add_compare_command(CLI::App& app, CompareCommand& c) {
                   "sequences (text, mqar) or images (fashion-mnist) per evaluation split instead "
                   "of the preset's")
       ->check(positive_integer());
+  cmd->add_option("--layers", c.layers,
+                  "layers of every model, the one-token baseline's included, instead of the "
+                  "preset's (use a new --out: runs of another size are other runs)")
+      ->check(CLI::Range(1, 64));
+  cmd->add_option("--dim", c.dim, "model width of every model instead of the preset's")
+      ->check(positive_integer());
+  cmd->add_option("--heads", c.heads, "attention heads of every model instead of the preset's")
+      ->check(positive_integer());
+  cmd->add_option("--mlp", c.mlp_hidden, "MLP hidden width of every model instead of the preset's")
+      ->check(positive_integer());
   add_design_flags(*cmd, c.design);
   return cmd;
 }
@@ -238,6 +248,10 @@ int run_compare_command(const CompareCommand& c) {
       e.sweep_steps = std::min(e.sweep_steps, c.steps);
     }
     if (c.eval_size > 0) e.config.eval_samples = e.config.eval_images = c.eval_size;
+    if (c.layers > 0) e.config.attention.assign(size_t(c.layers), e.config.attention.front());
+    if (c.dim > 0) e.config.dim = c.dim;
+    if (c.heads > 0) e.config.heads = c.heads;
+    if (c.mlp_hidden > 0) e.config.mlp_hidden = c.mlp_hidden;
     apply_design_flags(*c.app, c.design, e.config.design);
     if (!c.attention.empty()) e.models = c.attention;
     if (!c.learning_rates.empty()) e.learning_rates = c.learning_rates;
@@ -245,6 +259,9 @@ int run_compare_command(const CompareCommand& c) {
     for (const std::string& m : e.models) {  // reject bad names and settings before any training
       train::RunConfig probe = e.config;
       apply_model(m, probe);
+      if (c.layers > 0 && probe.attention.size() != size_t(c.layers))
+        throw Error("--layers " + std::to_string(c.layers) + " but the model '" + m + "' lists " +
+                    std::to_string(probe.attention.size()) + " layers");
       train::check_run_config(probe);
     }
   }
@@ -382,6 +399,9 @@ int run_compare_command(const CompareCommand& c) {
              (entry.sweep_steps > 0 ? " by " + progress(entry.config, entry.sweep_steps) +
                                           (images ? "-epoch" : "-step") + " runs of the first seed"
                                     : "") +
+             "; " + std::to_string(entry.config.attention.size()) + " layers of width " +
+             std::to_string(entry.config.dim) + ", " + std::to_string(entry.config.heads) +
+             " heads, MLP " + std::to_string(entry.config.mlp_hidden) +
              ")\n\n| model | test | validation | lr (tried) | " +
              (images ? "best epoch / epochs" : "best step / steps") +
              " | train min (runs + sweep) |\n|---|---:|---:|---:|---:|---:|\n";

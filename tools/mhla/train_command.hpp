@@ -31,6 +31,8 @@ struct CompareCommand {
   int threads = 0;
   int64_t steps = 0;      // > 0: every run takes this many steps (smoke tests)
   int64_t eval_size = 0;  // > 0: samples per evaluation split
+  // > 0: the model size of every table and model instead of the preset's
+  int64_t layers = 0, dim = 0, heads = 0, mlp_hidden = 0;
   DesignFlagValues design;
   CLI::App* app = nullptr;
 };
