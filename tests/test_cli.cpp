@@ -388,6 +388,27 @@ TEST_F(Cli, CompareTakesOneModelSizeForEveryModel) {
   EXPECT_THAT(bad.output, HasSubstr("--layers 3 but the model 'linear/mhla' lists 2 layers"));
 }
 
+TEST_F(Cli, CompareTrainsOnlyTheTablesNamed) {
+  const std::string compare =
+      "compare --preset full --tasks all --steps 2 --eval-size 4 --seeds 0 --lrs 1e-3 "
+      "--threads 1 --dim 8 --heads 2 --mlp 8 ";
+  const CliRun r = mhla_cli(compare + "--tables 'mqar N=256 kv=8' --out " + path("one"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  std::ifstream in(path("one/compare.json"));
+  const nlohmann::json entries = nlohmann::json::parse(in)["entries"];
+  ASSERT_EQ(entries.size(), 1u);
+  EXPECT_EQ(entries[0]["label"], "mqar N=256 kv=8");
+  EXPECT_FALSE(fs::exists(path("one/text_KJV_N_512")));
+
+  const CliRun bad =
+      mhla_cli(compare + "--tables 'mqar N=256,text KJV N=512' --out " + path("bad"));
+  EXPECT_EQ(bad.status, 1);
+  EXPECT_THAT(bad.output,
+              HasSubstr("--tables: no table 'mqar N=256' in this comparison; its tables "
+                        "are 'text KJV N=512', "));
+  EXPECT_FALSE(fs::exists(path("bad/text_KJV_N_512")));
+}
+
 TEST_F(Cli, TrainOneKindFillsTheDepth) {
   const std::string tiny =
       "train --dim 8 --heads 2 --mlp 8 --steps 2 --warmup 0 --batch 2 --vocab 16 --seq-len 16 "

@@ -53,12 +53,16 @@ void write_heatmap_png(const std::string& path, const std::vector<double>& matri
       const auto rgb = colour(top > 0 ? std::sqrt(std::max(v, 0.0) / top) : 0.0);
       std::copy(rgb.begin(), rgb.end(), pixels.begin() + (y * w + x) * 3);
     }
-  const std::string partial = io::temporary_path_beside(path);
-  if (!stbi_write_png(partial.c_str(), int(w), int(h), 3, pixels.data(), int(w * 3))) {
-    std::filesystem::remove(partial);
-    throw Error(path + ": cannot write the PNG file");
-  }
-  std::filesystem::rename(partial, path);
+  // Encoded in memory so that the one atomic writer puts it in place.
+  std::vector<uint8_t> png;
+  const auto append = [](void* out, void* data, int size) {
+    auto& bytes = *static_cast<std::vector<uint8_t>*>(out);
+    const auto* chunk = static_cast<const uint8_t*>(data);
+    bytes.insert(bytes.end(), chunk, chunk + size);
+  };
+  if (!stbi_write_png_to_func(append, &png, int(w), int(h), 3, pixels.data(), int(w * 3)))
+    throw Error(path + ": cannot encode the PNG image");
+  io::write_file_atomically(path, png);
 }
 
 }  // namespace mhla::tools

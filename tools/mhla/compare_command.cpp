@@ -170,6 +170,25 @@ std::optional<double> next_rate(const std::vector<TriedRate>& tried, const Metri
   return std::nullopt;
 }
 
+// The entries whose labels `labels` names, in the preset's order; all of them
+// when `labels` is empty.
+std::vector<ComparisonEntry> select_tables(std::vector<ComparisonEntry> entries,
+                                           const std::vector<std::string>& labels) {
+  if (labels.empty()) return entries;
+  for (const std::string& label : labels)
+    if (std::none_of(entries.begin(), entries.end(),
+                     [&](const ComparisonEntry& e) { return e.label == label; })) {
+      std::string known;
+      for (const ComparisonEntry& e : entries)
+        known += (known.empty() ? "'" : ", '") + e.label + "'";
+      throw Error("--tables: no table '" + label + "' in this comparison; its tables are " + known);
+    }
+  std::erase_if(entries, [&](const ComparisonEntry& e) {
+    return std::find(labels.begin(), labels.end(), e.label) == labels.end();
+  });
+  return entries;
+}
+
 }  // namespace
 
 CLI::App* add_compare_command(CLI::App& app, CompareCommand& c) {
@@ -208,6 +227,10 @@ CLI::App* add_compare_command(CLI::App& app, CompareCommand& c) {
                   "(default: the preset's)")
       ->delimiter(',')
       ->check(CLI::PositiveNumber);
+  cmd->add_option("--tables", c.tables,
+                  "train only these tables of the preset, by label, comma separated (e.g. "
+                  "\"fashion-mnist 1 token,fashion-mnist 196 tokens + conv(v)\"); default: all")
+      ->delimiter(',');
   cmd->add_option("--out", c.out_dir, "output folder");
   cmd->add_option("--data", c.data_dir, "Fashion-MNIST folder (default: the Debian package's)");
   cmd->add_option("--threads", c.threads, "OpenMP threads (default: all cores)")
@@ -236,7 +259,8 @@ CLI::App* add_compare_command(CLI::App& app, CompareCommand& c) {
 int run_compare_command(const CompareCommand& c) {
   if (c.threads > 0) omp_set_num_threads(c.threads);
   const int threads = omp_get_max_threads();
-  std::vector<ComparisonEntry> entries = comparison_entries(c.tasks, c.preset);
+  std::vector<ComparisonEntry> entries =
+      select_tables(comparison_entries(c.tasks, c.preset), c.tables);
   const std::vector<uint64_t> seeds = !c.seeds.empty()      ? c.seeds
                                       : c.preset != "quick" ? std::vector<uint64_t>{0, 1, 2}
                                                             : std::vector<uint64_t>{0};

@@ -28,6 +28,7 @@ struct CompareCommand {
   std::vector<std::string> attention;  // one entry per model; empty: the preset's
   std::vector<uint64_t> seeds;         // empty: the preset's
   std::vector<double> learning_rates;  // empty: the preset's
+  std::vector<std::string> tables;     // labels of the tables to train; empty: all
   int threads = 0;
   int64_t steps = 0;      // > 0: every run takes this many steps (smoke tests)
   int64_t eval_size = 0;  // > 0: samples per evaluation split
