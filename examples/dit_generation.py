@@ -352,25 +352,41 @@ def run(kind, args, data, reference, classifier, *, lr, seed, steps, sweep):
     return record
 
 
+# Extensions of the rate grid beyond its given rates, as in `mhla compare`.
+MAX_EXTENSIONS = 3
+
+
+def widened_grid_choice(lrs, validation_fd, max_extensions=MAX_EXTENSIONS):
+    """The rate with the lowest validation_fd(rate) over the grid lrs, widened by a factor of 2 beyond the edge
+    the best rate sits on, at most max_extensions times. Returns (rate, every tried rate ascending, whether the
+    rate is still at an edge of a grid of two or more rates)."""
+    fd = {lr: validation_fd(lr) for lr in sorted(lrs)}
+    for _ in range(max_extensions if len(fd) > 1 else 0):
+        tried = sorted(fd)
+        best = min(tried, key=fd.get)
+        if best not in (tried[0], tried[-1]):
+            break
+        beyond = best / 2 if best == tried[0] else best * 2
+        fd[beyond] = validation_fd(beyond)
+    tried = sorted(fd)
+    best = min(tried, key=fd.get)
+    return best, tried, len(tried) > 1 and best in (tried[0], tried[-1])
+
+
 def choose_rate(kind, args, data, reference, classifier):
-    """The rate whose short run of the first seed ends with the lowest validation FD, the grid widened by a
-    factor of 2 while the best rate is at its edge."""
-    if len(args.lrs) == 1:
-        return args.lrs[0], []
-    lrs, records = sorted(args.lrs), {}
+    """The rate whose short run of the first seed ends with the lowest validation FD (widened_grid_choice);
+    returns it, the short runs' records by rate, and whether it is at an edge of the tried grid."""
     steps = max(1, int(args.steps * args.sweep_fraction))
-    while True:
-        for lr in lrs:
-            if lr not in records:
-                records[lr] = run(kind, args, data, reference, classifier, lr=lr, seed=args.seeds[0], steps=steps,
-                                  sweep=True)
-        best = min(lrs, key=lambda lr: records[lr]["validation_fd"][-1][1])
-        if best == lrs[0] and len(lrs) < len(args.lrs) + 2:
-            lrs.insert(0, lrs[0] / 2)
-        elif best == lrs[-1] and len(lrs) < len(args.lrs) + 2:
-            lrs.append(lrs[-1] * 2)
-        else:
-            return best, [records[lr] for lr in lrs]
+    records = {}
+
+    def validation_fd(lr):
+        records[lr] = run(kind, args, data, reference, classifier, lr=lr, seed=args.seeds[0], steps=steps, sweep=True)
+        return records[lr]["validation_fd"][-1][1]
+
+    if len(args.lrs) == 1:
+        return args.lrs[0], [], False
+    lr, tried, at_edge = widened_grid_choice(args.lrs, validation_fd)
+    return lr, [records[r] for r in tried], at_edge
 
 
 def write_results(args, result):
@@ -380,7 +396,8 @@ def write_results(args, result):
         seconds = mean_std([r["train_seconds"] for r in runs])[0]
         per_seed = " / ".join(f"{r['test_fd']:.2f}" for r in runs)
         rows.append(f"| {kind} | {mean_pm([r['test_fd'] for r in runs])} | {per_seed} | "
-                    f"{result['models'][kind]['lr']:g} | {runs[0]['parameters']:,} | {seconds / 60:.1f} |")
+                    f"{result['models'][kind]['lr']:g}{' (edge)' if result['models'][kind]['lr_at_grid_edge'] else ''} | "
+                    f"{runs[0]['parameters']:,} | {seconds / 60:.1f} |")
     lines = [f"Frechet distance (lower is better) between {args.samples:,} samples (balanced over the classes) and "
              f"the {result['test_images']:,} test images, in the 128 penultimate features of a CNN classifier (test accuracy "
              f"{result['classifier_test_accuracy']:.2%}); {args.steps:,} steps of {args.batch} images, "
@@ -483,9 +500,9 @@ def main():
               "test_images": len(data["test"][0]), "models": {}}
     # Every model's rate first, then seed by seed, so that a stopped comparison has whole seeds.
     for kind in args.models:
-        lr, sweep = choose_rate(kind, args, data, reference, classifier)
-        result["models"][kind] = {"lr": lr, "sweep": [{"lr": r["lr"], "validation_fd": r["validation_fd"][-1][1]}
-                                                      for r in sweep], "runs": []}
+        lr, sweep, at_edge = choose_rate(kind, args, data, reference, classifier)
+        result["models"][kind] = {"lr": lr, "lr_at_grid_edge": at_edge, "runs": [],
+                                  "sweep": [{"lr": r["lr"], "validation_fd": r["validation_fd"][-1][1]} for r in sweep]}
     for seed in args.seeds:
         for kind in args.models:
             result["models"][kind]["runs"].append(run(kind, args, data, reference, classifier,

@@ -50,6 +50,31 @@ def test_frechet_distance_of_a_non_commuting_pair_against_an_eigen_square_root()
     assert dit_generation.frechet_distance(np.zeros(5), c1, np.zeros(5), c2) == pytest.approx(expected, rel=1e-8)
 
 
+def test_rate_grid_widens_beyond_the_edge_the_best_rate_sits_on():
+    def choice(target, lrs=(1e-3, 2e-3, 4e-3)):
+        tried = []
+
+        def validation_fd(lr):
+            tried.append(lr)
+            return (np.log2(lr) - np.log2(target)) ** 2
+
+        best, grid, at_edge = dit_generation.widened_grid_choice(list(lrs), validation_fd)
+        assert len(tried) == len(set(tried)) and sorted(tried) == grid  # every rate run once
+        return best, grid, at_edge
+
+    # Inside the given grid: nothing more is run.
+    assert choice(2e-3) == (2e-3, [1e-3, 2e-3, 4e-3], False)
+    # Two steps above the top: widened until a tried rate lies on either side.
+    assert choice(1.6e-2) == (pytest.approx(1.6e-2), pytest.approx([1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2]), False)
+    # Below the bottom: widened downwards.
+    assert choice(4e-4) == (pytest.approx(5e-4), pytest.approx([2.5e-4, 5e-4, 1e-3, 2e-3, 4e-3]), False)
+    # Far beyond the top: three extensions, and the choice says it is still at the edge.
+    best, grid, at_edge = choice(1.0)
+    assert best == pytest.approx(3.2e-2) and len(grid) == 3 + dit_generation.MAX_EXTENSIONS and at_edge
+    # One rate: no grid to widen.
+    assert choice(1.0, lrs=(1e-3,)) == (1e-3, [1e-3], False)
+
+
 @pytest.mark.parametrize("kind", dit_generation.MODELS)
 def test_the_three_models_differ_only_in_their_attention(kind):
     torch.manual_seed(0)
@@ -75,9 +100,13 @@ def test_quick_run_scores_every_model_and_continues_where_it_stopped(tmp_path):
         model = result["models"][kind]
         assert [run["seed"] for run in model["runs"]] == [0, 1]
         assert all(np.isfinite(run["test_fd"]) and run["test_fd"] > 0 for run in model["runs"])
-        # The chosen rate is the sweep's best by validation FD, and lies inside the (widened) grid.
+        # The chosen rate is the sweep's best by validation FD; the results say whether it is at the grid's edge.
         sweep = model["sweep"]
         assert model["lr"] == min(sweep, key=lambda s: s["validation_fd"])["lr"]
+        rates = [s["lr"] for s in sweep]
+        assert rates == sorted(rates) and model["lr_at_grid_edge"] == (model["lr"] in (rates[0], rates[-1]))
+        row = next(line for line in (tmp_path / "results.md").read_text().splitlines() if line.startswith(f"| {kind} |"))
+        assert (f"| {model['lr']:g} (edge) |" in row) == model["lr_at_grid_edge"]
         assert (tmp_path / f"samples-{kind}.png").stat().st_size > 0
     assert "| mhla |" in (tmp_path / "results.md").read_text()
     # Run again: every run is read back, the results are the same.
