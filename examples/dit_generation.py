@@ -314,12 +314,12 @@ def save_grid(model, path, args, seed, per_class=10):
 
 # -------------------------------------------------------------------------------------------- the protocol
 
-def load(limit=None):
+def load(folder, limit=None):
     def prepare(x, y):
         x, y = x[:limit], y[:limit]
         return torch.from_numpy(x.astype(np.float32) / 127.5 - 1).unsqueeze(1), torch.from_numpy(y.astype(np.int64))
 
-    return {name: prepare(*split) for name, split in fashion_mnist.splits().items()}
+    return {name: prepare(*split) for name, split in fashion_mnist.splits(folder).items()}
 
 
 def run(kind, args, data, reference, classifier, *, lr, seed, steps, sweep):
@@ -462,6 +462,8 @@ def parse():
     parser.add_argument("--evals", type=positive, default=3, help="validation FDs per run")
     parser.add_argument("--classifier", default=os.path.expanduser("~/.cache/mhla/fashion-mnist-fd-classifier.pt"))
     parser.add_argument("--classifier-steps", type=positive, default=2000)
+    parser.add_argument("--data", default=fashion_mnist.DATA,
+                        help="the folder of Fashion-MNIST's four *-ubyte.gz files (default: the Debian package's)")
     parser.add_argument("--images", type=positive, help="only the first IMAGES of each split (smoke tests)")
     parser.add_argument("--threads", type=positive, default=os.cpu_count())
     # --quick changes the defaults; options given beside it still apply.
@@ -485,6 +487,8 @@ def parse():
         parser.error(f"--ema is a decay in [0, 1), got {args.ema}")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error("--device cuda, but torch sees no CUDA device")
+    if problem := fashion_mnist.folder_problem(args.data):
+        parser.error(f"--data: {problem}")
     return args
 
 
@@ -493,7 +497,7 @@ def main():
     torch.set_num_threads(args.threads)
     os.makedirs(args.out, exist_ok=True)
     start = time.time()
-    data = load(args.images)
+    data = load(args.data, args.images)
     classifier, accuracy = classifier_for(data, args.classifier, args.classifier_steps, torch.device(args.device))
     reference = {name: moments(features(classifier, data[name][0])) for name in ("validation", "test")}
     result = {"args": vars(args), "classifier_test_accuracy": accuracy,

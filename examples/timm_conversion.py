@@ -32,8 +32,8 @@ from reporting import accuracy, mean_pm, plot_curves
 from mhla.timm import swap_attention
 
 
-def load():
-    raw = fashion_mnist.splits()
+def load(folder):
+    raw = fashion_mnist.splits(folder)
     images = torch.from_numpy(raw["train"][0].astype(np.float32) / 255)
     mean, std = images.mean().item(), images.std().item()
 
@@ -108,10 +108,14 @@ def main():
     parser.add_argument("--finetune-epochs", type=float, default=1.0)
     parser.add_argument("--finetune-lr", type=float, default=5e-4)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--data", default=fashion_mnist.DATA,
+                        help="the folder of Fashion-MNIST's four *-ubyte.gz files (default: the Debian package's)")
     args = parser.parse_args()
+    if problem := fashion_mnist.folder_problem(args.data):
+        parser.error(f"--data: {problem}")
     torch.set_num_threads(args.threads)
     os.makedirs(args.out, exist_ok=True)
-    data = load()
+    data = load(args.data)
     start = time.time()
 
     softmax = make_model(args)

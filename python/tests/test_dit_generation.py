@@ -1,4 +1,5 @@
 """examples/dit_generation.py: its Frechet distance, its model and its --quick form end to end."""
+import gzip
 import importlib.util
 import json
 import os
@@ -20,6 +21,33 @@ if not os.path.isdir("/usr/share/datasets/fashion-mnist"):
 EXAMPLES = package_location.REPO / "examples"
 sys.path.insert(0, str(EXAMPLES))
 import dit_generation  # noqa: E402
+
+
+def test_a_data_folder_without_the_dataset_is_refused_by_name(tmp_path):
+    (tmp_path / "train-images-idx3-ubyte.gz").write_bytes(b"")
+    problem = dit_generation.fashion_mnist.folder_problem(str(tmp_path))
+    assert problem.startswith(f"{tmp_path} lacks train-labels-idx1-ubyte.gz, t10k-images-idx3-ubyte.gz, "
+                              "t10k-labels-idx1-ubyte.gz:")
+    assert dit_generation.fashion_mnist.folder_problem(dit_generation.fashion_mnist.DATA) is None
+    with pytest.raises(FileNotFoundError, match="lacks train-labels"):
+        dit_generation.fashion_mnist.splits(str(tmp_path))
+    # A file that is not the dataset's: named, not a numpy error from deep inside.
+    with pytest.raises(ValueError, match=r"not an IDX file of unsigned bytes \(header missing, 0 bytes\)"):
+        dit_generation.fashion_mnist.read_idx("train-images-idx3-ubyte.gz", str(tmp_path))
+    (tmp_path / "train-images-idx3-ubyte.gz").write_bytes(b"<html>")
+    with pytest.raises(ValueError, match="train-images-idx3-ubyte.gz is not a gzip file"):
+        dit_generation.fashion_mnist.read_idx("train-images-idx3-ubyte.gz", str(tmp_path))
+    with gzip.open(tmp_path / "train-images-idx3-ubyte.gz", "wb") as f:
+        f.write(bytes([0, 0, 8, 3, 0, 0, 0, 2, 0, 0, 0, 28, 0, 0, 0, 28]) + bytes(28 * 28))  # one image short
+    with pytest.raises(ValueError, match=r"not an IDX file of unsigned bytes \(header 00000803, 800 bytes\)"):
+        dit_generation.fashion_mnist.read_idx("train-images-idx3-ubyte.gz", str(tmp_path))
+    # The command line refuses it before any work starts, naming the option and the folder.
+    command = [sys.executable, str(EXAMPLES / "dit_generation.py"), "--quick", "--data", str(tmp_path / "none"),
+               "--out", str(tmp_path / "out")]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([*package_location.paths(), os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 2 and f"--data: {tmp_path / 'none'} lacks train-images-idx3-ubyte.gz" in r.stderr
+    assert "Traceback" not in r.stderr and not (tmp_path / "out").exists()
 
 
 def test_frechet_distance_matches_the_closed_form_of_commuting_covariances():
