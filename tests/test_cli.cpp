@@ -409,6 +409,52 @@ TEST_F(Cli, CompareTrainsOnlyTheTablesNamed) {
   EXPECT_FALSE(fs::exists(path("bad/text_KJV_N_512")));
 }
 
+TEST_F(Cli, CompareMeasuresEveryModelAgainstTheBaselineTable) {
+  if (!fs::exists("/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz"))
+    GTEST_SKIP() << "Debian's fashion-mnist package is not installed";
+  const std::string compare =
+      "compare --preset plateau --steps 2 --eval-size 16 --seeds 0,1 --lrs 1e-3 --threads 1 "
+      "--dim 8 --heads 2 --mlp 8 --attention softmax,mhla ";
+  const CliRun r = mhla_cli(
+      compare + "--tables 'fashion-mnist 1 token,fashion-mnist 196 tokens' --out " + path("b"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  std::ifstream in(path("b/compare.json"));
+  const nlohmann::json entries = nlohmann::json::parse(in)["entries"];
+  ASSERT_EQ(entries.size(), 2u);
+  // The baseline table is not measured against itself (its mhla − softmax
+  // only).
+  ASSERT_EQ(entries[0]["paired_test_differences"].size(), 1u);
+  EXPECT_FALSE(entries[0]["paired_test_differences"][0].contains("subtrahend_table"));
+  const nlohmann::json& baseline = entries[0]["models"][0];
+  ASSERT_EQ(baseline["attention"], "softmax");
+  // The 196-token table: mhla − softmax, then each model minus the baseline's
+  // first model, seed by seed, in accuracy points.
+  const nlohmann::json& differences = entries[1]["paired_test_differences"];
+  ASSERT_EQ(differences.size(), 3u);
+  EXPECT_FALSE(differences[0].contains("subtrahend_table"));
+  std::ifstream md(path("b/compare.md"));
+  const std::string text((std::istreambuf_iterator<char>(md)), std::istreambuf_iterator<char>());
+  for (size_t m = 0; m < 2; ++m) {
+    const nlohmann::json& d = differences[1 + m];
+    const nlohmann::json& model = entries[1]["models"][m];
+    EXPECT_EQ(d["minuend"], model["attention"]);
+    EXPECT_EQ(d["subtrahend"], "softmax");
+    EXPECT_EQ(d["subtrahend_table"], "fashion-mnist 1 token");
+    for (size_t s = 0; s < 2; ++s)
+      EXPECT_NEAR(d["per_seed"][s].get<double>(),
+                  100 * (model["test"][s].get<double>() - baseline["test"][s].get<double>()),
+                  1e-9);
+    EXPECT_THAT(text, HasSubstr("| " + model["attention"].get<std::string>() +
+                                " − fashion-mnist 1 token | "));
+  }
+  // Without the baseline table in the command, no such rows.
+  const CliRun alone =
+      mhla_cli(compare + "--tables 'fashion-mnist 196 tokens' --out " + path("b"));
+  ASSERT_EQ(alone.status, 0) << alone.output;
+  std::ifstream again(path("b/compare.json"));
+  EXPECT_EQ(nlohmann::json::parse(again)["entries"][0]["paired_test_differences"].size(), 1u);
+}
+
 TEST_F(Cli, TrainOneKindFillsTheDepth) {
   const std::string tiny =
       "train --dim 8 --heads 2 --mlp 8 --steps 2 --warmup 0 --batch 2 --vocab 16 --seq-len 16 "

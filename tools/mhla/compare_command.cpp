@@ -296,6 +296,14 @@ int run_compare_command(const CompareCommand& c) {
   json report = {
       {"preset", c.preset}, {"threads", threads}, {"seeds", seeds}, {"entries", json::array()}};
   std::string table, diagnostics_table;
+  // The last baseline table's task, label, and its first model's name and test
+  // scores.
+  struct Baseline {
+    train::TaskKind task;
+    std::string label, model;
+    std::vector<double> test;
+  };
+  std::optional<Baseline> baseline;
   for (const ComparisonEntry& entry : entries) {
     const Metric metric{train::scored_by_loss(entry.config.task)};
     std::printf("== %s: %lld steps of %lld per run, %zu learning rate(s), seeds",
@@ -475,32 +483,46 @@ int run_compare_command(const CompareCommand& c) {
                                       {"sweep_seconds", mr.sweep_seconds},
                                       {"diagnostics", mr.diagnostics}});
     }
-    // MHLA against every model without it, seed by seed (the same seed means the
-    // same initial weights of the shared parts and the same data order).
+    // Paired test differences, seed by seed: MHLA against every model without
+    // it (the same seed means the same initial weights of the shared parts and
+    // the same data order), and every model against the baseline table before
+    // this one (the same data order).
     std::string differences;
-    for (size_t a = 0; a < entry.models.size(); ++a)
-      for (size_t b = 0; b < entry.models.size(); ++b) {
-        if (entry.models[a].find("mhla") == std::string::npos ||
-            entry.models[b].find("mhla") != std::string::npos || seeds.size() < 2)
-          continue;
-        std::vector<double> d;
-        std::string per_seed;
-        for (size_t s = 0; s < seeds.size(); ++s) {
-          d.push_back((runs[a].test[s] - runs[b].test[s]) * (metric.bits_per_byte ? 1 : 100));
-          char text[32];
-          std::snprintf(text, sizeof text, "%s%+.*f", per_seed.empty() ? "" : ", ",
-                        metric.bits_per_byte ? 3 : 1, d.back());
-          per_seed += text;
-        }
-        const auto [mean, sd] = mean_and_std(d);
-        char text[96];
-        std::snprintf(text, sizeof text, "%+.*f ± %.*f", metric.bits_per_byte ? 3 : 1, mean,
-                      metric.bits_per_byte ? 3 : 1, sd);
-        differences += "| " + entry.models[a] + " − " + entry.models[b] + " | " + text + " | " +
-                       per_seed + " |\n";
-        entry_json["paired_test_differences"].push_back(
-            {{"minuend", entry.models[a]}, {"subtrahend", entry.models[b]}, {"per_seed", d}});
+    auto add_difference = [&](const std::string& minuend, const std::vector<double>& a,
+                              const std::string& subtrahend, const std::vector<double>& b,
+                              json record) {
+      std::vector<double> d;
+      std::string per_seed;
+      for (size_t s = 0; s < seeds.size(); ++s) {
+        d.push_back((a[s] - b[s]) * (metric.bits_per_byte ? 1 : 100));
+        char text[32];
+        std::snprintf(text, sizeof text, "%s%+.*f", per_seed.empty() ? "" : ", ",
+                      metric.bits_per_byte ? 3 : 1, d.back());
+        per_seed += text;
       }
+      const auto [mean, sd] = mean_and_std(d);
+      char text[96];
+      std::snprintf(text, sizeof text, "%+.*f ± %.*f", metric.bits_per_byte ? 3 : 1, mean,
+                    metric.bits_per_byte ? 3 : 1, sd);
+      differences += "| " + minuend + " − " + subtrahend + " | " + text + " | " + per_seed + " |\n";
+      record["per_seed"] = d;
+      entry_json["paired_test_differences"].push_back(record);
+    };
+    for (size_t a = 0; a < entry.models.size() && seeds.size() > 1; ++a)
+      for (size_t b = 0; b < entry.models.size(); ++b)
+        if (entry.models[a].find("mhla") != std::string::npos &&
+            entry.models[b].find("mhla") == std::string::npos)
+          add_difference(entry.models[a], runs[a].test, entry.models[b], runs[b].test,
+                         {{"minuend", entry.models[a]}, {"subtrahend", entry.models[b]}});
+    if (entry.baseline) {
+      baseline = Baseline{entry.config.task, entry.label, entry.models.front(), runs.front().test};
+    } else if (baseline && baseline->task == entry.config.task && seeds.size() > 1) {
+      for (size_t a = 0; a < entry.models.size(); ++a)
+        add_difference(entry.models[a], runs[a].test, baseline->label, baseline->test,
+                       {{"minuend", entry.models[a]},
+                        {"subtrahend", baseline->model},
+                        {"subtrahend_table", baseline->label}});
+    }
     if (!differences.empty())
       table += "\nPaired test differences (" +
                std::string(metric.bits_per_byte ? "bits per byte" : "accuracy points") +

@@ -117,7 +117,7 @@ std::vector<ComparisonEntry> comparison_entries(const std::string& tasks,
     RunConfig one = c;
     one.patch = 28;
     one.tile = 1;
-    entries.push_back({"fashion-mnist 1 token", one, {"softmax"}, grid, sweep});
+    entries.push_back({"fashion-mnist 1 token", one, {"softmax"}, grid, sweep, true});
     entries.push_back({"fashion-mnist 196 tokens", c, {"softmax", "linear", "mhla"}, grid, sweep});
     c.design.value_conv = 3;
     entries.push_back(

@@ -26,6 +26,10 @@ struct ComparisonEntry {
   // > 0: the rate is chosen by runs of this many steps (the same schedule,
   // compressed); 0: by the first seed's full runs.
   int64_t sweep_steps = 0;
+  // A reference model for the tables after it (the one-token MLP on the
+  // pixels): their models' test scores are also reported minus its first
+  // model's, seed by seed.
+  bool baseline = false;
 };
 // tasks: text, fashion-mnist, mqar or all (plateau: fashion-mnist or all).
 std::vector<ComparisonEntry> comparison_entries(const std::string& tasks,
