@@ -29,7 +29,7 @@ def read_idx(name, folder=DATA):
     """One IDX file of the dataset as a uint8 array (images [n, 28, 28], labels [n])."""
     path = os.path.join(folder, name)
     if not os.path.exists(path):
-        raise FileNotFoundError(folder_problem(folder))
+        raise FileNotFoundError(folder_problem(folder) or f"{path} is missing")
     try:
         with gzip.open(path) as f:
             data = f.read()

@@ -16,3 +16,11 @@ BUILT = None if INSTALLED else os.environ.get("MHLA_PYTHON_PATH", str(REPO / "bu
 def paths():
     """The directories to put first on sys.path / PYTHONPATH (none for the installed package)."""
     return [] if BUILT is None else [BUILT]
+
+
+def subprocess_env(**extra):
+    """os.environ with these directories first on PYTHONPATH (and the extra variables): for a child Python
+    process that must import the same mhla as the tests."""
+    env = dict(os.environ, **extra)
+    env["PYTHONPATH"] = os.pathsep.join([*paths(), env.get("PYTHONPATH", "")])
+    return env

@@ -2,7 +2,6 @@
 
 The checks run in distributed_checks.py on every rank; here each launch must exit 0.
 """
-import os
 import pathlib
 import subprocess
 import sys
@@ -15,8 +14,7 @@ ROOT = HERE.parents[1]
 
 
 def launch(ranks, *args, script=HERE / "distributed_checks.py", timeout=300):
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join([*package_location.paths(), env.get("PYTHONPATH", "")])
+    env = package_location.subprocess_env(OMP_NUM_THREADS="1")
     # --redirects 1 --tee 1: Debian's torch 1.13 under Python 3.11 cannot parse
     # the default "0" (its enum lookup misses Std.NONE) and stops before starting.
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--redirects", "1",

@@ -44,7 +44,7 @@ def test_a_data_folder_without_the_dataset_is_refused_by_name(tmp_path):
     # The command line refuses it before any work starts, naming the option and the folder.
     command = [sys.executable, str(EXAMPLES / "dit_generation.py"), "--quick", "--data", str(tmp_path / "none"),
                "--out", str(tmp_path / "out")]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([*package_location.paths(), os.environ.get("PYTHONPATH", "")]))
+    env = package_location.subprocess_env()
     r = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 2 and f"--data: {tmp_path / 'none'} lacks train-images-idx3-ubyte.gz" in r.stderr
     assert "Traceback" not in r.stderr and not (tmp_path / "out").exists()
@@ -119,7 +119,7 @@ def test_the_three_models_differ_only_in_their_attention(kind):
 
 
 def test_quick_run_scores_every_model_and_continues_where_it_stopped(tmp_path):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([*package_location.paths(), os.environ.get("PYTHONPATH", "")]))
+    env = package_location.subprocess_env()
     command = [sys.executable, str(EXAMPLES / "dit_generation.py"), "--quick", "--threads", "1", "--out", str(tmp_path)]
     r = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr

@@ -265,7 +265,6 @@ def test_mhla1d_decode_errors():
 
 
 def test_the_generation_example_runs():
-    import os
     import shutil
     import subprocess
     import sys
@@ -274,7 +273,7 @@ def test_the_generation_example_runs():
 
     if shutil.which("bible") is None:
         pytest.skip("Debian's bible-kjv is not installed (the example's corpus)")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([*package_location.paths(), os.environ.get("PYTHONPATH", "")]))
+    env = package_location.subprocess_env()
     r = subprocess.run([sys.executable, str(package_location.REPO / "examples" / "generate_text.py"), "--minutes",
                         "0.02", "--contexts", "200", "--sample", "20", "--threads", "1"],
                        capture_output=True, text=True, env=env, timeout=300)

@@ -1,6 +1,5 @@
 """mhla.timm: MHLA in timm's Vision Transformers, and the swap from a softmax model's weights."""
 import copy
-import os
 import subprocess
 import sys
 
@@ -126,7 +125,7 @@ def test_what_cannot_be_swapped_is_named():
 
 
 def test_conversion_example_refuses_a_data_folder_without_the_dataset(tmp_path):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([*package_location.paths(), os.environ.get("PYTHONPATH", "")]))
+    env = package_location.subprocess_env()
     command = [sys.executable, str(package_location.REPO / "examples" / "timm_conversion.py"),
                "--data", str(tmp_path), "--out", str(tmp_path / "out")]
     r = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
