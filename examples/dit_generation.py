@@ -23,6 +23,7 @@ with the same ``--out``, so a stopped comparison continues where it stopped. Wri
 """
 import argparse
 import copy
+import hashlib
 import json
 import math
 import os
@@ -222,6 +223,13 @@ def classifier_for(data, path, steps, device):
     return model.eval(), test_accuracy
 
 
+def fingerprint(classifier):
+    """A short hash of the classifier's weights. Runs scored with another classifier have FDs on another scale
+    (its training depends even on the thread count), so a saved run is read back only with the same one."""
+    weights = b"".join(t.detach().cpu().contiguous().numpy().tobytes() for t in classifier.state_dict().values())
+    return hashlib.sha256(weights).hexdigest()[:16]
+
+
 @torch.no_grad()
 def features(classifier, images, batch=1000):
     device = next(classifier.parameters()).device
@@ -328,13 +336,16 @@ def run(kind, args, data, reference, classifier, *, lr, seed, steps, sweep):
     path = os.path.join(args.out, "runs", name + ".json")
     config = {key: getattr(args, key) for key in CONFIG}
     config["tile"] = list(config["tile"])
+    config["classifier"] = fingerprint(classifier)
     if os.path.exists(path):
         with open(path) as f:
             record = json.load(f)
         if record["config"] != config:
-            changed = ", ".join(f"{k} {record['config'][k]} -> {config[k]}" for k in CONFIG
-                                if record["config"][k] != config[k])
-            raise SystemExit(f"{path} was trained with other settings ({changed}): pass another --out")
+            changed = ", ".join(f"{k} {record['config'].get(k)} -> {v}" for k, v in config.items()
+                                if record["config"].get(k) != v)
+            other = "another --out" + (", or the --classifier it was scored with"
+                                       if record["config"].get("classifier") != config["classifier"] else "")
+            raise SystemExit(f"{path} was trained with other settings ({changed}): pass {other}")
         print(f"  {name}: read back", flush=True)
         return record
     record, ema = train_one(kind, args, data, reference, classifier, lr=lr, seed=seed, steps=steps, log=name)
@@ -500,7 +511,7 @@ def main():
     data = load(args.data, args.images)
     classifier, accuracy = classifier_for(data, args.classifier, args.classifier_steps, torch.device(args.device))
     reference = {name: moments(features(classifier, data[name][0])) for name in ("validation", "test")}
-    result = {"args": vars(args), "classifier_test_accuracy": accuracy,
+    result = {"args": vars(args), "classifier_test_accuracy": accuracy, "classifier": fingerprint(classifier),
               "test_images": len(data["test"][0]), "models": {}}
     # Every model's rate first, then seed by seed, so that a stopped comparison has whole seeds.
     for kind in args.models:
