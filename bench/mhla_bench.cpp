@@ -19,6 +19,7 @@
 #include "common/child_process.hpp"
 #include "common/crossover.hpp"
 #include "common/json_file.hpp"
+#include "common/openblas_core.hpp"
 #include "common/sgemm_rate.hpp"
 #include "common/timing.hpp"
 #include "common/workload.hpp"
@@ -66,7 +67,8 @@ int sgemm_probe(int size, int repeats) {
 // OPENBLAS_CORETYPE, read when OpenBLAS loads, can pin it to an older
 // instruction set than the CPU has (these machines set Haswell: AVX2). The
 // best rate the machine's SGEMM reaches is measured in a child process
-// started without the variable, so OpenBLAS picks kernels for the CPU.
+// started without the variable, so OpenBLAS picks kernels for the CPU (or,
+// on a CPU it does not know, restart_on_known_openblas_kernels does).
 double best_sgemm_gflops(int size, int repeats) {
   const json out = json::parse(mhla::tools::run_self(
       {"--sgemm-probe", std::to_string(size), "--probe-repeats", std::to_string(repeats)},
@@ -155,6 +157,7 @@ MaskedRow measure_masked(int64_t tokens, mhla::Masking masking, int repeats, int
 }  // namespace
 
 int main(int argc, char** argv) {
+  mhla::tools::restart_on_known_openblas_kernels(argv);
   CLI::App app{"MHLA operator benchmark (CPU, fp32)"};
   std::string json_path;
   bool quick = false;

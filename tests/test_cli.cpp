@@ -24,8 +24,10 @@ struct CliRun {
   std::string output;  // stdout and stderr
 };
 
-CliRun mhla_cli(const std::string& args) {
-  const std::string command = std::string(MHLA_CLI) + " " + args + " 2>&1";
+// `environment`: `env` arguments the program runs under ("-u NAME", "NAME=VALUE").
+CliRun mhla_cli(const std::string& args, const std::string& environment = "") {
+  const std::string command =
+      (environment.empty() ? "" : "env " + environment + " ") + MHLA_CLI + " " + args + " 2>&1";
   FILE* pipe = popen(command.c_str(), "r");
   std::string output;
   char buffer[1024];
@@ -211,6 +213,21 @@ TEST_F(Cli, InconsistentShapesAndBadFlagsAreNamedErrors) {
   EXPECT_THAT(overflow.output, HasSubstr("is not finite although every input is finite"));
   EXPECT_THAT(overflow.output, HasSubstr("overflows float32"));
   EXPECT_FALSE(fs::exists(path("o2/o.npy")));
+}
+
+// OpenBLAS falls back to SSE3 kernels ("Prescott") on CPUs newer than its
+// build; the program then restarts on the widest kernels the CPU runs.
+TEST_F(Cli, RunsOnOpenblasKernelsForThisCpuUnlessTheUserNamesOne) {
+  const CliRun named = mhla_cli("--version", "OPENBLAS_CORETYPE=Haswell");
+  ASSERT_EQ(named.status, 0) << named.output;
+  EXPECT_THAT(named.output, HasSubstr("Haswell kernels"));
+  const CliRun chosen = mhla_cli("--version", "-u OPENBLAS_CORETYPE");
+  ASSERT_EQ(chosen.status, 0) << chosen.output;
+  EXPECT_THAT(chosen.output, HasSubstr("mhla "));
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    EXPECT_THAT(chosen.output, Not(HasSubstr("Prescott kernels")));
+  }
 }
 
 TEST_F(Cli, AnalyzeWritesHeatmapsAndSummary) {

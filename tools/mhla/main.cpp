@@ -6,14 +6,18 @@
 #include <string>
 
 #include "bench_command.hpp"
+#include "common/openblas_core.hpp"
 #include "demo.hpp"
 #include "mhla/version.hpp"
 #include "operator_command.hpp"
 #include "train_command.hpp"
 
 int main(int argc, char** argv) {
+  mhla::tools::restart_on_known_openblas_kernels(argv);
   CLI::App app{"mhla: Multi-Head Linear Attention on CPU"};
-  app.set_version_flag("--version", std::string("mhla ") + mhla::version);
+  app.set_version_flag("--version", [] {
+    return std::string("mhla ") + mhla::version + " (" + mhla::tools::openblas_description() + ")";
+  });
   app.require_subcommand(1);
 
   mhla::tools::DemoOptions demo;
