@@ -9,7 +9,9 @@ average of the weights, the same steps and seeds. The attentions are ``mhla.torc
 ``mhla.torch.softmax_attention`` with the same projections.
 
 Each model is scored by the Frechet distance (FD) between its samples and real images in the 128
-penultimate features of a small CNN classifier trained once on the training images (cached). The learning
+penultimate features of a small CNN classifier trained once on the training images and kept in the output
+folder (``OUT/fd-classifier.pt``), so that a results folder carries the classifier that scored it: its training
+is not bit-reproducible across machines, and FDs compare only under one classifier. The learning
 rate of each model is chosen on the first seed by short runs scored on the validation images; every seed then
 trains at it for the full budget and is scored against the 10,000 test images.
 
@@ -471,7 +473,8 @@ def parse():
     parser.add_argument("--samples", type=positive, default=2000, help="samples per model for the test FD")
     parser.add_argument("--eval-samples", type=positive, default=400, help="samples per validation FD")
     parser.add_argument("--evals", type=positive, default=3, help="validation FDs per run")
-    parser.add_argument("--classifier", default=os.path.expanduser("~/.cache/mhla/fashion-mnist-fd-classifier.pt"))
+    parser.add_argument("--classifier", help="the FD classifier's file, trained there when missing "
+                                             "(default: OUT/fd-classifier.pt)")
     parser.add_argument("--classifier-steps", type=positive, default=2000)
     parser.add_argument("--data", default=fashion_mnist.DATA,
                         help="the folder of Fashion-MNIST's four *-ubyte.gz files (default: the Debian package's)")
@@ -479,8 +482,10 @@ def parse():
     parser.add_argument("--threads", type=positive, default=os.cpu_count())
     # --quick changes the defaults; options given beside it still apply.
     if parser.parse_known_args()[0].quick:
-        parser.set_defaults(**QUICK, classifier=os.path.join(parser.parse_known_args()[0].out, "classifier.pt"))
+        parser.set_defaults(**QUICK)
     args = parser.parse_args()
+    if args.classifier is None:
+        args.classifier = os.path.join(args.out, "fd-classifier.pt")
     args.models = args.models.split(",")
     unknown = [m for m in args.models if m not in MODELS]
     if unknown:

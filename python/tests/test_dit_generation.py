@@ -146,10 +146,10 @@ def test_quick_run_scores_every_model_and_continues_where_it_stopped(tmp_path):
     changed = subprocess.run(command + ["--ema", "0.5"], capture_output=True, text=True, env=env, timeout=600)
     assert changed.returncode != 0 and "trained with other settings (ema 0.0 -> 0.5)" in changed.stderr
     # Scored with another feature classifier, their FDs are on another scale: refused, naming the classifier.
-    saved = torch.load(tmp_path / "classifier.pt")
+    saved = torch.load(tmp_path / "fd-classifier.pt")
     before = dit_generation.fingerprint(classifier_with(saved["state"]))
     saved["state"]["features.0.bias"] += 0.01  # the first convolution
-    torch.save(saved, tmp_path / "classifier.pt")
+    torch.save(saved, tmp_path / "fd-classifier.pt")
     after = dit_generation.fingerprint(classifier_with(saved["state"]))
     assert result["classifier"] == before != after
     other = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
