@@ -456,7 +456,7 @@ def parse():
     parser.add_argument("--quick", action="store_true", help="a smoke test of every step in seconds")
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--seeds", type=comma_list(int, smallest_positive=False), default="0,1,2")
-    parser.add_argument("--lrs", type=comma_list(float), default="5e-4,1e-3,2e-3",
+    parser.add_argument("--lrs", type=comma_list(float), default="2e-3,4e-3,8e-3,1.6e-2",
                         help="the learning-rate grid of the first seed's short runs")
     parser.add_argument("--sweep-fraction", type=float, default=0.25, help="the short runs' share of --steps")
     parser.add_argument("--steps", type=positive, default=2400)
