@@ -1,6 +1,7 @@
 // The `mhla` program end to end: forward/backward on .npy files written here
 // agree with the library, analyze and bench write their files, and bad input
 // fails with a one-line error naming the file, overwriting nothing.
+#include <cblas.h>
 #include <sys/wait.h>
 
 #include <cstdio>
@@ -25,9 +26,13 @@ struct CliRun {
 };
 
 // `environment`: `env` arguments the program runs under ("-u NAME", "NAME=VALUE").
+// By default it runs on this process's OpenBLAS kernels, which it would
+// otherwise replace on a CPU OpenBLAS does not know, so that its results
+// and the library's here agree to the bit.
 CliRun mhla_cli(const std::string& args, const std::string& environment = "") {
-  const std::string command =
-      (environment.empty() ? "" : "env " + environment + " ") + MHLA_CLI + " " + args + " 2>&1";
+  const std::string pinned = std::string("OPENBLAS_CORETYPE=") + openblas_get_corename();
+  const std::string command = "env " + (environment.empty() ? pinned : environment) + " " +
+                              MHLA_CLI + " " + args + " 2>&1";
   FILE* pipe = popen(command.c_str(), "r");
   std::string output;
   char buffer[1024];
