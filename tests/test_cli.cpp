@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/npy.hpp"
+#include "common/openblas_core.hpp"
 #include "test_support.hpp"
 
 namespace mhla::test {
@@ -229,8 +230,7 @@ TEST_F(Cli, RunsOnOpenblasKernelsForThisCpuUnlessTheUserNamesOne) {
   const CliRun chosen = mhla_cli("--version", "-u OPENBLAS_CORETYPE");
   ASSERT_EQ(chosen.status, 0) << chosen.output;
   EXPECT_THAT(chosen.output, HasSubstr("mhla "));
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+  if (tools::this_cpu_vector_units().avx2_fma) {
     EXPECT_THAT(chosen.output, Not(HasSubstr("Prescott kernels")));
   }
 }

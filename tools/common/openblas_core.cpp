@@ -17,15 +17,17 @@ std::string openblas_core_to_restart_with(std::string_view chosen, const char* c
   return "";
 }
 
-void restart_on_known_openblas_kernels(char** argv) {
+VectorUnits this_cpu_vector_units() {
   __builtin_cpu_init();
-  const VectorUnits cpu{
-      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"),
-      __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512cd") &&
-          __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
-          __builtin_cpu_supports("avx512vl")};
-  const std::string core =
-      openblas_core_to_restart_with(openblas_get_corename(), std::getenv("OPENBLAS_CORETYPE"), cpu);
+  return {__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"),
+          __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512cd") &&
+              __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+              __builtin_cpu_supports("avx512vl")};
+}
+
+void restart_on_known_openblas_kernels(char** argv) {
+  const std::string core = openblas_core_to_restart_with(
+      openblas_get_corename(), std::getenv("OPENBLAS_CORETYPE"), this_cpu_vector_units());
   if (core.empty()) return;
   // The variable set here also stops a second restart.
   if (setenv("OPENBLAS_CORETYPE", core.c_str(), 1) != 0) return;

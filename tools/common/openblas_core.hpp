@@ -14,6 +14,9 @@ struct VectorUnits {
   bool avx512 = false;    // F, CD, BW, DQ and VL: what its SkylakeX kernels use
 };
 
+// What this CPU runs of the above.
+VectorUnits this_cpu_vector_units();
+
 // The OpenBLAS core to restart with, or "" to keep `chosen`: only the SSE3
 // fallback is replaced, and never a core the user named in OPENBLAS_CORETYPE
 // (`coretype_variable`, null when unset).
