@@ -449,6 +449,11 @@ TEST_F(Cli, CompareMeasuresEveryModelAgainstTheBaselineTable) {
   EXPECT_FALSE(entries[0]["paired_test_differences"][0].contains("subtrahend_table"));
   const nlohmann::json& baseline = entries[0]["models"][0];
   ASSERT_EQ(baseline["attention"], "softmax");
+  // One rate leaves nothing to choose: no short sweep run trains before the
+  // seeds' runs.
+  EXPECT_TRUE(baseline["sweep"].empty());
+  EXPECT_TRUE(fs::exists(path("b/fashion-mnist_196_tokens/mhla-lr0.001-seed0/metrics.json")));
+  EXPECT_FALSE(fs::exists(path("b/fashion-mnist_196_tokens/mhla-lr0.001-seed0-sweep")));
   // The 196-token table: mhla − softmax, then each model minus the baseline's
   // first model, seed by seed, in accuracy points.
   const nlohmann::json& differences = entries[1]["paired_test_differences"];
@@ -456,6 +461,7 @@ TEST_F(Cli, CompareMeasuresEveryModelAgainstTheBaselineTable) {
   EXPECT_FALSE(differences[0].contains("subtrahend_table"));
   std::ifstream md(path("b/compare.md"));
   const std::string text((std::istreambuf_iterator<char>(md)), std::istreambuf_iterator<char>());
+  EXPECT_THAT(text, HasSubstr("| 0.001 (given) |"));
   for (size_t m = 0; m < 2; ++m) {
     const nlohmann::json& d = differences[1 + m];
     const nlohmann::json& model = entries[1]["models"][m];

@@ -381,6 +381,11 @@ int run_compare_command(const CompareCommand& c) {
     std::vector<ModelRuns> runs(entry.models.size());
     for (size_t mi = 0; mi < entry.models.size(); ++mi) {
       ModelRuns& mr = runs[mi];
+      // One rate leaves nothing to choose, so no sweep run trains for it.
+      if (entry.learning_rates.size() == 1) {
+        mr.lr = entry.learning_rates.front();
+        continue;
+      }
       std::vector<TriedRate> tried;  // ascending by rate
       auto sweep_at = [&](double lr) {
         auto [r, diagnostics] = train_one(entry.models[mi], seeds.front(), lr, true);
@@ -446,6 +451,7 @@ int run_compare_command(const CompareCommand& c) {
       std::sort(rates.begin(), rates.end());
       std::string tried_rates;
       for (double lr : rates) tried_rates += (tried_rates.empty() ? "" : ", ") + lr_text(lr);
+      if (rates.empty()) tried_rates = "given";
       std::vector<double> best_steps(mr.best_step.begin(), mr.best_step.end()),
           steps(mr.steps.begin(), mr.steps.end());
       char minutes[64];
