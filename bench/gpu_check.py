@@ -3,7 +3,8 @@
 On a machine with a CUDA device it
 1. runs python/tests/test_pure_torch.py with the torch path on CUDA tensors, against the C++
    operator on the CPU (MHLA_TEST_DEVICE=cuda), and python/tests/test_cuda_tensors.py (CUDA
-   tensors through mhla.forward/backward, in a build with the CUDA backend);
+   tensors through mhla.forward/backward, in a build with the CUDA backend) and
+   python/tests/test_contract.py (the deferred finite check on CUDA);
 2. times forward and forward+backward of mhla.torch.mhla_attention at four shapes (bf16, B = 1),
    next to the plain einsum formulation (non-causal shapes) and SDPA's FlashAttention and cuDNN
    backends in the same process (medians of CUDA-event
@@ -153,10 +154,11 @@ def main():
         env = dict(os.environ, MHLA_TEST_DEVICE="cuda")
         workers = ["-n", str(args.workers)] if args.workers > 1 and importlib.util.find_spec("xdist") else []
         files = [os.path.join(here, "..", "python", "tests", name)
-                 for name in ("test_pure_torch.py", "test_cuda_tensors.py")]
+                 for name in ("test_pure_torch.py", "test_cuda_tensors.py", "test_contract.py")]
         tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *workers, *files],
                                env=env).returncode
-        print(f"test_pure_torch.py and test_cuda_tensors.py on cuda: {'passed' if tests == 0 else 'FAILED'}")
+        print(f"test_pure_torch.py, test_cuda_tensors.py and test_contract.py on cuda: "
+              f"{'passed' if tests == 0 else 'FAILED'}")
     rows = [time_shape(*shape) for shape in SHAPES]
     print("\n| shape | MHLA fwd / fwd+bwd ms | einsum MHLA | FlashAttention | cuDNN | "
           "MHLA / einsum fwd, fwd+bwd | MHLA / cuDNN fwd, fwd+bwd | MHLA fwd+bwd peak MiB |")

@@ -24,7 +24,7 @@ from typing import NamedTuple, Tuple
 import torch
 import torch.nn.functional as F
 
-from . import _core
+from . import _core, _finite_results, _unpickle
 
 _REDUCED = (torch.bfloat16, torch.float16)
 
@@ -52,7 +52,10 @@ def compute_dtype(dtype, device):
 def feature(x, feature_map):
     """phi of ``x``: "identity", "relu" or "elu1" (elu(x) + 1)."""
     if feature_map == "elu1":
-        return F.elu(x) + 1
+        # exp(x) for x <= 0, x + 1 above, as the C++ kernels compute it: F.elu(x) + 1 cancels
+        # for x << 0 (exp(-20) - 1 + 1 keeps 8 of float64's 16 digits), and exp is taken of
+        # min(x, 0), so that it cannot overflow; the derivative is 1 at 0 from both terms' sum.
+        return torch.exp(x.clamp(max=0)) + torch.relu(x)
     if feature_map == "relu":
         return torch.relu(x)
     return x
@@ -201,18 +204,50 @@ def _diagonal(w, mixing, blocks):
     return torch.diagonal(w, dim1=-2, dim2=-1)
 
 
+def _non_finite_message(function, feature_map, normalize, eps, dk, dtype):
+    """``_finite_results``' message for this call: the C++ operator's words, built on failure only."""
+    def message(entry, what, magnitudes):
+        options = _core.Options(_core.Layout.sequence(1, 1), feature_map=feature_map, normalize=normalize,
+                                eps=eps)
+        return _core._non_finite_message(function, entry, what, magnitudes, options, dk, dtype != torch.float64)
+    return message
+
+
+def _mixing_read(w, geometry, masking, mixing):
+    """Which entries of a dense w the masking reads (``b <= i`` when masked), or None for all."""
+    if mixing == "toeplitz" or masking == "none":
+        return None
+    m = geometry.num_blocks
+    return torch.ones(m, m, dtype=torch.bool, device=w.device).tril()
+
+
 def mhla_attention(q, k, v, w, layout, *, masking="none", feature_map="elu1", normalize=True, eps=1e-6,
-                   scale=None, mixing="dense"):
+                   scale=None, mixing="dense", function="mhla::forward"):
     """MHLA of ``q, k [B, N, H, Dk]``, ``v [B, N, H, Dv]`` with mixing ``w`` on q's device, in torch
     ops; returns ``[B, N, H, Dv]`` in q's dtype. ``layout``: an ``mhla.Layout`` or a ``Geometry``;
-    the other arguments as validated by ``check_call``."""
+    the shapes and options as validated by ``check_call``. w's values and the results are checked
+    here (``_finite_results``), with the errors of the C++ entry point ``function``."""
+    geometry = Geometry.of(layout)
+    backward = function.replace("forward", "backward")
+    q, k, v, w, finish = _finite_results.watch(
+        q, k, v, w, _non_finite_message(backward, feature_map, normalize, eps, q.shape[-1], q.dtype))
+
+    shapes = [list(t.shape) for t in (q, k, v, w)]  # not the tensors: a deferred report outlives them
+
+    def validate(values):
+        options = _core.Options(_unpickle.layout(geometry.rank, geometry.grid, geometry.tile), masking=masking,
+                                feature_map=feature_map, normalize=normalize, eps=eps, scale=scale, mixing=mixing)
+        values = values.to(torch.float64 if values.dtype == torch.float64 else torch.float32).contiguous()
+        _core._check_call(*shapes, values, options, function)
+
+    _finite_results.check_mixing(w, _mixing_read(w, geometry, masking, mixing), normalize, validate)
+    inputs = dict(q=q, k=k, v=v)
     dtype = q.dtype
     compute = compute_dtype(dtype, q.device)
     # Sums that are not one product (the normalisers' z_b, Toeplitz mixing) are float32.
     wide = torch.float32 if compute == torch.bfloat16 else compute
     # w is small: a CPU w (as mhla.init_mixing returns it) goes where q is.
     q, k, v, w = q.to(compute), k.to(compute), v.to(compute), w.to(device=q.device, dtype=wide)
-    geometry = Geometry.of(layout)
     m, size, heads = geometry.num_blocks, geometry.block_size, q.shape[2]
     valid = cached_slot_valid(geometry, q.device)
     phi_q = feature(group(q, geometry), feature_map)  # [B, M, H, C, Dk]
@@ -243,33 +278,21 @@ def mhla_attention(q, k, v, w, layout, *, masking="none", feature_map="elu1", no
         o = y / (den + eps).to(compute).unsqueeze(-1)
     else:
         o = (scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])) * y
-    return ungroup(o, geometry).to(dtype)
-
-
-_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+    o = ungroup(o, geometry).to(dtype)
+    _finite_results.check_results({"o": o}, inputs, _non_finite_message(function, feature_map, normalize, eps,
+                                                                         q.shape[-1], dtype),
+                                  denominator=den if normalize else None, earlier=False)
+    return finish(o)
 
 
 def check_call(q, k, v, w, options, function="mhla::forward"):
-    """The operator's named errors for this call: TypeError for dtypes, ValueError from shapes,
-    options and, for a CPU w, its values (w's values elsewhere are not read: that would wait for
-    the device)."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.dtype not in _FLOATS:
-            raise TypeError(f"{name} has dtype {str(t.dtype).replace('torch.', '')}; mhla computes in "
-                            "float16, bfloat16, float32 or float64")
-        if t.dtype != q.dtype:
-            raise TypeError(f"{name} has dtype {str(t.dtype).replace('torch.', '')} but q has "
-                            f"{str(q.dtype).replace('torch.', '')}; all tensors of one call share a dtype")
-    if not w.dtype.is_floating_point:
-        raise TypeError(f"w has dtype {str(w.dtype).replace('torch.', '')}; it must be a floating-point tensor")
-    values = None
-    if w.device.type == "cpu":
-        values = w.detach().to(torch.float64 if w.dtype == torch.float64 else torch.float32).contiguous()
-    _core._check_call(list(q.shape), list(k.shape), list(v.shape), list(w.shape), values, options, function)
+    """The operator's named errors for this call's shapes and options (``_contract`` has checked
+    the tensors' types, devices and dtypes; ``mhla_attention`` checks w's values)."""
+    _core._check_call(list(q.shape), list(k.shape), list(v.shape), list(w.shape), None, options, function)
 
 
 def linear_attention(q, k, v, *, masking="none", feature_map="elu1", normalize=True, eps=1e-6, scale=None,
-                     chunk=64):
+                     chunk=64, function="mhla::linear_attention_forward"):
     """Linear attention (one global summary) in torch ops: MHLA with one block, or causal in chunks
     of ``chunk`` tokens with every weight 1 (Toeplitz w = [1])."""
     n = q.shape[1]
@@ -277,16 +300,16 @@ def linear_attention(q, k, v, *, masking="none", feature_map="elu1", normalize=T
     if masking == "causal":
         layout = _core.Layout.sequence(n, min(chunk, n))
         return mhla_attention(q, k, v, one, layout, masking="causal", feature_map=feature_map,
-                              normalize=normalize, eps=eps, scale=scale, mixing="toeplitz")
+                              normalize=normalize, eps=eps, scale=scale, mixing="toeplitz", function=function)
     return mhla_attention(q, k, v, one.view(1, 1), _core.Layout.sequence(n, n), feature_map=feature_map,
-                          normalize=normalize, eps=eps, scale=scale)
+                          normalize=normalize, eps=eps, scale=scale, function=function)
 
 
-def softmax_attention(q, k, v, *, causal=False, scale=None, chunk=1024):
-    """``softmax(q k^T * scale) v`` in torch ops: SDPA where torch has it (2.x), else in query
-    chunks of ``chunk`` rows (never N x N)."""
+def softmax_attention(q, k, v, *, causal=False, scale=None, chunk=1024, fused=True):
+    """``softmax(q k^T * scale) v`` in torch ops: SDPA where torch has it (2.x) and ``fused``, else
+    in query chunks of ``chunk`` rows (never N x N; differentiable twice)."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    sdpa = getattr(F, "scaled_dot_product_attention", None)
+    sdpa = getattr(F, "scaled_dot_product_attention", None) if fused else None
     if sdpa is not None:
         try:
             o = sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal, scale=scale)

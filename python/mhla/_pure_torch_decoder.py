@@ -127,6 +127,13 @@ class TorchDecoder:
                 (tokens is not None and shape[1] != tokens) or shape[1] == 0:
             want = f"[{batch}, {tokens if tokens is not None else 'L'}, {o.heads}, {dim}]"
             raise ValueError(f"mhla::Decoder: {name} must be {want}; got [{', '.join(map(str, shape))}]")
+        # The C++ decoder's rule: float32 tokens (its state is float32), where its state is.
+        if t.dtype != torch.float32:
+            raise TypeError(f"{name} has dtype {str(t.dtype).replace('torch.', '')}; the decoder computes in float32 "
+                            "(convert with .float())")
+        if t.device != self.w.device:
+            raise ValueError(f"mhla::Decoder: {name} is on {t.device} but the decoder's state is on "
+                             f"{self.w.device}; pass every tensor of the call on one device")
 
     def step(self, q, k, v):
         """One token for every sequence: ``q, k [B, 1, H, Dk]``, ``v [B, 1, H, Dv]``."""

@@ -26,8 +26,8 @@ import zlib
 import torch
 import torch.distributed as dist
 
-from . import _core
-from .torch import MHLA1d, MHLA2d, MHLA3d, _check_tensors, _operand, _tensors
+from . import _contract, _core
+from .torch import MHLA1d, MHLA2d, MHLA3d, _operand, _tensors
 
 __all__ = [
     "context_parallel_attention",
@@ -156,9 +156,13 @@ class _ContextParallelFunction(torch.autograd.Function):
         return o
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_o):
         what = "mhla.distributed.context_parallel_attention (backward)"
+        if torch.is_grad_enabled():
+            # create_graph=True: the phases' gradients are no graph, and a second-order pass
+            # would need its own exchanges between the ranks. Refused, never a missing term.
+            raise RuntimeError(f"{what}: second-order gradients (create_graph=True) are not implemented with "
+                               "context parallelism; differentiate mhla.torch.mhla_attention on the whole sequence")
         q, k, v, w, o, all_summaries, mixed = (t.detach() for t in ctx.saved_tensors)
         local, shard, group = ctx.local, ctx.shard, ctx.group
         grad_o = _operand(grad_o)
@@ -189,7 +193,7 @@ def context_parallel_attention(q, k, v, w, layout, *, group=None, masking=None, 
     ``mhla.torch.mhla_attention(q_all, k_all, v_all, w, layout, ...)``; differentiable
     in q, k, v and w (w's gradient is this rank's share: sum it over the group).
     """
-    _check_tensors(q=q, k=k, v=v, w=w)
+    _contract.check_tensors(function="mhla::forward", q=q, k=k, v=v, w=w)
     options = _core.Options(layout, masking=masking, feature_map=feature_map, normalize=normalize, eps=eps,
                             scale=scale, mixing=mixing)
     return _ContextParallelFunction.apply(q, k, v, w.to(q.dtype), options, group)

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.dlpack import from_dlpack
 
-from . import _core, _custom_ops, _pure_torch
+from . import _contract, _core, _custom_ops, _finite_results, _pure_torch
 from ._torch_operands import operand as _operand, tensors as _tensors
 from .streaming import Decoder, offsets
 
@@ -52,28 +52,60 @@ __all__ = [
     "MHLA2d",
     "MHLA3d",
     "MHLA1dCache",
+    "set_finite_check",
+    "check_finite_results",
 ]
+
+
+def set_finite_check(mode):
+    """How the plain-torch path checks that finite inputs gave finite results; returns the mode
+    it replaces. "auto" (the default): synchronously on the CPU; on other devices without waiting
+    for the device, the error raised by a later call or by ``check_finite_results()``. "sync":
+    synchronously everywhere (one wait for the device per call), naming the entry and its cause.
+    "deferred": the deferred check everywhere. The C++ operator checks its own results."""
+    return _finite_results.set_mode(mode)
+
+
+def check_finite_results():
+    """Waits for the device and raises the error of any deferred check (``set_finite_check``)."""
+    _finite_results.report(wait=True)
+
+
+def _second_order(inputs, needs, grad_outputs, recompute):
+    """The gradients of a C++-backed function when autograd is asked to differentiate them again
+    (``create_graph=True``): the function recomputed in plain torch ops and differentiated there,
+    so that no second-order term goes missing. ``needs``: ctx.needs_input_grad for ``inputs``."""
+    wanted = [t for t, n in zip(inputs, needs) if n]
+    with torch.enable_grad():
+        outputs = recompute(*inputs)
+    grads = iter(torch.autograd.grad(outputs, wanted, grad_outputs, create_graph=True, allow_unused=True))
+    return tuple(next(grads) if n else None for n in needs[:len(inputs)])
 
 
 class _MHLAFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, w, options):
-        q, k, v, w = (_operand(t) for t in (q, k, v, w))
+        operands = [_operand(t) for t in (q, k, v, w)]
         if not any(ctx.needs_input_grad[:4]):
             # Inference: nothing to keep (and bfloat16 mixes on its own products).
-            return _tensors(_core.forward(q, k, v, w, options=options)[0])[0]
+            return _tensors(_core.forward(*operands, options=options)[0])[0]
         o, summaries, mixed = _tensors(
-            *_core.forward(q, k, v, w, options=options, save_summaries=True, save_mixed=True))
+            *_core.forward(*operands, options=options, save_summaries=True, save_mixed=True))
         # The block and mixed summaries are O(M Dk Dv) each: keeping them spares
-        # backward a pass over k and v and the mix.
+        # backward a pass over k and v and the mix. The inputs themselves are kept, so
+        # that a second-order backward can differentiate through them.
         ctx.save_for_backward(q, k, v, w, o, summaries, mixed)
         ctx.options = options
         return o
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_o):
-        q, k, v, w, o, summaries, mixed = (t.detach() for t in ctx.saved_tensors)
+        if torch.is_grad_enabled():
+            options = ctx.options
+            return (*_second_order(ctx.saved_tensors[:4], ctx.needs_input_grad, grad_o, lambda q, k, v, w:
+                                   _pure_torch.mhla_attention(q, k, v, w, options.layout, **_names(options))),
+                    None)
+        q, k, v, w, o, summaries, mixed = (_operand(t) for t in ctx.saved_tensors)
         # The saved arrays cannot be stale here: only this context holds them, and torch refuses
         # to get here (its saved tensors' version counters) after q, k, v or w changed in place.
         # So backward skips the fingerprint check that mhla.backward runs on arrays from outside.
@@ -85,16 +117,18 @@ class _MHLAFunction(torch.autograd.Function):
 class _VarlenFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, w, cu_seqlens, options):
-        q, k, v, w = (_operand(t) for t in (q, k, v, w))
-        (o,) = _tensors(_core.varlen_forward(q, k, v, w, cu_seqlens, **options))
+        (o,) = _tensors(_core.varlen_forward(*(_operand(t) for t in (q, k, v, w)), cu_seqlens, **options))
         ctx.save_for_backward(q, k, v, w, o)
         ctx.cu_seqlens, ctx.options = cu_seqlens, options
         return o
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_o):
-        q, k, v, w, o = (t.detach() for t in ctx.saved_tensors)
+        if torch.is_grad_enabled():
+            cu_seqlens, options = ctx.cu_seqlens, ctx.options
+            return (*_second_order(ctx.saved_tensors[:4], ctx.needs_input_grad, grad_o, lambda q, k, v, w:
+                                   varlen_attention(q, k, v, w, cu_seqlens, backend="torch", **options)), None, None)
+        q, k, v, w, o = (_operand(t) for t in ctx.saved_tensors)
         grads = _tensors(*_core.varlen_backward(q, k, v, w, o, _operand(grad_o), ctx.cu_seqlens, **ctx.options))
         return (*grads, None, None)
 
@@ -102,16 +136,18 @@ class _VarlenFunction(torch.autograd.Function):
 class _LinearAttentionFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, options):
-        q, k, v = (_operand(t) for t in (q, k, v))
-        (o,) = _tensors(_core.linear_attention_forward(q, k, v, options=options))
+        (o,) = _tensors(_core.linear_attention_forward(*(_operand(t) for t in (q, k, v)), options=options))
         ctx.save_for_backward(q, k, v, o)
         ctx.options = options
         return o
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_o):
-        q, k, v, o = (t.detach() for t in ctx.saved_tensors)
+        if torch.is_grad_enabled():
+            options = ctx.options
+            return (*_second_order(ctx.saved_tensors[:3], ctx.needs_input_grad, grad_o, lambda q, k, v:
+                                   _pure_torch.linear_attention(q, k, v, **_names(options))), None)
+        q, k, v, o = (_operand(t) for t in ctx.saved_tensors)
         grads = _tensors(*_core.linear_attention_backward(q, k, v, o, _operand(grad_o), options=ctx.options))
         return (*grads, None)
 
@@ -119,24 +155,21 @@ class _LinearAttentionFunction(torch.autograd.Function):
 class _SoftmaxAttentionFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, options):
-        q, k, v = (_operand(t) for t in (q, k, v))
-        o, lse = _tensors(*_core.softmax_attention_forward(q, k, v, **options))
+        o, lse = _tensors(*_core.softmax_attention_forward(*(_operand(t) for t in (q, k, v)), **options))
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.options = options
         return o
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_o):
-        q, k, v, o, lse = (t.detach() for t in ctx.saved_tensors)
+        if torch.is_grad_enabled():
+            options = ctx.options
+            # In query chunks: torch's fused attention kernels have no second derivative.
+            return (*_second_order(ctx.saved_tensors[:3], ctx.needs_input_grad, grad_o, lambda q, k, v:
+                                   _pure_torch.softmax_attention(q, k, v, fused=False, **options)), None)
+        q, k, v, o, lse = (_operand(t) for t in ctx.saved_tensors)
         grads = _tensors(*_core.softmax_attention_backward(q, k, v, o, lse, _operand(grad_o), **ctx.options))
         return (*grads, None)
-
-
-def _check_tensors(**tensors):
-    for name, t in tensors.items():
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, not {type(t).__name__}")
 
 
 BACKENDS = ("cpp", "torch")
@@ -155,6 +188,15 @@ def _pure_torch_path(backend, *tensors):
 def _name(enum_value):
     """An options enum as the pure-torch path's string ("causal", "elu1", ...)."""
     return enum_value.name
+
+
+def _names(options):
+    """An ``Options`` / ``LinearOptions`` object as the pure-torch path's keywords."""
+    names = dict(masking=_name(options.masking), feature_map=_name(options.feature_map),
+                 normalize=options.normalize, eps=options.eps, scale=options.scale)
+    if hasattr(options, "mixing"):
+        names["mixing"] = _name(options.mixing)
+    return names
 
 
 _DEFAULTS = _core.Options(_core.Layout.sequence(1, 1))
@@ -201,11 +243,13 @@ class _Widen(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x):
         widen, ctx.narrow = _WIDENED[x.dtype]
+        ctx.dtype = x.dtype
         return from_dlpack(widen(_operand(x)))
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, grad):
+        if torch.is_grad_enabled():  # create_graph=True: a cast autograd differentiates again
+            return grad.to(ctx.dtype)
         return from_dlpack(ctx.narrow(_operand(grad)))
 
 
@@ -219,8 +263,9 @@ class _Narrow(torch.autograd.Function):
         return from_dlpack(narrow(_operand(x)))
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, grad):
+        if torch.is_grad_enabled():
+            return grad.float(), None
         return from_dlpack(ctx.widen(_operand(grad))), None
 
 
@@ -236,14 +281,9 @@ def _to_dtype(o, dtype):
 
 
 def _widened(q, k, v):
-    """q, k, v in float32 when they share a reduced dtype; as they are otherwise (the operator
-    names any other dtype problem)."""
+    """q, k, v (one dtype: ``_contract``) in float32 when that dtype is a reduced one."""
     if q.dtype not in _WIDENED:
         return q, k, v
-    for name, t in (("k", k), ("v", v)):
-        if t.dtype != q.dtype:
-            raise TypeError(f"{name} has dtype {str(t.dtype).replace('torch.', '')} but q has "
-                            f"{str(q.dtype).replace('torch.', '')}; all tensors of one call share a dtype")
     return _to_float32(q), _to_float32(k), _to_float32(v)
 
 
@@ -257,7 +297,7 @@ def mhla_attention(q, k, v, w, layout, *, masking=None, feature_map=None, normal
     ``backend``: None runs CPU tensors on the C++ operator and others in torch ops; "cpp" or "torch"
     chooses.
     """
-    _check_tensors(q=q, k=k, v=v, w=w)
+    _contract.check_tensors(function="mhla::forward", q=q, k=k, v=v, w=w)
     if _pure_torch.compiling():
         # No extension object can be built in a compiled region: the options go on as names.
         names = _option_names(masking=masking, feature_map=feature_map, normalize=normalize, eps=eps, scale=scale,
@@ -273,9 +313,7 @@ def mhla_attention(q, k, v, w, layout, *, masking=None, feature_map=None, normal
                             scale=scale, mixing=mixing)
     if _pure_torch_path(backend, q, k, v, w):
         _pure_torch.check_call(q, k, v, w, options)
-        return _pure_torch.mhla_attention(q, k, v, w, layout, masking=_name(options.masking),
-                                          feature_map=_name(options.feature_map), normalize=options.normalize,
-                                          eps=options.eps, scale=options.scale, mixing=_name(options.mixing))
+        return _pure_torch.mhla_attention(q, k, v, w, layout, **_names(options))
     if q.dtype == torch.bfloat16 and k.dtype == v.dtype == q.dtype:
         # The operator's own bfloat16 path (float32 w and saved summaries).
         return _MHLAFunction.apply(q, k, v, w.to(torch.float32), options)
@@ -292,7 +330,7 @@ def varlen_attention(q, k, v, w, cu_seqlens, *, block, mixing=None, masking=None
     the longest sequence); ``mixing="toeplitz"`` takes ``[L + 1]`` / ``[H, L + 1]`` for any length.
     Differentiable in q, k, v and w. ``backend`` as for ``mhla_attention``.
     """
-    _check_tensors(q=q, k=k, v=v, w=w)
+    _contract.check_tensors(function="mhla::varlen_forward", q=q, k=k, v=v, w=w)
     if _pure_torch_path(backend, q, k, v, w):
         cu = offsets(cu_seqlens)
         mixing = "dense" if mixing is None else mixing
@@ -317,7 +355,7 @@ def varlen_attention(q, k, v, w, cu_seqlens, *, block, mixing=None, masking=None
 def linear_attention(q, k, v, *, masking=None, feature_map=None, normalize=None, eps=None, scale=None,
                      backend=None):
     """Vanilla linear attention (one global summary; MHLA with a single block), same shapes as ``mhla_attention``."""
-    _check_tensors(q=q, k=k, v=v)
+    _contract.check_tensors(function="mhla::linear_attention_forward", q=q, k=k, v=v)
     options = _core.LinearOptions(masking=masking, feature_map=feature_map, normalize=normalize, eps=eps,
                                   scale=scale)
     if _pure_torch_path(backend, q, k, v):
@@ -326,16 +364,14 @@ def linear_attention(q, k, v, *, masking=None, feature_map=None, normalize=None,
                               feature_map=options.feature_map, normalize=options.normalize, eps=options.eps,
                               scale=options.scale)
         _pure_torch.check_call(q, k, v, q.new_ones(1, 1), check, "mhla::linear_attention_forward")
-        return _pure_torch.linear_attention(q, k, v, masking=_name(options.masking),
-                                            feature_map=_name(options.feature_map), normalize=options.normalize,
-                                            eps=options.eps, scale=options.scale)
+        return _pure_torch.linear_attention(q, k, v, **_names(options))
     return _to_dtype(_LinearAttentionFunction.apply(*_widened(q, k, v), options), q.dtype)
 
 
 def softmax_attention(q, k, v, *, causal=False, scale=None, backend=None):
     """``softmax(q k^T * scale) v`` in tiles (never N x N), same shapes as ``mhla_attention``; in torch ops
     (``torch.nn.functional.scaled_dot_product_attention`` where torch has it) for tensors not on the CPU."""
-    _check_tensors(q=q, k=k, v=v)
+    _contract.check_tensors(function="mhla::softmax_attention_forward", q=q, k=k, v=v)
     if _pure_torch_path(backend, q, k, v):
         n = q.shape[1] if q.dim() == 4 else 1
         check = _core.Options(_core.Layout.sequence(max(n, 1), max(n, 1)), normalize=False, scale=scale)
@@ -448,7 +484,7 @@ def authors_vision_attention(q, k, v, w, layout, *, eps=1e-6, backend=None):
     ``mhla_attention``) uses ``phi(q_{i,p})^T sum_b W[i, b] z_b``. Every block must hold the same
     number of tokens, as that code assumes. ``w`` may have any sign (``[M, M]`` or ``[H, M, M]``).
     """
-    _check_tensors(q=q, k=k, v=v, w=w)
+    _contract.check_tensors(function="mhla::forward", q=q, k=k, v=v, w=w)
     blocks, positions, block_size = _block_positions(layout, q.device)
     phi_q, phi_k = torch.relu(q) + eps, torch.relu(k) + eps
     w = w.to(q.dtype)

@@ -8,9 +8,12 @@
 #include <array>
 #include <optional>
 #include <string>
+#include <tuple>
+#include <utility>
 
 #include "api/private_state_backward.hpp"
 #include "conversion_bindings.hpp"
+#include "core/finite_results.hpp"
 #include "core/validate.hpp"
 #include "cuda_interop.hpp"
 #include "decoder_bindings.hpp"
@@ -93,6 +96,26 @@ void check_call(const std::vector<int64_t>& q_shape, const std::vector<int64_t>&
   if (w.dtype() == DType::float32 || w.dtype() == DType::float64)
     dispatch(w.dtype(),
              [&]<typename T>() { detail::check_mixing_values(fn, problem, w.view<T>().data); });
+}
+
+// The operator's named error for a result that is not finite although the
+// inputs are, for the plain-torch path, which finds the entry and the inputs'
+// magnitudes itself: entry = (name, shape, flat index, value); without one,
+// `what` names the result (the read-out's denominator when it is empty too).
+std::string non_finite_message(const std::string& function,
+                               const std::optional<std::tuple<std::string, std::vector<int64_t>,
+                                                               int64_t, double>>& entry,
+                               const std::string& what,
+                               const std::vector<std::pair<std::string, double>>& magnitudes,
+                               const Options& options, int64_t dk, bool single_precision) {
+  detail::Problem problem =
+      detail::check_linear_options(function.c_str(), options, {1, 1, 1, dk, 1});
+  std::string named = what.empty() ? "the read-out's denominator phi(q)^T z~ + eps" : what;
+  if (entry) {
+    const auto& [name, shape, flat, value] = *entry;
+    named = detail::element_name(name.c_str(), shape, flat) + " = " + detail::format_number(value);
+  }
+  return function + ": " + detail::non_finite_message(named, magnitudes, problem, single_precision);
 }
 
 py::tuple mhla_forward(py::handle q_, py::handle k_, py::handle v_, py::handle w_,
@@ -359,6 +382,9 @@ PYBIND11_MODULE(_core, m) {
   m.def("_check_call", &check_call, "q_shape"_a, "k_shape"_a, "v_shape"_a, "w_shape"_a,
         "w_values"_a, "options"_a, "function"_a = "mhla::forward",
         "Raises forward()'s error for these shapes and options (and w's values, given a CPU w).");
+  m.def("_non_finite_message", &non_finite_message, "function"_a, "entry"_a, "what"_a,
+        "magnitudes"_a, "options"_a, "dk"_a, "single_precision"_a,
+        "The operator's error text for a non-finite result of finite inputs.");
   m.def(
       "backward",
       [](py::handle q, py::handle k, py::handle v, py::handle w, py::handle o, py::handle grad_o,

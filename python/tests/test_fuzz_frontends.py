@@ -1,11 +1,13 @@
 """Differential fuzzing of the Python front ends (mhla.forward/backward on NumPy
-and torch, and the mhla.torch autograd function): random shapes, dtypes,
-memory orders and keyword arguments, consistent or with one flaw.
+and torch, and mhla.torch.mhla_attention with autograd on both of its paths: the
+C++ operator and the plain-torch one): random shapes, dtypes, memory orders and
+keyword arguments, consistent or with one flaw.
 
 Every call must end in exactly one of two ways: a finite result equal to the
 spec reference (spec_reference.py, plain torch in float64), or one ValueError,
 TypeError or MemoryError with a message. A flawed call that succeeds, any other
-exception, a mismatch, or a non-finite result for finite input is a failure.
+exception, a mismatch, or a non-finite result for finite input is a failure. A
+flawed mhla.torch call must also be refused with the same words on the other path.
 MHLA_PY_FUZZ_CASES sets the number of cases (default 400); the tally is printed.
 """
 import collections
@@ -59,7 +61,7 @@ class Call:
         if toeplitz:
             self.kwargs["mixing"] = "toeplitz"
         self.dtype = np.float32 if rng.random() < 0.5 else np.float64
-        self.api = str(rng.choice(["numpy", "torch", "autograd"]))
+        self.api = str(rng.choice(["numpy", "torch", "autograd", "autograd-torch"]))
         b, h = int(rng.integers(1, 3)), int(rng.integers(1, 4))
         dk, dv, n, m = int(rng.integers(1, 6)), int(rng.integers(1, 6)), self.layout.num_tokens, self.layout.num_blocks
         per_head = rng.random() < 0.4
@@ -112,7 +114,7 @@ class Call:
         elif flaw == "dtype mix":
             self.k = self.k.astype(np.float64 if self.dtype == np.float32 else np.float32)
         elif flaw == "fortran order":
-            if self.api == "autograd" or self.q.ndim != 4 or self.q.size < 2 or self.q.flags.f_contiguous:
+            if self.api.startswith("autograd") or self.q.ndim != 4 or self.q.size < 2 or self.q.flags.f_contiguous:
                 return False  # torch autograd makes operands contiguous, as torch ops do
             self.q = np.asfortranarray(self.q)
         elif flaw == "not a tensor":
@@ -148,22 +150,41 @@ def as_torch(x):
     return torch.from_numpy(x) if isinstance(x, np.ndarray) else x
 
 
-def run(call):
-    """Runs the call through its front end; returns (o, grads) as float64 torch tensors."""
+BACKENDS = {"autograd": "cpp", "autograd-torch": "torch"}
+
+
+def run(call, api=None):
+    """Runs the call through its front end (``api``, call.api by default); returns (o, grads) as
+    float64 torch tensors."""
     kw = dict(call.kwargs)
-    if call.api == "autograd":
+    api = api or call.api
+    if api in BACKENDS:
         q, k, v, w = (as_torch(x) for x in (call.q, call.k, call.v, call.w))
         leaves = [t.clone().requires_grad_() if isinstance(t, torch.Tensor) and t.is_floating_point() else t
                   for t in (q, k, v, w)]
-        o = mt.mhla_attention(*leaves, call.layout, **kw)
+        o = mt.mhla_attention(*leaves, call.layout, backend=BACKENDS[api], **kw)
         o.backward(as_torch(call.grad_o))
         return o.detach().double(), [t.grad.double() for t in leaves]
-    convert = as_torch if call.api == "torch" else (lambda x: x)
+    convert = as_torch if api == "torch" else (lambda x: x)
     q, k, v, w, g = (convert(x) for x in (call.q, call.k, call.v, call.w, call.grad_o))
     o, _ = mhla.forward(q, k, v, w, layout=call.layout, **kw)
     grads = mhla.backward(q, k, v, w, o, g, layout=call.layout, **kw)
-    return as_torch(np.asarray(o) if call.api == "numpy" else o).double(), [
-        as_torch(np.asarray(x) if call.api == "numpy" else x).double() for x in grads]
+    return as_torch(np.asarray(o) if api == "numpy" else o).double(), [
+        as_torch(np.asarray(x) if api == "numpy" else x).double() for x in grads]
+
+
+def other_path_refuses_alike(call, error):
+    """A flawed mhla.torch call: the other backend's error must be the same, word for word."""
+    other = {"autograd": "autograd-torch", "autograd-torch": "autograd"}.get(call.api)
+    if other is None:
+        return
+    try:
+        run(call, other)
+    except NAMED as other_error:
+        assert (type(other_error), str(other_error)) == (type(error), str(error)), \
+            f"{call}: {call.api} says {error!r}, {other} says {other_error!r}"
+        return
+    raise AssertionError(f"{call}: {call.api} refused it ({error}), {other} accepted it")
 
 
 def reference(call):
@@ -188,6 +209,7 @@ def check(call, tally):
             assert NOT_REPRESENTABLE in message, f"{call}: consistent call refused: {message}"
             tally["named error: consistent, result not representable"] += 1
         else:
+            other_path_refuses_alike(call, error)
             tally[f"named error: {call.flaw}"] += 1
         return
     assert call.flaw is None, f"{call}: flawed input was accepted"
@@ -200,7 +222,7 @@ def check(call, tally):
             break  # the float64 reference itself overflowed: nothing to compare
         err = relative_error(got, want)
         assert err <= (tol if name == "o" else 10 * tol), f"{call}: {name} differs from the reference by {err}"
-    tally["success: consistent"] += 1
+    tally[f"success: consistent, {call.api}"] += 1
 
 
 def test_every_call_ends_in_a_reference_result_or_a_named_error(capsys):

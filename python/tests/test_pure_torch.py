@@ -128,8 +128,8 @@ def test_other_devices_take_the_torch_path():
     v, w = torch.rand(2, 35, 3, 5, device="meta"), torch.rand(9, 9, device="meta")
     o = mt.mhla_attention(q, k, v, w, layout)
     assert o.device.type == "meta" and o.shape == (2, 35, 3, 5)
-    o = mt.mhla_attention(q, k, v, torch.rand(9, 9), layout)  # a CPU w goes where q is
-    assert o.device.type == "meta" and o.shape == (2, 35, 3, 5)
+    with pytest.raises(ValueError, match="w is on cpu but q is on meta; pass every tensor of the call on one device"):
+        mt.mhla_attention(q, k, v, torch.rand(9, 9), layout)
     o = mt.mhla_attention(q[:, :30], k[:, :30], v[:, :30], torch.rand(1, device="meta"), L.sequence(30, 4),
                           masking="causal", mixing="toeplitz")
     assert o.device.type == "meta" and o.shape == (2, 30, 3, 5)

@@ -34,4 +34,16 @@ std::string non_finite_reason(const Problem& problem, bool single_precision) {
          (eps == 0 ? ", or use eps > 0" : "");
 }
 
+std::string non_finite_message(const std::string& what,
+                               const std::vector<std::pair<std::string, double>>& magnitudes,
+                               const Problem& problem, bool single_precision) {
+  std::string bounds;
+  for (const auto& [name, largest] : magnitudes)
+    bounds += (bounds.empty() ? "|" : ", |") + name + "| <= " + format_number(largest);
+  // Without magnitudes (a check that saw only a flag) the parenthesis goes.
+  return what + " is not finite although every input is finite" +
+         (bounds.empty() ? "" : " (" + bounds + ")") + ": " +
+         non_finite_reason(problem, single_precision);
+}
+
 }  // namespace mhla::detail

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/validate.hpp"
@@ -60,6 +61,13 @@ double largest_magnitude(const T* x, int64_t n) {
 // mode, with their remedies.
 std::string non_finite_reason(const Problem& problem, bool single_precision);
 
+// "<what> is not finite although every input is finite (|q| <= ..., ...): <causes>":
+// the words of every path's report (the kernels' below, and the plain-torch
+// path's through the Python extension), so that the paths cannot drift apart.
+std::string non_finite_message(const std::string& what,
+                               const std::vector<std::pair<std::string, double>>& magnitudes,
+                               const Problem& problem, bool single_precision);
+
 // What a kernel's "not all finite" flag covers.
 enum class FlagCovers {
   // forward: an overflowed denominator turns a representable output into a silent 0
@@ -86,15 +94,13 @@ void report_non_finite(const char* fn, const Problem& problem,
   }
   if (what.empty() && flag == FlagCovers::results_maybe_more) return;
   if (what.empty()) what = "the read-out's denominator phi(q)^T z~ + eps";
-  std::string magnitudes;
+  std::vector<std::pair<std::string, double>> magnitudes;
   for (const NamedTensor<T>& in : inputs) {
     const int64_t n = checked_product(in.shape, in.name);
     if (first_non_finite(in.data, n) >= 0) return;  // NaN or inf in, NaN or inf out
-    magnitudes += std::string(magnitudes.empty() ? "" : ", ") + "|" + in.name +
-                  "| <= " + format_number(largest_magnitude(in.data, n));
+    magnitudes.emplace_back(in.name, largest_magnitude(in.data, n));
   }
-  fail(fn, what + " is not finite although every input is finite (" + magnitudes +
-               "): " + non_finite_reason(problem, sizeof(T) == 4));
+  fail(fn, non_finite_message(what, magnitudes, problem, sizeof(T) == 4));
 }
 
 // The forward pass's report: o from q, k and v.

@@ -11,6 +11,9 @@ void fail(const char* fn, const std::string& message) {
 }
 
 std::string format_number(double x) {
+  // A NaN's sign bit depends on the instructions that made it, not on the
+  // input: printed without it, every path and build words the error alike.
+  if (std::isnan(x)) return "nan";
   char text[32];
   std::snprintf(text, sizeof text, "%.6g", x);
   return text;
