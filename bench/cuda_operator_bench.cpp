@@ -9,7 +9,9 @@
 // The copy rate is measured here (a 1 GiB device-to-device copy, bytes read
 // plus bytes written); the bf16 GEMM rate is an H100's or H200's as measured
 // on one (789 TFLOP/s; the two share their tensor cores): pass another with
-// MHLA_GEMM_TFLOPS.
+// MHLA_GEMM_TFLOPS. Below each shape's row: the kernels' byte budget
+// (byte_budget.hpp) at 70% of the measured copy rate, pass by pass, beside
+// the measured bf16 times.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -22,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "byte_budget.hpp"
 #include "mhla/mhla.hpp"
 
 namespace {
@@ -149,7 +152,9 @@ int main(int argc, char** argv) try {
   std::printf("%-44s %12s %12s %12s %16s %14s %14s\n", "shape", "fwd ms", "fwd+bwd ms",
               "bf16 fwd ms", "bf16 fwd+bwd ms", "bytes floor ms", "bf16 flop floor ms");
   std::mt19937 rng(1);
-  for (const Shape& s : shapes) {
+  const std::vector<mhla::bench::BudgetShape> budget_shapes = mhla::bench::budget_shapes();
+  for (size_t shape_index = 0; shape_index < shapes.size(); ++shape_index) {
+    const Shape& s = shapes[shape_index];
     const int64_t n = s.layout.num_tokens(), m = s.layout.num_blocks();
     const std::vector<int64_t> shape = {1, n, s.heads, s.d}, w_shape = {m, m};
     const int64_t elements = n * s.heads * s.d;
@@ -208,6 +213,17 @@ int main(int argc, char** argv) try {
     std::printf("%-44s %12s %12s %12.3f %16.3f %14.3f %14.3f\n", s.name, cell(fwd).c_str(),
                 cell(fwd_bwd).c_str(), bf16_fwd, bf16_fwd_bwd, bytes_floor,
                 flops.forward / flops_per_ms);
+    const mhla::bench::Budget budget = mhla::bench::byte_budget(budget_shapes[shape_index]);
+    const double budget_rate = 0.7 * copy_rate;
+    std::printf("  budget at 70%% of the copy rate: forward %.3f ms (%.0f MB), backward %.3f ms (%.0f MB); "
+                "measured bf16 forward %.1fx, forward+backward %.1fx the budget\n",
+                mhla::bench::total_bytes(budget.forward) / budget_rate,
+                mhla::bench::total_bytes(budget.forward) / 1e6,
+                mhla::bench::total_bytes(budget.backward) / budget_rate,
+                mhla::bench::total_bytes(budget.backward) / 1e6,
+                bf16_fwd / (mhla::bench::total_bytes(budget.forward) / budget_rate),
+                bf16_fwd_bwd / ((mhla::bench::total_bytes(budget.forward) +
+                                 mhla::bench::total_bytes(budget.backward)) / budget_rate));
     for (float* p : {q, k, v, grad_o, w, o, gq, gk, gv, gw}) cudaFree(p);
     for (mhla::bfloat16* p : {bq, bk, bv, bo, bgo, bgq, bgk, bgv}) cudaFree(p);
   }

@@ -58,7 +58,7 @@ def forward_call(q, k, v, w, layout, **options):
     return lambda backend: lambda: mt.mhla_attention(q, k, v, w, layout, backend=backend, **options)
 
 
-# ---- the reproducers, on both paths ----
+# ---- where the paths used to disagree: silent NaN and zeros on the torch path ----
 
 def test_a_w_row_that_reads_nothing_with_eps_zero_is_an_error_on_both_paths():
     q = k = v = torch.randn(1, 4, 1, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))

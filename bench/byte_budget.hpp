@@ -1,0 +1,89 @@
+#pragma once
+// The byte and FLOP budget of the bfloat16 CUDA kernels' design
+// (docs/cuda.md#the-byte-budget): what each kernel must read and write, and
+// compute, at one shape, when every kernel reads its operands once. The
+// design it prices:
+// - tokens (q, k, v, o and their gradients) in bfloat16;
+// - summaries S_b and mixed summaries S~_b in bfloat16 rows (2 Dk Dv bytes a
+//   block and head), their normalisers z_b, z~_b in float32 (4 Dk); their
+//   gradients in float32 (they are sums of many terms);
+// - forward: summaries (k, v in; S, z out), mix (S in; S~ out; W), read-out
+//   (q and S~ in, o out; causal also reads its own block's k and v);
+// - backward from the forward's saved S and S~: the query side (q, grad_o,
+//   S~ in; grad_q and grad S~ out; causal: its block's k, v), the mix's
+//   transpose with the weight gradient (grad S~, S in; grad S, grad W out),
+//   the key and value side (k, v, grad S in; grad_k, grad_v out; causal: its
+//   block's q, grad_o).
+// Plain arithmetic, so that CI checks the budget without a GPU
+// (mhla_cuda_byte_budget) and the CUDA benchmark prints it beside its times.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace mhla::bench {
+
+struct BudgetShape {
+  std::string name;
+  int64_t tokens, heads, d, blocks;  // B = 1, Dk = Dv = d
+  bool causal = false;
+};
+
+struct KernelBudget {
+  std::string name;
+  double bytes, flops;
+};
+
+struct Budget {
+  std::vector<KernelBudget> forward, backward;
+  double floor_bytes;  // q, k, v read and o written once, in bfloat16
+};
+
+// The four shapes the targets are set at (docs/cuda.md).
+inline std::vector<BudgetShape> budget_shapes() {
+  return {{"4096 tokens, 8 heads of 64, M = 64", 4096, 8, 64, 64},
+          {"65536 tokens, 8 heads of 64, M = 256", 65536, 8, 64, 256},
+          {"video 21x30x50, 12 heads of 128, M = 210", 31500, 12, 128, 210},
+          {"causal 65536 tokens, 8 heads of 64, M = 256", 65536, 8, 64, 256, true}};
+}
+
+inline Budget byte_budget(const BudgetShape& s) {
+  const double n = double(s.tokens), h = double(s.heads), d = double(s.d), m = double(s.blocks);
+  const double block = n / m;              // tokens a block
+  const double tokens = n * h * d * 2.0;   // one bfloat16 token tensor
+  const double state = m * h * (2.0 * d * d + 4.0 * d);  // S (bf16) and z (fp32), every block
+  const double grad_state = m * h * (4.0 * d * d + 4.0 * d);  // their gradients, fp32
+  const double w = m * m * 4.0;
+  // Causal: each token's own block up to itself, scores and values (half the square).
+  const double in_block = s.causal ? 2.0 * n * block * h * d : 0.0;
+  const double mix_flops = 2.0 * m * m * h * d * (d + 1.0) * (s.causal ? 0.5 : 1.0);
+  Budget b;
+  b.floor_bytes = 4.0 * tokens;
+  b.forward = {
+      {"summaries", 2.0 * tokens + state, 2.0 * n * h * d * (d + 1.0)},
+      {"mix", 2.0 * state + w, mix_flops},
+      {"read-out", 2.0 * tokens + state + (s.causal ? 2.0 * tokens : 0.0),
+       2.0 * n * h * d * (d + 1.0) + in_block},
+  };
+  b.backward = {
+      {"query side", 3.0 * tokens + state + grad_state + (s.causal ? 2.0 * tokens : 0.0),
+       4.0 * n * h * d * (d + 1.0) + 2.0 * in_block},
+      {"mix transpose, grad W", 2.0 * grad_state + state + 2.0 * w, 2.0 * mix_flops},
+      {"key and value side", 4.0 * tokens + grad_state + (s.causal ? 2.0 * tokens : 0.0),
+       4.0 * n * h * d * (d + 1.0) + 2.0 * in_block},
+  };
+  return b;
+}
+
+inline double total_bytes(const std::vector<KernelBudget>& kernels) {
+  double sum = 0;
+  for (const KernelBudget& k : kernels) sum += k.bytes;
+  return sum;
+}
+
+inline double total_flops(const std::vector<KernelBudget>& kernels) {
+  double sum = 0;
+  for (const KernelBudget& k : kernels) sum += k.flops;
+  return sum;
+}
+
+}  // namespace mhla::bench
