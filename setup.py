@@ -51,10 +51,14 @@ class CMakeBuild(build_ext):
         shutil.copyfile(built, target)
 
 
+# Apart from the CMake build tree (build/), which the wheel build does not touch; the
+# package's metadata (mhla.egg-info) goes there too, not into the source tree.
+BUILD_BASE = "build/python-package"
+(ROOT / BUILD_BASE).mkdir(parents=True, exist_ok=True)
+
 setup(
     version=project_version(),
     ext_modules=[Extension("mhla._core", sources=[])],
     cmdclass={"build_ext": CMakeBuild},
-    # Apart from the CMake build tree (build/), which the wheel build does not touch.
-    options={"build": {"build_base": "build/python-package"}},
+    options={"build": {"build_base": BUILD_BASE}, "egg_info": {"egg_base": BUILD_BASE}},
 )

@@ -400,6 +400,9 @@ TEST_F(Cli, CompareTakesOneModelSizeForEveryModel) {
   std::ifstream md(path("sized/compare.md"));
   const std::string text((std::istreambuf_iterator<char>(md)), std::istreambuf_iterator<char>());
   EXPECT_THAT(text, HasSubstr("3 layers of width 16, 4 heads, MLP 24"));
+  // Softmax is in the table and MHLA is not: neither note applies.
+  EXPECT_THAT(text, Not(HasSubstr("softmax is not in this table")));
+  EXPECT_THAT(text, Not(HasSubstr("MHLA starts here as exactly linear attention")));
 
   // A model that lists its layers must list as many as --layers asks for.
   const CliRun bad = mhla_cli(
@@ -421,6 +424,13 @@ TEST_F(Cli, CompareTrainsOnlyTheTablesNamed) {
   ASSERT_EQ(entries.size(), 1u);
   EXPECT_EQ(entries[0]["label"], "mqar N=256 kv=8");
   EXPECT_FALSE(fs::exists(path("one/text_KJV_N_512")));
+  // The table says what its rows do not: MHLA's start on a causal task, the
+  // absent softmax, and what a causal matrix's rank means.
+  std::ifstream md(path("one/compare.md"));
+  const std::string text((std::istreambuf_iterator<char>(md)), std::istreambuf_iterator<char>());
+  EXPECT_THAT(text, HasSubstr("MHLA starts here as exactly linear attention"));
+  EXPECT_THAT(text, HasSubstr("softmax is not in this table"));
+  EXPECT_THAT(text, HasSubstr("so it has full rank whatever the attention"));
 
   const CliRun bad =
       mhla_cli(compare + "--tables 'mqar N=256,text KJV N=512' --out " + path("bad"));

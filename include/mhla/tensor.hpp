@@ -9,7 +9,8 @@
 namespace mhla {
 
 // Where a tensor's memory lives. Every entry point checks it before reading:
-// this build has the CPU backend only, so a view of another device's memory
+// a call runs on the backend of q's device (the CPU's always, CUDA's in
+// builds with MHLA_WITH_CUDA), and a view of memory that backend cannot read
 // is refused by name instead of being dereferenced.
 enum class Device { cpu, cuda };
 const char* to_string(Device device);

@@ -15,8 +15,12 @@ from . import _core
 def _from_dlpack_of(obj):
     root = "numpy" if obj is None else type(obj).__module__.split(".")[0]
     if root == "numpy":
-        import numpy
-
+        try:
+            import numpy
+        except ImportError as error:  # the torch layers need no NumPy; these defaults do
+            raise ModuleNotFoundError(
+                "this mhla function returns a NumPy array unless given like=, and NumPy is not installed: "
+                "install numpy, or pass like= a tensor of the kind wanted (e.g. like=torch.empty(0))") from error
         return numpy.asarray
     if root == "torch":
         import torch.utils.dlpack

@@ -1,4 +1,4 @@
-"""MHLA and its baselines written from the spec (shared/MHLA_SPEC.md) in plain torch.
+"""MHLA and its baselines written from the operator's definition (docs/operator.md) in plain torch.
 
 The dense form: A[t, s] = W[blk(t), blk(s)] * phi(q_t) . phi(k_s), masked, then
 o_t = sum_s A[t, s] v_s / (sum_s A[t, s] + eps) (normalized) or

@@ -290,3 +290,14 @@ def test_the_autograd_functions_saved_state_cannot_go_stale(dtype):
             leaves[changed].add_(0.5)
         with pytest.raises(RuntimeError, match="modified by an inplace operation"):
             o.sum().backward()
+
+
+def test_numpy_results_without_numpy_say_how_to_do_without(monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, "numpy", None)  # as if NumPy were not installed
+    with pytest.raises(ModuleNotFoundError, match=r"returns a NumPy array unless given like=, and NumPy is not "
+                                                  r"installed: install numpy, or pass like="):
+        mhla.init_mixing(LAYOUT)
+    w = mhla.init_mixing(LAYOUT, like=torch.empty(0))  # what the torch layers need: no NumPy
+    assert isinstance(w, torch.Tensor) and w.shape == (2, 2)
+    assert mt.MHLA1d(8, 2, block_size=4, max_tokens=8)(torch.rand(1, 8, 8)).shape == (1, 8, 8)

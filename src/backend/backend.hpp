@@ -170,7 +170,7 @@ class Backend {
 };
 
 // Each backend is defined in its own folder: the CPU's in src/cpu/cpu_backend.cpp,
-// the CUDA backend (built with MHLA_WITH_CUDA) in src/cuda/cuda_backend.cu.
+// the CUDA backend (built with MHLA_WITH_CUDA) in src/cuda/cuda_backend.cpp.
 const Backend& cpu_backend();
 const Backend& cuda_backend();
 // Whether the CUDA runtime sees a device; if not, the runtime's reason.

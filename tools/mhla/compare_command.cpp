@@ -189,6 +189,31 @@ std::vector<ComparisonEntry> select_tables(std::vector<ComparisonEntry> entries,
   return entries;
 }
 
+// What a reader of one table needs to know that its rows do not say: the
+// hybrid models' notation, why MHLA can match linear attention to the digit,
+// and why softmax may be absent.
+std::string table_notes(const ComparisonEntry& entry) {
+  std::string notes;
+  const auto has = [&](const char* model) {
+    return std::find(entry.models.begin(), entry.models.end(), model) != entry.models.end();
+  };
+  for (const std::string& model : entry.models)
+    if (model.find('/') != std::string::npos) {
+      notes += "- `" + model + "`: one attention per layer, the first layer's first.\n";
+      break;
+    }
+  const bool causal = entry.config.task != train::TaskKind::fashion_mnist;
+  if (causal && entry.config.design.mixing_init == MixingTransform::uniform && has("mhla") &&
+      has("linear"))
+    notes += "- MHLA starts here as exactly linear attention (its W starts uniform over the blocks "
+             "each row reads, the authors' language-model init), so short runs keep the two "
+             "close.\n";
+  if (!has("softmax"))
+    notes += "- softmax is not in this table (its N x N attention is the slowest to train at this "
+             "length); add it with `--attention softmax,linear,mhla`.\n";
+  return notes.empty() ? "" : "\n" + notes;
+}
+
 }  // namespace
 
 CLI::App* add_compare_command(CLI::App& app, CompareCommand& c) {
@@ -489,6 +514,7 @@ int run_compare_command(const CompareCommand& c) {
                                       {"sweep_seconds", mr.sweep_seconds},
                                       {"diagnostics", mr.diagnostics}});
     }
+    table += table_notes(entry);
     // Paired test differences, seed by seed: MHLA against every model without
     // it (the same seed means the same initial weights of the shared parts and
     // the same data order), and every model against the baseline table before
@@ -552,7 +578,9 @@ int run_compare_command(const CompareCommand& c) {
   const std::string diagnostics_section =
       "\nTrained attention on one validation sample (first seed, chosen rate), mean over heads per "
       "layer: "
-      "numerical rank and mean row entropy (nats)\n\n| task | model | rank | row entropy "
+      "numerical rank and mean row entropy (nats). A causal attention matrix is lower "
+      "triangular with a non-zero diagonal, so it has full rank whatever the attention: the "
+      "rank tells the attentions apart on the images only.\n\n| task | model | rank | row entropy "
       "|\n|---|---|---|---|\n" +
       diagnostics_table;
   std::printf("\n%s%s%s", caption.c_str(), table.c_str(), diagnostics_section.c_str());

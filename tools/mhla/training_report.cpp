@@ -18,7 +18,7 @@ train::RunResult run_with_progress(const train::RunConfig& config, train::RunOpt
   int64_t shown = 0;
   options.on_step = [&](int64_t done, int64_t total, double loss, double tokens_per_second) {
     char label[160];
-    std::snprintf(label, sizeof label, "%s  step %lld/%lld  loss %.4f  %.0f tok/s", title.c_str(),
+    std::snprintf(label, sizeof label, "%s  step %lld/%lld  loss %.4f nats  %.0f tok/s", title.c_str(),
                   (long long)done, (long long)total, loss, tokens_per_second);
     bar.advance(double(done - shown), label);
     shown = done;
