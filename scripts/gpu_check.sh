@@ -8,7 +8,8 @@
 # packages, the .deb files in gpu-deps/ (scripts/gpu_deps.sh) are unpacked and
 # built against. MHLA_GPU_CHECK_PARTS="python" (or "cuda") runs one stage only;
 # MHLA_GPU_CHECK_PYTHON replaces the Python stage's script and arguments
-# (e.g. "bench/torch_path_profile.py").
+# (e.g. "bench/torch_path_profile.py"). MHLA_GPU_PREBUILT=1 takes build-gpu/
+# as carried (built on another machine with the same configure line).
 # Logs go to $OUT (default /tmp/mhla-gpu-check).
 #
 #   bash scripts/gpu_check.sh [benchmark repeats]
@@ -49,7 +50,9 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 status=0
 
 # MHLA_GPU_CHECK_PARTS picks the stages: "cuda" (the C++ backend), "python" (the torch path).
-parts=" ${MHLA_GPU_CHECK_PARTS:-cuda python} "
+# Carried binaries (MHLA_GPU_PREBUILT=1) serve the C++ stage only: the Python
+# extension is built for the device machine's own interpreter.
+if [[ "${MHLA_GPU_PREBUILT:-0}" == 1 ]]; then parts=" cuda "; else parts=" ${MHLA_GPU_CHECK_PARTS:-cuda python} "; fi
 # One build tree for both stages: the Python package links the library the
 # first stage compiled, CUDA backend included.
 nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
@@ -57,16 +60,23 @@ configure=(-S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DMHLA_WITH_CUDA=ON
   -DCMAKE_CUDA_COMPILER="$nvcc" -DMHLA_BUILD_TOOLS=OFF -DMHLA_WITH_MPI=OFF
   -DCMAKE_PREFIX_PATH="$root/usr")
 if [[ "$parts" == *" cuda "* ]]; then
-  echo "== configure (logs: $out) =="
-  if ! cmake "${configure[@]}" -DMHLA_BUILD_PYTHON=OFF > "$out/configure.log" 2>&1; then
-    tail -40 "$out/configure.log"
-    exit 1
-  fi
-  echo "== build =="
-  if ! cmake --build build-gpu -j "$(nproc)" --target mhla_cuda_tests mhla_cuda_operator_bench \
-    > "$out/build.log" 2>&1; then
-    grep -m 30 -A 6 -E "error|Error" "$out/build.log"
-    exit 1
+  # MHLA_GPU_PREBUILT=1: build-gpu/ was built elsewhere and carried here, so
+  # that device time goes to tests and timings (CMake is not run: its cache
+  # names the other machine's paths).
+  if [[ "${MHLA_GPU_PREBUILT:-0}" == 1 ]]; then
+    echo "== prebuilt: $(ls build-gpu/tests/mhla_cuda_tests build-gpu/bench/mhla_cuda_operator_bench) =="
+  else
+    echo "== configure (logs: $out) =="
+    if ! cmake "${configure[@]}" -DMHLA_BUILD_PYTHON=OFF > "$out/configure.log" 2>&1; then
+      tail -40 "$out/configure.log"
+      exit 1
+    fi
+    echo "== build =="
+    if ! cmake --build build-gpu -j "$(nproc)" --target mhla_cuda_tests mhla_cuda_operator_bench \
+      > "$out/build.log" 2>&1; then
+      grep -m 30 -A 6 -E "error|Error" "$out/build.log"
+      exit 1
+    fi
   fi
 
   echo "== tests =="
