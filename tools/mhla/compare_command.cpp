@@ -361,7 +361,7 @@ int run_compare_command(const CompareCommand& c) {
                             (sweep && entry.sweep_steps > 0 ? "-sweep" : ""));
       fs::create_directories(dir);
       const std::string metrics = (dir / "metrics.json").string();
-      std::optional<train::RunResult> done = read_finished_run(metrics, config);
+      std::optional<FinishedRun> done = read_finished_run(metrics, config);
       json diagnostics;
       if (done && diagnosed) {
         if (fs::exists(dir / "diagnostics.json"))
@@ -370,8 +370,10 @@ int run_compare_command(const CompareCommand& c) {
           done.reset();
       }
       train::RunResult r;
+      LossCurve train_curve;
       if (done) {
-        r = *done;
+        r = done->result;
+        train_curve = done->train_curve;
       } else {
         train::RunOptions options;
         options.data_dir = config.task == train::TaskKind::fashion_mnist ? c.data_dir : "";
@@ -386,6 +388,7 @@ int run_compare_command(const CompareCommand& c) {
         if (diagnosed && !write_json_file((dir / "diagnostics.json").string(), diagnostics))
           throw Error((dir / "diagnostics.json").string() + ": cannot write");
         write_run_metrics(metrics, config, r, threads);
+        train_curve = smoothed_train_loss(r.history.train_loss);
       }
       std::printf(
           "  %-14s lr %-7s seed %llu%s: validation %s, test %s (%s %s of %s), %.1f s, %.0f "
@@ -398,7 +401,7 @@ int run_compare_command(const CompareCommand& c) {
           progress(config, r.final_eval.step).c_str(), progress(config, r.steps_done).c_str(),
           r.history.seconds, r.tokens_per_second, done ? " (read back)" : "");
       std::fflush(stdout);
-      return std::tuple{r, diagnostics};
+      return std::tuple{r, diagnostics, train_curve};
     };
 
     // The first seed at every rate of the grid, widened until the best validation
@@ -413,7 +416,7 @@ int run_compare_command(const CompareCommand& c) {
       }
       std::vector<TriedRate> tried;  // ascending by rate
       auto sweep_at = [&](double lr) {
-        auto [r, diagnostics] = train_one(entry.models[mi], seeds.front(), lr, true);
+        const auto [r, diagnostics, train_curve] = train_one(entry.models[mi], seeds.front(), lr, true);
         tried.insert(std::upper_bound(tried.begin(), tried.end(), lr,
                                       [](double a, const TriedRate& b) { return a < b.lr; }),
                      {lr, r.final_eval});
@@ -441,14 +444,14 @@ int run_compare_command(const CompareCommand& c) {
     for (uint64_t seed : seeds)
       for (size_t mi = 0; mi < entry.models.size(); ++mi) {
         ModelRuns& mr = runs[mi];
-        auto [r, diagnostics] = train_one(entry.models[mi], seed, mr.lr, false);
+        const auto [r, diagnostics, train_curve] = train_one(entry.models[mi], seed, mr.lr, false);
         mr.validation.push_back(metric.of(r.final_eval));
         mr.test.push_back(metric.of(r.final_test));
         mr.best_step.push_back(r.final_eval.step);
         mr.steps.push_back(r.steps_done);
         mr.seconds += r.history.seconds;
         if (seed == seeds.front()) {
-          mr.curve = {entry.models[mi], r.history.train_loss, r.history.eval};
+          mr.curve = {entry.models[mi], train_curve, r.history.eval};
           mr.diagnostics = diagnostics;
         }
       }
@@ -575,14 +578,17 @@ int run_compare_command(const CompareCommand& c) {
       "mhla compare, preset " + c.preset + ", " + std::to_string(threads) + " threads, " +
       std::to_string(int(seconds + 0.5)) +
       " s in this invocation (runs read back from earlier ones are not counted).\n";
+  const bool any_causal = std::any_of(entries.begin(), entries.end(), [](const ComparisonEntry& e) {
+    return e.config.task != train::TaskKind::fashion_mnist;
+  });
   const std::string diagnostics_section =
       "\nTrained attention on one validation sample (first seed, chosen rate), mean over heads per "
-      "layer: "
-      "numerical rank and mean row entropy (nats). A causal attention matrix is lower "
-      "triangular with a non-zero diagonal, so it has full rank whatever the attention: the "
-      "rank tells the attentions apart on the images only.\n\n| task | model | rank | row entropy "
-      "|\n|---|---|---|---|\n" +
-      diagnostics_table;
+      "layer: numerical rank and mean row entropy (nats)" +
+      std::string(any_causal ? ". A causal attention matrix is lower triangular with a non-zero "
+                               "diagonal, so it has full rank whatever the attention: the rank "
+                               "tells the attentions apart on the images only"
+                             : "") +
+      "\n\n| task | model | rank | row entropy |\n|---|---|---|---|\n" + diagnostics_table;
   std::printf("\n%s%s%s", caption.c_str(), table.c_str(), diagnostics_section.c_str());
   {
     std::ofstream md(out / "compare.md");

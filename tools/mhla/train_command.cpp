@@ -158,7 +158,8 @@ int run_train_command(const TrainCommand& c) {
   write_run_metrics((dir / "metrics.json").string(), config, r, threads);
   write_loss_png(
       (dir / "loss.png").string(), name,
-      {{train::attention_list_name(config.attention), r.history.train_loss, r.history.eval}});
+      {{train::attention_list_name(config.attention), smoothed_train_loss(r.history.train_loss),
+        r.history.eval}});
   std::printf("%lld parameters, %lld/%lld steps in %.1f s of training (%.0f tokens/s)\n",
               (long long)r.parameters, (long long)r.steps_done, (long long)config.steps,
               r.history.seconds, r.tokens_per_second);

@@ -1,7 +1,10 @@
 #include "training_report.hpp"
 
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <tuple>
 
 #include "common/gnuplot.hpp"
 #include "common/json_file.hpp"
@@ -32,6 +35,67 @@ train::RunResult run_with_progress(const train::RunConfig& config, train::RunOpt
   return train::run_training(config, options);
 }
 
+LossCurve smoothed_train_loss(const std::vector<double>& per_step, size_t points) {
+  // A moving average over ~2% of the run: per-batch losses are too noisy to compare by eye.
+  const size_t n = per_step.size();
+  const double keep = 1.0 - 1.0 / std::max(1.0, double(n) / 50.0);
+  LossCurve curve;
+  double average = n ? per_step[0] : 0;
+  size_t next = 0;  // the index of the next kept point
+  for (size_t step = 0; step < n; ++step) {
+    average = keep * average + (1 - keep) * per_step[step];
+    if (step != next && step + 1 != n) continue;
+    char rounded[32];
+    std::snprintf(rounded, sizeof rounded, "%.5g", average);
+    curve.emplace_back(double(step + 1), std::atof(rounded));
+    next = points > 1 ? std::max(step + 1, (curve.size() * (n - 1)) / (points - 1)) : n;
+  }
+  return curve;
+}
+
+namespace {
+
+json history_summary(const train::History& h) {
+  json eval = json::array();
+  for (const train::EvalPoint& e : h.eval)
+    eval.push_back({{"step", e.step}, {"loss", e.loss}, {"accuracy", e.accuracy}});
+  json steps = json::array(), losses = json::array();
+  for (const auto& [step, loss] : smoothed_train_loss(h.train_loss)) {
+    steps.push_back(int64_t(step));
+    losses.push_back(loss);
+  }
+  return {{"train_curve", {{"step", steps}, {"smoothed_loss", losses}}},
+          {"eval", eval},
+          {"seconds", h.seconds}};
+}
+
+// The history of a metrics file, and its curve: the summary above, or the
+// per-step history files once held.
+std::pair<train::History, LossCurve> history_of(const json& j) {
+  if (j.contains("train_loss")) {
+    train::History full = train::history_from_json(j);
+    LossCurve curve = smoothed_train_loss(full.train_loss);
+    full.train_loss.clear();
+    full.train_accuracy.clear();
+    return {full, curve};
+  }
+  train::History h;
+  j.at("seconds").get_to(h.seconds);
+  for (const json& e : j.at("eval"))
+    h.eval.push_back({e.at("step").get<int64_t>(), e.at("loss").get<double>(),
+                      e.at("accuracy").get<double>()});
+  const json& steps = j.at("train_curve").at("step");
+  const json& losses = j.at("train_curve").at("smoothed_loss");
+  if (steps.size() != losses.size())
+    throw Error("training history: the curve's steps and losses differ in length");
+  LossCurve curve;
+  for (size_t i = 0; i < steps.size(); ++i)
+    curve.emplace_back(steps[i].get<double>(), losses[i].get<double>());
+  return {h, curve};
+}
+
+}  // namespace
+
 void write_run_metrics(const std::string& path, const train::RunConfig& config,
                        const train::RunResult& r, int threads) {
   json j = {{"config", train::to_json(config)},
@@ -42,7 +106,7 @@ void write_run_metrics(const std::string& path, const train::RunConfig& config,
             {"stopped_early", r.stopped_early},
             {"train_seconds", r.history.seconds},
             {"tokens_per_second", r.tokens_per_second},
-            {"history", train::to_json(r.history)}};
+            {"history", history_summary(r.history)}};
   if (r.finished) {
     j["final_eval"] = {{"split", "validation"},
                        {"step", r.final_eval.step},
@@ -56,16 +120,17 @@ void write_run_metrics(const std::string& path, const train::RunConfig& config,
   if (!write_json_file(path, j)) throw Error(path + ": cannot write");
 }
 
-std::optional<train::RunResult> read_finished_run(const std::string& path,
-                                                  const train::RunConfig& config) {
+std::optional<FinishedRun> read_finished_run(const std::string& path,
+                                             const train::RunConfig& config) {
   if (!std::filesystem::exists(path)) return std::nullopt;
   const json j = read_json_file(path);
   try {
     if (!j.at("finished").get<bool>() || j.at("config") != train::to_json(config))
       return std::nullopt;
-    train::RunResult r;
+    FinishedRun run;
+    train::RunResult& r = run.result;
     r.finished = true;
-    r.history = train::history_from_json(j.at("history"));
+    std::tie(r.history, run.train_curve) = history_of(j.at("history"));
     j.at("parameters").get_to(r.parameters);
     j.at("steps_done").get_to(r.steps_done);
     j.at("stopped_early").get_to(r.stopped_early);
@@ -74,7 +139,7 @@ std::optional<train::RunResult> read_finished_run(const std::string& path,
          {std::pair{"final_eval", &r.final_eval}, {"final_test", &r.final_test}})
       *point = {j.at(key).at("step").get<int64_t>(), j.at(key).at("loss").get<double>(),
                 j.at(key).at("accuracy").get<double>()};
-    return r;
+    return run;
   } catch (const nlohmann::json::exception& e) {
     throw Error(path + ": not the metrics of a training run (" + e.what() + ")");
   }
@@ -106,18 +171,11 @@ void write_loss_png(const std::string& png, const std::string& title,
   std::string data, plot;
   for (size_t i = 0; i < series.size(); ++i) {
     const LossSeries& s = series[i];
-    // A moving average over ~2% of the run: per-batch losses are too noisy to compare by eye.
-    const double keep = 1.0 - 1.0 / std::max(1.0, double(s.train_loss.size()) / 50.0);
-    std::vector<std::pair<double, double>> smooth, eval;
-    double average = s.train_loss.empty() ? 0 : s.train_loss[0];
-    for (size_t step = 0; step < s.train_loss.size(); ++step) {
-      average = keep * average + (1 - keep) * s.train_loss[step];
-      smooth.emplace_back(double(step + 1), average);
-    }
+    std::vector<std::pair<double, double>> eval;
     for (const train::EvalPoint& e : s.eval) eval.emplace_back(double(e.step), e.loss);
     const std::string name = "$t" + std::to_string(i), eval_name = "$e" + std::to_string(i);
     const std::string colour = " lc " + std::to_string(i + 1);
-    data += gnuplot_data_block(name, smooth) + gnuplot_data_block(eval_name, eval);
+    data += gnuplot_data_block(name, s.train_curve) + gnuplot_data_block(eval_name, eval);
     plot += std::string(plot.empty() ? "plot " : ", ") + name + " using 1:2 with lines lw 2" +
             colour + " title '" + s.title + " (train)', " + eval_name +
             " using 1:2 with points pt 7" + colour + " title '" + s.title + " (eval)'";

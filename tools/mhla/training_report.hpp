@@ -2,6 +2,7 @@
 // What `mhla train` and `mhla compare` write and print about a run.
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "train/trainer.hpp"
@@ -12,15 +13,31 @@ namespace mhla::tools {
 train::RunResult run_with_progress(const train::RunConfig& config, train::RunOptions options,
                                    const std::string& title);
 
-// metrics.json: config, threads, final evaluation, run time, throughput, history.
+// The training loss as the loss plots draw it: the per-step losses under a
+// moving average over ~2% of the run, at `points` (step, loss) pairs evenly
+// spaced over the steps, the last one included; losses to 5 digits.
+using LossCurve = std::vector<std::pair<double, double>>;
+LossCurve smoothed_train_loss(const std::vector<double>& per_step, size_t points = 100);
+
+// metrics.json: config, threads, final evaluation, run time, throughput, and
+// the history as a summary: the smoothed training curve and every evaluation
+// (the per-step losses stay in the run's checkpoint, which resumes it).
 void write_run_metrics(const std::string& path, const train::RunConfig& config,
                        const train::RunResult& result, int threads);
 
+// A finished run as metrics.json records it: its result (its history without
+// per-step losses) and its smoothed training curve.
+struct FinishedRun {
+  train::RunResult result;
+  LossCurve train_curve;
+};
+
 // The run recorded in metrics.json at `path` when it finished with exactly this
 // config; nothing when the file is missing, unfinished or from other settings.
-// mhla::Error when the file exists but cannot be read as metrics.
-std::optional<train::RunResult> read_finished_run(const std::string& path,
-                                                  const train::RunConfig& config);
+// mhla::Error when the file exists but cannot be read as metrics. Files that
+// hold the per-step history (as they once did) are read too.
+std::optional<FinishedRun> read_finished_run(const std::string& path,
+                                             const train::RunConfig& config);
 
 // An M x M mixing matrix W (row i: query block, column b: key block) as a PNG
 // with a colour bar of its values.
@@ -29,11 +46,11 @@ void write_mixing_png(const std::string& png, const std::string& title, const st
 
 struct LossSeries {
   std::string title;
-  std::vector<double> train_loss;  // per step; drawn smoothed
+  LossCurve train_curve;  // smoothed_train_loss
   std::vector<train::EvalPoint> eval;
 };
-// Training loss (exponential moving average) and evaluation loss against step,
-// one colour per series; log-scale loss.
+// Training loss (smoothed) and evaluation loss against step, one colour per
+// series; log-scale loss.
 void write_loss_png(const std::string& png, const std::string& title,
                     const std::vector<LossSeries>& series);
 
