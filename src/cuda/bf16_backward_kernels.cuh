@@ -2,7 +2,7 @@
 // The bfloat16 backward on tensor cores (bf16_tiles.cuh), around the mix's
 // backward (bf16_mix_kernels.cuh): bfloat16 q, k, v, grad_o and gradients,
 // float summaries, mixed summaries, their gradients and per-token terms.
-// Arrays as in reference_kernels.cuh. The problem is a whole sequence
+// Arrays as in thread_per_result_kernels.cuh. The problem is a whole sequence
 // (bf16_kernels_fit).
 //
 // With y_t = phi(q_t)^T mixed_i[:, :Dv] and den_t = phi(q_t) . z_i for token t
@@ -21,7 +21,7 @@
 
 #include <cstdint>
 
-#include "cuda/reference_kernels.cuh"
+#include "cuda/thread_per_result_kernels.cuh"
 
 namespace mhla::cuda {
 

@@ -5,13 +5,13 @@
 // summaries and outputs come out near float32 accuracy and o is rounded once,
 // as the CPU operator's float path does.
 //
-// Arrays as in reference_kernels.cuh: q, k [B, N, H, Dk] and v, o [B, N, H, Dv]
+// Arrays as in thread_per_result_kernels.cuh: q, k [B, N, H, Dk] and v, o [B, N, H, Dv]
 // in bfloat16; summaries and mixed [B*H, M, Dk, Dv + 1] in float.
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
-#include "cuda/reference_kernels.cuh"
+#include "cuda/thread_per_result_kernels.cuh"
 
 namespace mhla::cuda {
 

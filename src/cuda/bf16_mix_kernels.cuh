@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "cuda/reference_kernels.cuh"
+#include "cuda/thread_per_result_kernels.cuh"
 
 namespace mhla::cuda {
 

@@ -1,5 +1,5 @@
 // The CUDA backend: the operator's phases as the one-thread-per-result
-// kernels of cuda/reference_kernels.cuh, on the default stream, with
+// kernels of cuda/thread_per_result_kernels.cuh, on the default stream, with
 // per-thread device scratch; the bfloat16 operator on tensor cores
 // (cuda/bf16_*_kernels.cuh), token-level causal masking included.
 // Token-level causal masking in float and double, the decoder's step and the
@@ -18,7 +18,7 @@
 #include "cuda/bf16_mix_kernels.cuh"
 #include "cuda/cuda_check.hpp"
 #include "cuda/elementwise.cuh"
-#include "cuda/reference_kernels.cuh"
+#include "cuda/thread_per_result_kernels.cuh"
 
 namespace mhla::cuda {
 namespace {

@@ -3,7 +3,7 @@
 // as the mix reads them, and where a token's row sits in a token tensor.
 #include <cstdint>
 
-#include "cuda/reference_kernels.cuh"
+#include "cuda/thread_per_result_kernels.cuh"
 #include "mhla/modes.hpp"
 
 namespace mhla::cuda {

@@ -1,7 +1,7 @@
 #include "cuda/cuda_check.hpp"
 #include "cuda/device_helpers.cuh"
 #include "cuda/launch.cuh"
-#include "cuda/reference_kernels.cuh"
+#include "cuda/thread_per_result_kernels.cuh"
 
 namespace mhla::cuda {
 namespace {

@@ -1,8 +1,8 @@
 #pragma once
 // The CUDA backend's kernels in their plainest form: one thread per result
-// element, each summing its own terms in a fixed order. They are the GPU's
-// counterpart of the float64 reference (slow, obviously correct, deterministic)
-// and the baseline the fused kernels are checked against. Every phase of the
+// element, each summing its own terms in a fixed order: slow, obviously
+// correct and deterministic, the naive check beside the tensor-core kernels
+// ("reference" names only the float64 references of src/reference/). Every phase of the
 // operator and its backward is one launch on the given stream.
 //
 // Arrays: q, k [B, N, H, Dk], v, o [B, N, H, Dv] (token tensors); summaries
