@@ -246,7 +246,7 @@ def mhla_attention(q, k, v, w, layout, *, masking="none", feature_map="elu1", no
     compute = compute_dtype(dtype, q.device)
     # Sums that are not one product (the normalisers' z_b, Toeplitz mixing) are float32.
     wide = torch.float32 if compute == torch.bfloat16 else compute
-    # w is small: a CPU w (as mhla.init_mixing returns it) goes where q is.
+    # Every tensor of a call is on q's device (mhla.torch's contract); w takes the sums' dtype.
     q, k, v, w = q.to(compute), k.to(compute), v.to(compute), w.to(device=q.device, dtype=wide)
     m, size, heads = geometry.num_blocks, geometry.block_size, q.shape[2]
     valid = cached_slot_valid(geometry, q.device)
