@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from . import _core, _pure_torch
+from . import _contract, _core, _pure_torch
 
 
 class TorchDecoder:
@@ -129,7 +129,7 @@ class TorchDecoder:
             raise ValueError(f"mhla::Decoder: {name} must be {want}; got [{', '.join(map(str, shape))}]")
         # The C++ decoder's rule: float32 tokens (its state is float32), where its state is.
         if t.dtype != torch.float32:
-            raise TypeError(f"{name} has dtype {str(t.dtype).replace('torch.', '')}; the decoder computes in float32 "
+            raise TypeError(f"{name} has dtype {_contract.dtype_name(t.dtype)}; the decoder computes in float32 "
                             "(convert with .float())")
         if t.device != self.w.device:
             raise ValueError(f"mhla::Decoder: {name} is on {t.device} but the decoder's state is on "

@@ -55,35 +55,34 @@ LossCurve smoothed_train_loss(const std::vector<double>& per_step, size_t points
 
 namespace {
 
+// The trainer's history without its per-step arrays, with the curve instead.
 json history_summary(const train::History& h) {
-  json eval = json::array();
-  for (const train::EvalPoint& e : h.eval)
-    eval.push_back({{"step", e.step}, {"loss", e.loss}, {"accuracy", e.accuracy}});
+  json j = train::to_json(h);
+  j.erase("train_loss");
+  j.erase("train_accuracy");
   json steps = json::array(), losses = json::array();
   for (const auto& [step, loss] : smoothed_train_loss(h.train_loss)) {
     steps.push_back(int64_t(step));
     losses.push_back(loss);
   }
-  return {{"train_curve", {{"step", steps}, {"smoothed_loss", losses}}},
-          {"eval", eval},
-          {"seconds", h.seconds}};
+  j["train_curve"] = {{"step", steps}, {"smoothed_loss", losses}};
+  return j;
 }
 
-// The history of a metrics file, and its curve: the summary above, or the
-// per-step history files once held.
+// The history of a metrics file (its per-step arrays empty) and its curve:
+// the summary above, or the per-step history files once held.
 std::pair<train::History, LossCurve> history_of(const json& j) {
   if (j.contains("train_loss")) {
-    train::History full = train::history_from_json(j);
-    LossCurve curve = smoothed_train_loss(full.train_loss);
-    full.train_loss.clear();
-    full.train_accuracy.clear();
-    return {full, curve};
+    train::History h = train::history_from_json(j);
+    LossCurve curve = smoothed_train_loss(h.train_loss);
+    h.train_loss.clear();
+    h.train_accuracy.clear();
+    return {h, curve};
   }
-  train::History h;
-  j.at("seconds").get_to(h.seconds);
-  for (const json& e : j.at("eval"))
-    h.eval.push_back({e.at("step").get<int64_t>(), e.at("loss").get<double>(),
-                      e.at("accuracy").get<double>()});
+  json full = j;
+  full["train_loss"] = json::array();
+  full["train_accuracy"] = json::array();
+  const train::History h = train::history_from_json(full);
   const json& steps = j.at("train_curve").at("step");
   const json& losses = j.at("train_curve").at("smoothed_loss");
   if (steps.size() != losses.size())
