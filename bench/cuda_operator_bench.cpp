@@ -207,6 +207,11 @@ int main(int argc, char** argv) try {
                      TensorView<mhla::bfloat16>{bgv, shape, Device::cuda},
                      TensorView<float>{gw, w_shape, Device::cuda});
     });
+    // The bfloat16-state forward (src/cuda/bf16_state_forward.cuh), which
+    // takes no token-level causal masking.
+    setenv("MHLA_CUDA_BF16_STATE", "1", 1);
+    const double state_fwd = float_kernels ? median_ms(repeats, run_bf16_forward) : NAN;
+    unsetenv("MHLA_CUDA_BF16_STATE");
     // bf16 tokens: 2 bytes each of q, k, v read and o written.
     const double bytes_floor = 4.0 * double(elements) * 2.0 / copy_rate;
     const mhla::FlopCount flops = mhla::mhla_flops(1, n, s.heads, s.d, s.d, m, s.masking, n / m);
@@ -224,6 +229,12 @@ int main(int argc, char** argv) try {
                 bf16_fwd / (mhla::bench::total_bytes(budget.forward) / budget_rate),
                 bf16_fwd_bwd / ((mhla::bench::total_bytes(budget.forward) +
                                  mhla::bench::total_bytes(budget.backward)) / budget_rate));
+    if (float_kernels)
+      std::printf("  bf16-state forward %.3f ms: %.1fx the budget, %.1fx the bytes floor, %.2fx "
+                  "the split-operand forward\n",
+                  state_fwd,
+                  state_fwd / (mhla::bench::total_bytes(budget.forward) / budget_rate),
+                  state_fwd / bytes_floor, state_fwd / bf16_fwd);
     for (float* p : {q, k, v, grad_o, w, o, gq, gk, gv, gw}) cudaFree(p);
     for (mhla::bfloat16* p : {bq, bk, bv, bo, bgo, bgq, bgk, bgv}) cudaFree(p);
   }

@@ -3,6 +3,7 @@
 #include "mhla/analysis.hpp"
 #include "mhla/baselines.hpp"
 #include "mhla/decoder.hpp"
+#include "mhla/device_execution.hpp"
 #include "mhla/error.hpp"
 #include "mhla/layout.hpp"
 #include "mhla/mixing_init.hpp"

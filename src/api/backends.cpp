@@ -7,9 +7,27 @@
 
 #include "core/host_copy.hpp"
 #include "core/validate.hpp"
+#include "mhla/device_execution.hpp"
 #include "mhla/operator.hpp"
 
 namespace mhla {
+namespace {
+
+thread_local DeviceExecution this_thread_execution;
+
+}  // namespace
+
+void set_device_execution(const DeviceExecution& execution) {
+  this_thread_execution = execution;
+}
+
+DeviceExecution device_execution() { return this_thread_execution; }
+
+void check_device_results() {
+#if MHLA_WITH_CUDA
+  if (backend::cuda_device_present()) backend::cuda_backend().raise_deferred(true);
+#endif
+}
 
 // Every backend of this build frees the calling thread's arrays.
 void release_scratch() {

@@ -41,7 +41,8 @@ detail::ValidatedCall checked_call(const char* fn, const Options& options,
                                    const TensorView<const S>& q, const TensorView<const S>& k,
                                    const TensorView<const S>& v, const TensorView<const W>& w,
                                    const TensorView<O>& o) {
-  backend::backend_for(fn, "q", q.device);
+  // A failed check of an earlier deferred call is reported first.
+  backend::backend_for(fn, "q", q.device).raise_deferred(false);
   detail::Problem problem = detail::validate_mhla(fn, options, q, k, v, w, q.device);
   detail::check_output(fn, "o", o, detail::v_shape(problem.dims), q.device);
   return {std::move(problem), options.layout};
@@ -93,6 +94,12 @@ std::pair<const T*, const T*> check_backward(
   return {summaries, mixed};
 }
 
+// Whether the call reads its checks back before it returns (the CPU, and
+// DeviceChecks::sync): a deferred device call's checks run on the device.
+bool checks_read_back(Device device) {
+  return device == Device::cpu || device_execution().checks == DeviceChecks::sync;
+}
+
 // Elements of a checked buffer.
 template <typename T>
 int64_t elements(const TensorView<T>& t) {
@@ -128,9 +135,11 @@ void run_backward(const char* fn, const detail::Problem& p, const backend::Backe
   const bool finite = device.attention(p, w.data)->backward(
                           q.data, k.data, v.data, grad_o.data, grad_q.data, grad_k.data,
                           grad_v.data, grad_w.data, saved_summaries, saved_mixed) &&
-                      // grad_w is small ([H,] M, M) and written by the mixer: scanned here.
-                      detail::first_non_finite(detail::HostCopy(grad_w).data(),
-                                               elements(grad_w)) < 0;
+                      // grad_w is small ([H,] M, M) and written by the mixer: scanned
+                      // here (deferred, the mixer's kernels flag it on the device).
+                      (!checks_read_back(grad_w.device) ||
+                       detail::first_non_finite(detail::HostCopy(grad_w).data(),
+                                                elements(grad_w)) < 0);
   if (finite) return;
   const detail::HostCopy hq(q), hk(k), hv(v), ho(o), hgo(grad_o);
   const detail::HostCopy hgq(grad_q), hgk(grad_k), hgv(grad_v), hgw(grad_w);
@@ -203,7 +212,8 @@ void backward(SavedArrays saved, const Options& options, TensorView<const bfloat
     device.zero(grad_w.data, elements(grad_w));
     if (kernels->backward(q.data, k.data, v.data, grad_o.data, grad_q.data, grad_k.data,
                           grad_v.data, grad_w.data, summaries, mixed) &&
-        first_non_finite(HostCopy(grad_w).data(), elements(grad_w)) < 0)
+        (!checks_read_back(grad_w.device) ||
+         first_non_finite(HostCopy(grad_w).data(), elements(grad_w)) < 0))
       return;
   }
   // The float kernels on widened copies; the gradients are rounded at the end.

@@ -167,6 +167,11 @@ class Backend {
   // Copies `bytes` of the device's memory to host memory (for the checks and
   // reports that read values: core/host_copy.hpp).
   virtual void to_host(const void* from, size_t bytes, void* to) const = 0;
+  // Throws the first failed check of the calling thread's deferred calls
+  // (mhla/device_execution.hpp): of those already done (wait false), or
+  // after waiting for all. Backends that check every call before it returns
+  // have none.
+  virtual void raise_deferred(bool /*wait*/) const {}
 };
 
 // Each backend is defined in its own folder: the CPU's in src/cpu/cpu_backend.cpp,

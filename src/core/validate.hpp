@@ -11,6 +11,7 @@
 
 #include "core/block_table.hpp"
 #include "core/host_copy.hpp"
+#include "mhla/device_execution.hpp"
 #include "mhla/error.hpp"
 #include "mhla/options.hpp"
 #include "mhla/tensor.hpp"
@@ -53,6 +54,9 @@ struct Problem {
   bool normalize = true;
   double eps = 1e-6;
   double scale = 1.0;  // unnormalized mode
+  // DeviceChecks::deferred on a device: w's values are left to the backend,
+  // which checks them on the device without waiting.
+  bool weights_checked_on_device = false;
 };
 
 [[noreturn]] void fail(const char* fn, const std::string& message);
@@ -182,7 +186,10 @@ Problem validate_mhla(const char* fn, const Options& options, const TensorView<c
   check_device(fn, "w", w.device, call_device);
   Problem problem = check_linear_options(fn, options, dims);
   check_layout_and_mixing_shape(fn, options, w.shape, w.data, problem);
-  check_mixing_values(fn, problem, HostCopy(w).data());
+  if (call_device != Device::cpu && device_execution().checks == DeviceChecks::deferred)
+    problem.weights_checked_on_device = true;  // by the backend, read back later
+  else
+    check_mixing_values(fn, problem, HostCopy(w).data());
   return problem;
 }
 

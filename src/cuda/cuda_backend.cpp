@@ -1,12 +1,15 @@
 // The CUDA backend: the operator's phases as the one-thread-per-result
-// kernels of cuda/thread_per_result_kernels.cuh, on the default stream, with
-// per-thread device scratch; the bfloat16 operator on tensor cores
-// (cuda/bf16_*_kernels.cuh), token-level causal masking included.
+// kernels of cuda/thread_per_result_kernels.cuh, with per-thread device
+// scratch; the bfloat16 operator on tensor cores (cuda/bf16_*_kernels.cuh),
+// token-level causal masking included. Every call runs on the stream of the
+// thread's DeviceExecution, its checks read back as call_status.hpp says.
 // Token-level causal masking in float and double, the decoder's step and the
 // softmax baseline are not implemented on CUDA and are refused by name.
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <utility>
@@ -16,8 +19,12 @@
 #include "cuda/bf16_backward_kernels.cuh"
 #include "cuda/bf16_forward_kernels.cuh"
 #include "cuda/bf16_mix_kernels.cuh"
+#include "cuda/bf16_state_forward.cuh"
+#include "cuda/bf16_state_plan.hpp"
+#include "cuda/call_status.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/elementwise.cuh"
+#include "cuda/kernel_problem_of.hpp"
 #include "cuda/thread_per_result_kernels.cuh"
 
 namespace mhla::cuda {
@@ -73,7 +80,16 @@ class ScratchArrays {
 };
 
 // The API's slots (backend::Scratch) and the attention kernels' own.
-enum class Own { grad_mixed, grad_summaries, token_terms, mix_backward, diagonal, flag, count };
+enum class Own {
+  grad_mixed,
+  grad_summaries,
+  token_terms,
+  mix_backward,
+  diagonal,
+  flag,
+  bf16_state,
+  count
+};
 thread_local ScratchArrays api_scratch{size_t(Scratch::count)};
 thread_local ScratchArrays own_scratch{size_t(Own::count)};
 
@@ -93,8 +109,7 @@ void upload(const std::vector<T>& host, T* device) {
         "cudaMemcpy (host to device)");
 }
 
-// A layout's block arrays on the device: block_tokens [N] (each block's
-// tokens in order), block_start [M + 1], token_block [N].
+// A layout's block arrays (kernel_problem_of.hpp) on the device.
 struct DeviceBlockArrays {
   DeviceBuffer arrays;
   int64_t largest_block = 0;
@@ -133,26 +148,11 @@ class BlockArrayCache {
 
   static std::shared_ptr<const DeviceBlockArrays> build(const detail::BlockTableView& table,
                                                         int64_t n) {
-    const int64_t m = table.blocks;
-    std::vector<int64_t> host(size_t(2 * n + m + 1));
-    int64_t* block_tokens = host.data();
-    int64_t* block_start = block_tokens + n;
-    int64_t* token_block = block_start + m + 1;
-    int64_t next = 0;
+    const BlockArrays host = block_arrays(table, n);
     auto device = std::make_shared<DeviceBlockArrays>();
-    for (int64_t b = 0; b < m; ++b) {
-      block_start[b] = next;
-      table.for_each_run(b, [&](int64_t first, int64_t length) {
-        for (int64_t t = first; t < first + length; ++t) {
-          block_tokens[next++] = t;
-          token_block[t] = b;
-        }
-      });
-      device->largest_block = std::max(device->largest_block, next - block_start[b]);
-    }
-    block_start[m] = next;
-    device->arrays = DeviceBuffer(host.size() * sizeof(int64_t));
-    upload(host, static_cast<int64_t*>(device->arrays.data()));
+    device->largest_block = host.largest_block;
+    device->arrays = DeviceBuffer(host.values.size() * sizeof(int64_t));
+    upload(host.values, static_cast<int64_t*>(device->arrays.data()));
     return device;
   }
 
@@ -165,32 +165,10 @@ thread_local BlockArrayCache block_arrays;
 // kernels' view of the problem.
 class Geometry {
  public:
-  explicit Geometry(const detail::Problem& p) : arrays_(block_arrays.get(p.table, p.dims.tokens)) {
-    const int64_t n = p.dims.tokens, m = p.table.blocks;
-    const auto* device = static_cast<const int64_t*>(arrays_->arrays.data());
-    problem_.largest_block = arrays_->largest_block;
-    problem_.batch = p.dims.batch;
-    problem_.tokens = n;
-    problem_.heads = p.dims.heads;
-    problem_.dk = p.dims.dk;
-    problem_.dv = p.dims.dv;
-    problem_.blocks = m;
-    problem_.block_tokens = device;
-    problem_.block_start = device + n;
-    problem_.token_block = device + n + m + 1;
-    problem_.first_block = p.first_block;
-    problem_.mixing_blocks = p.mixing_blocks;
-    problem_.w_stride = p.w_stride;
-    problem_.per_head = p.per_head_mixing;
-    problem_.toeplitz = p.toeplitz;
-    problem_.lower_triangular = p.lower_triangular();
-    problem_.causal = p.causal;
-    problem_.toeplitz_length = p.toeplitz_length;
-    problem_.phi = p.phi;
-    problem_.normalize = p.normalize;
-    problem_.eps = p.eps;
-    problem_.scale = p.scale;
-  }
+  explicit Geometry(const detail::Problem& p)
+      : arrays_(block_arrays.get(p.table, p.dims.tokens)),
+        problem_(kernel_problem(p, static_cast<const int64_t*>(arrays_->arrays.data()),
+                                arrays_->largest_block)) {}
   const KernelProblem& problem() const { return problem_; }
   // The elements of the summaries and of the mixed summaries, [B*H, M, Dk, Dv + 1].
   int64_t summary_elements() const {
@@ -202,42 +180,49 @@ class Geometry {
   KernelProblem problem_;
 };
 
-// The flag the kernels raise on a non-finite result: cleared before the
-// kernels run, read back after them (the read waits for them to finish).
-class NonFiniteFlag {
- public:
-  NonFiniteFlag() : flag_(own<int>(Own::flag, 1)) {
-    check(cudaMemsetAsync(flag_, 0, sizeof(int), nullptr), "cudaMemsetAsync");
-  }
-  int* device() const { return flag_; }
-  bool raised() const {
-    int raised = 0;
-    check(cudaMemcpy(&raised, flag_, sizeof(int), cudaMemcpyDeviceToHost),
-          "cudaMemcpy (device to host)");
-    return raised != 0;
-  }
+// The inputs whose entries could explain a non-finite result: q, k, v in a
+// forward, and grad_o too in a backward.
+int64_t tokens(const KernelProblem& p) { return p.batch * p.tokens * p.heads; }
+template <typename T>
+CheckedInputs<T> forward_inputs(const KernelProblem& p, const T* q, const T* k, const T* v) {
+  return {{{q, tokens(p) * p.dk}, {k, tokens(p) * p.dk}, {v, tokens(p) * p.dv}}, 3};
+}
+template <typename T>
+CheckedInputs<T> backward_inputs(const KernelProblem& p, const T* q, const T* k, const T* v,
+                                 const T* grad_o) {
+  CheckedInputs<T> inputs = forward_inputs(p, q, k, v);
+  inputs.x[inputs.count++] = {grad_o, tokens(p) * p.dv};
+  return inputs;
+}
 
- private:
-  int* flag_;
-};
+// One call's checks (call_status.hpp); a call whose status is not queued
+// uses the thread's scratch status.
+template <typename W>
+CallStatus call_status(const char* fn, const detail::Problem& problem, const KernelProblem& kernels,
+                       const W* w) {
+  return CallStatus(fn, problem, kernels, w, own<DeviceStatus>(Own::flag, 1));
+}
 
 template <typename T>
 class CudaAttention final : public backend::Attention<T> {
  public:
-  CudaAttention(const detail::Problem& p, const T* w) : geometry_(p), w_(w) {}
+  CudaAttention(const detail::Problem& p, const T* w) : problem_(p), geometry_(p), w_(w) {}
 
   bool forward(const T* q, const T* k, const T* v, T* o, T* saved_summaries,
                T* saved_mixed) const override {
     T* s = saved_summaries ? saved_summaries : api_slot<T>(Scratch::summaries, summary_elements());
     T* m = saved_mixed ? saved_mixed : api_slot<T>(Scratch::mixed, summary_elements());
+    CallStatus status = call_status("mhla::forward", problem_, p(), w_);
     summaries(k, v, s);
     mix(s, m);
-    return outputs(q, k, v, m, o);
+    cuda::outputs(p(), q, m, o, status.non_finite(), stream());
+    return !status.raised(forward_inputs(p(), q, k, v));
   }
 
   bool backward(const T* q, const T* k, const T* v, const T* grad_o, T* grad_q, T* grad_k,
                 T* grad_v, T* grad_w, const T* saved_summaries,
                 const T* saved_mixed) const override {
+    CallStatus status = call_status("mhla::backward", problem_, p(), w_);
     const T* s = saved_summaries;
     if (s == nullptr) {
       T* fresh = api_slot<T>(Scratch::summaries, summary_elements());
@@ -250,53 +235,59 @@ class CudaAttention final : public backend::Attention<T> {
       mix(s, fresh);
       m = fresh;
     }
-    const NonFiniteFlag flag;
     T* grad_mixed = own<T>(Own::grad_mixed, summary_elements());
     T* grad_summaries = own<T>(Own::grad_summaries, summary_elements());
-    run_output_gradients(q, grad_o, m, grad_mixed, grad_q, flag.device());
-    cuda::mix_backward(p(), w_, s, grad_mixed, grad_summaries, grad_w, flag.device(), nullptr);
-    cuda::key_value_gradients(p(), k, v, grad_summaries, grad_k, grad_v, flag.device(), nullptr);
-    return !flag.raised();
+    run_output_gradients(q, grad_o, m, grad_mixed, grad_q, status.non_finite());
+    cuda::mix_backward(p(), w_, s, grad_mixed, grad_summaries, grad_w, status.non_finite(),
+                       stream());
+    cuda::key_value_gradients(p(), k, v, grad_summaries, grad_k, grad_v, status.non_finite(),
+                              stream());
+    return !status.raised(backward_inputs(p(), q, k, v, grad_o));
   }
 
   void summaries(const T* k, const T* v, T* summaries) const override {
-    cuda::summaries(p(), k, v, summaries, nullptr);
+    cuda::summaries(p(), k, v, summaries, stream());
   }
   void mix(const T* summaries, T* mixed) const override {
-    cuda::mix(p(), w_, summaries, mixed, nullptr);
+    cuda::mix(p(), w_, summaries, mixed, stream());
   }
   void mix_backward(const T* grad_mixed, const T* summaries, T* grad_summaries,
                     T* grad_w) const override {
-    const NonFiniteFlag flag;
-    cuda::mix_backward(p(), w_, summaries, grad_mixed, grad_summaries, grad_w, flag.device(),
-                       nullptr);
+    CallStatus status = call_status("mhla::backward", problem_, p(), w_);
+    cuda::mix_backward(p(), w_, summaries, grad_mixed, grad_summaries, grad_w, status.non_finite(),
+                       stream());
+    status.raised(CheckedInputs<T>{});
   }
-  bool outputs(const T* q, const T*, const T*, const T* mixed, T* o) const override {
-    const NonFiniteFlag flag;
-    cuda::outputs(p(), q, mixed, o, flag.device(), nullptr);
-    return !flag.raised();
+  bool outputs(const T* q, const T* k, const T* v, const T* mixed, T* o) const override {
+    CallStatus status = call_status("mhla::forward", problem_, p(), w_);
+    cuda::outputs(p(), q, mixed, o, status.non_finite(), stream());
+    return !status.raised(forward_inputs(p(), q, k, v));
   }
   bool output_gradients(const T* q, const T*, const T*, const T* grad_o, const T* mixed,
                         T* grad_mixed, T* grad_q, T*, T*, T*) const override {
-    const NonFiniteFlag flag;
-    run_output_gradients(q, grad_o, mixed, grad_mixed, grad_q, flag.device());
-    return !flag.raised();
+    CallStatus status = call_status("mhla::backward", problem_, p(), w_);
+    run_output_gradients(q, grad_o, mixed, grad_mixed, grad_q, status.non_finite());
+    return !status.raised(CheckedInputs<T>{{{q, tokens(p()) * p().dk}, {grad_o, tokens(p()) * p().dv}}, 2});
   }
   void key_value_gradients(const T* k, const T* v, const T* grad_summaries, T* grad_k,
                            T* grad_v) const override {
-    const NonFiniteFlag flag;
-    cuda::key_value_gradients(p(), k, v, grad_summaries, grad_k, grad_v, flag.device(), nullptr);
+    CallStatus status = call_status("mhla::backward", problem_, p(), w_);
+    cuda::key_value_gradients(p(), k, v, grad_summaries, grad_k, grad_v, status.non_finite(),
+                              stream());
+    status.raised(CheckedInputs<T>{{{k, tokens(p()) * p().dk}, {v, tokens(p()) * p().dv}}, 2});
   }
 
  private:
   const KernelProblem& p() const { return geometry_.problem(); }
   int64_t summary_elements() const { return geometry_.summary_elements(); }
+  static cudaStream_t stream() { return current_stream(); }
   void run_output_gradients(const T* q, const T* grad_o, const T* mixed, T* grad_mixed, T* grad_q,
                             int* flag) const {
     T* terms = own<T>(Own::token_terms, 2 * p().batch * p().tokens * p().heads);
-    cuda::output_gradients(p(), q, mixed, grad_o, grad_q, grad_mixed, terms, flag, nullptr);
+    cuda::output_gradients(p(), q, mixed, grad_o, grad_q, grad_mixed, terms, flag, stream());
   }
 
+  const detail::Problem& problem_;
   const Geometry geometry_;
   const T* w_;
 };
@@ -306,58 +297,84 @@ class CudaAttention final : public backend::Attention<T> {
 // mixed summaries' gradient, the mix's backward and the key and value gradients.
 class CudaBf16Attention final : public backend::Bf16Attention {
  public:
-  CudaBf16Attention(const detail::Problem& p, const float* w) : geometry_(p), w_(w) {}
+  CudaBf16Attention(const detail::Problem& p, const float* w) : problem_(p), geometry_(p), w_(w) {}
   bool fits() const { return bf16_kernels_fit(geometry_.problem()); }
 
   bool forward(const bfloat16* q, const bfloat16* k, const bfloat16* v, bfloat16* o,
                float* saved_summaries, float* saved_mixed) const override {
     const KernelProblem& p = geometry_.problem();
-    const int64_t elements = geometry_.summary_elements();
-    float* s = saved_summaries ? saved_summaries : api_slot<float>(Scratch::summaries, elements);
-    float* m = saved_mixed ? saved_mixed : api_slot<float>(Scratch::mixed, elements);
-    bf16_summaries(p, bits(k), bits(v), s, nullptr);
-    bf16_mix(p, w_, s, m, nullptr);
-    const NonFiniteFlag flag;
-    bf16_outputs(p, bits(q), bits(k), bits(v), w_, m, bits(o), flag.device(), nullptr);
-    return !flag.raised();
+    const cudaStream_t stream = current_stream();
+    CallStatus status = call_status("mhla::forward", problem_, p, w_);
+    // The bfloat16-state kernels keep their state to themselves, so a call
+    // that saves the float state for a backward stays on these.
+    if (saved_summaries == nullptr && saved_mixed == nullptr && bf16_state_enabled() &&
+        bf16_state_forward_fits(p, q, k, v, o)) {
+      bf16_state_forward(p, bits(q), bits(k), bits(v), w_, bits(o), bf16_state(p),
+                         status.non_finite(), stream);
+    } else {
+      const int64_t elements = geometry_.summary_elements();
+      float* s = saved_summaries ? saved_summaries : api_slot<float>(Scratch::summaries, elements);
+      float* m = saved_mixed ? saved_mixed : api_slot<float>(Scratch::mixed, elements);
+      bf16_summaries(p, bits(k), bits(v), s, stream);
+      bf16_mix(p, w_, s, m, stream);
+      bf16_outputs(p, bits(q), bits(k), bits(v), w_, m, bits(o), status.non_finite(), stream);
+    }
+    return !status.raised(forward_inputs(p, bits(q), bits(k), bits(v)));
   }
   bool backward(const bfloat16* q, const bfloat16* k, const bfloat16* v, const bfloat16* grad_o,
                 bfloat16* grad_q, bfloat16* grad_k, bfloat16* grad_v, float* grad_w,
                 const float* saved_summaries, const float* saved_mixed) const override {
     const KernelProblem& p = geometry_.problem();
+    const cudaStream_t stream = current_stream();
+    CallStatus status = call_status("mhla::backward", problem_, p, w_);
     const int64_t elements = geometry_.summary_elements();
     const float* s = saved_summaries;
     if (s == nullptr) {
       float* fresh = api_slot<float>(Scratch::summaries, elements);
-      bf16_summaries(p, bits(k), bits(v), fresh, nullptr);
+      bf16_summaries(p, bits(k), bits(v), fresh, stream);
       s = fresh;
     }
     const float* m = saved_mixed;
     if (m == nullptr) {
       float* fresh = api_slot<float>(Scratch::mixed, elements);
-      bf16_mix(p, w_, s, fresh, nullptr);
+      bf16_mix(p, w_, s, fresh, stream);
       m = fresh;
     }
-    const NonFiniteFlag flag;
     float* terms = own<float>(Own::token_terms, 2 * p.batch * p.tokens * p.heads);
     float* grad_mixed = own<float>(Own::grad_mixed, elements);
     float* grad_summaries = own<float>(Own::grad_summaries, elements);
     float* mix_scratch = own<float>(Own::mix_backward, bf16_mix_backward_scratch(p));
     float* diagonal = p.causal ? own<float>(Own::diagonal, bf16_diagonal_terms(p)) : nullptr;
+    int* flag = status.non_finite();
     bf16_query_gradients(p, bits(q), bits(k), bits(v), bits(grad_o), w_, m, bits(grad_q), terms,
-                         diagonal, flag.device(), nullptr);
-    bf16_mixed_gradients(p, bits(q), bits(grad_o), terms, grad_mixed, nullptr);
-    bf16_mix_backward(p, w_, s, grad_mixed, diagonal, grad_summaries, grad_w, mix_scratch,
-                      flag.device(), nullptr);
+                         diagonal, flag, stream);
+    bf16_mixed_gradients(p, bits(q), bits(grad_o), terms, grad_mixed, stream);
+    bf16_mix_backward(p, w_, s, grad_mixed, diagonal, grad_summaries, grad_w, mix_scratch, flag,
+                      stream);
     bf16_key_value_gradients(p, bits(q), bits(k), bits(v), bits(grad_o), w_, terms, grad_summaries,
-                             bits(grad_k), bits(grad_v), flag.device(), nullptr);
-    return !flag.raised();
+                             bits(grad_k), bits(grad_v), flag, stream);
+    return !status.raised(backward_inputs(p, bits(q), bits(k), bits(v), bits(grad_o)));
   }
 
  private:
+  // MHLA_CUDA_BF16_STATE=1 runs the forward on the bfloat16-state kernels:
+  // off by default until they have passed their tests on a GPU.
+  static bool bf16_state_enabled() {
+    const char* value = std::getenv("MHLA_CUDA_BF16_STATE");
+    return value != nullptr && std::strcmp(value, "1") == 0;
+  }
+  // The kernels' state in one scratch array: z and z~ (float), then S and S~
+  // (bfloat16), each 16-byte aligned (Dk and Dv are multiples of 8).
+  static Bf16State bf16_state(const KernelProblem& p) {
+    const state::StateSizes sizes = state::state_sizes(p);
+    auto* floats = own<float>(Own::bf16_state, 2 * sizes.normalisers + sizes.summaries);
+    auto* rows = reinterpret_cast<uint16_t*>(floats + 2 * sizes.normalisers);
+    return {rows, floats, rows + sizes.summaries, floats + sizes.normalisers};
+  }
   static const uint16_t* bits(const bfloat16* x) { return reinterpret_cast<const uint16_t*>(x); }
   static uint16_t* bits(bfloat16* x) { return reinterpret_cast<uint16_t*>(x); }
 
+  const detail::Problem& problem_;
   const Geometry geometry_;
   const float* w_;
 };
@@ -412,24 +429,29 @@ class CudaBackend final : public backend::Backend {
   }
 
   void add(const float* from, int64_t n, float* to) const override {
-    cuda::add(from, n, to, nullptr);
+    cuda::add(from, n, to, current_stream());
   }
   void add(const double* from, int64_t n, double* to) const override {
-    cuda::add(from, n, to, nullptr);
+    cuda::add(from, n, to, current_stream());
   }
   void copy(const float* from, int64_t n, float* to) const override { copy_bytes(from, n, to); }
   void copy(const double* from, int64_t n, double* to) const override { copy_bytes(from, n, to); }
   void zero(float* to, int64_t n) const override { zero_bytes(to, n); }
   void zero(double* to, int64_t n) const override { zero_bytes(to, n); }
   void widen(const bfloat16* from, int64_t n, float* to) const override {
-    cuda::widen(reinterpret_cast<const uint16_t*>(from), n, to, nullptr);
+    cuda::widen(reinterpret_cast<const uint16_t*>(from), n, to, current_stream());
   }
   void narrow(const float* from, int64_t n, bfloat16* to) const override {
-    cuda::narrow(from, n, reinterpret_cast<uint16_t*>(to), nullptr);
+    cuda::narrow(from, n, reinterpret_cast<uint16_t*>(to), current_stream());
   }
+  // In the order of the calls' stream, which may not wait for the legacy one.
   void to_host(const void* from, size_t bytes, void* to) const override {
-    check(cudaMemcpy(to, from, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy (device to host)");
+    const cudaStream_t stream = current_stream();
+    check(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToHost, stream),
+          "cudaMemcpyAsync (device to host)");
+    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   }
+  void raise_deferred(bool wait) const override { raise_deferred_checks(wait); }
 
  private:
   template <typename T>
@@ -444,12 +466,13 @@ class CudaBackend final : public backend::Backend {
   }
   template <typename T>
   static void copy_bytes(const T* from, int64_t n, T* to) {
-    check(cudaMemcpyAsync(to, from, size_t(n) * sizeof(T), cudaMemcpyDeviceToDevice, nullptr),
+    check(cudaMemcpyAsync(to, from, size_t(n) * sizeof(T), cudaMemcpyDeviceToDevice,
+                          current_stream()),
           "cudaMemcpyAsync (device to device)");
   }
   template <typename T>
   static void zero_bytes(T* to, int64_t n) {
-    check(cudaMemsetAsync(to, 0, size_t(n) * sizeof(T), nullptr), "cudaMemsetAsync");
+    check(cudaMemsetAsync(to, 0, size_t(n) * sizeof(T), current_stream()), "cudaMemsetAsync");
   }
 };
 

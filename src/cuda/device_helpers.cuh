@@ -1,31 +1,37 @@
 #pragma once
 // What every kernel shares on the device: phi, the feature map, and its derivative, W's entries
-// as the mix reads them, and where a token's row sits in a token tensor.
+// as the mix reads them, and where a token's row sits in a token tensor. The
+// host compiles them too, for the tiling emulation.
+#include <cmath>
 #include <cstdint>
 
-#include "cuda/thread_per_result_kernels.cuh"
+#include "cuda/kernel_problem.hpp"
 #include "mhla/modes.hpp"
 
 namespace mhla::cuda {
 
 template <typename T>
-__device__ inline T feature(FeatureMap phi, T x) {
+MHLA_HD inline T feature(FeatureMap phi, T x) {
   if (phi == FeatureMap::relu) return x > T(0) ? x : T(0);
+#if defined(__CUDA_ARCH__)
   if (phi == FeatureMap::elu1) return x > T(0) ? x + T(1) : exp(x);
+#else
+  if (phi == FeatureMap::elu1) return x > T(0) ? x + T(1) : std::exp(x);
+#endif
   return x;
 }
 
 template <typename T>
-__device__ inline T feature_derivative(FeatureMap phi, T x) {
+MHLA_HD inline T feature_derivative(FeatureMap phi, T x) {
   if (phi == FeatureMap::relu) return x > T(0) ? T(1) : T(0);
-  if (phi == FeatureMap::elu1) return x > T(0) ? T(1) : exp(x);
+  if (phi == FeatureMap::elu1) return x > T(0) ? T(1) : feature(phi, x);
   return T(1);
 }
 
 // W[row, col] of head h's copy (row, col absolute block indices); every
 // entry 1 for w == nullptr, the parameter-free sum of linear attention.
 template <typename T>
-__device__ inline T weight(const KernelProblem& p, const T* w, int64_t h, int64_t row,
+MHLA_HD inline T weight(const KernelProblem& p, const T* w, int64_t h, int64_t row,
                            int64_t col) {
   if (w == nullptr) return T(1);
   const int64_t copy = p.per_head ? h : 0;
@@ -38,19 +44,19 @@ __device__ inline T weight(const KernelProblem& p, const T* w, int64_t h, int64_
 
 // Whether the mix reads W[row, col]. Triangular rows stop at their own
 // block; token-level causal rows before it (their own block enters in block).
-__device__ inline bool reads(const KernelProblem& p, int64_t row, int64_t col) {
+MHLA_HD inline bool reads(const KernelProblem& p, int64_t row, int64_t col) {
   if (p.causal) return col < row;
   return !(p.lower_triangular || p.toeplitz) || col <= row;
 }
 
 // Whether the operator uses W[row, col]: what the mix reads, and with
 // token-level causal masking the diagonal too.
-__device__ inline bool uses(const KernelProblem& p, int64_t row, int64_t col) {
+MHLA_HD inline bool uses(const KernelProblem& p, int64_t row, int64_t col) {
   return reads(p, row, col) || (p.causal && row == col);
 }
 
 // The flat row of token t of batch entry bb, head h, in a token tensor.
-__device__ inline int64_t token_row(const KernelProblem& p, int64_t bb, int64_t t, int64_t h) {
+MHLA_HD inline int64_t token_row(const KernelProblem& p, int64_t bb, int64_t t, int64_t h) {
   return (bb * p.tokens + t) * p.heads + h;
 }
 

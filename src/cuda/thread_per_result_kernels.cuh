@@ -11,31 +11,9 @@
 
 #include <cstdint>
 
-#include "mhla/modes.hpp"
+#include "cuda/kernel_problem.hpp"
 
 namespace mhla::cuda {
-
-// One validated problem as the kernels read it (device pointers for the block
-// geometry, all sizes in elements).
-struct KernelProblem {
-  int64_t batch = 0, tokens = 0, heads = 0, dk = 0, dv = 0;
-  int64_t blocks = 0;               // M of this call
-  int64_t largest_block = 0;        // tokens in the largest block
-  const int64_t* block_tokens = nullptr;  // [N]: the tokens of block 0, then block 1, ...
-  const int64_t* block_start = nullptr;   // [M + 1]: block b is block_tokens[start[b] .. start[b+1])
-  const int64_t* token_block = nullptr;   // [N]: the block of each token
-  // W: rows first_block .. first_block + M - 1 against mixing_blocks
-  // columns; dense rows w_stride apart, or Toeplitz (w[min(i - b, L)]).
-  int64_t first_block = 0, mixing_blocks = 0, w_stride = 0;
-  bool per_head = false, toeplitz = false, lower_triangular = false;
-  // Token-level causal masking (1D; the bfloat16 kernels only): the mix reads
-  // the blocks before a row's own, and the own block enters token by token.
-  bool causal = false;
-  int64_t toeplitz_length = 0;
-  FeatureMap phi = FeatureMap::elu1;
-  bool normalize = true;
-  double eps = 1e-6, scale = 1.0;
-};
 
 // 1. summaries[bh, b] = phi(K_b)^T [V_b | 1]
 template <typename T>

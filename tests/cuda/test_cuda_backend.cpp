@@ -4,11 +4,12 @@
 // that needs one skips, and the refusal of device tensors is checked instead.
 #include <cuda_runtime.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 
 #include "backend/backend.hpp"
-#include "test_support.hpp"
+#include "cuda/bf16_state_cases.hpp"
 
 namespace mhla::test {
 namespace {
@@ -269,6 +270,70 @@ TEST_P(CudaBf16Backward, MatchesFloat64OnTheSameInputs) {
 
 INSTANTIATE_TEST_SUITE_P(AllModes, CudaBf16Backward, testing::ValuesIn(bf16_cases()), case_name);
 
+// The bfloat16-state forward (MHLA_CUDA_BF16_STATE=1; a forward that saves
+// no arrays) against float64 on the same bfloat16 inputs, o poisoned first,
+// the same bits from a second call; the tiling emulation holds its tiles to
+// the same bound without a GPU (test_bf16_state_tiling.cpp).
+class StateKernelsOn {
+ public:
+  StateKernelsOn() { setenv("MHLA_CUDA_BF16_STATE", "1", 1); }
+  ~StateKernelsOn() { unsetenv("MHLA_CUDA_BF16_STATE"); }
+};
+
+class CudaBf16StateForward : public testing::TestWithParam<Case> {};
+
+TEST_P(CudaBf16StateForward, MatchesFloat64OnTheSameInputs) {
+  SKIP_WITHOUT_DEVICE();
+  const Case& c = GetParam();
+  const StateKernelsOn on;
+  const Inputs in = make_inputs(c, 29);
+  const auto q = rounded_to_bfloat16(in.q), k = rounded_to_bfloat16(in.k),
+             v = rounded_to_bfloat16(in.v);
+  const std::vector<float> w(in.w.begin(), in.w.end());
+  const bfloat16 nan = to_bfloat16(std::numeric_limits<float>::quiet_NaN());
+  const DeviceArray<bfloat16> dq(q), dk(k), dv(v);
+  const DeviceArray<float> dw(w);
+  DeviceArray<bfloat16> o(std::vector<bfloat16>(v.size(), nan)), again(v.size());
+  const auto run = [&](DeviceArray<bfloat16>& out) {
+    forward(c.options(), dq.cview(c.q_shape()), dk.cview(c.q_shape()), dv.cview(c.v_shape()),
+            dw.cview(c.w_shape()), out.view(c.v_shape()));
+  };
+  run(o);
+  run(again);
+  const std::vector<double> q64 = bfloat16_values(q), k64 = bfloat16_values(k),
+                            v64 = bfloat16_values(v), w64 = widened(w);
+  std::vector<double> o64(v.size());
+  forward<double>(c.options(), view(q64, c.q_shape()), view(k64, c.q_shape()),
+                  view(v64, c.v_shape()), view(w64, c.w_shape()), view(o64, c.v_shape()));
+  EXPECT_CLOSE(bfloat16_values(o.host()), o64, 1e-2, "o");
+  const std::vector<bfloat16> first = o.host(), second = again.host();
+  EXPECT_EQ(0, std::memcmp(first.data(), second.data(), first.size() * sizeof(bfloat16)))
+      << "a second call gave other bits";
+}
+
+INSTANTIATE_TEST_SUITE_P(AllModes, CudaBf16StateForward, testing::ValuesIn(bf16_state_cases()),
+                         case_name);
+
+// An overflow on the bfloat16-state kernels is reported as on the others.
+TEST(CudaBackend, Bf16StateOverflowIsReported) {
+  SKIP_WITHOUT_DEVICE();
+  const StateKernelsOn on;
+  Case c{"1d", 1, 1, 8, 8, TokenLayout::sequence(32, 8)};
+  c.phi = FeatureMap::identity;
+  c.normalize = false;
+  const std::vector<bfloat16> big(size_t(numel(c.q_shape())), to_bfloat16(3e38f));
+  const std::vector<float> w(size_t(numel(c.w_shape())), 1.0f);
+  const DeviceArray<bfloat16> x(big);
+  const DeviceArray<float> dw(w);
+  DeviceArray<bfloat16> o(big.size());
+  EXPECT_THAT(
+      [&] {
+        forward(c.options(), x.cview(c.q_shape()), x.cview(c.q_shape()), x.cview(c.v_shape()),
+                dw.cview(c.w_shape()), o.view(c.v_shape()));
+      },
+      ThrowsMessage<Error>(HasSubstr("is not finite although every input is finite")));
+}
+
 // Saved summaries from outside are held to fingerprints of k and v (read from
 // host copies): the matching ones pass, stale ones are refused by name.
 TEST(CudaBackend, SavedArraysAreCheckedAgainstKAndV) {
@@ -299,18 +364,184 @@ TEST(CudaBackend, SavedArraysAreCheckedAgainstKAndV) {
   EXPECT_THAT([&] { run_backward(stale); }, ThrowsMessage<Error>(HasSubstr("saved_summaries")));
 }
 
-// A result that overflows although every input is finite is reported, from
-// host copies of the device tensors, with the mode's causes.
+// A float call whose results overflow although every input is finite.
+struct OverflowCall {
+  Case c{"1d-ragged", 1, 1, 4, 4, TokenLayout::sequence(16, 4)};
+  Inputs in;
+  OverflowCall() {
+    c.phi = FeatureMap::identity;
+    c.normalize = false;
+    in = make_inputs(c, 5);
+    for (double& x : in.k) x = 3e38;
+    for (double& x : in.v) x = 3e38;
+  }
+  void run() const { run_on_device<float>(c, in); }
+};
+
+// The overflow is reported, from host copies of the device tensors, with the
+// mode's causes.
 TEST(CudaBackend, NonFiniteOutputsAreReported) {
   SKIP_WITHOUT_DEVICE();
-  Case c{"1d-ragged", 1, 1, 4, 4, TokenLayout::sequence(16, 4)};
-  c.phi = FeatureMap::identity;
-  c.normalize = false;
-  Inputs in = make_inputs(c, 5);
-  for (double& x : in.k) x = 3e38;
-  for (double& x : in.v) x = 3e38;
-  EXPECT_THAT([&] { run_on_device<float>(c, in); },
+  const OverflowCall call;
+  EXPECT_THAT([&] { call.run(); },
               ThrowsMessage<Error>(HasSubstr("is not finite although every input is finite")));
+}
+
+// DeviceChecks::deferred and streams (mhla/device_execution.hpp): the
+// setting for one test, restored after it.
+class Execution {
+ public:
+  explicit Execution(DeviceExecution e) : before_(device_execution()) { set_device_execution(e); }
+  ~Execution() { set_device_execution(before_); }
+
+ private:
+  DeviceExecution before_;
+};
+
+// A non-blocking stream of the test's own.
+class OwnStream {
+ public:
+  OwnStream() {
+    if (cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking) != cudaSuccess)
+      ADD_FAILURE() << "cudaStreamCreateWithFlags";
+  }
+  OwnStream(const OwnStream&) = delete;
+  OwnStream& operator=(const OwnStream&) = delete;
+  ~OwnStream() { cudaStreamDestroy(stream_); }
+  cudaStream_t get() const { return stream_; }
+  void wait() const { cuda_ok(cudaStreamSynchronize(stream_)); }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+};
+
+// A small bfloat16 call on the device, its tensors kept for reruns.
+struct Bf16Call {
+  Case c{"1d", 1, 2, 16, 16, TokenLayout::sequence(96, 16)};
+  Inputs in = make_inputs(c, 41);
+  DeviceArray<bfloat16> q{rounded_to_bfloat16(in.q)}, k{rounded_to_bfloat16(in.k)},
+      v{rounded_to_bfloat16(in.v)}, g{rounded_to_bfloat16(in.grad_o)};
+  DeviceArray<float> w{std::vector<float>(in.w.begin(), in.w.end())};
+  DeviceArray<bfloat16> o{in.v.size()}, gq{in.q.size()}, gk{in.q.size()}, gv{in.v.size()};
+  DeviceArray<float> gw{in.w.size()};
+
+  void forward_backward() {
+    forward(c.options(), q.cview(c.q_shape()), k.cview(c.q_shape()), v.cview(c.v_shape()),
+            w.cview(c.w_shape()), o.view(c.v_shape()));
+    backward(c.options(), q.cview(c.q_shape()), k.cview(c.q_shape()), v.cview(c.v_shape()),
+             w.cview(c.w_shape()), o.cview(c.v_shape()), g.cview(c.v_shape()),
+             gq.view(c.q_shape()), gk.view(c.q_shape()), gv.view(c.v_shape()),
+             gw.view(c.w_shape()));
+  }
+  std::vector<std::vector<float>> results() const {
+    const auto f = [](const std::vector<bfloat16>& x) {
+      std::vector<float> out;
+      for (bfloat16 e : x) out.push_back(to_float(e));
+      return out;
+    };
+    return {f(o.host()), f(gq.host()), f(gk.host()), f(gv.host()), gw.host()};
+  }
+};
+
+TEST(CudaDeviceExecution, DeferredOverflowIsReportedByTheNextCheck) {
+  SKIP_WITHOUT_DEVICE();
+  const Execution deferred({nullptr, DeviceChecks::deferred});
+  OverflowCall().run();  // returns: nothing waits
+  EXPECT_THAT([] { check_device_results(); },
+              ThrowsMessage<Error>(HasSubstr("a result of an earlier call on CUDA is not finite "
+                                             "although every input is finite")));
+  check_device_results();  // reported once
+}
+
+TEST(CudaDeviceExecution, DeferredNonFiniteInputsPropagateWithoutAnError) {
+  SKIP_WITHOUT_DEVICE();
+  const Execution deferred({nullptr, DeviceChecks::deferred});
+  Case c{"1d-ragged", 1, 1, 4, 4, TokenLayout::sequence(16, 4)};
+  Inputs in = make_inputs(c, 5);
+  in.q[3] = std::numeric_limits<double>::quiet_NaN();
+  run_on_device<float>(c, in);
+  check_device_results();
+}
+
+// A refused weight keeps the operator's exact words, read back later.
+TEST(CudaDeviceExecution, DeferredWeightErrorHasTheSyncMessage) {
+  SKIP_WITHOUT_DEVICE();
+  Bf16Call call;
+  std::vector<float> bad(call.in.w.begin(), call.in.w.end());
+  bad[size_t(1 * call.c.blocks() + 0)] = -0.25f;
+  const DeviceArray<float> w(bad);
+  const auto run = [&] {
+    forward(call.c.options(), call.q.cview(call.c.q_shape()), call.k.cview(call.c.q_shape()),
+            call.v.cview(call.c.v_shape()), w.cview(call.c.w_shape()), call.o.view(call.c.v_shape()));
+  };
+  std::string sync_message;
+  try {
+    run();
+  } catch (const Error& e) {
+    sync_message = e.what();
+  }
+  ASSERT_THAT(sync_message, HasSubstr("w[1, 0] = -0.250000 is negative"));
+  const Execution deferred({nullptr, DeviceChecks::deferred});
+  run();
+  EXPECT_THAT([] { check_device_results(); }, ThrowsMessage<Error>(testing::StrEq(sync_message)));
+}
+
+TEST(CudaDeviceExecution, RunsOnTheGivenStreamWithTheSameBits) {
+  SKIP_WITHOUT_DEVICE();
+  Bf16Call call;
+  call.forward_backward();
+  const auto want = call.results();
+  const OwnStream stream;
+  const Execution on_stream({stream.get(), DeviceChecks::deferred});
+  call.forward_backward();
+  stream.wait();
+  check_device_results();
+  EXPECT_EQ(call.results(), want);
+}
+
+// Forward and backward captured into a CUDA graph (after one eager call,
+// which sizes the scratch) replay to the eager results on new inputs.
+TEST(CudaDeviceExecution, CapturedGraphReplaysTheEagerResults) {
+  SKIP_WITHOUT_DEVICE();
+  Bf16Call call;
+  const OwnStream stream;
+  const Execution on_stream({stream.get(), DeviceChecks::deferred});
+  call.forward_backward();
+  stream.wait();
+  cudaGraph_t graph = nullptr;
+  cuda_ok(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeGlobal));
+  call.forward_backward();
+  cuda_ok(cudaStreamEndCapture(stream.get(), &graph));
+  cudaGraphExec_t exec = nullptr;
+  cuda_ok(cudaGraphInstantiate(&exec, graph, 0));
+
+  std::vector<double> other = call.in.q;
+  for (double& x : other) x = -x;
+  const std::vector<bfloat16> q2 = rounded_to_bfloat16(other);
+  cuda_ok(cudaMemcpy(call.q.view({}).data, q2.data(), q2.size() * sizeof(bfloat16),
+                     cudaMemcpyHostToDevice));
+  cuda_ok(cudaGraphLaunch(exec, stream.get()));
+  stream.wait();
+  const auto replayed = call.results();
+  call.forward_backward();
+  stream.wait();
+  check_device_results();
+  EXPECT_EQ(replayed, call.results());
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+}
+
+TEST(CudaDeviceExecution, SyncChecksRefuseACaptureByName) {
+  SKIP_WITHOUT_DEVICE();
+  Bf16Call call;
+  const OwnStream stream;
+  const Execution on_stream({stream.get(), DeviceChecks::sync});
+  cuda_ok(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeGlobal));
+  EXPECT_THAT([&] { call.forward_backward(); },
+              ThrowsMessage<Error>(HasSubstr("set DeviceChecks::deferred")));
+  cudaGraph_t graph = nullptr;
+  cudaStreamEndCapture(stream.get(), &graph);
+  if (graph != nullptr) cudaGraphDestroy(graph);
 }
 
 // Every tensor of a call on one device.

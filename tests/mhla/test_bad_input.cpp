@@ -401,5 +401,21 @@ TEST(BadInput, ImpossibleAllocationsAreNamedWithTheirBytes) {
 #endif
 }
 
+// DeviceChecks::deferred is a setting for device tensors: CPU calls still
+// check before they return, and with no device call pending the explicit
+// check has nothing to report.
+TEST(BadInput, CpuCallsCheckAtOnceWhateverTheDeviceSetting) {
+  const DeviceExecution before = device_execution();
+  set_device_execution({nullptr, DeviceChecks::deferred});
+  EXPECT_EQ(device_execution().checks, DeviceChecks::deferred);
+  Tiny<float> t(4, 2, 2, 0.5f, 0.5f, 0.5f);
+  t.w = {-1.0f};
+  EXPECT_THAT([&] { t.forward(); },
+              ThrowsMessage<Error>(HasSubstr("w[0, 0] = -1.000000 is negative")));
+  check_device_results();
+  set_device_execution(before);
+  EXPECT_EQ(device_execution().checks, DeviceChecks::sync);
+}
+
 }  // namespace
 }  // namespace mhla::test

@@ -1,0 +1,21 @@
+#pragma once
+// The shapes the bfloat16-state CUDA forward is checked on, in its tiling
+// emulation and on a GPU: Dk and Dv multiples of 8 up to 128, ragged 1D, 2D
+// and 3D blocks, blocks of more than one staged chunk of keys (32) and of
+// queries (64), more than one mix tile of rows (64 blocks) and of columns
+// (128 entries), both widths of CTA (Dv up to 64, up to 128), every mode.
+#include "test_support.hpp"
+
+namespace mhla::test {
+
+inline std::vector<Case> bf16_state_cases() {
+  return with_all_modes({
+      {"1d-ragged-narrow", 2, 3, 8, 16, TokenLayout::sequence(37, 8)},
+      {"1d-long-blocks", 1, 2, 72, 24, TokenLayout::sequence(300, 100)},
+      {"1d-many-blocks", 1, 1, 16, 8, TokenLayout::sequence(280, 4)},
+      {"2d-ragged-wide", 1, 2, 40, 120, TokenLayout::grid2d(11, 9, 4, 3)},
+      {"3d-ragged-full", 1, 1, 128, 128, TokenLayout::grid3d(3, 9, 10, 2, 4, 6)},
+  });
+}
+
+}  // namespace mhla::test
