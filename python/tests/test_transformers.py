@@ -1,0 +1,100 @@
+"""mhla.transformers: an MHLA causal language model in Hugging Face transformers."""
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import mhla.torch as mt  # noqa: E402
+from mhla.transformers import MHLAConfig, MHLAForCausalLM  # noqa: E402
+from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
+
+
+def small_model(**overrides):
+    torch.manual_seed(0)
+    # A wide initialisation, so that the logits are far from ties and argmax is a sharp test.
+    options = dict(vocab_size=61, hidden_size=32, num_attention_heads=2, num_hidden_layers=2, block_size=4,
+                   max_position_embeddings=64, initializer_range=0.3)
+    options.update(overrides)
+    return MHLAForCausalLM(MHLAConfig(**options)).eval()
+
+
+def test_greedy_generate_on_the_decoders_equals_argmax_of_the_full_forward():
+    model = small_model()
+    prompt = torch.randint(0, 61, (2, 7), generator=torch.Generator().manual_seed(1))
+    generated = model.generate(prompt, max_new_tokens=13, do_sample=False)
+    sequence = prompt
+    with torch.no_grad():
+        for _ in range(13):
+            following = model(sequence).logits[:, -1].argmax(-1, keepdim=True)
+            sequence = torch.cat([sequence, following], dim=1)
+    assert torch.equal(generated, sequence)
+
+
+def test_a_cached_step_gives_the_full_forwards_logits():
+    model = small_model(feature_map="relu")
+    tokens = torch.randint(0, 61, (3, 19), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        full = model(tokens).logits
+        prefix = model(tokens[:, :11], use_cache=True)
+        torch.testing.assert_close(prefix.logits, full[:, :11], rtol=1e-4, atol=1e-5)
+        cache = prefix.cache
+        for t in range(11, 19):
+            step = model(tokens[:, t:t + 1], cache=cache)
+            cache = step.cache
+            torch.testing.assert_close(step.logits[:, 0], full[:, t], rtol=1e-4, atol=1e-5)
+    assert cache.get_seq_length() == 19
+
+
+def test_each_block_attends_with_the_packages_own_layer():
+    model = small_model()
+    layer = model.layers[0].attention
+    assert isinstance(layer, mt.MHLA1d) and layer.masking == "causal"
+    assert layer.block_size == 4 and layer.max_tokens == 64
+
+
+def test_save_pretrained_and_from_pretrained_round_trip(tmp_path):
+    model = small_model()
+    with torch.no_grad():
+        model.layers[1].attention.mixing.logits.add_(0.25)  # a trained-looking mixing matrix
+    model.save_pretrained(tmp_path)
+    config = AutoConfig.from_pretrained(tmp_path)
+    assert isinstance(config, MHLAConfig) and config.block_size == 4
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert isinstance(loaded, MHLAForCausalLM)
+    tokens = torch.randint(0, 61, (1, 30), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(tokens).logits, model(tokens).logits, rtol=0, atol=0)
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(loaded.state_dict()[name], value, rtol=0, atol=0, msg=name)
+
+
+def test_a_few_training_steps_lower_the_loss():
+    model = small_model(initializer_range=0.02).train()
+    tokens = torch.arange(48).remainder(8).repeat(4, 1)  # a periodic sequence to learn
+    optimiser = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(25):
+        loss = model(tokens, labels=tokens).loss
+        optimiser.zero_grad()
+        loss.backward()
+        optimiser.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.5 * losses[0], losses
+    assert model.layers[0].attention.mixing.logits.grad is not None
+
+
+def test_what_it_cannot_honour_is_refused_by_name():
+    model = small_model()
+    tokens = torch.randint(0, 61, (2, 8))
+    padded = torch.ones(2, 8, dtype=torch.long)
+    padded[0, :3] = 0
+    with pytest.raises(ValueError, match="MHLAForCausalLM takes no padding"):
+        model(tokens, attention_mask=padded)
+    with pytest.raises(TypeError, match="unsupported arguments: output_attentions"):
+        model(tokens, output_attentions=True)
+    with pytest.raises(TypeError, match="cache must be the MHLALanguageModelCache"):
+        model(tokens, cache=object())
+    with pytest.raises(ValueError, match="MHLA1d was built for 1..64 tokens, got 65"):
+        model(torch.zeros(1, 65, dtype=torch.long))
+    with pytest.raises(ValueError, match="hidden_size=30 is not divisible by num_attention_heads=4"):
+        MHLAConfig(hidden_size=30, num_attention_heads=4)
