@@ -8,6 +8,10 @@
   the prompt is prefilled in blocks, then each new token costs O(1), whatever
   the length so far. ``model(ids)`` without a cache is the ordinary parallel
   forward, which trains.
+- ``swap_llama_attention``: the self-attention of an existing Llama-style model
+  (``LlamaForCausalLM`` and the models whose attention has its
+  ``q_proj``/``k_proj``/``v_proj``/``o_proj``) turned into causal MHLA started from
+  its weights, for fine-tuning as the paper converts softmax models.
 
 Importing this module registers the model type; ``transformers`` is needed only here.
 """
@@ -21,7 +25,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .torch import MHLA1d, RMSNorm
 
-__all__ = ["MHLAConfig", "MHLAForCausalLM", "MHLALanguageModelCache"]
+__all__ = ["MHLAConfig", "MHLAForCausalLM", "MHLALanguageModelCache", "MHLALlamaAttention", "swap_llama_attention"]
 
 
 @dataclass(repr=False)
@@ -191,3 +195,85 @@ class MHLAForCausalLM(PreTrainedModel, GenerationMixin):
 
 AutoConfig.register(MHLAConfig.model_type, MHLAConfig)
 AutoModelForCausalLM.register(MHLAConfig, MHLAForCausalLM)
+
+
+class MHLALlamaAttention(nn.Module):
+    """A Llama-style attention's place taken by a causal ``MHLA1d`` (``.layer``), with the attention's
+    call signature: ``forward(hidden_states, position_embeddings, attention_mask, cache, **kwargs)``
+    returns ``(output, None)``. MHLA's positions are its blocks, so the rotary embedding is not used."""
+
+    def __init__(self, layer, layer_idx):
+        super().__init__()
+        self.layer = layer
+        self.layer_idx = layer_idx
+
+    @classmethod
+    def from_attention(cls, attention, *, block_size, max_tokens, **options):
+        """The MHLA layer with q, k, v and o projections copied from ``attention`` (grouped k and v
+        heads repeated to every query head); ``options`` go to ``MHLA1d``."""
+        config = attention.config
+        heads, head_dim = config.num_attention_heads, attention.head_dim
+        groups = heads // config.num_key_value_heads
+        layer = MHLA1d(config.hidden_size, heads, head_dim=head_dim, block_size=block_size, max_tokens=max_tokens,
+                       causal=True, bias=attention.q_proj.bias is not None, **options)
+        layer = layer.to(device=attention.q_proj.weight.device, dtype=attention.q_proj.weight.dtype)
+
+        def per_query_head(weight):  # [kv_heads * d, ...] -> [heads * d, ...]
+            shape = weight.shape
+            return weight.reshape(-1, 1, head_dim, *shape[1:]).expand(-1, groups, head_dim, *shape[1:]) \
+                .reshape(heads * head_dim, *shape[1:])
+
+        with torch.no_grad():
+            for mine, theirs, expand in ((layer.q_proj, attention.q_proj, False), (layer.k_proj, attention.k_proj, True),
+                                         (layer.v_proj, attention.v_proj, True), (layer.out_proj, attention.o_proj, False)):
+                mine.weight.copy_(per_query_head(theirs.weight) if expand else theirs.weight)
+                if theirs.bias is not None:
+                    mine.bias.copy_(per_query_head(theirs.bias) if expand else theirs.bias)
+        return cls(layer, attention.layer_idx)
+
+    def forward(self, hidden_states, position_embeddings=None, attention_mask=None, cache=None, **kwargs):
+        if cache is not None:
+            raise ValueError("the swapped MHLA attention keeps no key/value cache: run the model with "
+                             "use_cache=False (swap_llama_attention sets it in config and generation_config)")
+        if attention_mask is not None and not _is_causal(attention_mask):
+            raise ValueError("the swapped MHLA attention takes no padding or other masks than the causal one: "
+                             "pass sequences of one length")
+        return self.layer(hidden_states), None
+
+
+def _is_causal(mask):
+    """Whether a 4D attention mask (boolean, or additive floats) lets each query see exactly the keys up to it."""
+    allowed = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
+    n, m = allowed.shape[-2:]
+    causal = torch.ones(n, m, dtype=torch.bool, device=mask.device).tril(m - n)
+    return bool(torch.equal(allowed, causal.expand_as(allowed)))
+
+
+def swap_llama_attention(model, *, block_size, layers=None, **options):
+    """Replaces the self-attention of ``model`` (a ``LlamaForCausalLM`` or a model of the same
+    layout: ``model.model.layers[i].self_attn``) with ``MHLALlamaAttention`` started from its
+    weights, in place; returns the model. ``layers`` lists the layer indices to swap (all by
+    default; the paper's hybrids keep some softmax layers). The mixing matrix covers
+    ``config.max_position_embeddings`` tokens in blocks of ``block_size``. ``options`` go to
+    ``MHLA1d`` (for example ``feature_map``). The swapped layers keep no key/value cache, so the
+    model's ``use_cache`` is turned off: ``generate()`` recomputes the sequence each step.
+    """
+    decoder = getattr(model, "model", None)
+    blocks = getattr(decoder, "layers", None)
+    if blocks is None or not all(hasattr(b, "self_attn") for b in blocks):
+        raise ValueError(f"{type(model).__name__} has no model.layers[i].self_attn: swap_llama_attention takes "
+                         "Llama-style causal language models")
+    chosen = range(len(blocks)) if layers is None else list(layers)
+    for i in chosen:
+        if not 0 <= i < len(blocks):
+            raise ValueError(f"layer index {i} is out of range for {len(blocks)} layers")
+        attention = blocks[i].self_attn
+        missing = [name for name in ("q_proj", "k_proj", "v_proj", "o_proj") if not hasattr(attention, name)]
+        if missing:
+            raise ValueError(f"layer {i}'s attention ({type(attention).__name__}) has no {', '.join(missing)}")
+        blocks[i].self_attn = MHLALlamaAttention.from_attention(
+            attention, block_size=block_size, max_tokens=model.config.max_position_embeddings, **options)
+    model.config.use_cache = False
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.use_cache = False
+    return model
