@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Makes (once per machine) and prints the path of a virtual environment with a
 # current torch from PyPI, for the Python tests' second tier: torch.compile,
-# timm, transformers, and everything else again on torch 2.x. Debian's interpreter, without
+# timm, transformers, diffusers, and everything else again on torch 2.x. Debian's interpreter, without
 # Debian's site packages (whose torch is 1.13). PyPI's Linux torch is the CUDA
 # build with NVIDIA's runtime libraries, about 4.7 GB installed; the
 # environment is kept under ~/.cache (MHLA_TORCH2_ENV elsewhere) and reused
@@ -19,9 +19,11 @@ if [[ ! -f "$stamp" || "$(cat "$stamp")" != "${pins[*]}" ]]; then
   "$env_dir/bin/python" -m pip install --quiet --disable-pip-version-check "${pins[@]}" >&2
   echo "${pins[*]}" > "$stamp"
 fi
-# Hugging Face transformers for mhla.transformers, added to an environment
-# already made (a small download) rather than making it again.
-extra_pins=(transformers==5.24.0 huggingface_hub==2.4.0 tokenizers==0.23.3 safetensors==0.8.0)
+# Hugging Face transformers and diffusers for mhla.transformers and
+# mhla.diffusers, added to an environment already made (a small download)
+# rather than making it again.
+extra_pins=(transformers==5.24.0 huggingface_hub==2.4.0 tokenizers==0.23.3 safetensors==0.8.0
+            diffusers==0.42.1 importlib_metadata==10.2.0)
 extra_stamp="$env_dir/.mhla-extra-pins"
 if [[ ! -f "$extra_stamp" || "$(cat "$extra_stamp")" != "${extra_pins[*]}" ]]; then
   "$env_dir/bin/python" -m pip install --quiet --disable-pip-version-check "${extra_pins[@]}" >&2
