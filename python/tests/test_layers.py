@@ -150,8 +150,10 @@ def test_swapping_attention_in_a_model():
 
 def test_readme_and_docs_python_examples_run():
     import importlib.util
+    import os
     import pathlib
     import re
+    import tempfile
 
     root = pathlib.Path(__file__).resolve().parents[2]
     readme = (root / "README.md").read_text()
@@ -160,12 +162,20 @@ def test_readme_and_docs_python_examples_run():
     blocks = re.findall(r"```python\n(.*?)```", section + docs, re.S)
     assert len(blocks) >= 3
     for block in blocks:
-        # The torch.compile and timm examples need torch 2.x and timm.
+        # The torch.compile, timm, transformers and diffusers examples need torch 2.x and those packages.
+        optional = [package for package in ("timm", "transformers", "diffusers")
+                    if re.search(rf"\b(import|from) (mhla\.)?{package}\b", block)]
         if ("torch.compile" in block and not hasattr(torch, "compile")) or \
-                ("import timm" in block and importlib.util.find_spec("timm") is None):
+                any(importlib.util.find_spec(package) is None for package in optional):
             continue
         namespace = {}
-        exec(compile(block, "README.md", "exec"), namespace)
+        with tempfile.TemporaryDirectory() as scratch:  # what an example saves lands here
+            previous = os.getcwd()
+            os.chdir(scratch)
+            try:
+                exec(compile(block, "README.md", "exec"), namespace)
+            finally:
+                os.chdir(previous)
         if "Block" in namespace:
             x = torch.randn(2, 196, 192)
             assert namespace["Block"]()(x).shape == x.shape
