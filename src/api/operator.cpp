@@ -94,12 +94,6 @@ std::pair<const T*, const T*> check_backward(
   return {summaries, mixed};
 }
 
-// Whether the call reads its checks back before it returns (the CPU, and
-// DeviceChecks::sync): a deferred device call's checks run on the device.
-bool checks_read_back(Device device) {
-  return device == Device::cpu || device_execution().checks == DeviceChecks::sync;
-}
-
 // Elements of a checked buffer.
 template <typename T>
 int64_t elements(const TensorView<T>& t) {
@@ -137,7 +131,7 @@ void run_backward(const char* fn, const detail::Problem& p, const backend::Backe
                           grad_v.data, grad_w.data, saved_summaries, saved_mixed) &&
                       // grad_w is small ([H,] M, M) and written by the mixer: scanned
                       // here (deferred, the mixer's kernels flag it on the device).
-                      (!checks_read_back(grad_w.device) ||
+                      (p.checks_on_device ||
                        detail::first_non_finite(detail::HostCopy(grad_w).data(),
                                                 elements(grad_w)) < 0);
   if (finite) return;
@@ -212,7 +206,7 @@ void backward(SavedArrays saved, const Options& options, TensorView<const bfloat
     device.zero(grad_w.data, elements(grad_w));
     if (kernels->backward(q.data, k.data, v.data, grad_o.data, grad_q.data, grad_k.data,
                           grad_v.data, grad_w.data, summaries, mixed) &&
-        (!checks_read_back(grad_w.device) ||
+        (p.checks_on_device ||
          first_non_finite(HostCopy(grad_w).data(), elements(grad_w)) < 0))
       return;
   }

@@ -54,9 +54,9 @@ struct Problem {
   bool normalize = true;
   double eps = 1e-6;
   double scale = 1.0;  // unnormalized mode
-  // DeviceChecks::deferred on a device: w's values are left to the backend,
-  // which checks them on the device without waiting.
-  bool weights_checked_on_device = false;
+  // DeviceChecks::deferred on a device: w's values and the results are
+  // checked by the backend on the device and read back later, not here.
+  bool checks_on_device = false;
 };
 
 [[noreturn]] void fail(const char* fn, const std::string& message);
@@ -187,7 +187,7 @@ Problem validate_mhla(const char* fn, const Options& options, const TensorView<c
   Problem problem = check_linear_options(fn, options, dims);
   check_layout_and_mixing_shape(fn, options, w.shape, w.data, problem);
   if (call_device != Device::cpu && device_execution().checks == DeviceChecks::deferred)
-    problem.weights_checked_on_device = true;  // by the backend, read back later
+    problem.checks_on_device = true;
   else
     check_mixing_values(fn, problem, HostCopy(w).data());
   return problem;

@@ -97,11 +97,6 @@ class DeferredChecks {
 
 thread_local DeferredChecks deferred_checks;
 
-int64_t weight_entries(const detail::Problem& p) {
-  const int64_t copies = p.per_head_mixing ? p.dims.heads : 1;
-  return copies * (p.toeplitz ? p.toeplitz_length + 1 : p.w_stride * p.w_stride);
-}
-
 }  // namespace
 
 cudaStream_t current_stream() { return static_cast<cudaStream_t>(device_execution().stream); }
@@ -125,15 +120,12 @@ void raise_deferred_checks(bool wait) {
   deferred_checks.raise(wait);
 }
 
-CallStatus::CallStatus(const char* fn, const detail::Problem& problem, DeviceStatus* scratch)
-    : fn_(fn),
-      problem_(problem),
-      weight_entries_(weight_entries(problem)),
-      stream_(current_stream()),
-      deferred_(device_execution().checks == DeviceChecks::deferred) {
+CallStatus::CallStatus(const char* fn, const detail::Problem& problem, int64_t weight_entries,
+                       DeviceStatus* scratch)
+    : fn_(fn), problem_(problem), weight_entries_(weight_entries), stream_(current_stream()) {
   problem_.layout = nullptr;  // only the scalars outlive the call
   problem_.table = {};
-  if (deferred_ && !capturing(stream_)) slot_ = deferred_checks.acquire();
+  if (deferred() && !capturing(stream_)) slot_ = deferred_checks.acquire();
   status_ = slot_ ? slot_->device() : scratch;
   reset_status(status_, stream_);
 }

@@ -30,20 +30,19 @@ class StatusSlot;
 
 class CallStatus {
  public:
-  // Clears the status on the call's stream and, where the validation left w
-  // to the device (Problem::weights_checked_on_device), checks w there.
+  // Clears the status on the call's stream and, where the validation left
+  // the checks to the device (Problem::checks_on_device), checks w there.
   // `scratch` serves a call whose status is never queued (sync, or captured).
   template <typename W>
   CallStatus(const char* fn, const detail::Problem& problem, const KernelProblem& kernels,
              const W* w, DeviceStatus* scratch)
-      : CallStatus(fn, problem, scratch) {
-    if (problem.weights_checked_on_device) check_weights(kernels, w, status_, stream_);
+      : CallStatus(fn, problem, weight_entries(kernels), scratch) {
+    if (deferred()) check_weights(kernels, w, status_, stream_);
   }
   CallStatus(const CallStatus&) = delete;
   CallStatus& operator=(const CallStatus&) = delete;
   ~CallStatus();
 
-  DeviceStatus* device() const { return status_; }
   int* non_finite() const { return &status_->non_finite; }
 
   // After the call's kernels. sync: whether they raised the non-finite flag
@@ -52,14 +51,16 @@ class CallStatus {
   // of `inputs` is not finite, since a non-finite input propagates.
   template <typename T>
   bool raised(const CheckedInputs<T>& inputs) {
-    if (!deferred_) return read_back();
+    if (!deferred()) return read_back();
     check_inputs_finite(inputs, status_, stream_);
     queue();
     return false;
   }
 
  private:
-  CallStatus(const char* fn, const detail::Problem& problem, DeviceStatus* scratch);
+  CallStatus(const char* fn, const detail::Problem& problem, int64_t weight_entries,
+             DeviceStatus* scratch);
+  bool deferred() const { return problem_.checks_on_device; }
   bool read_back() const;
   void queue();
 
@@ -67,7 +68,6 @@ class CallStatus {
   detail::Problem problem_;  // its scalars, for the report of a refused weight
   int64_t weight_entries_;
   cudaStream_t stream_;
-  bool deferred_;
   std::unique_ptr<StatusSlot> slot_;  // a deferred call's own status (null: scratch)
   DeviceStatus* status_;
 };

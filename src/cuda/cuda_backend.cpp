@@ -267,14 +267,16 @@ class CudaAttention final : public backend::Attention<T> {
                         T* grad_mixed, T* grad_q, T*, T*, T*) const override {
     CallStatus status = call_status("mhla::backward", problem_, p(), w_);
     run_output_gradients(q, grad_o, mixed, grad_mixed, grad_q, status.non_finite());
-    return !status.raised(CheckedInputs<T>{{{q, tokens(p()) * p().dk}, {grad_o, tokens(p()) * p().dv}}, 2});
+    return !status.raised(
+        CheckedInputs<T>{{{q, tokens(p()) * p().dk}, {grad_o, tokens(p()) * p().dv}}, 2});
   }
   void key_value_gradients(const T* k, const T* v, const T* grad_summaries, T* grad_k,
                            T* grad_v) const override {
     CallStatus status = call_status("mhla::backward", problem_, p(), w_);
     cuda::key_value_gradients(p(), k, v, grad_summaries, grad_k, grad_v, status.non_finite(),
                               stream());
-    status.raised(CheckedInputs<T>{{{k, tokens(p()) * p().dk}, {v, tokens(p()) * p().dv}}, 2});
+    status.raised(
+        CheckedInputs<T>{{{k, tokens(p()) * p().dk}, {v, tokens(p()) * p().dv}}, 2});
   }
 
  private:

@@ -7,8 +7,8 @@
 namespace mhla::cuda {
 namespace {
 
-// One thread per entry of w's memory ([copies, rows, columns] dense, [copies,
-// L + 1] Toeplitz): refused entries the mode reads mark the status.
+// One thread per entry of w's memory (weight_entries): refused entries the
+// operator uses mark the status (every Toeplitz entry is used).
 template <typename T>
 __global__ void check_weights_kernel(KernelProblem p, const T* w, int64_t entries,
                                      DeviceStatus* status) {
@@ -16,7 +16,7 @@ __global__ void check_weights_kernel(KernelProblem p, const T* w, int64_t entrie
     bool read = true;
     if (!p.toeplitz) {
       const int64_t b = e % p.w_stride, i = e / p.w_stride % p.w_stride;
-      read = i < p.mixing_blocks && b < p.mixing_blocks && (!p.lower_triangular || b <= i);
+      read = i < p.mixing_blocks && b < p.mixing_blocks && uses(p, i, b);
     }
     const T value = w[e];
     if (read && (!isfinite(value) || (p.normalize && value < T(0))))
@@ -27,13 +27,8 @@ __global__ void check_weights_kernel(KernelProblem p, const T* w, int64_t entrie
 // After check_weights_kernel, in stream order: the refused entry's value.
 template <typename T>
 __global__ void record_bad_weight_kernel(const T* w, DeviceStatus* status) {
-  if (status->first_bad_weight != ~0ull) status->bad_weight_value = double(w[status->first_bad_weight]);
-}
-
-template <typename T>
-int64_t weight_entries(const KernelProblem& p) {
-  const int64_t copies = p.per_head ? p.heads : 1;
-  return copies * (p.toeplitz ? p.toeplitz_length + 1 : p.w_stride * p.w_stride);
+  if (status->first_bad_weight != ~0ull)
+    status->bad_weight_value = double(w[status->first_bad_weight]);
 }
 
 __device__ inline bool finite(uint16_t bf16) { return (bf16 & 0x7f80u) != 0x7f80u; }
@@ -62,7 +57,7 @@ template <typename T>
 void launch_check_weights(const KernelProblem& p, const T* w, DeviceStatus* status,
                           cudaStream_t stream) {
   if (w == nullptr) return;
-  const int64_t entries = weight_entries<T>(p);
+  const int64_t entries = weight_entries(p);
   check_weights_kernel<<<grid_for(entries), kThreads, 0, stream>>>(p, w, entries, status);
   check_launch("check_weights_kernel");
   record_bad_weight_kernel<<<1, 1, 0, stream>>>(w, status);

@@ -20,6 +20,12 @@ struct DeviceStatus {
   int inputs_finite;  // cleared where non_finite was raised on a non-finite input
 };
 
+// The entries of w's memory: [copies, rows, columns] dense, [copies, L + 1] Toeplitz.
+inline int64_t weight_entries(const KernelProblem& p) {
+  const int64_t copies = p.per_head ? p.heads : 1;
+  return copies * (p.toeplitz ? p.toeplitz_length + 1 : p.w_stride * p.w_stride);
+}
+
 // A clean status (no refused weight, no non-finite result), written on the
 // stream so that a call captured into a graph resets it on every replay.
 void reset_status(DeviceStatus* status, cudaStream_t stream);
