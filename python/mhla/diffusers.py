@@ -1,53 +1,74 @@
-"""MHLA in diffusers' image transformers (tested with diffusers 0.42.1).
+"""MHLA in diffusers' image and video transformers (tested with diffusers 0.42.1).
 
-``swap_attention(transformer, tile=...)`` gives the self-attention of a DiT-style
-transformer (``DiTTransformer2DModel``, ``PixArtTransformer2DModel`` and the
-models whose blocks hold diffusers' ``Attention`` as ``attn1`` over patch
-tokens) an ``MHLAAttnProcessor``: MHLA over the model's patch grid in tiles,
-through the attention's own (pretrained) ``to_q``, ``to_k``, ``to_v`` and
-``to_out``. The processor is an ``nn.Module`` whose mixing matrix is an
-ordinary parameter of the model (optimisers, ``state_dict`` and
-``save_pretrained`` see it), initialised from the locality prior.
-Cross-attention (``attn2``) stays softmax.
+``swap_attention(transformer, tile=...)`` replaces the self-attention (``attn1``) of
 
-diffusers' processors are not given the token grid, so the swap installs a
-forward pre-hook on the transformer that reads it from the latent's shape
-(height and width over ``patch_size``) on every call; a latent of another grid
-than the one the mixing matrix was built for is refused by name.
+- a DiT-style image transformer (``DiTTransformer2DModel``, ``PixArtTransformer2DModel`` and the
+  models whose ``transformer_blocks`` hold diffusers' ``Attention`` over patch tokens) with an
+  ``MHLAAttnProcessor``: the paper's MHLA over the patch grid in tiles;
+- a ``WanTransformer3DModel`` (Wan2.1 video) with an ``MHLAWanAttnProcessor``: the authors' Wan
+  layer (``variant="authors_video"``, docs/authors-compat.md) over the frames x rows x columns grid,
+  with the model's own rotary embedding; ``load_authors_wan_checkpoint`` loads a state dict laid out
+  as their released Wan-MHLA checkpoint into the swapped model.
+
+Each processor works through the attention's own (pretrained) ``to_q``, ``to_k``, ``to_v`` and
+``to_out``, and is an ``nn.Module`` whose mixing matrix (and, for Wan, output gate and norm) are
+ordinary parameters of the model (optimisers, ``state_dict``, FSDP and ``save_pretrained`` see
+them), initialised from the locality prior. Cross-attention (``attn2``) stays softmax.
+
+diffusers' processors are not given the token grid, so the swap installs a forward pre-hook on the
+transformer that reads it from the latent's shape (its sizes over ``patch_size``) on every call and
+refuses by name a latent of another grid than the one the mixing matrix was built for.
 """
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from . import _core
-from .torch import MixingMatrix, mhla_attention
+from .torch import FreeMixingMatrix, MixingMatrix, RMSNorm, authors_video_attention, mhla_attention
 
-__all__ = ["MHLAAttnProcessor", "swap_attention"]
+__all__ = ["MHLAAttnProcessor", "MHLAWanAttnProcessor", "swap_attention", "authors_wan_layers",
+           "load_authors_wan_checkpoint"]
 
 
-class _Grid:
-    """The patch grid of the transformer's current call, set by its forward pre-hook."""
+class _GridCheck:
+    """The transformer's forward pre-hook: the latent's patch grid must be the one MHLA was built for."""
 
-    def __init__(self, patch_size):
-        self.patch_size = patch_size
-        self.shape = None
+    def __init__(self, patch, axes, built_for):
+        self.patch, self.axes, self.built_for = tuple(patch), axes, tuple(built_for)
 
     def hook(self, module, args, kwargs):
         latent = kwargs.get("hidden_states", args[0] if args else None)
-        if not isinstance(latent, torch.Tensor) or latent.dim() != 4:
-            raise ValueError("MHLA's processors read the patch grid from a latent [B, C, H, W]; the transformer "
-                             f"got {type(latent).__name__ if not isinstance(latent, torch.Tensor) else tuple(latent.shape)}")
-        height, width = latent.shape[-2:]
-        if height % self.patch_size or width % self.patch_size:
-            raise ValueError(f"the latent's {height} x {width} does not split into patches of {self.patch_size}")
-        self.shape = (height // self.patch_size, width // self.patch_size)
+        if not isinstance(latent, torch.Tensor) or latent.dim() != 2 + len(self.patch):
+            got = tuple(latent.shape) if isinstance(latent, torch.Tensor) else type(latent).__name__
+            raise ValueError(f"MHLA's processors read the patch grid from a latent [B, C, {', '.join(self.axes)}]; "
+                             f"the transformer got {got}")
+        sizes = tuple(latent.shape[2:])
+        if any(size % patch for size, patch in zip(sizes, self.patch)):
+            raise ValueError(f"the latent's {_x(sizes)} does not split into patches of {_x(self.patch)}")
+        shape = tuple(size // patch for size, patch in zip(sizes, self.patch))
+        if shape != self.built_for:
+            raise ValueError(f"the latent's patch grid is {_x(shape)}, but MHLA's mixing matrix was built "
+                             f"for {_x(self.built_for)}")
+
+
+def _x(sizes):
+    return " x ".join(map(str, sizes))
+
+
+def _refuse_unsupported(name, encoder_hidden_states, attention_mask, kwargs):
+    if encoder_hidden_states is not None:
+        raise ValueError(f"{name} replaces self-attention only; cross-attention stays softmax")
+    if attention_mask is not None:
+        raise ValueError(f"{name} takes no attention_mask: MHLA's blocks are the patch grid")
+    if kwargs:
+        raise ValueError(f"{name} cannot honour attention kwargs: {', '.join(sorted(kwargs))}")
 
 
 class MHLAAttnProcessor(nn.Module):
     """A diffusers attention processor computing MHLA (normalized, ``feature_map`` features) over a
     ``grid`` of patch tokens in ``tile`` tiles, with the attention's own projections."""
 
-    def __init__(self, heads, grid, tile, *, feature_map="elu1", mixing_init="linear", per_head_mixing=False,
-                 current_grid=None):
+    def __init__(self, heads, grid, tile, *, feature_map="elu1", mixing_init="linear", per_head_mixing=False):
         super().__init__()
         grid, tile = tuple(grid), tuple(tile)
         if len(grid) != 2 or len(tile) != 2:
@@ -56,19 +77,9 @@ class MHLAAttnProcessor(nn.Module):
         self.grid, self.tile, self.feature_map = grid, tile, feature_map
         self.layout = _core.Layout.grid2d(*grid, *tile)
         self.mixing = MixingMatrix(self.layout, heads=heads if per_head_mixing else None, init=mixing_init)
-        self._current_grid = current_grid
 
     def forward(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, temb=None, **kwargs):
-        if encoder_hidden_states is not None:
-            raise ValueError("MHLAAttnProcessor replaces self-attention only; cross-attention stays softmax")
-        if attention_mask is not None:
-            raise ValueError("MHLAAttnProcessor takes no attention_mask: MHLA's blocks are the patch grid")
-        if kwargs:
-            raise ValueError(f"MHLAAttnProcessor cannot honour attention kwargs: {', '.join(sorted(kwargs))}")
-        if self._current_grid is not None and self._current_grid.shape not in (None, self.grid):
-            raise ValueError(f"the latent's patch grid is {self._current_grid.shape[0]} x "
-                             f"{self._current_grid.shape[1]}, but MHLA's mixing matrix was built for "
-                             f"{self.grid[0]} x {self.grid[1]}")
+        _refuse_unsupported("MHLAAttnProcessor", encoder_hidden_states, attention_mask, kwargs)
         if attn.spatial_norm is not None or attn.group_norm is not None or hidden_states.dim() != 3:
             raise ValueError("MHLAAttnProcessor takes token sequences [B, N, C] without spatial or group norms")
         batch, tokens, _ = hidden_states.shape
@@ -91,29 +102,168 @@ class MHLAAttnProcessor(nn.Module):
         return o / attn.rescale_output_factor
 
 
-def swap_attention(transformer, *, tile, layers=None, **options):
-    """Gives the self-attention (``attn1``) of the transformer's blocks an ``MHLAAttnProcessor`` over its
-    patch grid (``sample_size / patch_size`` per side) in ``tile = (th, tw)`` tiles, in place; returns the
-    transformer. ``layers`` lists the block indices to swap (all by default; a hybrid keeps the others
-    softmax). ``options`` go to ``MHLAAttnProcessor`` (``feature_map``, ``per_head_mixing``, ``mixing_init``).
+class MHLAWanAttnProcessor(nn.Module):
+    """A processor for the self-attention of diffusers' ``WanAttention``: the authors' Wan2.1 MHLA layer
+    (``variant="authors_video"``) over a ``grid = (T, H, W)`` of patch tokens in ``tile`` tiles.
+
+    q and k go through the attention's ``to_q``/``to_k`` and its width-spanning ``norm_q``/``norm_k``;
+    their features ``relu + 1e-6`` are turned by the model's rotary embedding (the ``rotary_emb`` the
+    transformer hands every self-attention); each query block reads ``sum_b W[i, b] S_b`` with no
+    normaliser; each head's output is RMS-normalised (``out_norm``), multiplied by
+    ``silu(gate(hidden_states))`` and goes through ``to_out``. ``gate``, ``out_norm`` and ``mixing`` (a
+    ``FreeMixingMatrix`` at the column-normalised locality prior) are the processor's parameters.
+    """
+
+    def __init__(self, dim, heads, head_dim, grid, tile, *, mixing_init="linear", per_head_mixing=False):
+        super().__init__()
+        grid, tile = tuple(grid), tuple(tile)
+        if len(grid) != 3 or len(tile) != 3:
+            raise ValueError(f"grid and tile are (frames, rows, columns), got {grid} and {tile}")
+        self.grid, self.tile, self.heads = grid, tile, heads
+        self.layout = _core.Layout.grid3d(*grid, *tile)
+        self.gate = nn.Linear(dim, heads * head_dim)
+        self.out_norm = RMSNorm(head_dim)
+        self.mixing = FreeMixingMatrix(self.layout, heads=heads if per_head_mixing else None, init=mixing_init,
+                                       transpose_init=True)
+
+    def forward(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, rotary_emb=None,
+                **kwargs):
+        _refuse_unsupported("MHLAWanAttnProcessor", encoder_hidden_states, attention_mask, kwargs)
+        if rotary_emb is None:
+            raise ValueError("MHLAWanAttnProcessor needs the transformer's rotary_emb (freqs_cos, freqs_sin)")
+        if hidden_states.dim() != 3 or hidden_states.shape[1] != self.layout.num_tokens:
+            raise ValueError(f"MHLAWanAttnProcessor expects [B, {self.layout.num_tokens}, C] for the "
+                             f"{_x(self.grid)} patch grid, got {tuple(hidden_states.shape)}")
+        if getattr(attn, "fused_projections", False):
+            q, k, v = attn.to_qkv(hidden_states).chunk(3, dim=-1)
+        else:
+            q, k, v = attn.to_q(hidden_states), attn.to_k(hidden_states), attn.to_v(hidden_states)
+        q, k, v = (t.unflatten(2, (attn.heads, -1)) for t in (attn.norm_q(q), attn.norm_k(k), v))
+        o = authors_video_attention(q, k, v, self.mixing(self.layout.num_blocks), self.layout, *rotary_emb)
+        o = self.out_norm(o).flatten(2) * F.silu(self.gate(hidden_states))
+        return attn.to_out[1](attn.to_out[0](o))
+
+
+def swap_attention(transformer, *, tile, layers=None, grid=None, variant=None, **options):
+    """Gives the self-attention (``attn1``) of the transformer's blocks an MHLA processor, in place, and
+    returns the transformer. ``layers`` lists the block indices to swap (all by default; a hybrid keeps
+    the others softmax, as the authors' Wan model keeps every third layer, ``[i for i in range(30) if i % 3]``).
+
+    - DiT-style 2D models: ``variant="paper"`` (the default) over the patch grid (``sample_size /
+      patch_size`` per side, or ``grid=(rows, columns)``) in ``tile = (th, tw)`` tiles; ``options`` go to
+      ``MHLAAttnProcessor`` (``feature_map``, ``per_head_mixing``, ``mixing_init``).
+    - ``WanTransformer3DModel``: ``variant="authors_video"`` (the default; the paper's normalised layer has
+      no place for Wan's rotary embedding) over ``grid = (T, H, W)``, the latent's patch grid (Wan2.1 at
+      480 x 800 and 81 frames: ``(21, 30, 50)``; the authors' blocks: ``tile=(7, 6, 5)``); ``options`` go
+      to ``MHLAWanAttnProcessor`` (``per_head_mixing``, ``mixing_init``).
     """
     config = getattr(transformer, "config", None)
     patch = getattr(config, "patch_size", None)
-    size = getattr(config, "sample_size", None)
+    if isinstance(patch, (tuple, list)) and len(patch) == 3 and hasattr(transformer, "blocks"):
+        return _swap_wan(transformer, tuple(patch), tile=tile, layers=layers, grid=grid,
+                         variant=variant or "authors_video", **options)
+    return _swap_dit(transformer, patch, tile=tile, layers=layers, grid=grid, variant=variant or "paper", **options)
+
+
+def _swap_dit(transformer, patch, *, tile, layers, grid, variant, **options):
+    size = getattr(getattr(transformer, "config", None), "sample_size", None)
     blocks = getattr(transformer, "transformer_blocks", None)
-    if patch is None or size is None or blocks is None:
+    if not isinstance(patch, int) or (size is None and grid is None) or blocks is None:
         raise ValueError(f"{type(transformer).__name__} has no patch_size, sample_size and transformer_blocks: "
-                         "swap_attention takes DiT-style 2D transformers")
-    side = (size, size) if isinstance(size, int) else tuple(size)
-    grid = (side[0] // patch, side[1] // patch)
+                         "swap_attention takes DiT-style 2D transformers and WanTransformer3DModel")
+    if variant != "paper":
+        raise ValueError(f"swap_attention gives DiT-style transformers variant='paper', not {variant!r}")
+    if grid is None:
+        side = (size, size) if isinstance(size, int) else tuple(size)
+        grid = (side[0] // patch, side[1] // patch)
+    def processor(attention):
+        return MHLAAttnProcessor(attention.heads, grid, tile, **options)
+    return _install(transformer, blocks, layers, processor, _GridCheck((patch, patch), ("H", "W"), grid))
+
+
+def _swap_wan(transformer, patch, *, tile, layers, grid, variant, **options):
+    if variant != "authors_video":
+        raise ValueError(f"swap_attention gives WanTransformer3DModel variant='authors_video' (the authors' Wan "
+                         f"layer, which keeps Wan's rotary embedding), not {variant!r}")
+    if grid is None:
+        raise ValueError("a WanTransformer3DModel has no fixed token grid: pass grid=(T, H, W), the latent's "
+                         "frames, rows and columns over patch_size (Wan2.1 at 480 x 800, 81 frames: (21, 30, 50))")
+    def processor(attention):
+        return MHLAWanAttnProcessor(attention.to_q.in_features, attention.heads, attention.inner_dim // attention.heads,
+                                    grid, tile, **options)
+    return _install(transformer, transformer.blocks, layers, processor, _GridCheck(patch, ("F", "H", "W"), grid))
+
+
+def _install(transformer, blocks, layers, make_processor, grid_check):
+    """Sets ``make_processor(attn1)`` on the chosen blocks (on their weights' device and dtype), then the
+    pre-hook that checks the grid of each call."""
     chosen = range(len(blocks)) if layers is None else list(layers)
-    current = _Grid(patch)
     for i in chosen:
         if not 0 <= i < len(blocks):
             raise ValueError(f"block index {i} is out of range for {len(blocks)} blocks")
+    for i in chosen:
         attention = blocks[i].attn1
-        processor = MHLAAttnProcessor(attention.heads, grid, tile, current_grid=current, **options)
         weight = attention.to_q.weight
-        attention.set_processor(processor.to(device=weight.device, dtype=weight.dtype))
-    transformer.register_forward_pre_hook(current.hook, with_kwargs=True)
+        attention.set_processor(make_processor(attention).to(device=weight.device, dtype=weight.dtype))
+    transformer.register_forward_pre_hook(grid_check.hook, with_kwargs=True)
     return transformer
+
+
+def _authors_state(checkpoint):
+    """The flat state dict of a checkpoint saved by the authors' trainer (``{"state_dict": ...}``) or bare."""
+    state = checkpoint.get("state_dict", checkpoint) if isinstance(checkpoint, dict) else None
+    if not isinstance(state, dict) or not all(isinstance(key, str) for key in state):
+        raise ValueError(f"expected the authors' Wan-MHLA state dict (or {{'state_dict': ...}}), got "
+                         f"{type(checkpoint).__name__}")
+    return {key.replace("model.diffusion_model.", "", 1): value for key, value in state.items()}
+
+
+_AUTHORS_MIXING = ".self_attn.block_attn.conv.weight"
+
+
+def authors_wan_layers(checkpoint):
+    """The indices of the blocks whose self-attention is MHLA in the authors' Wan-MHLA state dict
+    (the blocks that hold a block-mixing weight), for ``swap_attention(..., layers=...)``."""
+    return sorted(int(key.split(".")[1]) for key in _authors_state(checkpoint)
+                  if key.startswith("blocks.") and key.endswith(_AUTHORS_MIXING))
+
+
+def load_authors_wan_checkpoint(transformer, checkpoint):
+    """Loads a state dict laid out as the authors' released Wan-MHLA checkpoint (their ``WanModel``: Wan's
+    original key names, plus ``self_attn.g`` (the gate), ``self_attn.g_norm`` (the per-head output norm)
+    and ``self_attn.block_attn.conv.weight`` (W as an ``[M, M, 1, 1]`` 1x1 convolution) in the MHLA
+    blocks) into a ``WanTransformer3DModel`` swapped with ``swap_attention(..., layers=authors_wan_layers(
+    checkpoint))`` for their grid and tile. Wan's own keys go through diffusers'
+    ``convert_wan_transformer_to_diffusers``; every key must land, or a ValueError names those that do
+    not. Returns the transformer."""
+    from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
+
+    state = _authors_state(checkpoint)
+    theirs = authors_wan_layers(state)
+    ours = [i for i, block in enumerate(getattr(transformer, "blocks", []))
+            if isinstance(getattr(block.attn1, "processor", None), MHLAWanAttnProcessor)]
+    if theirs != ours:
+        raise ValueError(f"the checkpoint's MHLA self-attention is in blocks {theirs}, the transformer's in "
+                         f"{ours}: swap_attention(transformer, ..., layers=authors_wan_layers(checkpoint)) first")
+    renamed = {}
+    for key, value in convert_wan_transformer_to_diffusers(dict(state)).items():
+        key = key.replace(".attn1.g.", ".attn1.processor.gate.").replace(".attn1.g_norm.", ".attn1.processor.out_norm.")
+        if key.endswith(".attn1.block_attn.conv.weight"):
+            key = key.replace(".attn1.block_attn.conv.weight", ".attn1.processor.mixing.weight")
+            mixing = transformer.get_parameter(key)
+            if value.dim() != 4 or value.shape[2:] != (1, 1) or value.shape[:2] != mixing.shape:
+                raise ValueError(f"{key}: the checkpoint's block mixing is {tuple(value.shape)}, the swapped layer's "
+                                 f"W is {tuple(mixing.shape)}: swap for the checkpoint's grid and tile, with one W "
+                                 "shared by the heads")
+            value = value.reshape(mixing.shape)
+        renamed[key] = value
+    missing, unexpected = transformer.load_state_dict(renamed, strict=False)
+    if missing or unexpected:
+        raise ValueError(f"the checkpoint does not fit the transformer: missing {_listed(missing)}; "
+                         f"unexpected {_listed(unexpected)}")
+    return transformer
+
+
+def _listed(keys, shown=5):
+    keys = sorted(keys)
+    return "none" if not keys else ", ".join(keys[:shown]) + (f" and {len(keys) - shown} more" if len(keys) > shown else "")

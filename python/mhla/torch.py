@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.dlpack import from_dlpack
 
-from . import _contract, _core, _custom_ops, _finite_results, _pure_torch
+from . import _contract, _core, _custom_ops, _finite_results, _pure_torch, _wan_rotary
 from ._torch_operands import operand as _operand, tensors as _tensors
 from .streaming import Decoder, offsets
 
@@ -46,6 +46,7 @@ __all__ = [
     "MixingMatrix",
     "FreeMixingMatrix",
     "authors_vision_attention",
+    "authors_video_attention",
     "block_order",
     "RMSNorm",
     "MHLA1d",
@@ -382,7 +383,7 @@ def softmax_attention(q, k, v, *, causal=False, scale=None, backend=None):
 
 # The layers' semantics: the paper's (default), or the authors' public code's, for porting
 # their checkpoints (docs/authors-compat.md).
-VARIANTS = ("paper", "authors_vision", "authors_lm")
+VARIANTS = ("paper", "authors_vision", "authors_video", "authors_lm")
 
 
 def _initial_mixing(layout, *, causal, init, sigma, threshold):
@@ -498,6 +499,25 @@ def authors_vision_attention(q, k, v, w, layout, *, eps=1e-6, backend=None):
     return numerator / mixed[:, blocks, positions].unsqueeze(-1)
 
 
+def authors_video_attention(q, k, v, w, layout, cos, sin, *, eps=1e-6, backend=None):
+    """The attention of the authors' video (Wan2.1) layer, differentiable.
+
+    Features ``phi(x) = relu(x) + eps``, then Wan's 3D rotary embedding (``cos``, ``sin`` broadcast
+    against ``q [B, N, H, D]``, as diffusers' ``rotary_emb`` or ``_wan_rotary.tables``) on the
+    features: each query block i reads ``sum_b W[i, b] S_b`` of ``S_b = sum_{s in b} rot(phi(k_s)) v_s^T``,
+    unscaled and with no normaliser. ``w`` may have any sign (``[M, M]`` or ``[H, M, M]``). Half and
+    bfloat16 inputs are computed in float32, as their layer does, and come back in their dtype.
+    """
+    _contract.check_tensors(function="mhla::forward", q=q, k=k, v=v, w=w)
+    dtype = q.dtype
+    if dtype in (torch.float16, torch.bfloat16):
+        q, k, v = q.float(), k.float(), v.float()
+    features = [_wan_rotary.rotate(torch.relu(x) + eps, cos, sin) for x in (q, k)]
+    o = mhla_attention(*features, v, w.to(q.dtype), layout, feature_map="identity", normalize=False, scale=1.0,
+                       backend=backend)
+    return o.to(dtype)
+
+
 def _scatter_by_position(values, blocks, positions, num_blocks, block_size):
     """``values [B, N, H]`` of the tokens laid out as ``[B, M, C, H]`` by (block, position in block)."""
     out = values.new_zeros(values.shape[0], num_blocks, block_size, values.shape[2])
@@ -548,6 +568,11 @@ class _MHLALayer(nn.Module):
                              "for their causal language-model layer")
         if variant == "authors_lm" and not causal:
             raise ValueError("variant='authors_lm' is the authors' causal language-model layer; pass causal=True")
+        if variant == "authors_video" and len(getattr(self, "grid", ())) != 3:
+            raise ValueError("variant='authors_video' is the authors' Wan2.1 video layer: build it as MHLA3d")
+        if variant == "authors_video" and (qk_norm or gate or pos_conv):
+            raise ValueError("variant='authors_video' has its own q/k RMSNorm and SiLU gate and no positional "
+                             "conv; drop qk_norm, gate and pos_conv")
         if dim <= 0 or heads <= 0:
             raise ValueError(f"dim and heads must be positive, got dim={dim}, heads={heads}")
         if head_dim is None:
@@ -570,22 +595,34 @@ class _MHLALayer(nn.Module):
         self.pos_conv = self._make_pos_conv(inner, pos_conv) if pos_conv else None
         self.variant = variant
         self.backend = backend
-        self.normalize = variant != "authors_lm"
+        self.normalize = variant not in ("authors_lm", "authors_video")
         mixing_heads = heads if per_head_mixing else None
         if variant == "paper":
             self.mixing = MixingMatrix(layout, heads=mixing_heads, causal=causal, init=mixing_init)
-        elif variant == "authors_vision":
+        elif variant in ("authors_vision", "authors_video"):
             self.feature_map = "relu+eps"
             self.mixing = FreeMixingMatrix(layout, heads=mixing_heads, init=mixing_init, transpose_init=True)
+            if variant == "authors_video":
+                self._build_authors_video(dim, inner, bias)
         else:
             self.mixing = FreeMixingMatrix(layout, heads=mixing_heads, causal=True, init=mixing_init,
                                            clamp=(1e-5, 1.0))
+
+    def _build_authors_video(self, dim, inner, bias):
+        # Their q/k RMSNorm spans the whole width; the output is RMS-normalised per head, then
+        # SiLU-gated. The rotary tables are Wan's for the layer's grid (float64; cast where used).
+        self.q_norm, self.k_norm = RMSNorm(inner), RMSNorm(inner)
+        self.gate_proj = nn.Linear(dim, inner, bias=bias)
+        self.out_norm = RMSNorm(self.head_dim)
+        cos, sin = _wan_rotary.tables(self.grid, self.head_dim)
+        self.register_buffer("rotary_cos", cos.unsqueeze(1), persistent=False)
+        self.register_buffer("rotary_sin", sin.unsqueeze(1), persistent=False)
 
     def forward(self, x):
         self._check_input(x)
         batch, tokens, _ = x.shape
         q, k, v = self._project(x)
-        if _pure_torch_path(self.backend, x) and self.variant != "authors_vision":
+        if _pure_torch_path(self.backend, x) and self.variant in ("paper", "authors_lm"):
             # In torch ops on plain Python values, so torch.compile traces the whole layer. The
             # operator's checks are not needed: the layer makes q, k, v and w consistent itself.
             geometry = self._geometry(tokens)
@@ -609,16 +646,19 @@ class _MHLALayer(nn.Module):
     def _project(self, x):
         """q, k, v ``[B, N, H, D]`` of ``x [B, N, dim]`` (with the q/k norms)."""
         split = (*x.shape[:2], self.heads, self.head_dim)
-        q = self.q_proj(x).view(split)
-        k = self.k_proj(x).view(split)
-        v = self.v_proj(x).view(split)
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        if self.variant == "authors_video":
+            return self.q_norm(q).view(split), self.k_norm(k).view(split), v.view(split)
+        q, k, v = q.view(split), k.view(split), v.view(split)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         return q, k, v
 
     def _output(self, x, o):
         """The gate and the output projection of the attention result ``o [B, N, H * D]``."""
-        if self.gate_proj is not None:
+        if self.variant == "authors_video":
+            o = self.out_norm(o.unflatten(-1, (self.heads, self.head_dim))).flatten(2) * F.silu(self.gate_proj(x))
+        elif self.gate_proj is not None:
             o = o * torch.sigmoid(self.gate_proj(x))
         return self.out_proj(o)
 
@@ -626,6 +666,8 @@ class _MHLALayer(nn.Module):
         """The attention step: ``[B, N, H, D]`` in and out. The operator's, here."""
         if self.variant == "authors_vision":
             return authors_vision_attention(q, k, v, w, layout, backend=self.backend)
+        if self.variant == "authors_video":
+            return authors_video_attention(q, k, v, w, layout, self.rotary_cos, self.rotary_sin, backend=self.backend)
         return mhla_attention(q, k, v, w, layout, masking=self.masking, feature_map=self.feature_map,
                               normalize=self.normalize, backend=self.backend)
 

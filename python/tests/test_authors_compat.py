@@ -1,6 +1,6 @@
-"""variant="authors_vision" / "authors_lm": the layers of the authors' public code,
-each checked against a re-implementation written here from their equations
-(block-major, with explicit sums), values and gradients."""
+"""variant="authors_vision" / "authors_video" / "authors_lm": the layers of the authors' public code,
+each checked against a re-implementation from their equations (authors_equations.py: block-major,
+with explicit sums), values and gradients."""
 import math
 
 import pytest
@@ -9,46 +9,7 @@ import torch.nn.functional as F
 
 import mhla
 import mhla.torch as mt
-
-EPS = 1e-6  # the authors' feature and normaliser epsilon
-
-
-def grid_block_order(grid, tile):
-    """Token indices (row-major over the grid) in block-major order: blocks row-major over the
-    block grid, tokens row-major inside each block. Tiles must divide the grid."""
-    axes = [range(0, g, t) for g, t in zip(grid, tile)]
-    order = []
-    for corner in torch.cartesian_prod(*(torch.tensor(list(a)) for a in axes)).view(-1, len(grid)).tolist():
-        inside = torch.cartesian_prod(*(torch.arange(c, c + t) for c, t in zip(corner, tile))).view(-1, len(grid))
-        for point in inside.tolist():
-            index = 0
-            for coordinate, extent in zip(point, grid):
-                index = index * extent + coordinate
-            order.append(index)
-    return torch.tensor(order)
-
-
-def authors_vision_equations(q, k, v, w, order, blocks):
-    """Their vision attention, block-major, per block i and in-block position p:
-    phi(x) = relu(x) + eps; KV_b = sum_p phi(k_bp) v_bp^T; z_b = sum_p phi(k_bp);
-    o_ip = phi(q_ip)^T (sum_b W[i,b] KV_b) / (sum_b W[i,b] phi(q_bp)^T z_b + eps)."""
-    batch, tokens, heads, dim = q.shape
-    size = tokens // blocks
-    qb, kb, vb = (x[:, order].view(batch, blocks, size, heads, -1) for x in (q, k, v))
-    phi_q, phi_k = F.relu(qb) + EPS, F.relu(kb) + EPS
-    out = torch.empty_like(vb)
-    for h in range(heads):
-        wh = w if w.dim() == 2 else w[h]
-        kv = [phi_k[:, b, :, h].transpose(1, 2) @ vb[:, b, :, h] for b in range(blocks)]  # [B, D, Dv]
-        z = [phi_k[:, b, :, h].sum(1) for b in range(blocks)]                              # [B, D]
-        for i in range(blocks):
-            mixed = sum(wh[i, b] * kv[b] for b in range(blocks))
-            for p in range(size):
-                den = sum(wh[i, b] * (phi_q[:, b, p, h] * z[b]).sum(-1) for b in range(blocks)) + EPS
-                out[:, i, p, h] = (phi_q[:, i, p, h].unsqueeze(1) @ mixed).squeeze(1) / den.unsqueeze(-1)
-    tokens_out = torch.empty_like(v)
-    tokens_out[:, order] = out.reshape(batch, tokens, heads, -1)
-    return tokens_out
+from authors_equations import authors_video_equations, authors_vision_equations, grid_block_order, wan_rope_complex
 
 
 @pytest.mark.parametrize("per_head", [False, True])
@@ -150,3 +111,59 @@ def test_variant_errors_are_named():
     layer = mt.MHLA2d(8, 2, grid=(5, 5), tile=(2, 2), variant="authors_vision")
     with pytest.raises(ValueError, match="needs blocks of equal size; .* has blocks of 1 to 4 tokens"):
         layer(torch.randn(1, 25, 8))
+
+
+def authors_video_weights(layer):
+    """The layer's parameters under the names of the authors' layer."""
+    weights = {"norm_q.weight": layer.q_norm.weight, "norm_k.weight": layer.k_norm.weight,
+               "g_norm.weight": layer.out_norm.weight, "block_attn.conv.weight": layer.mixing.weight}
+    for theirs, ours in (("q", layer.q_proj), ("k", layer.k_proj), ("v", layer.v_proj), ("o", layer.out_proj),
+                         ("g", layer.gate_proj)):
+        weights[theirs + ".weight"], weights[theirs + ".bias"] = ours.weight, ours.bias
+    return weights
+
+
+@pytest.mark.parametrize("per_head", [False, True])
+def test_authors_video_layer_follows_their_equations(per_head):
+    torch.manual_seed(4)
+    grid, tile, dim, heads = (2, 4, 6), (1, 2, 3), 24, 2   # head_dim 12: Wan's split into 4 + 4 + 4 features
+    layer = mt.MHLA3d(dim, heads, grid=grid, tile=tile, per_head_mixing=per_head, variant="authors_video").double()
+    with torch.no_grad():  # trained-looking norms and an unconstrained W
+        for norm in (layer.q_norm, layer.k_norm, layer.out_norm):
+            norm.weight.add_(0.2 * torch.randn_like(norm.weight))
+        layer.mixing.weight.add_(0.3 * torch.randn_like(layer.mixing.weight))
+    x = torch.randn(2, 48, dim, dtype=torch.float64, requires_grad=True)
+    y = layer(x)
+    expected = authors_video_equations(x, authors_video_weights(layer), heads, grid, tile)
+
+    grad = torch.randn_like(y)
+    weights = (x, layer.mixing.weight, layer.q_norm.weight, layer.gate_proj.weight, layer.out_norm.weight)
+    got = torch.autograd.grad(y, weights, grad, retain_graph=True)
+    want = torch.autograd.grad(expected, weights, grad)
+    for g, e in zip(got, want):
+        torch.testing.assert_close(g, e, rtol=1e-9, atol=1e-9)
+
+
+def test_authors_video_rotary_is_wans():
+    from mhla import _wan_rotary
+    torch.manual_seed(5)
+    for grid, head_dim in [((3, 4, 5), 12), ((2, 3, 2), 16), ((2, 2, 2), 128)]:
+        x = torch.randn(1, math.prod(grid), 2, head_dim, dtype=torch.float64)
+        cos, sin = _wan_rotary.tables(grid, head_dim)
+        torch.testing.assert_close(_wan_rotary.rotate(x, cos.unsqueeze(1), sin.unsqueeze(1)),
+                                   wan_rope_complex(x, grid), rtol=1e-12, atol=1e-12)
+
+
+def test_authors_video_initial_w_is_their_column_normalised_transform():
+    layer = mt.MHLA3d(24, 2, grid=(3, 4, 4), tile=(1, 2, 2), variant="authors_video")
+    torch.testing.assert_close(layer.mixing().sum(0), torch.ones(12))
+    torch.testing.assert_close(layer.mixing(), torch.from_numpy(mhla.init_mixing(mhla.Layout.grid3d(3, 4, 4, 1, 2, 2))).t())
+
+
+def test_authors_video_errors_are_named():
+    with pytest.raises(ValueError, match="authors' Wan2.1 video layer: build it as MHLA3d"):
+        mt.MHLA2d(8, 2, grid=(4, 4), tile=(2, 2), variant="authors_video")
+    with pytest.raises(ValueError, match="its own q/k RMSNorm and SiLU gate and no positional conv"):
+        mt.MHLA3d(24, 2, grid=(2, 4, 4), tile=(1, 2, 2), gate=True, variant="authors_video")
+    with pytest.raises(ValueError, match="even head_dim of at least 6 .* got 4"):
+        mt.MHLA3d(8, 2, grid=(2, 4, 4), tile=(1, 2, 2), variant="authors_video")

@@ -30,6 +30,7 @@ LAYERS = {
     "1d-causal-conv": lambda: mt.MHLA1d(32, 4, block_size=4, max_tokens=30, causal=True, pos_conv=3),
     "1d-authors-lm": lambda: mt.MHLA1d(32, 4, block_size=4, max_tokens=30, causal=True, variant="authors_lm"),
     "2d-authors-vision": lambda: mt.MHLA2d(32, 4, grid=(4, 6), tile=(2, 3), variant="authors_vision"),
+    "3d-authors-video": lambda: mt.MHLA3d(32, 4, grid=(2, 4, 6), tile=(1, 2, 3), variant="authors_video"),
 }
 
 

@@ -201,10 +201,11 @@ def layers():
             mt.MHLA2d(24, 3, grid=(5, 7), tile=(2, 3), **options),
             mt.MHLA3d(24, 3, grid=(3, 4, 5), tile=(2, 2, 2), **options),
             mt.MHLA2d(24, 3, grid=(4, 6), tile=(2, 3), variant="authors_vision"),
+            mt.MHLA3d(24, 3, grid=(2, 4, 6), tile=(1, 2, 3), variant="authors_video"),
             mt.MHLA1d(24, 3, block_size=4, max_tokens=30, causal=True, variant="authors_lm")]
 
 
-@pytest.mark.parametrize("index", range(6))
+@pytest.mark.parametrize("index", range(7))
 def test_layers_equal_their_cpp_backed_form(index):
     torch.manual_seed(index)
     layer = layers()[index].double()
@@ -345,14 +346,15 @@ COMPILER = getattr(torch, "compiler", None)
 
 @pytest.mark.skipif(COMPILER is None or not hasattr(COMPILER, "is_compiling"),
                     reason=f"torch.compile needs torch 2.x (this is {torch.__version__})")
-@pytest.mark.parametrize("index", range(4))
+@pytest.mark.parametrize("index", range(5))
 def test_layers_on_the_torch_path_compile_without_graph_breaks(index):
     # fullgraph=True: any graph break is an error. The compiled layer must equal the eager one,
     # forward and backward.
     make = [lambda: mt.MHLA2d(32, 4, grid=(5, 7), tile=(2, 3), pos_conv=3, gate=True, qk_norm=True),
             lambda: mt.MHLA3d(32, 4, grid=(3, 4, 5), tile=(2, 2, 2), per_head_mixing=True),
             lambda: mt.MHLA1d(32, 4, block_size=4, max_tokens=30, causal=True, pos_conv=3),
-            lambda: mt.MHLA1d(32, 4, block_size=4, max_tokens=30, causal=True, variant="authors_lm")][index]
+            lambda: mt.MHLA1d(32, 4, block_size=4, max_tokens=30, causal=True, variant="authors_lm"),
+            lambda: mt.MHLA3d(32, 4, grid=(2, 4, 6), tile=(1, 2, 3), variant="authors_video")][index]
     torch.manual_seed(index)
     layer = make()
     layer.backend = "torch"
