@@ -27,7 +27,8 @@ import torch
 import torch.distributed as dist
 
 from . import _contract, _core
-from .torch import MHLA1d, MHLA2d, MHLA3d, _operand, _tensors
+from ._torch_operands import operand as _operand, tensors as _tensors
+from .torch import MHLA1d, MHLA2d, MHLA3d
 
 __all__ = [
     "context_parallel_attention",

@@ -9,7 +9,7 @@ import torch
 
 import mhla
 import mhla.torch as mt
-from mhla import _custom_ops
+from mhla import _custom_ops, _torch_functions
 from mhla._pure_torch import Geometry
 
 pytestmark = pytest.mark.skipif(not _custom_ops.AVAILABLE,
@@ -129,7 +129,7 @@ def test_the_custom_ops_pass_torchs_checks(name):
     # op traced by AOT autograd with static and dynamic shapes.
     case = CALLS[name]
     geometry = Geometry.of(case["layout"])
-    names = mt._option_names(**{field: case["options"].get(field) for field in
+    names = _torch_functions._option_names(**{field: case["options"].get(field) for field in
                                 ("masking", "feature_map", "normalize", "eps", "scale", "mixing")})
     q, k, v, w = (t.requires_grad_() for t in call_inputs(case))
     torch.library.opcheck(_custom_ops.forward, (q, k, v, w, geometry.rank, list(geometry.grid),
@@ -139,7 +139,7 @@ def test_the_custom_ops_pass_torchs_checks(name):
 def test_the_ops_gradients_match_finite_differences():
     case = CALLS["1d-causal-per-head"]
     geometry = Geometry.of(case["layout"])
-    names = mt._option_names(masking="causal", feature_map="elu1", normalize=None, eps=None, scale=None,
+    names = _torch_functions._option_names(masking="causal", feature_map="elu1", normalize=None, eps=None, scale=None,
                              mixing=None)
     inputs = [t[:1, :, :2].requires_grad_() if t.dim() == 4 else t[:2].requires_grad_()
               for t in call_inputs(case)]

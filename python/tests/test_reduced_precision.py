@@ -11,7 +11,7 @@ import torch
 
 import mhla
 import mhla.torch as mt
-from mhla import _pure_torch
+from mhla import _pure_torch, _torch_functions
 
 from einsum_formulation import einsum_mhla
 
@@ -186,13 +186,13 @@ def test_float16_results_read_through_the_buffer_protocol():
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_conversions_keep_shapes_and_gradients(dtype):
     x = torch.randn(2, 5, 3, 4, dtype=dtype, requires_grad=True)
-    y = mt._to_float32(x)
+    y = _torch_functions._to_float32(x)
     assert y.shape == x.shape and torch.equal(y, x.detach().float())
     grad = torch.randn(y.shape)
     y.backward(grad)
     assert x.grad.dtype == dtype and torch.equal(x.grad, grad.to(dtype))
     z = torch.randn(3, 7, requires_grad=True)
-    r = mt._to_dtype(z, dtype)
+    r = _torch_functions._to_dtype(z, dtype)
     assert torch.equal(r, z.detach().to(dtype))
     r.backward(torch.ones(3, 7, dtype=dtype))
     assert z.grad.dtype == torch.float32 and torch.equal(z.grad, torch.ones(3, 7))

@@ -1,0 +1,332 @@
+"""``mhla.torch``'s functions: the autograd functions over the C++ operator, the choice between it
+and the plain-torch path, and ``mhla_attention``, ``varlen_attention``, ``linear_attention``,
+``softmax_attention`` and the finite-result check's settings (see ``mhla.torch``)."""
+import torch
+from torch.utils.dlpack import from_dlpack
+
+from . import _contract, _core, _custom_ops, _finite_results, _pure_torch
+from ._torch_operands import operand as _operand, tensors as _tensors
+from .streaming import offsets
+
+
+def set_finite_check(mode):
+    """How the plain-torch path checks that finite inputs gave finite results; returns the mode
+    it replaces. "auto" (the default): synchronously on the CPU; on other devices without waiting
+    for the device, the error raised by a later call or by ``check_finite_results()``. "sync":
+    synchronously everywhere (one wait for the device per call), naming the entry and its cause.
+    "deferred": the deferred check everywhere. The C++ operator checks its own results."""
+    return _finite_results.set_mode(mode)
+
+
+def check_finite_results():
+    """Waits for the device and raises the error of any deferred check (``set_finite_check``)."""
+    _finite_results.report(wait=True)
+
+
+def _second_order(inputs, needs, grad_outputs, recompute):
+    """The gradients of a C++-backed function when autograd is asked to differentiate them again
+    (``create_graph=True``): the function recomputed in plain torch ops and differentiated there,
+    so that no second-order term goes missing. ``needs``: ctx.needs_input_grad for ``inputs``."""
+    wanted = [t for t, n in zip(inputs, needs) if n]
+    with torch.enable_grad():
+        outputs = recompute(*inputs)
+    grads = iter(torch.autograd.grad(outputs, wanted, grad_outputs, create_graph=True, allow_unused=True))
+    return tuple(next(grads) if n else None for n in needs[:len(inputs)])
+
+
+class _MHLAFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, w, options):
+        operands = [_operand(t) for t in (q, k, v, w)]
+        if not any(ctx.needs_input_grad[:4]):
+            # Inference: nothing to keep (and bfloat16 mixes on its own products).
+            return _tensors(_core.forward(*operands, options=options)[0])[0]
+        o, summaries, mixed = _tensors(
+            *_core.forward(*operands, options=options, save_summaries=True, save_mixed=True))
+        # The block and mixed summaries are O(M Dk Dv) each: keeping them spares
+        # backward a pass over k and v and the mix. The inputs themselves are kept, so
+        # that a second-order backward can differentiate through them.
+        ctx.save_for_backward(q, k, v, w, o, summaries, mixed)
+        ctx.options = options
+        return o
+
+    @staticmethod
+    def backward(ctx, grad_o):
+        if torch.is_grad_enabled():
+            options = ctx.options
+            return (*_second_order(ctx.saved_tensors[:4], ctx.needs_input_grad, grad_o, lambda q, k, v, w:
+                                   _pure_torch.mhla_attention(q, k, v, w, options.layout, **_names(options))),
+                    None)
+        q, k, v, w, o, summaries, mixed = (_operand(t) for t in ctx.saved_tensors)
+        # The saved arrays cannot be stale here: only this context holds them, and torch refuses
+        # to get here (its saved tensors' version counters) after q, k, v or w changed in place.
+        # So backward skips the fingerprint check that mhla.backward runs on arrays from outside.
+        grads = _tensors(*_core._backward_private_state(q, k, v, w, o, _operand(grad_o), summaries=summaries,
+                                                        mixed=mixed, options=ctx.options))
+        return (*grads, None)
+
+
+class _VarlenFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, w, cu_seqlens, options):
+        (o,) = _tensors(_core.varlen_forward(*(_operand(t) for t in (q, k, v, w)), cu_seqlens, **options))
+        ctx.save_for_backward(q, k, v, w, o)
+        ctx.cu_seqlens, ctx.options = cu_seqlens, options
+        return o
+
+    @staticmethod
+    def backward(ctx, grad_o):
+        if torch.is_grad_enabled():
+            cu_seqlens, options = ctx.cu_seqlens, ctx.options
+            return (*_second_order(ctx.saved_tensors[:4], ctx.needs_input_grad, grad_o, lambda q, k, v, w:
+                                   varlen_attention(q, k, v, w, cu_seqlens, backend="torch", **options)), None, None)
+        q, k, v, w, o = (_operand(t) for t in ctx.saved_tensors)
+        grads = _tensors(*_core.varlen_backward(q, k, v, w, o, _operand(grad_o), ctx.cu_seqlens, **ctx.options))
+        return (*grads, None, None)
+
+
+class _LinearAttentionFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, options):
+        (o,) = _tensors(_core.linear_attention_forward(*(_operand(t) for t in (q, k, v)), options=options))
+        ctx.save_for_backward(q, k, v, o)
+        ctx.options = options
+        return o
+
+    @staticmethod
+    def backward(ctx, grad_o):
+        if torch.is_grad_enabled():
+            options = ctx.options
+            return (*_second_order(ctx.saved_tensors[:3], ctx.needs_input_grad, grad_o, lambda q, k, v:
+                                   _pure_torch.linear_attention(q, k, v, **_names(options))), None)
+        q, k, v, o = (_operand(t) for t in ctx.saved_tensors)
+        grads = _tensors(*_core.linear_attention_backward(q, k, v, o, _operand(grad_o), options=ctx.options))
+        return (*grads, None)
+
+
+class _SoftmaxAttentionFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, options):
+        o, lse = _tensors(*_core.softmax_attention_forward(*(_operand(t) for t in (q, k, v)), **options))
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.options = options
+        return o
+
+    @staticmethod
+    def backward(ctx, grad_o):
+        if torch.is_grad_enabled():
+            options = ctx.options
+            # In query chunks: torch's fused attention kernels have no second derivative.
+            return (*_second_order(ctx.saved_tensors[:3], ctx.needs_input_grad, grad_o, lambda q, k, v:
+                                   _pure_torch.softmax_attention(q, k, v, fused=False, **options)), None)
+        q, k, v, o, lse = (_operand(t) for t in ctx.saved_tensors)
+        grads = _tensors(*_core.softmax_attention_backward(q, k, v, o, lse, _operand(grad_o), **ctx.options))
+        return (*grads, None)
+
+
+BACKENDS = ("cpp", "torch")
+
+
+def _pure_torch_path(backend, *tensors):
+    """Whether a call runs in plain torch ops: asked for with ``backend="torch"``, or by default
+    when a tensor is not on the CPU (the C++ operator reads CPU memory only)."""
+    if backend is None:
+        return any(t.device.type != "cpu" for t in tensors)
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; expected None (by device), 'cpp' or 'torch'")
+    return backend == "torch"
+
+
+def _name(enum_value):
+    """An options enum as the pure-torch path's string ("causal", "elu1", ...)."""
+    return enum_value.name
+
+
+def _names(options):
+    """An ``Options`` / ``LinearOptions`` object as the pure-torch path's keywords."""
+    names = dict(masking=_name(options.masking), feature_map=_name(options.feature_map),
+                 normalize=options.normalize, eps=options.eps, scale=options.scale)
+    if hasattr(options, "mixing"):
+        names["mixing"] = _name(options.mixing)
+    return names
+
+
+_DEFAULTS = _core.Options(_core.Layout.sequence(1, 1))
+_ENUM_NAMES = {field: tuple(enum.__members__)
+               for field, enum in (("masking", _core.Masking), ("feature_map", _core.FeatureMap),
+                                   ("mixing", _core.MixingForm))}
+
+
+def _option_names(**given):
+    """``mhla.Options``' fields as plain values, enums by name, None the operator's default; a
+    ValueError names an unknown enum name. Pure Python, for compiled regions."""
+    values = {}
+    for field, value in given.items():
+        value = getattr(_DEFAULTS, field) if value is None else value
+        if field in _ENUM_NAMES:
+            value = value if isinstance(value, str) else value.name
+            if value not in _ENUM_NAMES[field]:
+                raise ValueError(f"unknown {field} {value!r}; expected one of {', '.join(_ENUM_NAMES[field])}")
+        values[field] = value
+    return values
+
+
+# Reduced-precision inputs the operator does not take (float16, and bfloat16
+# for the baselines and varlen) are widened to float32 (differentiably, so
+# their gradients come back in their own dtype), and the output is rounded back
+# to q's dtype, by the extension's (widen, narrow) pair for each reduced dtype.
+# mhla_attention hands bfloat16 to the operator itself.
+_WIDENED = {
+    torch.bfloat16: (_core.bfloat16_to_float32, _core.float32_to_bfloat16),
+    torch.float16: (_core.float16_to_float32, _core.float32_to_float16),
+}
+
+
+def _compute_dtype(q):
+    return torch.float32 if q.dtype in _WIDENED else q.dtype
+
+
+class _Widen(torch.autograd.Function):
+    """``x.float()`` for bfloat16 or float16 x, converted by the extension into recycled memory
+    (with torch 1.13's casts a bfloat16 ``mhla_attention`` ran at 0.43x of float32 instead of
+    0.84x: bench/reduced_precision_bench.py); the gradient is rounded back to x's dtype the same
+    way."""
+
+    @staticmethod
+    def forward(ctx, x):
+        widen, ctx.narrow = _WIDENED[x.dtype]
+        ctx.dtype = x.dtype
+        return from_dlpack(widen(_operand(x)))
+
+    @staticmethod
+    def backward(ctx, grad):
+        if torch.is_grad_enabled():  # create_graph=True: a cast autograd differentiates again
+            return grad.to(ctx.dtype)
+        return from_dlpack(ctx.narrow(_operand(grad)))
+
+
+class _Narrow(torch.autograd.Function):
+    """``x.to(dtype)`` for float32 x and dtype bfloat16 or float16 (round to nearest, ties to
+    even), by the extension."""
+
+    @staticmethod
+    def forward(ctx, x, dtype):
+        ctx.widen, narrow = _WIDENED[dtype]
+        return from_dlpack(narrow(_operand(x)))
+
+    @staticmethod
+    def backward(ctx, grad):
+        if torch.is_grad_enabled():
+            return grad.float(), None
+        return from_dlpack(ctx.widen(_operand(grad))), None
+
+
+def _to_float32(t):
+    return _Widen.apply(t) if t.dtype in _WIDENED else t.float()
+
+
+def _to_dtype(o, dtype):
+    """The operator's float32 result in the caller's dtype."""
+    if dtype in _WIDENED and o.dtype == torch.float32:
+        return _Narrow.apply(o, dtype)
+    return o.to(dtype)
+
+
+def _widened(q, k, v):
+    """q, k, v (one dtype: ``_contract``) in float32 when that dtype is a reduced one."""
+    if q.dtype not in _WIDENED:
+        return q, k, v
+    return _to_float32(q), _to_float32(k), _to_float32(v)
+
+
+def mhla_attention(q, k, v, w, layout, *, masking=None, feature_map=None, normalize=None, eps=None,
+                   scale=None, mixing=None, backend=None):
+    """MHLA of ``q, k [B, N, H, Dk]`` and ``v [B, N, H, Dv]`` with mixing ``w``; returns ``[B, N, H, Dv]``.
+
+    ``w`` is ``[M, M]`` (shared) or ``[H, M, M]`` (per head), or with ``mixing="toeplitz"``
+    ``[L + 1]`` / ``[H, L + 1]``; it is cast to q's dtype (float32 for bfloat16 and float16 q). ``layout`` is an ``mhla.Layout``.
+    Options left as None take the operator's defaults (``mhla.Options``); enums may be given by name.
+    ``backend``: None runs CPU tensors on the C++ operator and others in torch ops; "cpp" or "torch"
+    chooses.
+    """
+    _contract.check_tensors(function="mhla::forward", q=q, k=k, v=v, w=w)
+    if _pure_torch.compiling():
+        # No extension object can be built in a compiled region: the options go on as names.
+        names = _option_names(masking=masking, feature_map=feature_map, normalize=normalize, eps=eps, scale=scale,
+                              mixing=mixing)
+        geometry = _pure_torch.Geometry.of(layout)
+        if _pure_torch_path(backend, q, k, v, w):
+            return _pure_torch.mhla_attention(q, k, v, w, geometry, **names)
+        if _custom_ops.AVAILABLE:  # the operator checks the call when the op runs
+            return _custom_ops.mhla_attention(q, k, v, w, geometry, **names)
+        # Before torch 2.4 the extension call below breaks the graph.
+    # Built once: forward and backward get the same object, not strings to parse again.
+    options = _core.Options(layout, masking=masking, feature_map=feature_map, normalize=normalize, eps=eps,
+                            scale=scale, mixing=mixing)
+    if _pure_torch_path(backend, q, k, v, w):
+        _pure_torch.check_call(q, k, v, w, options)
+        return _pure_torch.mhla_attention(q, k, v, w, layout, **_names(options))
+    if q.dtype == torch.bfloat16 and k.dtype == v.dtype == q.dtype:
+        # The operator's own bfloat16 path (float32 w and saved summaries).
+        return _MHLAFunction.apply(q, k, v, w.to(torch.float32), options)
+    return _to_dtype(_MHLAFunction.apply(*_widened(q, k, v), w.to(_compute_dtype(q)), options), q.dtype)
+
+
+def varlen_attention(q, k, v, w, cu_seqlens, *, block, mixing=None, masking=None, feature_map=None,
+                     normalize=None, eps=None, scale=None, backend=None):
+    """MHLA of S sequences packed in ``q, k [1, total, H, Dk]``, ``v [1, total, H, Dv]``; returns ``[1, total, H, Dv]``.
+
+    Sequence ``s`` holds tokens ``cu_seqlens[s] .. cu_seqlens[s + 1] - 1`` (a list or an integer
+    tensor) and is its own 1D problem in blocks of ``block`` tokens; no token reads another
+    sequence. Dense ``w [M, M]`` / ``[H, M, M]`` gives sequence ``s`` its top-left corner (M covers
+    the longest sequence); ``mixing="toeplitz"`` takes ``[L + 1]`` / ``[H, L + 1]`` for any length.
+    Differentiable in q, k, v and w. ``backend`` as for ``mhla_attention``.
+    """
+    _contract.check_tensors(function="mhla::varlen_forward", q=q, k=k, v=v, w=w)
+    if _pure_torch_path(backend, q, k, v, w):
+        cu = offsets(cu_seqlens)
+        mixing = "dense" if mixing is None else mixing
+        _pure_torch.check_packing(q, w, cu, block, mixing)
+        options = dict(masking=masking, feature_map=feature_map, normalize=normalize, eps=eps, scale=scale)
+
+        def sequence(a, b):
+            # An ordinary call: the sequence's own layout, the corner of a dense w it reads, its checks.
+            layout = _core.Layout.sequence(b - a, block)
+            m = layout.num_blocks
+            corner = w if mixing == "toeplitz" else w[..., :m, :m]
+            return mhla_attention(q[:, a:b], k[:, a:b], v[:, a:b], corner, layout, mixing=mixing, backend="torch",
+                                  **options)
+
+        return torch.cat([sequence(a, b) for a, b in zip(cu[:-1], cu[1:]) if b > a], dim=1)
+    options = dict(block=block, mixing=mixing, masking=masking, feature_map=feature_map, normalize=normalize,
+                   eps=eps, scale=scale)
+    return _to_dtype(_VarlenFunction.apply(*_widened(q, k, v), w.to(_compute_dtype(q)), offsets(cu_seqlens),
+                                           options), q.dtype)
+
+
+def linear_attention(q, k, v, *, masking=None, feature_map=None, normalize=None, eps=None, scale=None,
+                     backend=None):
+    """Vanilla linear attention (one global summary; MHLA with a single block), same shapes as ``mhla_attention``."""
+    _contract.check_tensors(function="mhla::linear_attention_forward", q=q, k=k, v=v)
+    options = _core.LinearOptions(masking=masking, feature_map=feature_map, normalize=normalize, eps=eps,
+                                  scale=scale)
+    if _pure_torch_path(backend, q, k, v):
+        n = q.shape[1] if q.dim() == 4 else 1
+        check = _core.Options(_core.Layout.sequence(max(n, 1), max(n, 1)), masking=options.masking,
+                              feature_map=options.feature_map, normalize=options.normalize, eps=options.eps,
+                              scale=options.scale)
+        _pure_torch.check_call(q, k, v, q.new_ones(1, 1), check, "mhla::linear_attention_forward")
+        return _pure_torch.linear_attention(q, k, v, **_names(options))
+    return _to_dtype(_LinearAttentionFunction.apply(*_widened(q, k, v), options), q.dtype)
+
+
+def softmax_attention(q, k, v, *, causal=False, scale=None, backend=None):
+    """``softmax(q k^T * scale) v`` in tiles (never N x N), same shapes as ``mhla_attention``; in torch ops
+    (``torch.nn.functional.scaled_dot_product_attention`` where torch has it) for tensors not on the CPU."""
+    _contract.check_tensors(function="mhla::softmax_attention_forward", q=q, k=k, v=v)
+    if _pure_torch_path(backend, q, k, v):
+        n = q.shape[1] if q.dim() == 4 else 1
+        check = _core.Options(_core.Layout.sequence(max(n, 1), max(n, 1)), normalize=False, scale=scale)
+        _pure_torch.check_call(q, k, v, q.new_ones(1, 1), check, "mhla::softmax_attention_forward")
+        return _pure_torch.softmax_attention(q, k, v, causal=causal, scale=scale)
+    return _to_dtype(_SoftmaxAttentionFunction.apply(*_widened(q, k, v), dict(causal=causal, scale=scale)), q.dtype)
