@@ -158,7 +158,8 @@ def test_readme_and_docs_python_examples_run():
     root = pathlib.Path(__file__).resolve().parents[2]
     readme = (root / "README.md").read_text()
     section = readme.split("## Using it from Python and PyTorch\n")[1].split("\n## ")[0]
-    docs = (root / "docs" / "python.md").read_text()
+    docs = "".join((root / "docs" / page).read_text()
+                   for page in ("python.md", "timm.md", "transformers.md", "diffusers.md"))
     blocks = re.findall(r"```python\n(.*?)```", section + docs, re.S)
     assert len(blocks) >= 3
     for block in blocks:
