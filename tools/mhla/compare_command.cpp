@@ -214,6 +214,333 @@ std::string table_notes(const ComparisonEntry& entry) {
   return notes.empty() ? "" : "\n" + notes;
 }
 
+
+// What every run of one invocation shares.
+struct Comparison {
+  const CompareCommand& c;
+  std::vector<uint64_t> seeds;
+  fs::path out;
+  int threads;
+};
+
+// A finished run: its result, its diagnostics (first seed, chosen rate) and its
+// smoothed training loss.
+struct RunOutcome {
+  train::RunResult result;
+  json diagnostics;
+  LossCurve train_curve;
+};
+
+// The last baseline table's task, label, and its first model's name and test
+// scores.
+struct Baseline {
+  train::TaskKind task;
+  std::string label, model;
+  std::vector<double> test;
+};
+
+// The preset's tables with the command line's overrides, every model's name
+// and settings checked before any training.
+std::vector<ComparisonEntry> prepared_entries(const CompareCommand& c) {
+  std::vector<ComparisonEntry> entries =
+      select_tables(comparison_entries(c.tasks, c.preset), c.tables);
+  for (ComparisonEntry& e : entries) {
+    if (c.steps > 0) {
+      e.config.steps = c.steps;
+      e.config.warmup = std::min(e.config.warmup, c.steps / 10);
+      e.config.eval_every = std::max<int64_t>(1, c.steps / 8);
+      e.sweep_steps = std::min(e.sweep_steps, c.steps);
+    }
+    if (c.eval_size > 0) e.config.eval_samples = e.config.eval_images = c.eval_size;
+    if (c.layers > 0) e.config.attention.assign(size_t(c.layers), e.config.attention.front());
+    if (c.dim > 0) e.config.dim = c.dim;
+    if (c.heads > 0) e.config.heads = c.heads;
+    if (c.mlp_hidden > 0) e.config.mlp_hidden = c.mlp_hidden;
+    apply_design_flags(*c.app, c.design, e.config.design);
+    if (!c.attention.empty()) e.models = c.attention;
+    if (!c.learning_rates.empty()) e.learning_rates = c.learning_rates;
+    std::sort(e.learning_rates.begin(), e.learning_rates.end());
+    for (const std::string& m : e.models) {
+      train::RunConfig probe = e.config;
+      apply_model(m, probe);
+      if (c.layers > 0 && probe.attention.size() != size_t(c.layers))
+        throw Error("--layers " + std::to_string(c.layers) + " but the model '" + m + "' lists " +
+                    std::to_string(probe.attention.size()) + " layers");
+      train::check_run_config(probe);
+    }
+  }
+  return entries;
+}
+
+// One run, or its finished result from an earlier invocation with the same
+// settings (a stopped comparison continues where it stopped: finished runs
+// are read back, an unfinished one resumes from its checkpoint).
+RunOutcome train_or_read_back(const Comparison& cmp, const ComparisonEntry& entry, const Metric& metric,
+                              const std::string& model, uint64_t seed, double lr, bool sweep) {
+  train::RunConfig config = entry.config;
+  config.seed = seed;
+  config.lr = lr;
+  const bool short_sweep = sweep && entry.sweep_steps > 0;
+  if (short_sweep) {
+    config.warmup = config.warmup * entry.sweep_steps / config.steps;
+    config.steps = entry.sweep_steps;
+  }
+  apply_model(model, config);
+  const bool diagnosed = seed == cmp.seeds.front() && !short_sweep;
+  const fs::path dir = cmp.out / slug(entry.label) /
+                       (slug(model) + "-lr" + lr_text(lr) + "-seed" + std::to_string(seed) +
+                        (short_sweep ? "-sweep" : ""));
+  fs::create_directories(dir);
+  const std::string metrics = (dir / "metrics.json").string();
+  std::optional<FinishedRun> done = read_finished_run(metrics, config);
+  RunOutcome run;
+  if (done && diagnosed) {
+    if (fs::exists(dir / "diagnostics.json"))
+      run.diagnostics = read_json_file((dir / "diagnostics.json").string());
+    else
+      done.reset();
+  }
+  if (done) {
+    run.result = done->result;
+    run.train_curve = done->train_curve;
+  } else {
+    train::RunOptions options;
+    options.data_dir = config.task == train::TaskKind::fashion_mnist ? cmp.c.data_dir : "";
+    options.checkpoint = (dir / "checkpoint.safetensors").string();
+    options.checkpoint_every = config.eval_every;
+    if (fs::exists(options.checkpoint)) options.resume = options.checkpoint;
+    if (diagnosed)
+      options.on_finish = [&](train::Model<float>& m, const train::Task& task) {
+        run.diagnostics = diagnose(m, task, dir, cmp.out);
+      };
+    run.result = run_with_progress(config, options, entry.label + " " + model);
+    if (diagnosed && !write_json_file((dir / "diagnostics.json").string(), run.diagnostics))
+      throw Error((dir / "diagnostics.json").string() + ": cannot write");
+    write_run_metrics(metrics, config, run.result, cmp.threads);
+    run.train_curve = smoothed_train_loss(run.result.history.train_loss);
+  }
+  const train::RunResult& r = run.result;
+  std::printf(
+      "  %-14s lr %-7s seed %llu%s: validation %s, test %s (%s %s of %s), %.1f s, %.0f "
+      "tokens/s%s\n",
+      model.c_str(), lr_text(lr).c_str(), (unsigned long long)seed, short_sweep ? " sweep" : "",
+      metric.format(metric.of(r.final_eval)).c_str(), metric.format(metric.of(r.final_test)).c_str(),
+      config.task == train::TaskKind::fashion_mnist ? "epoch" : "step",
+      progress(config, r.final_eval.step).c_str(), progress(config, r.steps_done).c_str(),
+      r.history.seconds, r.tokens_per_second, done ? " (read back)" : "");
+  std::fflush(stdout);
+  return run;
+}
+
+// The first seed at every rate of the grid, widened until the best validation
+// score lies inside it; that rate is the model's. One rate leaves nothing to
+// choose, so no sweep run trains for it.
+void choose_rate(const Comparison& cmp, const ComparisonEntry& entry, const Metric& metric,
+                 const std::string& model, ModelRuns& mr) {
+  if (entry.learning_rates.size() == 1) {
+    mr.lr = entry.learning_rates.front();
+    return;
+  }
+  std::vector<TriedRate> tried;  // ascending by rate
+  const auto sweep_at = [&](double lr) {
+    const train::RunResult r = train_or_read_back(cmp, entry, metric, model, cmp.seeds.front(), lr, true).result;
+    tried.insert(std::upper_bound(tried.begin(), tried.end(), lr,
+                                  [](double a, const TriedRate& b) { return a < b.lr; }),
+                 {lr, r.final_eval});
+    mr.sweep.push_back({{"lr", lr},
+                        {"validation", metric.of(r.final_eval)},
+                        {"test", metric.of(r.final_test)},
+                        {"steps", r.steps_done},
+                        {"train_seconds", r.history.seconds}});
+    mr.sweep_seconds += r.history.seconds;
+  };
+  for (double lr : entry.learning_rates) sweep_at(lr);
+  int extensions = 0;
+  while (const std::optional<double> lr = next_rate(tried, metric, extensions)) {
+    std::printf("  %s: the best rate is at the edge of the grid; trying %s\n", model.c_str(),
+                lr_text(*lr).c_str());
+    sweep_at(*lr);
+    ++extensions;
+  }
+  const size_t best = best_rate(tried, metric);
+  mr.lr = tried[best].lr;
+  mr.lr_inside = best > 0 && best + 1 < tried.size();
+}
+
+// Every seed at the chosen rates, seed by seed, so that paired comparisons are
+// complete as early as possible.
+void run_seeds(const Comparison& cmp, const ComparisonEntry& entry, const Metric& metric,
+               std::vector<ModelRuns>& runs) {
+  for (uint64_t seed : cmp.seeds)
+    for (size_t mi = 0; mi < entry.models.size(); ++mi) {
+      ModelRuns& mr = runs[mi];
+      const RunOutcome run = train_or_read_back(cmp, entry, metric, entry.models[mi], seed, mr.lr, false);
+      const train::RunResult& r = run.result;
+      mr.validation.push_back(metric.of(r.final_eval));
+      mr.test.push_back(metric.of(r.final_test));
+      mr.best_step.push_back(r.final_eval.step);
+      mr.steps.push_back(r.steps_done);
+      mr.seconds += r.history.seconds;
+      if (seed == cmp.seeds.front()) {
+        mr.curve = {entry.models[mi], run.train_curve, r.history.eval};
+        mr.diagnostics = run.diagnostics;
+      }
+    }
+}
+
+// The entry's results table (its heading, a row per model and its notes); each
+// model's row of the diagnostics table goes to `diagnostics_table`, its record
+// to `entry_json`.
+std::string results_table(const Comparison& cmp, const ComparisonEntry& entry, const Metric& metric,
+                          const std::vector<ModelRuns>& runs, std::string& diagnostics_table,
+                          json& entry_json) {
+  const size_t seeds = cmp.seeds.size();
+  const bool images = entry.config.task == train::TaskKind::fashion_mnist;
+  std::string table =
+      "\n**" + entry.label + "**: test " + metric.name() + ", mean ± std over " +
+      std::to_string(seeds) + (seeds == 1 ? " seed" : " seeds") +
+      " (learning rate chosen on validation" +
+      (entry.sweep_steps > 0 ? " by " + progress(entry.config, entry.sweep_steps) +
+                                   (images ? "-epoch" : "-step") + " runs of the first seed"
+                             : "") +
+      "; " + std::to_string(entry.config.attention.size()) + " layers of width " +
+      std::to_string(entry.config.dim) + ", " + std::to_string(entry.config.heads) +
+      " heads, MLP " + std::to_string(entry.config.mlp_hidden) +
+      ")\n\n| model | test | validation | lr (tried) | " +
+      (images ? "best epoch / epochs" : "best step / steps") +
+      " | train min (runs + sweep) |\n|---|---:|---:|---:|---:|---:|\n";
+  for (size_t mi = 0; mi < entry.models.size(); ++mi) {
+    const ModelRuns& mr = runs[mi];
+    train::RunConfig config = entry.config;
+    apply_model(entry.models[mi], config);
+    std::vector<double> rates;
+    for (const json& s : mr.sweep) rates.push_back(s["lr"].get<double>());
+    std::sort(rates.begin(), rates.end());
+    std::string tried_rates;
+    for (double lr : rates) tried_rates += (tried_rates.empty() ? "" : ", ") + lr_text(lr);
+    if (rates.empty()) tried_rates = "given";
+    std::vector<double> best_steps(mr.best_step.begin(), mr.best_step.end()),
+        steps(mr.steps.begin(), mr.steps.end());
+    char minutes[64];
+    std::snprintf(minutes, sizeof minutes, "%.0f + %.0f", mr.seconds / 60, mr.sweep_seconds / 60);
+    table += "| " + entry.models[mi] + " | " + mean_std(metric, mr.test) + " | " +
+             mean_std(metric, mr.validation) + " | " + lr_text(mr.lr) +
+             (mr.lr_inside || mr.sweep.size() < 2 ? "" : " (edge)") + " (" + tried_rates + ") | " +
+             progress(config, int64_t(mean_and_std(best_steps).first + 0.5)) + " / " +
+             progress(config, int64_t(mean_and_std(steps).first + 0.5)) + " | " + minutes + " |\n";
+    std::string ranks, entropies;
+    for (const json& layer : mr.diagnostics) {
+      double rank = 0, entropy = 0;
+      for (const json& r : layer["rank"]) rank += r.get<double>() / double(layer["rank"].size());
+      for (const json& e : layer["row_entropy"])
+        entropy += e.get<double>() / double(layer["row_entropy"].size());
+      char text[64];
+      std::snprintf(text, sizeof text, "%s%.0f", ranks.empty() ? "" : " / ", rank);
+      ranks += text;
+      std::snprintf(text, sizeof text, "%s%.2f", entropies.empty() ? "" : " / ", entropy);
+      entropies += text;
+    }
+    diagnostics_table +=
+        "| " + entry.label + " | " + entry.models[mi] + " | " + ranks + " | " + entropies + " |\n";
+    entry_json["models"].push_back({{"attention", entry.models[mi]},
+                                    {"lr", mr.lr},
+                                    {"lr_inside_grid", mr.lr_inside},
+                                    {"validation", mr.validation},
+                                    {"test", mr.test},
+                                    {"best_step", mr.best_step},
+                                    {"steps", mr.steps},
+                                    {"sweep", mr.sweep},
+                                    {"train_seconds", mr.seconds},
+                                    {"sweep_seconds", mr.sweep_seconds},
+                                    {"diagnostics", mr.diagnostics}});
+  }
+  return table + table_notes(entry);
+}
+
+// Paired test differences, seed by seed: MHLA against every model without it
+// (the same seed means the same initial weights of the shared parts and the
+// same data order), and every model against the baseline table before this one
+// (the same data order). Returns their table; records them in `entry_json`; a
+// baseline entry becomes `baseline`.
+std::string paired_differences(const Comparison& cmp, const ComparisonEntry& entry, const Metric& metric,
+                               const std::vector<ModelRuns>& runs, std::optional<Baseline>& baseline,
+                               json& entry_json) {
+  const size_t seeds = cmp.seeds.size();
+  std::string differences;
+  const auto add_difference = [&](const std::string& minuend, const std::vector<double>& a,
+                                  const std::string& subtrahend, const std::vector<double>& b,
+                                  json record) {
+    std::vector<double> d;
+    std::string per_seed;
+    for (size_t s = 0; s < seeds; ++s) {
+      d.push_back((a[s] - b[s]) * (metric.bits_per_byte ? 1 : 100));
+      char text[32];
+      std::snprintf(text, sizeof text, "%s%+.*f", per_seed.empty() ? "" : ", ",
+                    metric.bits_per_byte ? 3 : 1, d.back());
+      per_seed += text;
+    }
+    const auto [mean, sd] = mean_and_std(d);
+    char text[96];
+    std::snprintf(text, sizeof text, "%+.*f ± %.*f", metric.bits_per_byte ? 3 : 1, mean,
+                  metric.bits_per_byte ? 3 : 1, sd);
+    differences += "| " + minuend + " − " + subtrahend + " | " + text + " | " + per_seed + " |\n";
+    record["per_seed"] = d;
+    entry_json["paired_test_differences"].push_back(record);
+  };
+  for (size_t a = 0; a < entry.models.size() && seeds > 1; ++a)
+    for (size_t b = 0; b < entry.models.size(); ++b)
+      if (entry.models[a].find("mhla") != std::string::npos &&
+          entry.models[b].find("mhla") == std::string::npos)
+        add_difference(entry.models[a], runs[a].test, entry.models[b], runs[b].test,
+                       {{"minuend", entry.models[a]}, {"subtrahend", entry.models[b]}});
+  if (entry.baseline) {
+    baseline = Baseline{entry.config.task, entry.label, entry.models.front(), runs.front().test};
+  } else if (baseline && baseline->task == entry.config.task && seeds > 1) {
+    for (size_t a = 0; a < entry.models.size(); ++a)
+      add_difference(entry.models[a], runs[a].test, baseline->label, baseline->test,
+                     {{"minuend", entry.models[a]},
+                      {"subtrahend", baseline->model},
+                      {"subtrahend_table", baseline->label}});
+  }
+  if (differences.empty()) return "";
+  return "\nPaired test differences (" +
+         std::string(metric.bits_per_byte ? "bits per byte" : "accuracy points") +
+         "), mean ± std over seeds\n\n| difference | mean ± std | per seed |\n|---|---:|---|\n" +
+         differences;
+}
+
+// compare.md (printed too) and compare.json.
+void write_report(const Comparison& cmp, const std::vector<ComparisonEntry>& entries, json& report,
+                  const std::string& table, const std::string& diagnostics_table, double seconds) {
+  report["wall_seconds"] = seconds;
+  const std::string caption =
+      "mhla compare, preset " + cmp.c.preset + ", " + std::to_string(cmp.threads) + " threads, " +
+      std::to_string(int(seconds + 0.5)) +
+      " s in this invocation (runs read back from earlier ones are not counted).\n";
+  const bool any_causal = std::any_of(entries.begin(), entries.end(), [](const ComparisonEntry& e) {
+    return e.config.task != train::TaskKind::fashion_mnist;
+  });
+  const std::string diagnostics_section =
+      "\nTrained attention on one validation sample (first seed, chosen rate), mean over heads per "
+      "layer: numerical rank and mean row entropy (nats)" +
+      std::string(any_causal ? ". A causal attention matrix is lower triangular with a non-zero "
+                               "diagonal, so it has full rank whatever the attention: the rank "
+                               "tells the attentions apart on the images only"
+                             : "") +
+      "\n\n| task | model | rank | row entropy |\n|---|---|---|---|\n" + diagnostics_table;
+  std::printf("\n%s%s%s", caption.c_str(), table.c_str(), diagnostics_section.c_str());
+  {
+    std::ofstream md(cmp.out / "compare.md");
+    md << caption << table << diagnostics_section;
+    if (!md) throw Error((cmp.out / "compare.md").string() + ": cannot write");
+  }
+  if (!write_json_file((cmp.out / "compare.json").string(), report))
+    throw Error("cannot write compare.json");
+  std::printf(
+      "wrote %s/compare.md, compare.json, the loss curves (*-loss.png) and per-run W heatmaps\n",
+      cmp.c.out_dir.c_str());
+}
+
 }  // namespace
 
 CLI::App* add_compare_command(CLI::App& app, CompareCommand& c) {
@@ -283,59 +610,28 @@ CLI::App* add_compare_command(CLI::App& app, CompareCommand& c) {
 
 int run_compare_command(const CompareCommand& c) {
   if (c.threads > 0) omp_set_num_threads(c.threads);
-  const int threads = omp_get_max_threads();
-  std::vector<ComparisonEntry> entries =
-      select_tables(comparison_entries(c.tasks, c.preset), c.tables);
-  const std::vector<uint64_t> seeds = !c.seeds.empty()      ? c.seeds
-                                      : c.preset != "quick" ? std::vector<uint64_t>{0, 1, 2}
-                                                            : std::vector<uint64_t>{0};
-  for (ComparisonEntry& e : entries) {
-    if (c.steps > 0) {
-      e.config.steps = c.steps;
-      e.config.warmup = std::min(e.config.warmup, c.steps / 10);
-      e.config.eval_every = std::max<int64_t>(1, c.steps / 8);
-      e.sweep_steps = std::min(e.sweep_steps, c.steps);
-    }
-    if (c.eval_size > 0) e.config.eval_samples = e.config.eval_images = c.eval_size;
-    if (c.layers > 0) e.config.attention.assign(size_t(c.layers), e.config.attention.front());
-    if (c.dim > 0) e.config.dim = c.dim;
-    if (c.heads > 0) e.config.heads = c.heads;
-    if (c.mlp_hidden > 0) e.config.mlp_hidden = c.mlp_hidden;
-    apply_design_flags(*c.app, c.design, e.config.design);
-    if (!c.attention.empty()) e.models = c.attention;
-    if (!c.learning_rates.empty()) e.learning_rates = c.learning_rates;
-    std::sort(e.learning_rates.begin(), e.learning_rates.end());
-    for (const std::string& m : e.models) {  // reject bad names and settings before any training
-      train::RunConfig probe = e.config;
-      apply_model(m, probe);
-      if (c.layers > 0 && probe.attention.size() != size_t(c.layers))
-        throw Error("--layers " + std::to_string(c.layers) + " but the model '" + m + "' lists " +
-                    std::to_string(probe.attention.size()) + " layers");
-      train::check_run_config(probe);
-    }
-  }
-  const fs::path out(c.out_dir);
-  fs::create_directories(out);
+  const std::vector<ComparisonEntry> entries = prepared_entries(c);
+  const Comparison cmp{c,
+                       !c.seeds.empty()      ? c.seeds
+                       : c.preset != "quick" ? std::vector<uint64_t>{0, 1, 2}
+                                             : std::vector<uint64_t>{0},
+                       fs::path(c.out_dir), omp_get_max_threads()};
+  fs::create_directories(cmp.out);
   const auto start = std::chrono::steady_clock::now();
 
-  json report = {
-      {"preset", c.preset}, {"threads", threads}, {"seeds", seeds}, {"entries", json::array()}};
+  json report = {{"preset", c.preset},
+                 {"threads", cmp.threads},
+                 {"seeds", cmp.seeds},
+                 {"entries", json::array()}};
   std::string table, diagnostics_table;
-  // The last baseline table's task, label, and its first model's name and test
-  // scores.
-  struct Baseline {
-    train::TaskKind task;
-    std::string label, model;
-    std::vector<double> test;
-  };
   std::optional<Baseline> baseline;
   for (const ComparisonEntry& entry : entries) {
     const Metric metric{train::scored_by_loss(entry.config.task)};
-    std::printf("== %s: %lld steps of %lld per run, %zu learning rate(s), seeds",
-                entry.label.c_str(), (long long)entry.config.steps, (long long)entry.config.batch,
+    std::printf("== %s: %lld steps of %lld per run, %zu learning rate(s), seeds", entry.label.c_str(),
+                (long long)entry.config.steps, (long long)entry.config.batch,
                 entry.learning_rates.size());
-    for (uint64_t s : seeds) std::printf(" %llu", (unsigned long long)s);
-    std::printf(", %d threads\n", threads);
+    for (uint64_t s : cmp.seeds) std::printf(" %llu", (unsigned long long)s);
+    std::printf(", %d threads\n", cmp.threads);
     std::fflush(stdout);
     json entry_json = {{"label", entry.label},
                        {"config", train::to_json(entry.config)},
@@ -343,263 +639,23 @@ int run_compare_command(const CompareCommand& c) {
                        {"sweep_steps", entry.sweep_steps},
                        {"models", json::array()}};
 
-    // One run, or its finished result from an earlier invocation with the same
-    // settings (a stopped comparison continues where it stopped: finished runs
-    // are read back, an unfinished one resumes from its checkpoint).
-    auto train_one = [&](const std::string& model, uint64_t seed, double lr, bool sweep) {
-      train::RunConfig config = entry.config;
-      config.seed = seed;
-      config.lr = lr;
-      if (sweep && entry.sweep_steps > 0) {
-        config.warmup = config.warmup * entry.sweep_steps / config.steps;
-        config.steps = entry.sweep_steps;
-      }
-      apply_model(model, config);
-      const bool diagnosed = seed == seeds.front() && !(sweep && entry.sweep_steps > 0);
-      const fs::path dir = out / slug(entry.label) /
-                           (slug(model) + "-lr" + lr_text(lr) + "-seed" + std::to_string(seed) +
-                            (sweep && entry.sweep_steps > 0 ? "-sweep" : ""));
-      fs::create_directories(dir);
-      const std::string metrics = (dir / "metrics.json").string();
-      std::optional<FinishedRun> done = read_finished_run(metrics, config);
-      json diagnostics;
-      if (done && diagnosed) {
-        if (fs::exists(dir / "diagnostics.json"))
-          diagnostics = read_json_file((dir / "diagnostics.json").string());
-        else
-          done.reset();
-      }
-      train::RunResult r;
-      LossCurve train_curve;
-      if (done) {
-        r = done->result;
-        train_curve = done->train_curve;
-      } else {
-        train::RunOptions options;
-        options.data_dir = config.task == train::TaskKind::fashion_mnist ? c.data_dir : "";
-        options.checkpoint = (dir / "checkpoint.safetensors").string();
-        options.checkpoint_every = config.eval_every;
-        if (fs::exists(options.checkpoint)) options.resume = options.checkpoint;
-        if (diagnosed)
-          options.on_finish = [&](train::Model<float>& m, const train::Task& task) {
-            diagnostics = diagnose(m, task, dir, out);
-          };
-        r = run_with_progress(config, options, entry.label + " " + model);
-        if (diagnosed && !write_json_file((dir / "diagnostics.json").string(), diagnostics))
-          throw Error((dir / "diagnostics.json").string() + ": cannot write");
-        write_run_metrics(metrics, config, r, threads);
-        train_curve = smoothed_train_loss(r.history.train_loss);
-      }
-      std::printf(
-          "  %-14s lr %-7s seed %llu%s: validation %s, test %s (%s %s of %s), %.1f s, %.0f "
-          "tokens/s%s\n",
-          model.c_str(), lr_text(lr).c_str(), (unsigned long long)seed,
-          sweep && entry.sweep_steps > 0 ? " sweep" : "",
-          metric.format(metric.of(r.final_eval)).c_str(),
-          metric.format(metric.of(r.final_test)).c_str(),
-          config.task == train::TaskKind::fashion_mnist ? "epoch" : "step",
-          progress(config, r.final_eval.step).c_str(), progress(config, r.steps_done).c_str(),
-          r.history.seconds, r.tokens_per_second, done ? " (read back)" : "");
-      std::fflush(stdout);
-      return std::tuple{r, diagnostics, train_curve};
-    };
-
-    // The first seed at every rate of the grid, widened until the best validation
-    // score lies inside it; that rate is the model's.
     std::vector<ModelRuns> runs(entry.models.size());
-    for (size_t mi = 0; mi < entry.models.size(); ++mi) {
-      ModelRuns& mr = runs[mi];
-      // One rate leaves nothing to choose, so no sweep run trains for it.
-      if (entry.learning_rates.size() == 1) {
-        mr.lr = entry.learning_rates.front();
-        continue;
-      }
-      std::vector<TriedRate> tried;  // ascending by rate
-      auto sweep_at = [&](double lr) {
-        const auto [r, diagnostics, train_curve] = train_one(entry.models[mi], seeds.front(), lr, true);
-        tried.insert(std::upper_bound(tried.begin(), tried.end(), lr,
-                                      [](double a, const TriedRate& b) { return a < b.lr; }),
-                     {lr, r.final_eval});
-        mr.sweep.push_back({{"lr", lr},
-                            {"validation", metric.of(r.final_eval)},
-                            {"test", metric.of(r.final_test)},
-                            {"steps", r.steps_done},
-                            {"train_seconds", r.history.seconds}});
-        mr.sweep_seconds += r.history.seconds;
-      };
-      for (double lr : entry.learning_rates) sweep_at(lr);
-      int extensions = 0;
-      while (const std::optional<double> lr = next_rate(tried, metric, extensions)) {
-        std::printf("  %s: the best rate is at the edge of the grid; trying %s\n",
-                    entry.models[mi].c_str(), lr_text(*lr).c_str());
-        sweep_at(*lr);
-        ++extensions;
-      }
-      const size_t best = best_rate(tried, metric);
-      mr.lr = tried[best].lr;
-      mr.lr_inside = best > 0 && best + 1 < tried.size();
-    }
-    // Every seed at the chosen rates, seed by seed, so that paired comparisons
-    // are complete as early as possible.
-    for (uint64_t seed : seeds)
-      for (size_t mi = 0; mi < entry.models.size(); ++mi) {
-        ModelRuns& mr = runs[mi];
-        const auto [r, diagnostics, train_curve] = train_one(entry.models[mi], seed, mr.lr, false);
-        mr.validation.push_back(metric.of(r.final_eval));
-        mr.test.push_back(metric.of(r.final_test));
-        mr.best_step.push_back(r.final_eval.step);
-        mr.steps.push_back(r.steps_done);
-        mr.seconds += r.history.seconds;
-        if (seed == seeds.front()) {
-          mr.curve = {entry.models[mi], train_curve, r.history.eval};
-          mr.diagnostics = diagnostics;
-        }
-      }
+    for (size_t mi = 0; mi < entry.models.size(); ++mi)
+      choose_rate(cmp, entry, metric, entry.models[mi], runs[mi]);
+    run_seeds(cmp, entry, metric, runs);
 
+    table += results_table(cmp, entry, metric, runs, diagnostics_table, entry_json);
+    table += paired_differences(cmp, entry, metric, runs, baseline, entry_json);
     std::vector<LossSeries> curves;
-    const bool images = entry.config.task == train::TaskKind::fashion_mnist;
-    table += "\n**" + entry.label + "**: test " + metric.name() + ", mean ± std over " +
-             std::to_string(seeds.size()) + (seeds.size() == 1 ? " seed" : " seeds") +
-             " (learning rate chosen on validation" +
-             (entry.sweep_steps > 0 ? " by " + progress(entry.config, entry.sweep_steps) +
-                                          (images ? "-epoch" : "-step") + " runs of the first seed"
-                                    : "") +
-             "; " + std::to_string(entry.config.attention.size()) + " layers of width " +
-             std::to_string(entry.config.dim) + ", " + std::to_string(entry.config.heads) +
-             " heads, MLP " + std::to_string(entry.config.mlp_hidden) +
-             ")\n\n| model | test | validation | lr (tried) | " +
-             (images ? "best epoch / epochs" : "best step / steps") +
-             " | train min (runs + sweep) |\n|---|---:|---:|---:|---:|---:|\n";
-    for (size_t mi = 0; mi < entry.models.size(); ++mi) {
-      const ModelRuns& mr = runs[mi];
-      train::RunConfig config = entry.config;
-      apply_model(entry.models[mi], config);
-      std::vector<double> rates;
-      for (const json& s : mr.sweep) rates.push_back(s["lr"].get<double>());
-      std::sort(rates.begin(), rates.end());
-      std::string tried_rates;
-      for (double lr : rates) tried_rates += (tried_rates.empty() ? "" : ", ") + lr_text(lr);
-      if (rates.empty()) tried_rates = "given";
-      std::vector<double> best_steps(mr.best_step.begin(), mr.best_step.end()),
-          steps(mr.steps.begin(), mr.steps.end());
-      char minutes[64];
-      std::snprintf(minutes, sizeof minutes, "%.0f + %.0f", mr.seconds / 60, mr.sweep_seconds / 60);
-      table += "| " + entry.models[mi] + " | " + mean_std(metric, mr.test) + " | " +
-               mean_std(metric, mr.validation) + " | " + lr_text(mr.lr) +
-               (mr.lr_inside || mr.sweep.size() < 2 ? "" : " (edge)") + " (" + tried_rates +
-               ") | " + progress(config, int64_t(mean_and_std(best_steps).first + 0.5)) + " / " +
-               progress(config, int64_t(mean_and_std(steps).first + 0.5)) + " | " + minutes +
-               " |\n";
-      curves.push_back(mr.curve);
-      std::string ranks, entropies;
-      for (const json& layer : mr.diagnostics) {
-        double rank = 0, entropy = 0;
-        for (const json& r : layer["rank"]) rank += r.get<double>() / double(layer["rank"].size());
-        for (const json& e : layer["row_entropy"])
-          entropy += e.get<double>() / double(layer["row_entropy"].size());
-        char text[64];
-        std::snprintf(text, sizeof text, "%s%.0f", ranks.empty() ? "" : " / ", rank);
-        ranks += text;
-        std::snprintf(text, sizeof text, "%s%.2f", entropies.empty() ? "" : " / ", entropy);
-        entropies += text;
-      }
-      diagnostics_table += "| " + entry.label + " | " + entry.models[mi] + " | " + ranks + " | " +
-                           entropies + " |\n";
-      entry_json["models"].push_back({{"attention", entry.models[mi]},
-                                      {"lr", mr.lr},
-                                      {"lr_inside_grid", mr.lr_inside},
-                                      {"validation", mr.validation},
-                                      {"test", mr.test},
-                                      {"best_step", mr.best_step},
-                                      {"steps", mr.steps},
-                                      {"sweep", mr.sweep},
-                                      {"train_seconds", mr.seconds},
-                                      {"sweep_seconds", mr.sweep_seconds},
-                                      {"diagnostics", mr.diagnostics}});
-    }
-    table += table_notes(entry);
-    // Paired test differences, seed by seed: MHLA against every model without
-    // it (the same seed means the same initial weights of the shared parts and
-    // the same data order), and every model against the baseline table before
-    // this one (the same data order).
-    std::string differences;
-    auto add_difference = [&](const std::string& minuend, const std::vector<double>& a,
-                              const std::string& subtrahend, const std::vector<double>& b,
-                              json record) {
-      std::vector<double> d;
-      std::string per_seed;
-      for (size_t s = 0; s < seeds.size(); ++s) {
-        d.push_back((a[s] - b[s]) * (metric.bits_per_byte ? 1 : 100));
-        char text[32];
-        std::snprintf(text, sizeof text, "%s%+.*f", per_seed.empty() ? "" : ", ",
-                      metric.bits_per_byte ? 3 : 1, d.back());
-        per_seed += text;
-      }
-      const auto [mean, sd] = mean_and_std(d);
-      char text[96];
-      std::snprintf(text, sizeof text, "%+.*f ± %.*f", metric.bits_per_byte ? 3 : 1, mean,
-                    metric.bits_per_byte ? 3 : 1, sd);
-      differences += "| " + minuend + " − " + subtrahend + " | " + text + " | " + per_seed + " |\n";
-      record["per_seed"] = d;
-      entry_json["paired_test_differences"].push_back(record);
-    };
-    for (size_t a = 0; a < entry.models.size() && seeds.size() > 1; ++a)
-      for (size_t b = 0; b < entry.models.size(); ++b)
-        if (entry.models[a].find("mhla") != std::string::npos &&
-            entry.models[b].find("mhla") == std::string::npos)
-          add_difference(entry.models[a], runs[a].test, entry.models[b], runs[b].test,
-                         {{"minuend", entry.models[a]}, {"subtrahend", entry.models[b]}});
-    if (entry.baseline) {
-      baseline = Baseline{entry.config.task, entry.label, entry.models.front(), runs.front().test};
-    } else if (baseline && baseline->task == entry.config.task && seeds.size() > 1) {
-      for (size_t a = 0; a < entry.models.size(); ++a)
-        add_difference(entry.models[a], runs[a].test, baseline->label, baseline->test,
-                       {{"minuend", entry.models[a]},
-                        {"subtrahend", baseline->model},
-                        {"subtrahend_table", baseline->label}});
-    }
-    if (!differences.empty())
-      table += "\nPaired test differences (" +
-               std::string(metric.bits_per_byte ? "bits per byte" : "accuracy points") +
-               "), mean ± std over seeds\n\n| difference | mean ± std | per seed |\n"
-               "|---|---:|---|\n" +
-               differences;
+    for (const ModelRuns& mr : runs) curves.push_back(mr.curve);
     const std::string png = slug(entry.label) + "-loss.png";
-    write_loss_png((out / png).string(),
-                   entry.label + " (seed " + std::to_string(seeds.front()) + ", chosen lr)",
-                   curves);
+    write_loss_png((cmp.out / png).string(),
+                   entry.label + " (seed " + std::to_string(cmp.seeds.front()) + ", chosen lr)", curves);
     entry_json["loss_png"] = png;
     report["entries"].push_back(entry_json);
   }
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  report["wall_seconds"] = seconds;
-  const std::string caption =
-      "mhla compare, preset " + c.preset + ", " + std::to_string(threads) + " threads, " +
-      std::to_string(int(seconds + 0.5)) +
-      " s in this invocation (runs read back from earlier ones are not counted).\n";
-  const bool any_causal = std::any_of(entries.begin(), entries.end(), [](const ComparisonEntry& e) {
-    return e.config.task != train::TaskKind::fashion_mnist;
-  });
-  const std::string diagnostics_section =
-      "\nTrained attention on one validation sample (first seed, chosen rate), mean over heads per "
-      "layer: numerical rank and mean row entropy (nats)" +
-      std::string(any_causal ? ". A causal attention matrix is lower triangular with a non-zero "
-                               "diagonal, so it has full rank whatever the attention: the rank "
-                               "tells the attentions apart on the images only"
-                             : "") +
-      "\n\n| task | model | rank | row entropy |\n|---|---|---|---|\n" + diagnostics_table;
-  std::printf("\n%s%s%s", caption.c_str(), table.c_str(), diagnostics_section.c_str());
-  {
-    std::ofstream md(out / "compare.md");
-    md << caption << table << diagnostics_section;
-    if (!md) throw Error((out / "compare.md").string() + ": cannot write");
-  }
-  if (!write_json_file((out / "compare.json").string(), report))
-    throw Error("cannot write compare.json");
-  std::printf(
-      "wrote %s/compare.md, compare.json, the loss curves (*-loss.png) and per-run W heatmaps\n",
-      c.out_dir.c_str());
+  write_report(cmp, entries, report, table, diagnostics_table,
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   return 0;
 }
 
