@@ -154,50 +154,17 @@ MaskedRow measure_masked(int64_t tokens, mhla::Masking masking, int repeats, int
                            wl.options.layout.max_block_size())};
 }
 
-}  // namespace
+// What every part of one benchmark run shares.
+struct Settings {
+  bool quick;
+  int repeats, sgemm_size;
+  int64_t softmax_max_n;
+  double best_sgemm;                   // GFLOP/s, in a child process with OPENBLAS_CORETYPE unset
+  int64_t small_tokens, large_tokens;  // the linear-scaling pair; the memory probe runs the large
+};
 
-int main(int argc, char** argv) {
-  mhla::tools::restart_on_known_openblas_kernels(argv);
-  CLI::App app{"MHLA operator benchmark (CPU, fp32)"};
-  std::string json_path;
-  bool quick = false;
-  int64_t softmax_max_n = 65536;
-  int64_t probe_tokens = 0;
-  int sgemm_probe_size = 0, probe_repeats = 7;
-  app.add_option("--json", json_path, "also write the results as JSON to this file");
-  app.add_flag("--quick", quick,
-               "smaller sizes and fewer repeats (a smoke test, not a measurement)");
-  app.add_option("--softmax-max-n", softmax_max_n,
-                 "largest N at which softmax is timed (it is quadratic)")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--memory-probe", probe_tokens, "internal: run one fwd+bwd and print peak RSS")
-      ->group("");
-  app.add_option("--sgemm-probe", sgemm_probe_size, "internal: time one SGEMM size, print JSON")
-      ->group("");
-  app.add_option("--probe-repeats", probe_repeats, "internal: repeats of --sgemm-probe")->group("");
-  CLI11_PARSE(app, argc, argv);
-  if (probe_tokens > 0) return memory_probe(probe_tokens);
-  if (sgemm_probe_size > 0) return sgemm_probe(sgemm_probe_size, probe_repeats);
-
-  const int repeats = quick ? 1 : 7;
-  const int sgemm_size = quick ? 512 : 2048;
-  json results;
-  results["threads"] = omp_get_max_threads();
-  const char* coretype = std::getenv("OPENBLAS_CORETYPE");
-  const double best_sgemm = best_sgemm_gflops(sgemm_size, repeats);
-  results["kernel_isa"] = mhla::kernel_isa();
-  results["openblas_coretype"] = coretype ? json(coretype) : json();
-  results["best_sgemm_gflops"] = best_sgemm;
-  std::printf(
-      "threads: %d (OMP_NUM_THREADS); float kernels: %s (chosen at run time)\n"
-      "SGEMM yardstick: square %d, all threads, timed interleaved with MHLA and linear\n"
-      "attention (medians of %d rounds), with OPENBLAS_CORETYPE=%s as set for this process.\n"
-      "best SGEMM: the same in a child process with OPENBLAS_CORETYPE unset: %.1f GFLOP/s;\n"
-      "%%best divides by the larger of the two.\n\n",
-      omp_get_max_threads(), mhla::kernel_isa().c_str(), sgemm_size, repeats,
-      coretype ? coretype : "(unset)", best_sgemm);
-
-  // 1. Rates at B=1, H=8, D=64, M = sqrt(N).
+// Rates at B=1, H=8, D=64, M = sqrt(N), against SGEMM and the baselines.
+void rates(const Settings& s, json& results) {
   std::printf("B=1 H=8 D=64, non-causal, elu1, normalized, M = sqrt(N)\n");
   std::printf(
       "f+b recomputes the block and mixed summaries in backward (as the linear baseline\n"
@@ -213,13 +180,13 @@ int main(int argc, char** argv) {
       "%best", "f+b sav", "GFLOP/s", "%SGEMM", "fwd/lin", "f+b/lin", "lin GF/s", "softmax ms",
       "fwd/soft", "soft GF/s");
   const std::vector<int64_t> sizes =
-      quick ? std::vector<int64_t>{1024, 4096} : std::vector<int64_t>{4096, 16384, 65536};
+      s.quick ? std::vector<int64_t>{1024, 4096} : std::vector<int64_t>{4096, 16384, 65536};
   for (int64_t n : sizes) {
-    const Row r = measure(n, n <= softmax_max_n, repeats, sgemm_size);
+    const Row r = measure(n, n <= s.softmax_max_n, s.repeats, s.sgemm_size);
     const double sg = r.sgemm_flops / r.sgemm / 1e9;
     const double gf = r.flops_fwd / r.mhla_fwd / 1e9, gfb = r.flops_fwdbwd / r.mhla_fwdbwd / 1e9;
     const double gfs = r.flops_fwdbwd / r.mhla_fwdbwd_saved / 1e9;
-    const double best = std::max(best_sgemm, sg);
+    const double best = std::max(s.best_sgemm, sg);
     std::printf(
         "%8lld %5lld %7.1f | %8.2f %7.1f %5.0f%% %5.0f%% | %8.2f %7.1f %5.0f%% %5.0f%% | %8.2f "
         "%7.1f %5.0f%% | %7.2f %7.2f %8.1f | ",
@@ -267,8 +234,10 @@ int main(int argc, char** argv) {
                   row[std::string("mhla_backward") + saved + "_over_forward"].get<double>());
     std::printf("\n");
   }
+}
 
-  // 2. The masked modes, on the training path.
+// The masked modes, on the training path.
+void masked_modes(const Settings& s, json& results) {
   std::printf(
       "\nmasked modes, B=1 H=8 D=64, elu1, normalized, M = sqrt(N), block size N/M; f+b saved\n"
       "GFLOP/s by mhla_flops (causal counts half of each in-block C x C product)\n");
@@ -276,9 +245,9 @@ int main(int argc, char** argv) {
               "fwd ms", "GFLOP/s", "%best", "f+b sav", "GFLOP/s", "%best", "bwd/fwd");
   for (const auto& [masking, name] : {std::pair{mhla::Masking::causal, "causal"},
                                       std::pair{mhla::Masking::block_causal, "block_causal"}})
-    for (int64_t n : quick ? std::vector<int64_t>{4096} : std::vector<int64_t>{16384, 65536}) {
-      const MaskedRow r = measure_masked(n, masking, repeats, sgemm_size);
-      const double best = std::max(best_sgemm, r.sgemm);
+    for (int64_t n : s.quick ? std::vector<int64_t>{4096} : std::vector<int64_t>{16384, 65536}) {
+      const MaskedRow r = measure_masked(n, masking, s.repeats, s.sgemm_size);
+      const double best = std::max(s.best_sgemm, r.sgemm);
       const double gf = r.flops.forward / r.fwd / 1e9;
       const double gfb = (r.flops.forward + r.flops.backward) / r.fwdbwd_saved / 1e9;
       const double ratio = (r.fwdbwd_saved - r.fwd) / r.fwd;
@@ -299,16 +268,18 @@ int main(int argc, char** argv) {
            {"mhla_forward_backward_saved_fraction_of_best_sgemm", gfb / best},
            {"mhla_backward_saved_over_forward", ratio}});
     }
+}
 
-  // 3. bfloat16 against float32, forward (nothing kept) and forward+backward
-  // on the training path, timed interleaved.
+// bfloat16 against float32, forward (nothing kept) and forward+backward on the
+// training path, timed interleaved.
+void bfloat16_against_float32(const Settings& s, json& results) {
   std::printf(
       "\nbfloat16 q, k, v, o and gradients (float32 w and saved arrays) against float32,\n"
       "B=1 H=8 D=64, non-causal, elu1, M = sqrt(N); products on bfloat16 operands: %s\n",
       mhla::bf16_products() ? "yes (AVX512-BF16)" : "no (float32 on widened copies)");
   std::printf("%8s | %8s %8s %7s | %8s %8s %7s\n", "N", "fp32 fwd", "bf16 fwd", "ratio", "fp32 f+b",
               "bf16 f+b", "ratio");
-  for (int64_t n : quick ? std::vector<int64_t>{4096} : std::vector<int64_t>{16384, 65536}) {
+  for (int64_t n : s.quick ? std::vector<int64_t>{4096} : std::vector<int64_t>{16384, 65536}) {
     Workload wl(1, n, kHeads, kDim, blocks_for(n));
     const auto t =
         mhla::tools::interleaved_medians({[&] { wl.mhla_forward(); }, [&] { wl.bf16_forward(); },
@@ -320,7 +291,7 @@ int main(int argc, char** argv) {
                                             wl.bf16_forward_saving();
                                             wl.bf16_backward_saved();
                                           }},
-                                         repeats);
+                                         s.repeats);
     std::printf("%8lld | %8.2f %8.2f %6.2fx | %8.2f %8.2f %6.2fx\n", (long long)n, t[0] * 1e3,
                 t[1] * 1e3, t[0] / t[1], t[2] * 1e3, t[3] * 1e3, t[2] / t[3]);
     std::fflush(stdout);
@@ -332,10 +303,12 @@ int main(int argc, char** argv) {
                                    {"bfloat16_forward_backward_saved_s", t[3]},
                                    {"float32_over_bfloat16_forward_backward", t[2] / t[3]}});
   }
+}
 
-  // 4. Linear scaling: time per token at N = 16384 and N = 1,048,576 with the
-  // same M^2 / N = 1 (B = H = 1, D = 64).
-  const int64_t small = quick ? 4096 : 16384, large = quick ? 65536 : 1048576;
+// Linear scaling: time per token at N = 16384 and N = 1,048,576 with the same
+// M^2 / N = 1 (B = H = 1, D = 64).
+void linear_scaling(const Settings& s, json& results) {
+  const int64_t small = s.small_tokens, large = s.large_tokens;
   std::printf("\nlinear scaling, B=1 H=1 D=64, M = sqrt(N)\n");
   double per_token[2][2];
   {
@@ -350,7 +323,7 @@ int main(int argc, char** argv) {
                                             wl.mhla_forward_saving();
                                             wl.mhla_backward_saved();
                                           }},
-                                         std::max(repeats, 3));
+                                         std::max(s.repeats, 3));
     per_token[0][0] = t[0] / double(small);
     per_token[1][0] = t[1] / double(large);
     per_token[0][1] = t[2] / double(small);
@@ -371,8 +344,12 @@ int main(int argc, char** argv) {
       {"forward_backward_ns_per_token", {per_token[0][1] * 1e9, per_token[1][1] * 1e9}},
       {"forward_ratio", per_token[1][0] / per_token[0][0]},
       {"forward_backward_ratio", per_token[1][1] / per_token[0][1]}};
+}
 
-  // 5. Peak memory of one forward+backward at the large N, in a fresh process.
+// Peak memory of one forward+backward at the large N of the scaling, in a fresh
+// process.
+void peak_memory(const Settings& s, json& results) {
+  const int64_t large = s.large_tokens;
   const json mem = run_memory_probe(large);
   const double peak = mem["peak_rss_bytes"], tensors = mem["tensor_bytes"],
                before = mem["rss_before_tensors_bytes"];
@@ -383,16 +360,18 @@ int main(int argc, char** argv) {
       (long long)large, peak / 1048576, tensors / 1048576, peak / tensors, before / 1048576);
   results["memory"] = mem;
   results["memory"]["peak_over_tensor_bytes"] = peak / tensors;
+}
 
-  // 6. Crossover: the N (doubling) from which MHLA's forward beats softmax's at
-  // every measured N; the sweep ends after three such doublings in a row.
+// Crossover: the N (doubling) from which MHLA's forward beats softmax's at every
+// measured N; the sweep ends after three such doublings in a row.
+void crossover(const Settings& s, json& results) {
   std::printf("\ncrossover, B=1 H=8 D=64, forward:\n");
   std::vector<mhla::tools::SweepPoint> points;
   int faster_in_a_row = 0;
-  for (int64_t n = 128; n <= (quick ? 2048 : 16384); n *= 2) {
+  for (int64_t n = 128; n <= (s.quick ? 2048 : 16384); n *= 2) {
     Workload wl(1, n, kHeads, kDim, blocks_for(n));
     const auto t = mhla::tools::interleaved_medians(
-        {[&] { wl.mhla_forward(); }, [&] { wl.softmax_forward(); }}, std::max(repeats, 3));
+        {[&] { wl.mhla_forward(); }, [&] { wl.softmax_forward(); }}, std::max(s.repeats, 3));
     const double tm = t[0], ts = t[1];
     std::printf("  N=%6lld: MHLA %8.3f ms, softmax %8.3f ms%s\n", (long long)n, tm * 1e3, ts * 1e3,
                 tm < ts ? "  <- MHLA faster" : "");
@@ -410,6 +389,64 @@ int main(int argc, char** argv) {
   else
     std::printf("MHLA forward is not faster than softmax at N = %lld, the largest measured\n",
                 (long long)points.back().tokens);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  mhla::tools::restart_on_known_openblas_kernels(argv);
+  CLI::App app{"MHLA operator benchmark (CPU, fp32)"};
+  std::string json_path;
+  bool quick = false;
+  int64_t softmax_max_n = 65536;
+  int64_t probe_tokens = 0;
+  int sgemm_probe_size = 0, probe_repeats = 7;
+  app.add_option("--json", json_path, "also write the results as JSON to this file");
+  app.add_flag("--quick", quick,
+               "smaller sizes and fewer repeats (a smoke test, not a measurement)");
+  app.add_option("--softmax-max-n", softmax_max_n,
+                 "largest N at which softmax is timed (it is quadratic)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--memory-probe", probe_tokens, "internal: run one fwd+bwd and print peak RSS")
+      ->group("");
+  app.add_option("--sgemm-probe", sgemm_probe_size, "internal: time one SGEMM size, print JSON")
+      ->group("");
+  app.add_option("--probe-repeats", probe_repeats, "internal: repeats of --sgemm-probe")->group("");
+  CLI11_PARSE(app, argc, argv);
+  if (probe_tokens > 0) return memory_probe(probe_tokens);
+  if (sgemm_probe_size > 0) return sgemm_probe(sgemm_probe_size, probe_repeats);
+
+  const int repeats = quick ? 1 : 7;
+  const int sgemm_size = quick ? 512 : 2048;
+  json results;
+  results["threads"] = omp_get_max_threads();
+  const char* coretype = std::getenv("OPENBLAS_CORETYPE");
+  const double best_sgemm = best_sgemm_gflops(sgemm_size, repeats);
+  results["kernel_isa"] = mhla::kernel_isa();
+  results["openblas_coretype"] = coretype ? json(coretype) : json();
+  results["best_sgemm_gflops"] = best_sgemm;
+  std::printf(
+      "threads: %d (OMP_NUM_THREADS); float kernels: %s (chosen at run time)\n"
+      "SGEMM yardstick: square %d, all threads, timed interleaved with MHLA and linear\n"
+      "attention (medians of %d rounds), with OPENBLAS_CORETYPE=%s as set for this process.\n"
+      "best SGEMM: the same in a child process with OPENBLAS_CORETYPE unset: %.1f GFLOP/s;\n"
+      "%%best divides by the larger of the two.\n\n",
+      omp_get_max_threads(), mhla::kernel_isa().c_str(), sgemm_size, repeats,
+      coretype ? coretype : "(unset)", best_sgemm);
+
+  const Settings settings{quick,
+                          repeats,
+                          sgemm_size,
+                          softmax_max_n,
+                          best_sgemm,
+                          quick ? 4096 : 16384,
+                          quick ? 65536 : 1048576};
+  rates(settings, results);
+  masked_modes(settings, results);
+  bfloat16_against_float32(settings, results);
+  linear_scaling(settings, results);
+  peak_memory(settings, results);
+  crossover(settings, results);
 
   if (!json_path.empty()) {
     if (!mhla::tools::write_json_file(json_path, results)) return 1;

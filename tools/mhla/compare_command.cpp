@@ -205,15 +205,16 @@ std::string table_notes(const ComparisonEntry& entry) {
   const bool causal = entry.config.task != train::TaskKind::fashion_mnist;
   if (causal && entry.config.design.mixing_init == MixingTransform::uniform && has("mhla") &&
       has("linear"))
-    notes += "- MHLA starts here as exactly linear attention (its W starts uniform over the blocks "
-             "each row reads, the authors' language-model init), so short runs keep the two "
-             "close.\n";
+    notes +=
+        "- MHLA starts here as exactly linear attention (its W starts uniform over the blocks "
+        "each row reads, the authors' language-model init), so short runs keep the two "
+        "close.\n";
   if (!has("softmax"))
-    notes += "- softmax is not in this table (its N x N attention is the slowest to train at this "
-             "length); add it with `--attention softmax,linear,mhla`.\n";
+    notes +=
+        "- softmax is not in this table (its N x N attention is the slowest to train at this "
+        "length); add it with `--attention softmax,linear,mhla`.\n";
   return notes.empty() ? "" : "\n" + notes;
 }
-
 
 // What every run of one invocation shares.
 struct Comparison {
@@ -275,8 +276,9 @@ std::vector<ComparisonEntry> prepared_entries(const CompareCommand& c) {
 // One run, or its finished result from an earlier invocation with the same
 // settings (a stopped comparison continues where it stopped: finished runs
 // are read back, an unfinished one resumes from its checkpoint).
-RunOutcome train_or_read_back(const Comparison& cmp, const ComparisonEntry& entry, const Metric& metric,
-                              const std::string& model, uint64_t seed, double lr, bool sweep) {
+RunOutcome train_or_read_back(const Comparison& cmp, const ComparisonEntry& entry,
+                              const Metric& metric, const std::string& model, uint64_t seed,
+                              double lr, bool sweep) {
   train::RunConfig config = entry.config;
   config.seed = seed;
   config.lr = lr;
@@ -324,7 +326,8 @@ RunOutcome train_or_read_back(const Comparison& cmp, const ComparisonEntry& entr
       "  %-14s lr %-7s seed %llu%s: validation %s, test %s (%s %s of %s), %.1f s, %.0f "
       "tokens/s%s\n",
       model.c_str(), lr_text(lr).c_str(), (unsigned long long)seed, short_sweep ? " sweep" : "",
-      metric.format(metric.of(r.final_eval)).c_str(), metric.format(metric.of(r.final_test)).c_str(),
+      metric.format(metric.of(r.final_eval)).c_str(),
+      metric.format(metric.of(r.final_test)).c_str(),
       config.task == train::TaskKind::fashion_mnist ? "epoch" : "step",
       progress(config, r.final_eval.step).c_str(), progress(config, r.steps_done).c_str(),
       r.history.seconds, r.tokens_per_second, done ? " (read back)" : "");
@@ -343,7 +346,8 @@ void choose_rate(const Comparison& cmp, const ComparisonEntry& entry, const Metr
   }
   std::vector<TriedRate> tried;  // ascending by rate
   const auto sweep_at = [&](double lr) {
-    const train::RunResult r = train_or_read_back(cmp, entry, metric, model, cmp.seeds.front(), lr, true).result;
+    const train::RunResult r =
+        train_or_read_back(cmp, entry, metric, model, cmp.seeds.front(), lr, true).result;
     tried.insert(std::upper_bound(tried.begin(), tried.end(), lr,
                                   [](double a, const TriedRate& b) { return a < b.lr; }),
                  {lr, r.final_eval});
@@ -374,7 +378,8 @@ void run_seeds(const Comparison& cmp, const ComparisonEntry& entry, const Metric
   for (uint64_t seed : cmp.seeds)
     for (size_t mi = 0; mi < entry.models.size(); ++mi) {
       ModelRuns& mr = runs[mi];
-      const RunOutcome run = train_or_read_back(cmp, entry, metric, entry.models[mi], seed, mr.lr, false);
+      const RunOutcome run =
+          train_or_read_back(cmp, entry, metric, entry.models[mi], seed, mr.lr, false);
       const train::RunResult& r = run.result;
       mr.validation.push_back(metric.of(r.final_eval));
       mr.test.push_back(metric.of(r.final_test));
@@ -462,9 +467,9 @@ std::string results_table(const Comparison& cmp, const ComparisonEntry& entry, c
 // same data order), and every model against the baseline table before this one
 // (the same data order). Returns their table; records them in `entry_json`; a
 // baseline entry becomes `baseline`.
-std::string paired_differences(const Comparison& cmp, const ComparisonEntry& entry, const Metric& metric,
-                               const std::vector<ModelRuns>& runs, std::optional<Baseline>& baseline,
-                               json& entry_json) {
+std::string paired_differences(const Comparison& cmp, const ComparisonEntry& entry,
+                               const Metric& metric, const std::vector<ModelRuns>& runs,
+                               std::optional<Baseline>& baseline, json& entry_json) {
   const size_t seeds = cmp.seeds.size();
   std::string differences;
   const auto add_difference = [&](const std::string& minuend, const std::vector<double>& a,
@@ -627,8 +632,8 @@ int run_compare_command(const CompareCommand& c) {
   std::optional<Baseline> baseline;
   for (const ComparisonEntry& entry : entries) {
     const Metric metric{train::scored_by_loss(entry.config.task)};
-    std::printf("== %s: %lld steps of %lld per run, %zu learning rate(s), seeds", entry.label.c_str(),
-                (long long)entry.config.steps, (long long)entry.config.batch,
+    std::printf("== %s: %lld steps of %lld per run, %zu learning rate(s), seeds",
+                entry.label.c_str(), (long long)entry.config.steps, (long long)entry.config.batch,
                 entry.learning_rates.size());
     for (uint64_t s : cmp.seeds) std::printf(" %llu", (unsigned long long)s);
     std::printf(", %d threads\n", cmp.threads);
@@ -650,7 +655,8 @@ int run_compare_command(const CompareCommand& c) {
     for (const ModelRuns& mr : runs) curves.push_back(mr.curve);
     const std::string png = slug(entry.label) + "-loss.png";
     write_loss_png((cmp.out / png).string(),
-                   entry.label + " (seed " + std::to_string(cmp.seeds.front()) + ", chosen lr)", curves);
+                   entry.label + " (seed " + std::to_string(cmp.seeds.front()) + ", chosen lr)",
+                   curves);
     entry_json["loss_png"] = png;
     report["entries"].push_back(entry_json);
   }
