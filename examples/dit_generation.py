@@ -257,13 +257,14 @@ def frechet_distance(mean1, cov1, mean2, cov2):
 
 # ------------------------------------------------------------------------------------------------ training
 
-def train_one(kind, args, data, reference, classifier, *, lr, seed, steps, log):
-    """One model trained for `steps` steps; returns its record (loss curve, validation FD points and, for a
-    full run, the test FD) and the EMA model."""
+def train_one(kind, args, data, reference, classifier, *, lr, seed, steps, log, start_from=None):
+    """One model trained for `steps` steps, from a new DiT of `kind` or from `start_from()`'s model; returns
+    its record (loss curve, validation FD points and, for a full run, the test FD) and the EMA model."""
     torch.manual_seed(seed)
     device = torch.device(args.device)
-    model = DiT(kind, width=args.width, depth=args.depth, heads=args.heads, patch=args.patch,
-                tile=args.tile).to(device)
+    model = (start_from() if start_from is not None else
+             DiT(kind, width=args.width, depth=args.depth, heads=args.heads, patch=args.patch, tile=args.tile))
+    model = model.to(device)
     ema = copy.deepcopy(model).eval()
     for p in ema.parameters():
         p.requires_grad_(False)
@@ -332,13 +333,15 @@ def load(folder, limit=None):
     return {name: prepare(*split) for name, split in fashion_mnist.splits(folder).items()}
 
 
-def run(kind, args, data, reference, classifier, *, lr, seed, steps, sweep):
-    """A finished run's record, read back from OUT/runs when there, else trained, scored and saved."""
+def run(kind, args, data, reference, classifier, *, lr, seed, steps, sweep, start_from=None, config_extra=None):
+    """A finished run's record, read back from OUT/runs when there, else trained, scored and saved.
+    `start_from` gives the starting model (train_one); `config_extra`, what else a read-back run must share."""
     name = f"{kind}-lr{lr:g}-seed{seed}" + ("-sweep" if sweep else "")
     path = os.path.join(args.out, "runs", name + ".json")
     config = {key: getattr(args, key) for key in CONFIG}
     config["tile"] = list(config["tile"])
     config["classifier"] = fingerprint(classifier)
+    config.update(config_extra or {})
     if os.path.exists(path):
         with open(path) as f:
             record = json.load(f)
@@ -350,7 +353,8 @@ def run(kind, args, data, reference, classifier, *, lr, seed, steps, sweep):
             raise SystemExit(f"{path} was trained with other settings ({changed}): pass {other}")
         print(f"  {name}: read back", flush=True)
         return record
-    record, ema = train_one(kind, args, data, reference, classifier, lr=lr, seed=seed, steps=steps, log=name)
+    record, ema = train_one(kind, args, data, reference, classifier, lr=lr, seed=seed, steps=steps, log=name,
+                            start_from=start_from)
     record["config"] = config
     if not sweep:
         start = time.time()
@@ -386,14 +390,16 @@ def widened_grid_choice(lrs, validation_fd, max_extensions=MAX_EXTENSIONS):
     return best, tried, len(tried) > 1 and best in (tried[0], tried[-1])
 
 
-def choose_rate(kind, args, data, reference, classifier):
+def choose_rate(kind, args, data, reference, classifier, **run_options):
     """The rate whose short run of the first seed ends with the lowest validation FD (widened_grid_choice);
-    returns it, the short runs' records by rate, and whether it is at an edge of the tried grid."""
+    returns it, the short runs' records by rate, and whether it is at an edge of the tried grid.
+    `run_options` go to run (the starting model)."""
     steps = max(1, int(args.steps * args.sweep_fraction))
     records = {}
 
     def validation_fd(lr):
-        records[lr] = run(kind, args, data, reference, classifier, lr=lr, seed=args.seeds[0], steps=steps, sweep=True)
+        records[lr] = run(kind, args, data, reference, classifier, lr=lr, seed=args.seeds[0], steps=steps, sweep=True,
+                          **run_options)
         return records[lr]["validation_fd"][-1][1]
 
     if len(args.lrs) == 1:
@@ -449,9 +455,11 @@ def positive(text):
     return value
 
 
-def parse():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", default="dit-generation")
+def parse(description=__doc__.split("\n")[0], out="dit-generation", extra=None, defaults=None, quick=None):
+    """The command line; `extra(parser)` adds a caller's options, `defaults` and `quick` its defaults and
+    its --quick ones."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--out", default=out)
     parser.add_argument("--device", default="cpu", help="cpu or cuda (the CUDA path is mhla's pure-torch one)")
     parser.add_argument("--quick", action="store_true", help="a smoke test of every step in seconds")
     parser.add_argument("--models", default=",".join(MODELS))
@@ -480,9 +488,12 @@ def parse():
                         help="the folder of Fashion-MNIST's four *-ubyte.gz files (default: the Debian package's)")
     parser.add_argument("--images", type=positive, help="only the first IMAGES of each split (smoke tests)")
     parser.add_argument("--threads", type=positive, default=os.cpu_count())
+    if extra is not None:
+        extra(parser)
+    parser.set_defaults(**(defaults or {}))
     # --quick changes the defaults; options given beside it still apply.
     if parser.parse_known_args()[0].quick:
-        parser.set_defaults(**QUICK)
+        parser.set_defaults(**QUICK, **(quick or {}))
     args = parser.parse_args()
     if args.classifier is None:
         args.classifier = os.path.join(args.out, "fd-classifier.pt")
