@@ -328,31 +328,3 @@ def softmax_attention(q, k, v, *, causal=False, scale=None, chunk=1024, fused=Tr
         outputs.append(torch.einsum("zhnm,zmhe->znhe", torch.softmax(scores, dim=-1), v))
     return torch.cat(outputs, dim=1)
 
-
-def check_packing(q, w, offsets, block, mixing):
-    """The packed-batch checks of ``mhla::varlen_forward``, with its messages (each sequence's
-    own call is then checked by ``check_call``)."""
-    fn = "mhla::varlen_forward"
-    if q.dim() == 4 and q.shape[0] != 1:
-        raise ValueError(f"{fn}: packed q must have batch 1 ([1, total, H, Dk]), got shape "
-                         f"[{', '.join(map(str, q.shape))}]")
-    if block <= 0:
-        raise ValueError(f"{fn}: options.block must be positive, got {block}")
-    if len(offsets) < 2:
-        raise ValueError(f"{fn}: cu_seqlens needs S + 1 >= 2 offsets, got shape [{len(offsets)}]")
-    if offsets[0] != 0:
-        raise ValueError(f"{fn}: cu_seqlens[0] must be 0, got {offsets[0]}")
-    for s in range(len(offsets) - 1):
-        if offsets[s + 1] < offsets[s]:
-            raise ValueError(f"{fn}: cu_seqlens must be non-decreasing, but cu_seqlens[{s + 1}] = "
-                             f"{offsets[s + 1]} < cu_seqlens[{s}] = {offsets[s]}")
-    total = q.shape[1] if q.dim() == 4 else -1
-    if offsets[-1] != total:
-        raise ValueError(f"{fn}: cu_seqlens ends at {offsets[-1]} but the packed tensors hold N = {total} "
-                         "tokens")
-    longest = max(b - a for a, b in zip(offsets[:-1], offsets[1:]))
-    needed = -(-longest // block)
-    if mixing != "toeplitz" and w.dim() >= 2 and needed > w.shape[-1]:
-        m = w.shape[-1]
-        raise ValueError(f"{fn}: w covers {m} blocks ({m * block} tokens in blocks of {block}) but the longest "
-                         f"sequence has {longest} tokens = {needed} blocks; use a larger w or Toeplitz mixing")

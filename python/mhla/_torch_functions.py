@@ -285,9 +285,9 @@ def varlen_attention(q, k, v, w, cu_seqlens, *, block, mixing=None, masking=None
     _contract.check_tensors(function="mhla::varlen_forward", q=q, k=k, v=v, w=w)
     if _pure_torch_path(backend, q, k, v, w):
         cu = offsets(cu_seqlens)
-        mixing = "dense" if mixing is None else mixing
-        _pure_torch.check_packing(q, w, cu, block, mixing)
         options = dict(masking=masking, feature_map=feature_map, normalize=normalize, eps=eps, scale=scale)
+        _core._check_varlen_call(*(list(t.shape) for t in (q, k, v, w)), cu, block=block, mixing=mixing, **options)
+        mixing = "dense" if mixing is None else mixing
 
         def sequence(a, b):
             # An ordinary call: the sequence's own layout, the corner of a dense w it reads, its checks.

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "api/varlen_checks.hpp"
 #include "dlpack_buffer.hpp"
 #include "dlpack_import.hpp"
 #include "mhla/varlen.hpp"
@@ -83,6 +84,22 @@ void bind_varlen(py::module_& m) {
       "options"_a = py::none(), "block"_a = py::none(), "mixing"_a = py::none(),
       "masking"_a = py::none(), "feature_map"_a = py::none(), "normalize"_a = py::none(),
       "eps"_a = py::none(), "scale"_a = py::none(), "Returns (grad_q, grad_k, grad_v, grad_w).");
+  // The plain-torch path's packing checks: varlen_forward's own, on shapes and offsets.
+  m.def(
+      "_check_varlen_call",
+      [](const std::vector<int64_t>& q_shape, const std::vector<int64_t>& k_shape,
+         const std::vector<int64_t>& v_shape, const std::vector<int64_t>& w_shape,
+         const std::vector<int64_t>& cu_seqlens, py::object block, py::object mixing,
+         py::object masking, py::object feature_map, py::object normalize, py::object eps,
+         py::object scale) {
+        detail::check_varlen_shapes(
+            varlen_options_of(py::none(), block, mixing, {masking, feature_map, normalize, eps, scale}),
+            cu_seqlens, q_shape, k_shape, v_shape, w_shape);
+      },
+      "q_shape"_a, "k_shape"_a, "v_shape"_a, "w_shape"_a, "cu_seqlens"_a, py::kw_only(),
+      "block"_a = py::none(), "mixing"_a = py::none(), "masking"_a = py::none(),
+      "feature_map"_a = py::none(), "normalize"_a = py::none(), "eps"_a = py::none(),
+      "scale"_a = py::none());
 }
 
 }  // namespace mhla::python

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include "api/varlen_checks.hpp"
 #include "backend/backend.hpp"
 #include "core/finite_results.hpp"
 #include "core/validate.hpp"
@@ -23,11 +24,12 @@ struct Packing {
 
 int64_t blocks_of(int64_t tokens, int64_t block) { return (tokens + block - 1) / block; }
 
+// Every check of a packed call but w's values: shapes, options, devices, the offsets.
 template <typename T>
-Packing check_packing(const char* fn, const VarlenOptions& options,
-                      const TensorView<const int64_t>& cu, const TensorView<const T>& q,
-                      const TensorView<const T>& k, const TensorView<const T>& v,
-                      const TensorView<const T>& w) {
+Packing check_packing_layout(const char* fn, const VarlenOptions& options,
+                             const TensorView<const int64_t>& cu, const TensorView<const T>& q,
+                             const TensorView<const T>& k, const TensorView<const T>& v,
+                             const TensorView<const T>& w) {
   Packing p;
   const detail::AttentionDims dims = detail::check_qkv(fn, q, k, v);
   if (dims.batch != 1)
@@ -71,7 +73,16 @@ Packing check_packing(const char* fn, const VarlenOptions& options,
     // Only the corner the longest sequence reads is checked, as each sequence reads its own.
     problem.mixing_blocks = needed;
   }
-  detail::check_mixing_values(fn, problem, w.data);
+  return p;
+}
+
+template <typename T>
+Packing check_packing(const char* fn, const VarlenOptions& options,
+                      const TensorView<const int64_t>& cu, const TensorView<const T>& q,
+                      const TensorView<const T>& k, const TensorView<const T>& v,
+                      const TensorView<const T>& w) {
+  Packing p = check_packing_layout(fn, options, cu, q, k, v, w);
+  detail::check_mixing_values(fn, p.problem, w.data);
   return p;
 }
 
@@ -119,6 +130,22 @@ void for_each_sequence(const char* fn, const Packing& p, const VarlenOptions& op
 }
 
 }  // namespace
+
+namespace detail {
+
+void check_varlen_shapes(const VarlenOptions& options, const std::vector<int64_t>& cu_seqlens,
+                         const std::vector<int64_t>& q_shape, const std::vector<int64_t>& k_shape,
+                         const std::vector<int64_t>& v_shape, const std::vector<int64_t>& w_shape) {
+  // Shapes only: any non-null address passes the pointer checks, and no data is read.
+  const float marker = 0;
+  const int64_t no_offsets = 0;
+  const TensorView<const int64_t> cu(cu_seqlens.empty() ? &no_offsets : cu_seqlens.data(),
+                                     {int64_t(cu_seqlens.size())});
+  check_packing_layout<float>("mhla::varlen_forward", options, cu, {&marker, q_shape}, {&marker, k_shape},
+                              {&marker, v_shape}, {&marker, w_shape});
+}
+
+}  // namespace detail
 
 template <typename T>
 void varlen_forward(const VarlenOptions& options, TensorView<const int64_t> cu_seqlens,
