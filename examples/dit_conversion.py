@@ -16,7 +16,6 @@ The base model is kept as ``OUT/base.pt`` and read back when its settings match;
 are kept in ``OUT/runs/`` (as in dit_generation.py), so a stopped command continues where it stopped. Writes
 ``results.md``, ``results.json`` and the first seed's sample grids.
 """
-import copy
 import hashlib
 import json
 import os
@@ -99,12 +98,7 @@ def write_results(args, result):
         after = [r["test_fd"] for r in entry["runs"]]
         lines.append(f"| {kind} | {entry['before_fine_tuning']:.2f} | {mean_pm(after)} | "
                      f"{' / '.join(f'{fd:.2f}' for fd in after)} | {entry['lr']:g}{' (edge)' if entry['lr_at_grid_edge'] else ''} |")
-    if len(args.seeds) > 1 and "mhla" in args.models:
-        lines.append("")
-        by_seed = {kind: {r["seed"]: r["test_fd"] for r in result["models"][kind]["runs"]} for kind in args.models}
-        for other in (k for k in args.models if k != "mhla"):
-            paired = mean_pm([by_seed["mhla"][s] - by_seed[other][s] for s in args.seeds], signed=True)
-            lines.append(f"MHLA minus {other} after fine-tuning, paired by seed: {paired}")
+    lines += dg.paired_lines(args, result, " after fine-tuning")
     table = "\n".join(lines) + "\n"
     print("\n" + table)
     with open(os.path.join(args.out, "results.md"), "w") as f:
@@ -132,21 +126,21 @@ def main():
     result = {"args": vars(args), "classifier_test_accuracy": accuracy, "classifier": dg.fingerprint(classifier),
               "test_images": len(data["test"][0]), "base_record": base_record, "models": {}}
     result["base_test_fd"] = before_fine_tuning(base_state, "softmax", args, classifier, reference)
+    # Each run starts from a fresh conversion (load_state_dict copies the base's values in).
+    options = {kind: dict(start_from=lambda kind=kind: converted(base_state, kind, args), config_extra=base)
+               for kind in args.models}
     for kind in args.models:
-        options = dict(start_from=lambda kind=kind: converted(copy.deepcopy(base_state), kind, args), config_extra=base)
-        lr, sweep, at_edge = dg.choose_rate(kind, args, data, reference, classifier, **options)
+        lr, sweep, at_edge = dg.choose_rate(kind, args, data, reference, classifier, **options[kind])
         result["models"][kind] = {
             "before_fine_tuning": (result["base_test_fd"] if kind == "softmax" else
                                    before_fine_tuning(base_state, kind, args, classifier, reference)),
-            "lr": lr, "lr_at_grid_edge": at_edge, "runs": [], "options": options,
+            "lr": lr, "lr_at_grid_edge": at_edge, "runs": [],
             "sweep": [{"lr": r["lr"], "validation_fd": r["validation_fd"][-1][1]} for r in sweep]}
     for seed in args.seeds:
         for kind in args.models:
             entry = result["models"][kind]
             entry["runs"].append(dg.run(kind, args, data, reference, classifier, lr=entry["lr"], seed=seed,
-                                        steps=args.steps, sweep=False, **entry["options"]))
-    for entry in result["models"].values():
-        del entry["options"]
+                                        steps=args.steps, sweep=False, **options[kind]))
     result["seconds"] = time.time() - start
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump(result, f, indent=1)

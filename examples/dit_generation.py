@@ -422,17 +422,24 @@ def write_results(args, result):
              f"{result['classifier_test_accuracy']:.2%}); {args.steps:,} steps of {args.batch} images, "
              f"{len(args.seeds)} seed(s), the learning rate chosen on validation.", "",
              "| model | test FD | per seed | lr | parameters | minutes per run |", "|---|---:|---|---:|---:|---:|"]
-    lines += rows
-    if len(args.seeds) > 1 and "mhla" in args.models:
-        by_seed = {kind: {r["seed"]: r["test_fd"] for r in result["models"][kind]["runs"]} for kind in args.models}
-        lines.append("")
-        for other in (k for k in args.models if k != "mhla"):
-            paired = mean_pm([by_seed["mhla"][s] - by_seed[other][s] for s in args.seeds], signed=True)
-            lines.append(f"MHLA minus {other}, paired by seed: {paired}")
+    lines += rows + paired_lines(args, result)
     table = "\n".join(lines) + "\n"
     print("\n" + table)
     with open(os.path.join(args.out, "results.md"), "w") as f:
         f.write(table)
+
+
+def paired_lines(args, result, qualifier=""):
+    """The lines of MHLA's test FD minus each other model's, paired by seed (none for one seed or without
+    MHLA), after a blank line; `qualifier` follows "MHLA minus <model>"."""
+    if len(args.seeds) < 2 or "mhla" not in args.models:
+        return []
+    by_seed = {kind: {r["seed"]: r["test_fd"] for r in result["models"][kind]["runs"]} for kind in args.models}
+    lines = [""]
+    for other in (k for k in args.models if k != "mhla"):
+        paired = mean_pm([by_seed["mhla"][s] - by_seed[other][s] for s in args.seeds], signed=True)
+        lines.append(f"MHLA minus {other}{qualifier}, paired by seed: {paired}")
+    return lines
 
 
 def comma_list(kind, smallest_positive=True):

@@ -119,7 +119,7 @@ class MHLAWanAttnProcessor(nn.Module):
         grid, tile = tuple(grid), tuple(tile)
         if len(grid) != 3 or len(tile) != 3:
             raise ValueError(f"grid and tile are (frames, rows, columns), got {grid} and {tile}")
-        self.grid, self.tile, self.heads = grid, tile, heads
+        self.grid, self.tile = grid, tile
         self.layout = _core.Layout.grid3d(*grid, *tile)
         self.gate = nn.Linear(dim, heads * head_dim)
         self.out_norm = RMSNorm(head_dim)

@@ -68,17 +68,21 @@ def test_only_the_chosen_blocks_self_attention_is_swapped_and_its_mixing_is_a_pa
 
 def test_a_swapped_dit_fine_tunes():
     model = swap_attention(small_dit(), tile=(2, 2)).train()
-    batch = inputs(batch=4)
-    target = torch.randn(4, 4, 8, 8, generator=torch.Generator().manual_seed(7))
+    losses = fine_tune(model, inputs(batch=4), torch.randn(4, 4, 8, 8, generator=torch.Generator().manual_seed(7)), 30)
+    assert losses[-1] < 0.7 * losses[0], losses
+
+
+def fine_tune(model, batch, target, steps):
+    """The losses of `steps` AdamW steps fitting model(**batch).sample to target."""
     optimiser = torch.optim.AdamW(model.parameters(), lr=3e-3)
     losses = []
-    for _ in range(30):
+    for _ in range(steps):
         loss = torch.nn.functional.mse_loss(model(**batch).sample, target)
         optimiser.zero_grad()
         loss.backward()
         optimiser.step()
         losses.append(loss.item())
-    assert losses[-1] < 0.7 * losses[0], losses
+    return losses
 
 
 def test_a_swapped_attention_compiles_as_one_graph():
@@ -236,15 +240,7 @@ def test_a_checkpoint_that_does_not_fit_is_refused_by_name():
 def test_a_swapped_wan_fine_tunes_and_saves():
     model = small_wan().train()
     batch = wan_inputs(batch=2)
-    target = torch.randn(2, 4, 2, 8, 12, generator=torch.Generator().manual_seed(7))
-    optimiser = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    losses = []
-    for _ in range(25):
-        loss = torch.nn.functional.mse_loss(model(**batch).sample, target)
-        optimiser.zero_grad()
-        loss.backward()
-        optimiser.step()
-        losses.append(loss.item())
+    losses = fine_tune(model, batch, torch.randn(2, 4, 2, 8, 12, generator=torch.Generator().manual_seed(7)), 25)
     assert losses[-1] < 0.7 * losses[0], losses
     names = [name for name, _ in model.named_parameters() if ".processor." in name]
     assert "blocks.1.attn1.processor.mixing.weight" in names and "blocks.2.attn1.processor.gate.weight" in names
