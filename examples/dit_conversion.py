@@ -12,7 +12,7 @@ every seed. Reported per model: the test FD before fine-tuning (the conversion a
     PYTHONPATH=build/python $(bash scripts/torch2_env.sh)/bin/python examples/dit_conversion.py \\
         [--out dit-conversion] [--device cpu|cuda] [--quick]
 
-The base model is kept as ``OUT/base.pt`` and read back when its settings match; finished fine-tuning runs
+The base model is kept as ``OUT/base.pt`` (or ``--base``) and read back when its settings match; finished fine-tuning runs
 are kept in ``OUT/runs/`` (as in dit_generation.py), so a stopped command continues where it stopped. Writes
 ``results.md``, ``results.json`` and the first seed's sample grids.
 """
@@ -62,9 +62,9 @@ def converted(base_state, kind, args):
 
 
 def base_model(args, data, reference, classifier):
-    """The softmax DiT's EMA weights after --base-steps (read back from OUT/base.pt when its settings match)
-    and its record."""
-    path = os.path.join(args.out, "base.pt")
+    """The softmax DiT's EMA weights after --base-steps (read back from --base when its settings match, else
+    trained and written there) and its record."""
+    path = args.base or os.path.join(args.out, "base.pt")
     config = {key: getattr(args, key) for key in BASE_CONFIG}
     config["classifier"] = dg.fingerprint(classifier)
     if os.path.exists(path):
@@ -108,6 +108,8 @@ def write_results(args, result):
 def extra_options(parser):
     parser.add_argument("--base-steps", type=dg.positive, default=2400, help="the softmax base model's training steps")
     parser.add_argument("--base-lr", type=float, default=1.6e-2, help="the base model's learning rate")
+    parser.add_argument("--base", help="the base model's file (default OUT/base.pt): read back when its settings "
+                                       "match, else trained and written there")
 
 
 def main():
