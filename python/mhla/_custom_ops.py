@@ -1,33 +1,43 @@
-"""The C++ operator as ``torch.library`` custom ops, so ``torch.compile`` traces through it.
+"""The C++ operator and its baselines as ``torch.library`` custom ops, so ``torch.compile`` traces
+through them.
 
-``torch.compile`` cannot look inside the extension's functions or ``autograd.Function`` classes
-that call them: it breaks the graph there (``fullgraph=True`` refuses). Registered as custom ops
-(``mhla::forward`` and ``mhla::backward``) with fake implementations that give the results'
-shapes and dtypes, the operator becomes one node of the graph, forward and backward. The layout
-and options travel as plain values (a ``Geometry``'s rank, grid and tile, and the options' names),
-because an op's schema takes no extension objects.
+``torch.compile`` cannot look inside the extension's functions or an ``autograd.Function`` that
+calls them: it breaks the graph there (``fullgraph=True`` refuses). Registered as custom ops with
+fake implementations that give the results' shapes and dtypes, each operator becomes one node of
+the graph, forward and backward: ``mhla::forward``, ``mhla::varlen_forward``,
+``mhla::linear_attention_forward`` and ``mhla::softmax_attention_forward``, each with its
+``..._backward``. Layouts and options travel as plain values (a ``Geometry``'s rank, grid and
+tile, the options' names), because an op's schema takes no extension objects.
 
-Needs ``torch.library.custom_op`` (torch 2.4 and later); ``AVAILABLE`` says whether it is there.
-Eager calls keep ``mhla.torch``'s autograd functions: this path is for code being compiled.
+Each op's forward, backward and second-order backward are its ``_operators.Operator``'s, as in
+eager calls. Needs ``torch.library.custom_op`` (torch 2.4 and later); ``AVAILABLE`` says whether
+it is there. Eager calls keep ``_operators``' autograd function: this path is for code being
+compiled.
 """
 import functools
-from typing import List, Optional, Tuple
 
 import torch
-from . import _core, _unpickle
+from . import _core, _operators, _unpickle
 from ._pure_torch import Geometry
-from ._torch_operands import operand, tensors
 
 AVAILABLE = hasattr(torch.library, "custom_op") and hasattr(torch.library, "register_autograd")
 
-Tensor = torch.Tensor
+
+def _options(rank, grid, tile, *names):
+    """The extension's Options for the op's plain values."""
+    return _cached_options(rank, tuple(grid), tuple(tile), *names)
 
 
 @functools.lru_cache(maxsize=64)
-def _options(rank, grid, tile, masking, feature_map, normalize, eps, scale, mixing):
-    """The extension's Options for these plain values; a model calls with the same few."""
+def _cached_options(rank, grid, tile, masking, feature_map, normalize, eps, scale, mixing):
+    # A model calls with the same few.
     return _core.Options(_unpickle.layout(rank, grid, tile), masking=masking, feature_map=feature_map,
                          normalize=normalize, eps=eps, scale=scale, mixing=mixing)
+
+
+@functools.lru_cache(maxsize=64)
+def _linear_options(masking, feature_map, normalize, eps, scale):
+    return _core.LinearOptions(masking=masking, feature_map=feature_map, normalize=normalize, eps=eps, scale=scale)
 
 
 def _summaries_like(q, v, w, rank, grid, tile):
@@ -36,50 +46,83 @@ def _summaries_like(q, v, w, rank, grid, tile):
     return w.new_empty(q.shape[0], q.shape[2], blocks, q.shape[3], v.shape[3] + 1)
 
 
+def _register(name, op, inputs, plain, settings_of, fake, state):
+    """``mhla::<name>`` (the results ``(o, *state)``, o alone without state) and its
+    ``..._backward`` from ``op``. ``inputs``: the tensors' names; ``plain``: the schema of the plain
+    values after them; ``settings_of(*plain values)``: ``op``'s settings; ``fake(*inputs, *plain
+    values)``: empty arrays of the results' shapes."""
+    n = op.arity
+    tensors = ", ".join(f"Tensor {x}" for x in inputs)
+    results = ", ".join(["Tensor"] * (1 + state))
+    state_names = "".join(f", Tensor state{i}" for i in range(state))
+    backward_name = name.replace("forward", "backward")
+
+    def forward_impl(*args):
+        results = op.run(args[:n], settings_of(*args[n:]), True)
+        return results if state else results[0]  # a one-result schema returns the tensor itself
+
+    def backward_impl(*args):
+        o, grad_o, saved = args[n], args[n + 1], args[n + 2:n + 2 + state]
+        return op.grads(args[:n], o, saved, grad_o, settings_of(*args[n + 2 + state:]))
+
+    forward = torch.library.custom_op(f"mhla::{name}", forward_impl, mutates_args=(), device_types="cpu",
+                                      schema=f"({tensors}, {plain}) -> ({results})")
+    forward.register_fake(fake)
+    backward = torch.library.custom_op(
+        f"mhla::{backward_name}", backward_impl, mutates_args=(), device_types="cpu",
+        schema=f"({tensors}, Tensor o, Tensor grad_o{state_names}, {plain}) -> ({', '.join(['Tensor'] * n)})")
+    backward.register_fake(lambda *args: tuple(torch.empty_like(t) for t in args[:n]))
+
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs[:n], *(output if state else (output,)))
+        ctx.plain = inputs[n:]
+
+    def formula(ctx, grad_o, *_grad_state):
+        saved = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: the operator's second-order form
+            grads = op.backward(saved[:n], saved[n], saved[n + 1:], grad_o, settings_of(*ctx.plain),
+                                [t.requires_grad for t in saved[:n]])
+        else:
+            grads = backward(*saved[:n + 1], grad_o, *saved[n + 1:], *ctx.plain)
+        return (*grads, *(None for _ in ctx.plain))
+
+    forward.register_autograd(formula, setup_context=setup_context)
+    return forward, backward
+
+
+def _output_like(q, v):
+    return q.new_empty(*q.shape[:3], v.shape[3])
+
+
+_OPTIONS = "str masking, str feature_map, bool normalize, float eps, float? scale"
+
 if AVAILABLE:
-    @torch.library.custom_op("mhla::forward", mutates_args=(), device_types="cpu")
-    def forward(q: Tensor, k: Tensor, v: Tensor, w: Tensor, rank: int, grid: List[int], tile: List[int],
-                masking: str, feature_map: str, normalize: bool, eps: float, scale: Optional[float],
-                mixing: str) -> Tuple[Tensor, Tensor, Tensor]:
-        """``(o, summaries, mixed)``: the output and the state its backward reads."""
-        options = _options(rank, tuple(grid), tuple(tile), masking, feature_map, normalize, eps, scale, mixing)
-        return tensors(*_core.forward(operand(q), operand(k), operand(v), operand(w), options=options,
-                                      save_summaries=True, save_mixed=True))
+    # (o, summaries, mixed): the output and the state its backward reads.
+    forward, backward = _register(
+        "forward", _operators.MHLA, "qkvw", f"int rank, int[] grid, int[] tile, {_OPTIONS}, str mixing", _options,
+        lambda q, k, v, w, rank, grid, tile, *names: (_output_like(q, v), _summaries_like(q, v, w, rank, grid, tile),
+                                                      _summaries_like(q, v, w, rank, grid, tile)), state=2)
+    varlen_forward, varlen_backward = _register(
+        "varlen_forward", _operators.VARLEN, "qkvw", f"int[] cu_seqlens, int block, str mixing, {_OPTIONS}",
+        lambda cu, block, mixing, masking, feature_map, normalize, eps, scale: (list(cu), dict(
+            block=block, mixing=mixing, masking=masking, feature_map=feature_map, normalize=normalize, eps=eps,
+            scale=scale)),
+        lambda q, k, v, w, *plain: _output_like(q, v), state=0)
+    linear_forward, linear_backward = _register(
+        "linear_attention_forward", _operators.LINEAR, "qkv", _OPTIONS, _linear_options,
+        lambda q, k, v, *names: _output_like(q, v), state=0)
+    # (o, lse): the rows' log-sum-exp [B, H, N] in q's dtype.
+    softmax_forward, softmax_backward = _register(
+        "softmax_attention_forward", _operators.SOFTMAX, "qkv", "bool causal, float? scale",
+        lambda causal, scale: dict(causal=causal, scale=scale),
+        lambda q, k, v, causal, scale: (_output_like(q, v), q.new_empty(q.shape[0], q.shape[2], q.shape[1])),
+        state=1)
 
-    @forward.register_fake
-    def _(q, k, v, w, rank, grid, tile, masking, feature_map, normalize, eps, scale, mixing):
-        return (q.new_empty(*q.shape[:3], v.shape[3]), _summaries_like(q, v, w, rank, grid, tile),
-                _summaries_like(q, v, w, rank, grid, tile))
 
-    @torch.library.custom_op("mhla::backward", mutates_args=(), device_types="cpu")
-    def backward(q: Tensor, k: Tensor, v: Tensor, w: Tensor, o: Tensor, grad_o: Tensor, summaries: Tensor,
-                 mixed: Tensor, rank: int, grid: List[int], tile: List[int], masking: str, feature_map: str,
-                 normalize: bool, eps: float, scale: Optional[float],
-                 mixing: str) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-        """``(grad_q, grad_k, grad_v, grad_w)`` from the state ``forward`` returned."""
-        options = _options(rank, tuple(grid), tuple(tile), masking, feature_map, normalize, eps, scale, mixing)
-        # The state is forward's own, passed on by the autograd formula below: as in mhla.torch's
-        # autograd function, no fingerprint check is needed.
-        return tensors(*_core._backward_private_state(
-            *(operand(t) for t in (q, k, v, w, o, grad_o)), summaries=operand(summaries),
-            mixed=operand(mixed), options=options))
-
-    @backward.register_fake
-    def _(q, k, v, w, o, grad_o, summaries, mixed, *options):
-        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(w)
-
-    def _setup_context(ctx, inputs, output):
-        q, k, v, w, *options = inputs
-        o, summaries, mixed = output
-        ctx.save_for_backward(q, k, v, w, o, summaries, mixed)
-        ctx.options = options
-
-    def _backward_formula(ctx, grad_o, _grad_summaries, _grad_mixed):
-        q, k, v, w, o, summaries, mixed = ctx.saved_tensors
-        grads = backward(q, k, v, w, o, grad_o, summaries, mixed, *ctx.options)
-        return (*grads, *(None for _ in ctx.options))
-
-    torch.library.register_autograd("mhla::forward", _backward_formula, setup_context=_setup_context)
+def _compute(q, *tensors):
+    """The tensors in the operator's computing dtype for q's: float32 for bfloat16 and float16."""
+    dtype = torch.float32 if q.dtype in (torch.bfloat16, torch.float16) else q.dtype
+    return tuple(t.to(dtype) for t in (q, *tensors))
 
 
 def mhla_attention(q, k, v, w, geometry, *, masking, feature_map, normalize, eps, scale, mixing):
@@ -93,4 +136,23 @@ def mhla_attention(q, k, v, w, geometry, *, masking, feature_map, normalize, eps
         operands = (q.to(compute), k.to(compute), v.to(compute), w.to(compute))
     o, _, _ = forward(*operands, geometry.rank, list(geometry.grid), list(geometry.tile), masking, feature_map,
                       normalize, eps, scale, mixing)
+    return o.to(q.dtype)
+
+
+def varlen_attention(q, k, v, w, cu_seqlens, *, block, mixing, masking, feature_map, normalize, eps, scale):
+    """``mhla.torch.varlen_attention`` of CPU tensors through the custom op, options by name,
+    ``cu_seqlens`` a list; reduced dtypes through float32 copies."""
+    o = varlen_forward(*_compute(q, k, v, w), list(cu_seqlens), block, mixing, masking, feature_map, normalize,
+                       eps, scale)
+    return o.to(q.dtype)
+
+
+def linear_attention(q, k, v, *, masking, feature_map, normalize, eps, scale):
+    """``mhla.torch.linear_attention`` of CPU tensors through the custom op, options by name."""
+    return linear_forward(*_compute(q, k, v), masking, feature_map, normalize, eps, scale).to(q.dtype)
+
+
+def softmax_attention(q, k, v, *, causal, scale):
+    """``mhla.torch.softmax_attention`` of CPU tensors through the custom op."""
+    o, _ = softmax_forward(*_compute(q, k, v), causal, scale)
     return o.to(q.dtype)

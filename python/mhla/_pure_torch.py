@@ -285,6 +285,37 @@ def mhla_attention(q, k, v, w, layout, *, masking="none", feature_map="elu1", no
     return finish(o)
 
 
+def keywords(options):
+    """An extension ``Options`` / ``LinearOptions`` object as this module's keywords ("causal",
+    "elu1", ...)."""
+    names = dict(masking=options.masking.name, feature_map=options.feature_map.name, normalize=options.normalize,
+                 eps=options.eps, scale=options.scale)
+    if hasattr(options, "mixing"):
+        names["mixing"] = options.mixing.name
+    return names
+
+
+def varlen_attention(q, k, v, w, cu_seqlens, *, block, mixing=None, masking=None, feature_map=None, normalize=None,
+                     eps=None, scale=None):
+    """``mhla.torch.varlen_attention`` in torch ops: ``cu_seqlens`` a list of offsets, options
+    left None the operator's defaults. Each sequence is an ordinary call: its own layout, the
+    corner of a dense w it reads, its checks."""
+    options = dict(masking=masking, feature_map=feature_map, normalize=normalize, eps=eps, scale=scale)
+    _core._check_varlen_call(*(list(t.shape) for t in (q, k, v, w)), cu_seqlens, block=block, mixing=mixing,
+                             **options)
+    mixing = "dense" if mixing is None else mixing
+
+    def sequence(a, b):
+        layout = _core.Layout.sequence(b - a, block)
+        corner = w if mixing == "toeplitz" else w[..., :layout.num_blocks, :layout.num_blocks]
+        q_s, k_s, v_s = q[:, a:b], k[:, a:b], v[:, a:b]
+        call = _core.Options(layout, mixing=mixing, **options)
+        check_call(q_s, k_s, v_s, corner, call)
+        return mhla_attention(q_s, k_s, v_s, corner, layout, **keywords(call))
+
+    return torch.cat([sequence(a, b) for a, b in zip(cu_seqlens[:-1], cu_seqlens[1:]) if b > a], dim=1)
+
+
 def check_call(q, k, v, w, options, function="mhla::forward"):
     """The operator's named errors for this call's shapes and options (``_contract`` has checked
     the tensors' types, devices and dtypes; ``mhla_attention`` checks w's values)."""

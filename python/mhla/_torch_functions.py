@@ -1,11 +1,11 @@
-"""``mhla.torch``'s functions: the autograd functions over the C++ operator, the choice between it
-and the plain-torch path, and ``mhla_attention``, ``varlen_attention``, ``linear_attention``,
+"""``mhla.torch``'s functions: the choice between the C++ operator (``_operators``) and the
+plain-torch path, and ``mhla_attention``, ``varlen_attention``, ``linear_attention``,
 ``softmax_attention`` and the finite-result check's settings (see ``mhla.torch``)."""
 import torch
 from torch.utils.dlpack import from_dlpack
 
-from . import _contract, _core, _custom_ops, _finite_results, _pure_torch
-from ._torch_operands import operand as _operand, tensors as _tensors
+from . import _contract, _core, _custom_ops, _finite_results, _operators, _pure_torch
+from ._torch_operands import operand as _operand
 from .streaming import offsets
 
 
@@ -23,107 +23,6 @@ def check_finite_results():
     _finite_results.report(wait=True)
 
 
-def _second_order(inputs, needs, grad_outputs, recompute):
-    """The gradients of a C++-backed function when autograd is asked to differentiate them again
-    (``create_graph=True``): the function recomputed in plain torch ops and differentiated there,
-    so that no second-order term goes missing. ``needs``: ctx.needs_input_grad for ``inputs``."""
-    wanted = [t for t, n in zip(inputs, needs) if n]
-    with torch.enable_grad():
-        outputs = recompute(*inputs)
-    grads = iter(torch.autograd.grad(outputs, wanted, grad_outputs, create_graph=True, allow_unused=True))
-    return tuple(next(grads) if n else None for n in needs[:len(inputs)])
-
-
-class _MHLAFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, w, options):
-        operands = [_operand(t) for t in (q, k, v, w)]
-        if not any(ctx.needs_input_grad[:4]):
-            # Inference: nothing to keep (and bfloat16 mixes on its own products).
-            return _tensors(_core.forward(*operands, options=options)[0])[0]
-        o, summaries, mixed = _tensors(
-            *_core.forward(*operands, options=options, save_summaries=True, save_mixed=True))
-        # The block and mixed summaries are O(M Dk Dv) each: keeping them spares
-        # backward a pass over k and v and the mix. The inputs themselves are kept, so
-        # that a second-order backward can differentiate through them.
-        ctx.save_for_backward(q, k, v, w, o, summaries, mixed)
-        ctx.options = options
-        return o
-
-    @staticmethod
-    def backward(ctx, grad_o):
-        if torch.is_grad_enabled():
-            options = ctx.options
-            return (*_second_order(ctx.saved_tensors[:4], ctx.needs_input_grad, grad_o, lambda q, k, v, w:
-                                   _pure_torch.mhla_attention(q, k, v, w, options.layout, **_names(options))),
-                    None)
-        q, k, v, w, o, summaries, mixed = (_operand(t) for t in ctx.saved_tensors)
-        # The saved arrays cannot be stale here: only this context holds them, and torch refuses
-        # to get here (its saved tensors' version counters) after q, k, v or w changed in place.
-        # So backward skips the fingerprint check that mhla.backward runs on arrays from outside.
-        grads = _tensors(*_core._backward_private_state(q, k, v, w, o, _operand(grad_o), summaries=summaries,
-                                                        mixed=mixed, options=ctx.options))
-        return (*grads, None)
-
-
-class _VarlenFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, w, cu_seqlens, options):
-        (o,) = _tensors(_core.varlen_forward(*(_operand(t) for t in (q, k, v, w)), cu_seqlens, **options))
-        ctx.save_for_backward(q, k, v, w, o)
-        ctx.cu_seqlens, ctx.options = cu_seqlens, options
-        return o
-
-    @staticmethod
-    def backward(ctx, grad_o):
-        if torch.is_grad_enabled():
-            cu_seqlens, options = ctx.cu_seqlens, ctx.options
-            return (*_second_order(ctx.saved_tensors[:4], ctx.needs_input_grad, grad_o, lambda q, k, v, w:
-                                   varlen_attention(q, k, v, w, cu_seqlens, backend="torch", **options)), None, None)
-        q, k, v, w, o = (_operand(t) for t in ctx.saved_tensors)
-        grads = _tensors(*_core.varlen_backward(q, k, v, w, o, _operand(grad_o), ctx.cu_seqlens, **ctx.options))
-        return (*grads, None, None)
-
-
-class _LinearAttentionFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, options):
-        (o,) = _tensors(_core.linear_attention_forward(*(_operand(t) for t in (q, k, v)), options=options))
-        ctx.save_for_backward(q, k, v, o)
-        ctx.options = options
-        return o
-
-    @staticmethod
-    def backward(ctx, grad_o):
-        if torch.is_grad_enabled():
-            options = ctx.options
-            return (*_second_order(ctx.saved_tensors[:3], ctx.needs_input_grad, grad_o, lambda q, k, v:
-                                   _pure_torch.linear_attention(q, k, v, **_names(options))), None)
-        q, k, v, o = (_operand(t) for t in ctx.saved_tensors)
-        grads = _tensors(*_core.linear_attention_backward(q, k, v, o, _operand(grad_o), options=ctx.options))
-        return (*grads, None)
-
-
-class _SoftmaxAttentionFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, options):
-        o, lse = _tensors(*_core.softmax_attention_forward(*(_operand(t) for t in (q, k, v)), **options))
-        ctx.save_for_backward(q, k, v, o, lse)
-        ctx.options = options
-        return o
-
-    @staticmethod
-    def backward(ctx, grad_o):
-        if torch.is_grad_enabled():
-            options = ctx.options
-            # In query chunks: torch's fused attention kernels have no second derivative.
-            return (*_second_order(ctx.saved_tensors[:3], ctx.needs_input_grad, grad_o, lambda q, k, v:
-                                   _pure_torch.softmax_attention(q, k, v, fused=False, **options)), None)
-        q, k, v, o, lse = (_operand(t) for t in ctx.saved_tensors)
-        grads = _tensors(*_core.softmax_attention_backward(q, k, v, o, lse, _operand(grad_o), **ctx.options))
-        return (*grads, None)
-
-
 BACKENDS = ("cpp", "torch")
 
 
@@ -137,18 +36,9 @@ def _pure_torch_path(backend, *tensors):
     return backend == "torch"
 
 
-def _name(enum_value):
-    """An options enum as the pure-torch path's string ("causal", "elu1", ...)."""
-    return enum_value.name
-
-
-def _names(options):
-    """An ``Options`` / ``LinearOptions`` object as the pure-torch path's keywords."""
-    names = dict(masking=_name(options.masking), feature_map=_name(options.feature_map),
-                 normalize=options.normalize, eps=options.eps, scale=options.scale)
-    if hasattr(options, "mixing"):
-        names["mixing"] = _name(options.mixing)
-    return names
+def _compiled_cpp_path(backend, *tensors):
+    """Whether a call being compiled runs the C++ operator's custom op (``_custom_ops``)."""
+    return _pure_torch.compiling() and _custom_ops.AVAILABLE and not _pure_torch_path(backend, *tensors)
 
 
 _DEFAULTS = _core.Options(_core.Layout.sequence(1, 1))
@@ -265,11 +155,11 @@ def mhla_attention(q, k, v, w, layout, *, masking=None, feature_map=None, normal
                             scale=scale, mixing=mixing)
     if _pure_torch_path(backend, q, k, v, w):
         _pure_torch.check_call(q, k, v, w, options)
-        return _pure_torch.mhla_attention(q, k, v, w, layout, **_names(options))
+        return _pure_torch.mhla_attention(q, k, v, w, layout, **_pure_torch.keywords(options))
     if q.dtype == torch.bfloat16 and k.dtype == v.dtype == q.dtype:
         # The operator's own bfloat16 path (float32 w and saved summaries).
-        return _MHLAFunction.apply(q, k, v, w.to(torch.float32), options)
-    return _to_dtype(_MHLAFunction.apply(*_widened(q, k, v), w.to(_compute_dtype(q)), options), q.dtype)
+        return _operators.MHLA(q, k, v, w.to(torch.float32), settings=options)
+    return _to_dtype(_operators.MHLA(*_widened(q, k, v), w.to(_compute_dtype(q)), settings=options), q.dtype)
 
 
 def varlen_attention(q, k, v, w, cu_seqlens, *, block, mixing=None, masking=None, feature_map=None,
@@ -283,31 +173,24 @@ def varlen_attention(q, k, v, w, cu_seqlens, *, block, mixing=None, masking=None
     Differentiable in q, k, v and w. ``backend`` as for ``mhla_attention``.
     """
     _contract.check_tensors(function="mhla::varlen_forward", q=q, k=k, v=v, w=w)
-    if _pure_torch_path(backend, q, k, v, w):
-        cu = offsets(cu_seqlens)
-        options = dict(masking=masking, feature_map=feature_map, normalize=normalize, eps=eps, scale=scale)
-        _core._check_varlen_call(*(list(t.shape) for t in (q, k, v, w)), cu, block=block, mixing=mixing, **options)
-        mixing = "dense" if mixing is None else mixing
-
-        def sequence(a, b):
-            # An ordinary call: the sequence's own layout, the corner of a dense w it reads, its checks.
-            layout = _core.Layout.sequence(b - a, block)
-            m = layout.num_blocks
-            corner = w if mixing == "toeplitz" else w[..., :m, :m]
-            return mhla_attention(q[:, a:b], k[:, a:b], v[:, a:b], corner, layout, mixing=mixing, backend="torch",
-                                  **options)
-
-        return torch.cat([sequence(a, b) for a, b in zip(cu[:-1], cu[1:]) if b > a], dim=1)
+    if _compiled_cpp_path(backend, q, k, v, w):
+        return _custom_ops.varlen_attention(q, k, v, w, offsets(cu_seqlens), block=block, **_option_names(
+            mixing=mixing, masking=masking, feature_map=feature_map, normalize=normalize, eps=eps, scale=scale))
     options = dict(block=block, mixing=mixing, masking=masking, feature_map=feature_map, normalize=normalize,
                    eps=eps, scale=scale)
-    return _to_dtype(_VarlenFunction.apply(*_widened(q, k, v), w.to(_compute_dtype(q)), offsets(cu_seqlens),
-                                           options), q.dtype)
+    if _pure_torch_path(backend, q, k, v, w):
+        return _pure_torch.varlen_attention(q, k, v, w, offsets(cu_seqlens), **options)
+    return _to_dtype(_operators.VARLEN(*_widened(q, k, v), w.to(_compute_dtype(q)),
+                                       settings=(offsets(cu_seqlens), options)), q.dtype)
 
 
 def linear_attention(q, k, v, *, masking=None, feature_map=None, normalize=None, eps=None, scale=None,
                      backend=None):
     """Vanilla linear attention (one global summary; MHLA with a single block), same shapes as ``mhla_attention``."""
     _contract.check_tensors(function="mhla::linear_attention_forward", q=q, k=k, v=v)
+    if _compiled_cpp_path(backend, q, k, v):
+        return _custom_ops.linear_attention(q, k, v, **_option_names(
+            masking=masking, feature_map=feature_map, normalize=normalize, eps=eps, scale=scale))
     options = _core.LinearOptions(masking=masking, feature_map=feature_map, normalize=normalize, eps=eps,
                                   scale=scale)
     if _pure_torch_path(backend, q, k, v):
@@ -316,17 +199,19 @@ def linear_attention(q, k, v, *, masking=None, feature_map=None, normalize=None,
                               feature_map=options.feature_map, normalize=options.normalize, eps=options.eps,
                               scale=options.scale)
         _pure_torch.check_call(q, k, v, q.new_ones(1, 1), check, "mhla::linear_attention_forward")
-        return _pure_torch.linear_attention(q, k, v, **_names(options))
-    return _to_dtype(_LinearAttentionFunction.apply(*_widened(q, k, v), options), q.dtype)
+        return _pure_torch.linear_attention(q, k, v, **_pure_torch.keywords(options))
+    return _to_dtype(_operators.LINEAR(*_widened(q, k, v), settings=options), q.dtype)
 
 
 def softmax_attention(q, k, v, *, causal=False, scale=None, backend=None):
     """``softmax(q k^T * scale) v`` in tiles (never N x N), same shapes as ``mhla_attention``; in torch ops
     (``torch.nn.functional.scaled_dot_product_attention`` where torch has it) for tensors not on the CPU."""
     _contract.check_tensors(function="mhla::softmax_attention_forward", q=q, k=k, v=v)
+    if _compiled_cpp_path(backend, q, k, v):
+        return _custom_ops.softmax_attention(q, k, v, causal=causal, scale=scale)
     if _pure_torch_path(backend, q, k, v):
         n = q.shape[1] if q.dim() == 4 else 1
         check = _core.Options(_core.Layout.sequence(max(n, 1), max(n, 1)), normalize=False, scale=scale)
         _pure_torch.check_call(q, k, v, q.new_ones(1, 1), check, "mhla::softmax_attention_forward")
         return _pure_torch.softmax_attention(q, k, v, causal=causal, scale=scale)
-    return _to_dtype(_SoftmaxAttentionFunction.apply(*_widened(q, k, v), dict(causal=causal, scale=scale)), q.dtype)
+    return _to_dtype(_operators.SOFTMAX(*_widened(q, k, v), settings=dict(causal=causal, scale=scale)), q.dtype)

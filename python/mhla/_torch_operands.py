@@ -1,5 +1,5 @@
 """How torch tensors cross into the extension and its results come back, for every torch caller
-(``mhla.torch``'s autograd functions and the custom ops of ``_custom_ops``)."""
+(``_operators``, which both the eager autograd function and the custom ops run)."""
 from torch.utils.dlpack import from_dlpack
 
 

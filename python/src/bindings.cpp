@@ -39,26 +39,6 @@ void compute(Fn&& fn) {
   fn();
 }
 
-// The saved summaries' shape. Its helper checks a subset of what forward
-// checks, so an argument it rejects is rejected by forward too: forward runs
-// first then, so that the error names the function the user called.
-std::vector<int64_t> summaries_shape_for_forward(const Options& options, const ImportedTensor& q,
-                                                 const ImportedTensor& k, const ImportedTensor& v,
-                                                 const ImportedTensor& w, Buffer& o) {
-  try {
-    return saved_summaries_shape(options, q.shape(), v.shape());
-  } catch (const Error&) {
-    if (q.dtype() == DType::bfloat16)
-      forward(options, q.view<bfloat16>(), k.view<bfloat16>(), v.view<bfloat16>(), w.view<float>(),
-              o.view<bfloat16>());
-    else
-      dispatch(q.dtype(), [&]<typename T>() {
-        forward<T>(options, q.view<T>(), k.view<T>(), v.view<T>(), w.view<T>(), o.view<T>());
-      });
-    throw;
-  }
-}
-
 // The operator's tensors: float32, float64 or bfloat16 (float16 has no
 // entry point: mhla.torch widens it to float32), on the CPU or on CUDA. The
 // results go to q's device; the library refuses a call whose tensors are on
@@ -129,16 +109,13 @@ py::tuple mhla_forward(py::handle q_, py::handle k_, py::handle v_, py::handle w
     check_float32(w);
   else
     check_same_dtype({&q, &w});
-  // Shapes are validated by the operator; these only size the outputs, so
-  // q and v of another rank get the operator's own message first.
-  if (q.shape().size() != 4 || v.shape().size() != 4) {
-    const int marker = 0;
-    detail::check_qkv("mhla::forward", &marker, q.shape(), &marker, k.shape(), &marker, v.shape());
-  }
+  // The outputs are sized from these shapes, so they are checked first, as forward checks them
+  // and under its name (forward then checks the devices and w's values).
+  check_call(q.shape(), k.shape(), v.shape(), w.shape(), py::none(), options, "mhla::forward");
   Buffer o(q.dtype(), v.shape(), q.place());
   std::optional<Buffer> saved, mixed;
   if (save_summaries || save_mixed) {
-    const std::vector<int64_t> shape = summaries_shape_for_forward(options, q, k, v, w, o);
+    const std::vector<int64_t> shape = saved_summaries_shape(options, q.shape(), v.shape());
     if (save_summaries) saved.emplace(w.dtype(), shape, q.place());
     if (save_mixed) mixed.emplace(w.dtype(), shape, q.place());
   }

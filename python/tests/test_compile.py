@@ -1,4 +1,5 @@
-"""torch.compile on the C++ operator: the custom ops mhla::forward and mhla::backward.
+"""torch.compile on the C++ operator: the custom ops of mhla._custom_ops (mhla::forward, the
+baselines' and varlen's, and their backwards).
 
 Layers and functions on CPU tensors compile with ``fullgraph=True`` (any graph break is an error)
 and give the eager results, forward and backward. Needs torch 2.4 or later (torch.library.custom_op);
@@ -137,14 +138,20 @@ def test_the_custom_ops_pass_torchs_checks(name):
 
 
 def test_the_ops_gradients_match_finite_differences():
+    # First and second derivatives: a gradient penalty differentiates the op's backward (its
+    # plain-torch form, as in eager calls).
     case = CALLS["1d-causal-per-head"]
     geometry = Geometry.of(case["layout"])
     names = _torch_functions._option_names(masking="causal", feature_map="elu1", normalize=None, eps=None, scale=None,
-                             mixing=None)
+                                           mixing=None)
     inputs = [t[:1, :, :2].requires_grad_() if t.dim() == 4 else t[:2].requires_grad_()
               for t in call_inputs(case)]
-    assert torch.autograd.gradcheck(lambda q, k, v, w: _custom_ops.mhla_attention(q, k, v, w, geometry, **names),
-                                    inputs)
+
+    def attend(q, k, v, w):
+        return _custom_ops.mhla_attention(q, k, v, w, geometry, **names)
+
+    assert torch.autograd.gradcheck(attend, inputs)
+    assert torch.autograd.gradgradcheck(attend, inputs)
 
 
 def test_bad_options_are_named_when_compiling():
@@ -158,3 +165,67 @@ def test_bad_options_are_named_when_compiling():
     compiled = torch.compile(lambda q, k, v, w: mt.mhla_attention(q, k, v, w, case["layout"]), fullgraph=True)
     with pytest.raises(ValueError, match=r"w has shape \[5, 5\], expected \[9, 9\]"):
         compiled(q, k, v, w[:5, :5])
+
+
+# ---- the baselines and packed sequences: mhla::varlen_forward, linear_attention_forward, softmax_attention_forward
+
+def baseline_inputs(dtype=torch.float64):
+    g = torch.Generator().manual_seed(3)
+    q, k = (torch.randn(1, 13, 2, 4, generator=g, dtype=dtype) for _ in range(2))
+    v = torch.randn(1, 13, 2, 3, generator=g, dtype=dtype)
+    return q, k, v, torch.rand(2, 3, 3, generator=g, dtype=dtype) + 0.1
+
+
+BASELINES = {
+    "varlen-causal": lambda q, k, v, w: mt.varlen_attention(q, k, v, w, [0, 5, 5, 13], block=3, masking="causal"),
+    "varlen-toeplitz": lambda q, k, v, w: mt.varlen_attention(q, k, v, w[:, 0], [0, 9, 13], block=4,
+                                                              mixing="toeplitz", masking="causal", feature_map="relu"),
+    "linear": lambda q, k, v, w: mt.linear_attention(q, k, v, feature_map="identity", normalize=False),
+    "linear-causal": lambda q, k, v, w: mt.linear_attention(q, k, v, masking="causal", normalize=False, scale=0.5),
+    "softmax": lambda q, k, v, w: mt.softmax_attention(q, k, v, scale=0.3),
+    "softmax-causal": lambda q, k, v, w: mt.softmax_attention(q, k, v, causal=True),
+}
+
+
+@pytest.mark.parametrize("name", BASELINES)
+def test_the_baselines_and_varlen_compile_to_the_eager_result(name):
+    attend = BASELINES[name]
+    inputs = [t.requires_grad_() for t in baseline_inputs()]
+    got = torch.compile(attend, fullgraph=True)(*inputs)
+    grads = torch.autograd.grad(got.square().sum(), inputs, allow_unused=True)
+    want = attend(*inputs)
+    want_grads = torch.autograd.grad(want.square().sum(), inputs, allow_unused=True)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    for a, b in zip(grads, want_grads):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_reduced_precision_baselines_compile_in_their_dtype(dtype):
+    q, k, v, w = (t.to(dtype) for t in baseline_inputs(torch.float32))
+    for name, attend in BASELINES.items():
+        got = torch.compile(attend, fullgraph=True)(q, k, v, w)
+        assert got.dtype == dtype, name
+        torch.testing.assert_close(got.float(), attend(q, k, v, w).float(), rtol=1e-2, atol=1e-2)
+
+
+def test_the_baseline_ops_pass_torchs_checks():
+    q, k, v, w = (t.requires_grad_() for t in baseline_inputs())
+    names = _torch_functions._option_names(masking="causal", feature_map=None, normalize=None, eps=None,
+                                           scale=None)
+    torch.library.opcheck(_custom_ops.varlen_forward, (q, k, v, w, [0, 5, 13], 3, "dense", *names.values()))
+    torch.library.opcheck(_custom_ops.linear_forward, (q, k, v, *names.values()))
+    torch.library.opcheck(_custom_ops.softmax_forward, (q, k, v, True, None))
+
+
+def test_the_baseline_ops_gradients_match_finite_differences():
+    inputs = [t[:, :7, :1, :2].requires_grad_() if t.dim() == 4 else t[:1].requires_grad_()
+              for t in baseline_inputs()]
+    for attend in (lambda q, k, v, w: _custom_ops.varlen_attention(
+                       q, k, v, w, [0, 3, 7], block=2, mixing="dense", masking="causal", feature_map="elu1",
+                       normalize=True, eps=1e-6, scale=None),
+                   lambda q, k, v, w: _custom_ops.linear_attention(q, k, v, masking="causal", feature_map="elu1",
+                                                                   normalize=True, eps=1e-6, scale=None) * w.sum(),
+                   lambda q, k, v, w: _custom_ops.softmax_attention(q, k, v, causal=True, scale=None) * w.sum()):
+        assert torch.autograd.gradcheck(attend, inputs)
+        assert torch.autograd.gradgradcheck(attend, inputs)
