@@ -1,7 +1,7 @@
 """The GPU check of mhla.torch's pure-torch path, in one command.
 
 On a machine with a CUDA device it
-1. runs python/tests/test_pure_torch.py with the torch path on CUDA tensors, against the C++
+1. runs python/tests/test_torch_forms.py with the torch path on CUDA tensors, against the C++
    operator on the CPU (MHLA_TEST_DEVICE=cuda), and python/tests/test_cuda_tensors.py (CUDA
    tensors through mhla.forward/backward, in a build with the CUDA backend) and
    python/tests/test_contract.py (the deferred finite check on CUDA);
@@ -25,9 +25,7 @@ import torch
 
 import mhla
 import mhla.torch as mt
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "tests"))
-from einsum_formulation import einsum_mhla  # noqa: E402
+from mhla._torch_forms.einsum import einsum_mhla
 
 # (name, tokens, heads, head dim, layout, masking): the anchor shapes of docs/python.md. The video shape is
 # Wan2.1's 21 x 30 x 50 latent grid in 1 x 15 x 10 tiles: 210 blocks of 150 tokens.
@@ -154,10 +152,10 @@ def main():
         env = dict(os.environ, MHLA_TEST_DEVICE="cuda")
         workers = ["-n", str(args.workers)] if args.workers > 1 and importlib.util.find_spec("xdist") else []
         files = [os.path.join(here, "..", "python", "tests", name)
-                 for name in ("test_pure_torch.py", "test_cuda_tensors.py", "test_contract.py")]
+                 for name in ("test_torch_forms.py", "test_cuda_tensors.py", "test_contract.py")]
         tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *workers, *files],
                                env=env).returncode
-        print(f"test_pure_torch.py, test_cuda_tensors.py and test_contract.py on cuda: "
+        print(f"test_torch_forms.py, test_cuda_tensors.py and test_contract.py on cuda: "
               f"{'passed' if tests == 0 else 'FAILED'}")
     rows = [time_shape(*shape) for shape in SHAPES]
     print("\n| shape | MHLA fwd / fwd+bwd ms | einsum MHLA | FlashAttention | cuDNN | "

@@ -4,7 +4,8 @@ import math
 
 import torch
 
-from . import _contract, _pure_torch, _wan_rotary
+from . import _contract, _wan_rotary
+from ._torch_forms import chunk
 from ._torch_functions import mhla_attention
 
 
@@ -70,7 +71,7 @@ def _block_positions(layout, device):
     """Each token's block and its position inside the block (in token order), on ``device``, and
     the block size; a ValueError unless all blocks hold the same number of tokens. Torch ops and
     Python ints only, so a compiled layer traces it (``layout`` may be a ``Geometry``)."""
-    geometry = _pure_torch.Geometry.of(layout)
+    geometry = chunk.Geometry.of(layout)
     axes = slice(3 - geometry.rank, 3)
     grid, tile = geometry.grid[axes], geometry.tile[axes]
     size = geometry.block_size
@@ -80,6 +81,6 @@ def _block_positions(layout, device):
                          f"in {'x'.join(map(str, tile))} tiles has blocks of {smallest} to {size} tokens (make the "
                          "grid a multiple of the tile)")
     # Token t's slot b * size + position: the slot numbers, put in token order.
-    slots = _pure_torch.ungroup(torch.arange(geometry.num_blocks * size, device=device).view(1, -1, 1, size, 1),
+    slots = chunk.ungroup(torch.arange(geometry.num_blocks * size, device=device).view(1, -1, 1, size, 1),
                                 geometry).flatten()
     return slots // size, slots % size, size

@@ -18,7 +18,7 @@ import functools
 
 import torch
 from . import _core, _operators, _unpickle
-from ._pure_torch import Geometry
+from ._torch_forms.chunk import Geometry
 
 AVAILABLE = hasattr(torch.library, "custom_op") and hasattr(torch.library, "register_autograd")
 

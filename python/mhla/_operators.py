@@ -16,7 +16,8 @@ from typing import Callable
 
 import torch
 
-from . import _core, _pure_torch
+from . import _core
+from ._torch_forms import chunk
 from ._torch_operands import operand, tensors
 
 
@@ -82,8 +83,8 @@ def _mhla_grads(inputs, o, state, grad_o, options):
 
 MHLA = Operator(
     arity=4, run=_mhla_run, grads=_mhla_grads,
-    recompute=lambda inputs, options: _pure_torch.mhla_attention(*inputs, options.layout,
-                                                                 **_pure_torch.keywords(options)))
+    recompute=lambda inputs, options: chunk.mhla_attention(*inputs, options.layout,
+                                                                 **chunk.keywords(options)))
 
 # Settings: (cu_seqlens, the keyword options of _core.varlen_forward).
 VARLEN = Operator(
@@ -92,7 +93,7 @@ VARLEN = Operator(
                                                                     **settings[1])),
     grads=lambda inputs, o, state, grad_o, settings: tensors(*_core.varlen_backward(
         *(operand(t) for t in (*inputs, o, grad_o)), settings[0], **settings[1])),
-    recompute=lambda inputs, settings: _pure_torch.varlen_attention(*inputs, settings[0], **settings[1]))
+    recompute=lambda inputs, settings: chunk.varlen_attention(*inputs, settings[0], **settings[1]))
 
 # Settings: a _core.LinearOptions.
 LINEAR = Operator(
@@ -101,7 +102,7 @@ LINEAR = Operator(
                                                                              options=options)),
     grads=lambda inputs, o, state, grad_o, options: tensors(*_core.linear_attention_backward(
         *(operand(t) for t in (*inputs, o, grad_o)), options=options)),
-    recompute=lambda inputs, options: _pure_torch.linear_attention(*inputs, **_pure_torch.keywords(options)))
+    recompute=lambda inputs, options: chunk.linear_attention(*inputs, **chunk.keywords(options)))
 
 # Settings: dict(causal=..., scale=...). The state is the rows' log-sum-exp.
 SOFTMAX = Operator(
@@ -111,4 +112,4 @@ SOFTMAX = Operator(
     grads=lambda inputs, o, state, grad_o, settings: tensors(*_core.softmax_attention_backward(
         *(operand(t) for t in (*inputs, o, *state, grad_o)), **settings)),
     # In query chunks: torch's fused attention kernels have no second derivative.
-    recompute=lambda inputs, settings: _pure_torch.softmax_attention(*inputs, fused=False, **settings))
+    recompute=lambda inputs, settings: chunk.softmax_attention(*inputs, fused=False, **settings))

@@ -4,7 +4,8 @@ plain-torch path, and ``mhla_attention``, ``varlen_attention``, ``linear_attenti
 import torch
 from torch.utils.dlpack import from_dlpack
 
-from . import _contract, _core, _custom_ops, _finite_results, _operators, _pure_torch
+from . import _contract, _core, _custom_ops, _finite_results, _operators
+from ._torch_forms import chunk
 from ._torch_operands import operand as _operand
 from .streaming import offsets
 
@@ -38,7 +39,7 @@ def _pure_torch_path(backend, *tensors):
 
 def _compiled_cpp_path(backend, *tensors):
     """Whether a call being compiled runs the C++ operator's custom op (``_custom_ops``)."""
-    return _pure_torch.compiling() and _custom_ops.AVAILABLE and not _pure_torch_path(backend, *tensors)
+    return chunk.compiling() and _custom_ops.AVAILABLE and not _pure_torch_path(backend, *tensors)
 
 
 _DEFAULTS = _core.Options(_core.Layout.sequence(1, 1))
@@ -140,13 +141,13 @@ def mhla_attention(q, k, v, w, layout, *, masking=None, feature_map=None, normal
     chooses.
     """
     _contract.check_tensors(function="mhla::forward", q=q, k=k, v=v, w=w)
-    if _pure_torch.compiling():
+    if chunk.compiling():
         # No extension object can be built in a compiled region: the options go on as names.
         names = _option_names(masking=masking, feature_map=feature_map, normalize=normalize, eps=eps, scale=scale,
                               mixing=mixing)
-        geometry = _pure_torch.Geometry.of(layout)
+        geometry = chunk.Geometry.of(layout)
         if _pure_torch_path(backend, q, k, v, w):
-            return _pure_torch.mhla_attention(q, k, v, w, geometry, **names)
+            return chunk.mhla_attention(q, k, v, w, geometry, **names)
         if _custom_ops.AVAILABLE:  # the operator checks the call when the op runs
             return _custom_ops.mhla_attention(q, k, v, w, geometry, **names)
         # Before torch 2.4 the extension call below breaks the graph.
@@ -154,8 +155,8 @@ def mhla_attention(q, k, v, w, layout, *, masking=None, feature_map=None, normal
     options = _core.Options(layout, masking=masking, feature_map=feature_map, normalize=normalize, eps=eps,
                             scale=scale, mixing=mixing)
     if _pure_torch_path(backend, q, k, v, w):
-        _pure_torch.check_call(q, k, v, w, options)
-        return _pure_torch.mhla_attention(q, k, v, w, layout, **_pure_torch.keywords(options))
+        chunk.check_call(q, k, v, w, options)
+        return chunk.mhla_attention(q, k, v, w, layout, **chunk.keywords(options))
     if q.dtype == torch.bfloat16 and k.dtype == v.dtype == q.dtype:
         # The operator's own bfloat16 path (float32 w and saved summaries).
         return _operators.MHLA(q, k, v, w.to(torch.float32), settings=options)
@@ -179,7 +180,7 @@ def varlen_attention(q, k, v, w, cu_seqlens, *, block, mixing=None, masking=None
     options = dict(block=block, mixing=mixing, masking=masking, feature_map=feature_map, normalize=normalize,
                    eps=eps, scale=scale)
     if _pure_torch_path(backend, q, k, v, w):
-        return _pure_torch.varlen_attention(q, k, v, w, offsets(cu_seqlens), **options)
+        return chunk.varlen_attention(q, k, v, w, offsets(cu_seqlens), **options)
     return _to_dtype(_operators.VARLEN(*_widened(q, k, v), w.to(_compute_dtype(q)),
                                        settings=(offsets(cu_seqlens), options)), q.dtype)
 
@@ -198,8 +199,8 @@ def linear_attention(q, k, v, *, masking=None, feature_map=None, normalize=None,
         check = _core.Options(_core.Layout.sequence(max(n, 1), max(n, 1)), masking=options.masking,
                               feature_map=options.feature_map, normalize=options.normalize, eps=options.eps,
                               scale=options.scale)
-        _pure_torch.check_call(q, k, v, q.new_ones(1, 1), check, "mhla::linear_attention_forward")
-        return _pure_torch.linear_attention(q, k, v, **_pure_torch.keywords(options))
+        chunk.check_call(q, k, v, q.new_ones(1, 1), check, "mhla::linear_attention_forward")
+        return chunk.linear_attention(q, k, v, **chunk.keywords(options))
     return _to_dtype(_operators.LINEAR(*_widened(q, k, v), settings=options), q.dtype)
 
 
@@ -212,6 +213,6 @@ def softmax_attention(q, k, v, *, causal=False, scale=None, backend=None):
     if _pure_torch_path(backend, q, k, v):
         n = q.shape[1] if q.dim() == 4 else 1
         check = _core.Options(_core.Layout.sequence(max(n, 1), max(n, 1)), normalize=False, scale=scale)
-        _pure_torch.check_call(q, k, v, q.new_ones(1, 1), check, "mhla::softmax_attention_forward")
-        return _pure_torch.softmax_attention(q, k, v, causal=causal, scale=scale)
+        chunk.check_call(q, k, v, q.new_ones(1, 1), check, "mhla::softmax_attention_forward")
+        return chunk.softmax_attention(q, k, v, causal=causal, scale=scale)
     return _to_dtype(_operators.SOFTMAX(*_widened(q, k, v), settings=dict(causal=causal, scale=scale)), q.dtype)

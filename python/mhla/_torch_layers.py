@@ -3,7 +3,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import _core, _pure_torch, _wan_rotary
+from . import _core, _wan_rotary
+from ._torch_forms import chunk
 from ._authors import authors_video_attention, authors_vision_attention
 from ._torch_functions import _pure_torch_path, mhla_attention
 from ._torch_mixing import FreeMixingMatrix, MixingMatrix, RMSNorm
@@ -88,12 +89,12 @@ class _MHLALayer(nn.Module):
             # In torch ops on plain Python values, so torch.compile traces the whole layer. The
             # operator's checks are not needed: the layer makes q, k, v and w consistent itself.
             geometry = self._geometry(tokens)
-            o = _pure_torch.mhla_attention(q, k, v, self.mixing(geometry.num_blocks), geometry,
+            o = chunk.mhla_attention(q, k, v, self.mixing(geometry.num_blocks), geometry,
                                            masking=self.masking, feature_map=self.feature_map,
                                            normalize=self.normalize)
         else:
             # Compiled, the operator takes the layout as plain values.
-            layout = self._geometry(tokens) if _pure_torch.compiling() else self._layout(tokens)
+            layout = self._geometry(tokens) if chunk.compiling() else self._layout(tokens)
             o = self.attend(q, k, v, self.mixing(layout.num_blocks), layout)
         o = o.reshape(batch, tokens, -1)
         if self.pos_conv is not None:
@@ -158,7 +159,7 @@ class MHLA1d(_MHLALayer):
     def _geometry(self, tokens):
         if not 1 <= tokens <= self.max_tokens:
             raise ValueError(f"MHLA1d was built for 1..{self.max_tokens} tokens, got {tokens}")
-        return _pure_torch.Geometry.sequence(tokens, self.block_size)
+        return chunk.Geometry.sequence(tokens, self.block_size)
 
     def _layout(self, tokens):
         self._geometry(tokens)
@@ -271,7 +272,7 @@ class _GridLayer(_MHLALayer):
             tiles = ", ".join("t" + a.lower() for a in self._axes)
             raise ValueError(f"{type(self).__name__} needs grid=({axes}) and tile=({tiles}), got {grid} and {tile}")
         self.layout = type(self)._make_layout(*self.grid, *tile)
-        self.geometry = _pure_torch.Geometry.of(self.layout)
+        self.geometry = chunk.Geometry.of(self.layout)
         super().__init__(dim, heads, layout=self.layout, causal=False, **options)
 
     def _geometry(self, tokens):

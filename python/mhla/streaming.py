@@ -64,7 +64,7 @@ class Decoder:
         if backend not in (None, "cpp", "torch"):
             raise ValueError(f"unknown backend {backend!r}; expected None (by device), 'cpp' or 'torch'")
         if backend == "torch" or (backend is None and getattr(device, "type", device) != "cpu"):
-            from ._pure_torch_decoder import TorchDecoder  # torch is only needed here
+            from ._torch_forms.recurrent import TorchDecoder  # torch is only needed here
 
             self._decoder = TorchDecoder(w, options)
         else:

@@ -2,7 +2,7 @@
 import pathlib
 import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # spec_reference, package_location
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # package_location
 
 import package_location  # noqa: E402
 

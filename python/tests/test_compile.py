@@ -11,7 +11,7 @@ import torch
 import mhla
 import mhla.torch as mt
 from mhla import _custom_ops, _torch_functions
-from mhla._pure_torch import Geometry
+from mhla._torch_forms.chunk import Geometry
 
 pytestmark = pytest.mark.skipif(not _custom_ops.AVAILABLE,
                                 reason=f"torch.library.custom_op needs torch 2.4 or later (this is {torch.__version__})")

@@ -1,5 +1,5 @@
 """The operator through mhla and mhla.torch: agreement with the spec written in
-plain torch (spec_reference.py), autograd gradcheck in every mode, and results
+plain torch (mhla._torch_forms.naive), autograd gradcheck in every mode, and results
 in the caller's tensor type."""
 import itertools
 
@@ -9,7 +9,7 @@ import torch
 
 import mhla
 import mhla.torch as mt
-import spec_reference as ref
+from mhla._torch_forms import naive as ref
 
 # (name, layout, masking): 1D in every masking, 2D and 3D with ragged edge tiles.
 LAYOUTS = [

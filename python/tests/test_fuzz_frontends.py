@@ -4,7 +4,7 @@ C++ operator and the plain-torch one): random shapes, dtypes, memory orders and
 keyword arguments, consistent or with one flaw.
 
 Every call must end in exactly one of two ways: a finite result equal to the
-spec reference (spec_reference.py, plain torch in float64), or one ValueError,
+spec reference (mhla._torch_forms.naive, plain torch in float64), or one ValueError,
 TypeError or MemoryError with a message. A flawed call that succeeds, any other
 exception, a mismatch, or a non-finite result for finite input is a failure. A
 flawed mhla.torch call must also be refused with the same words on the other path.
@@ -20,7 +20,7 @@ import torch
 
 import mhla
 import mhla.torch as mt
-import spec_reference as ref
+from mhla._torch_forms import naive as ref
 
 CASES = int(os.environ.get("MHLA_PY_FUZZ_CASES", "400"))
 NAMED = (ValueError, TypeError, MemoryError)

@@ -7,7 +7,7 @@ import torch
 
 import mhla
 import mhla.torch as mt
-import spec_reference as ref
+from mhla._torch_forms import naive as ref
 
 
 def make_layers(**options):

@@ -11,9 +11,10 @@ import torch
 
 import mhla
 import mhla.torch as mt
-from mhla import _pure_torch, _torch_functions
+from mhla import _torch_functions
+from mhla._torch_forms import chunk
 
-from einsum_formulation import einsum_mhla
+from mhla._torch_forms.einsum import einsum_mhla
 
 DTYPES = [torch.bfloat16, torch.float16]
 BACKENDS = ["cpp", "torch"]  # the C++ operator, and the pure-torch path that non-CPU tensors take
@@ -57,7 +58,7 @@ def test_error_is_near_one_rounding_and_below_the_naive_reduced_computation(dtyp
     # 1.0-1.8x one rounding, 0.4-0.7x the naive computation's error over 12 draws. The torch path's
     # (where they run on bfloat16 operands) also round the read-outs, as the naive computation does:
     # 1.8-3.8x one rounding, 0.86-1.17x the naive computation's error over 12 draws.
-    products = backend == "torch" and _pure_torch.compute_dtype(dtype, "cpu") == torch.bfloat16
+    products = backend == "torch" and chunk.compute_dtype(dtype, "cpu") == torch.bfloat16
     assert ours <= (5 if products else 2.5 if dtype == torch.bfloat16 else 1.5) * rounding, (ours, rounding)
     if dtype == torch.bfloat16:
         reduced = relative_error(einsum_mhla(q, k, v, w, 32), exact)

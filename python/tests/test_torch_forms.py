@@ -1,5 +1,5 @@
-"""The pure-torch path (mhla._pure_torch) against the C++ operator, on the CPU with backend="torch":
-every mode and layout on a random catalogue, forward and the gradients of q, k, v and w in float64;
+"""The forms of mhla._torch_forms against each other, and the chunked form (mhla.torch's plain-torch
+path) against the C++ operator, on the CPU with backend="torch": every mode and layout on a random catalogue, forward and the gradients of q, k, v and w in float64;
 the functions, layers and variants; bfloat16 and float16; the same named errors; and the routing of
 tensors that are not on the CPU (meta tensors stand in for a GPU).
 
@@ -14,7 +14,7 @@ import torch
 
 import mhla
 import mhla.torch as mt
-from mhla import _pure_torch
+from mhla._torch_forms import chunk, einsum, naive
 
 L = mhla.Layout
 DEVICE = torch.device(os.environ.get("MHLA_TEST_DEVICE", "cpu"))
@@ -80,6 +80,31 @@ def results(backend, layout, kwargs, inputs, grad):
     o = mt.mhla_attention(*leaves, layout, backend=backend, **kwargs)
     grads = torch.autograd.grad((o * grad.to(o.device)).sum(), leaves)
     return cpu((o,) + grads)
+
+
+@pytest.mark.parametrize("feature_map", ["elu1", "relu"])
+@pytest.mark.parametrize("mixing,w_shape", [("dense", (4, 4)), ("dense", (2, 4, 4)), ("toeplitz", (3,))])
+def test_the_forms_agree_with_each_other(mixing, w_shape, feature_map):
+    # Causal 1D in float64: the dense form, the chunked form and the decoder fed token by token;
+    # non-causal elu + 1 in block order: the einsum formulation too.
+    gen = torch.Generator().manual_seed(11)
+    layout, heads, d = L.sequence(14, 4), 2, 3
+    q, k, v = (torch.randn(1, 14, heads, d, dtype=torch.float64, generator=gen) for _ in range(3))
+    w = torch.rand(*w_shape, dtype=torch.float64, generator=gen) + 0.05
+    options = dict(masking="causal", feature_map=feature_map, mixing=mixing)
+    dense = naive.mhla_attention(q, k, v, w, layout, **options)
+    torch.testing.assert_close(chunk.mhla_attention(q, k, v, w, layout, **options), dense, rtol=1e-12, atol=1e-12)
+    decoder = mhla.Decoder(w, backend="torch", heads=heads, dk=d, dv=d, block=4, mixing=mixing,
+                           feature_map=feature_map)
+    steps = torch.cat([decoder.step(*(x[:, t:t + 1].float() for x in (q, k, v))) for t in range(14)], dim=1)
+    torch.testing.assert_close(steps.double(), dense, rtol=1e-5, atol=1e-5)  # the decoder is float32
+    if mixing == "dense" and feature_map == "elu1":
+        w_full = w if w.dim() == 2 else w[0]
+        layout = L.sequence(16, 4)
+        q, k, v = (torch.randn(1, 16, heads, d, dtype=torch.float64, generator=gen) for _ in range(3))
+        want = naive.mhla_attention(q, k, v, w_full, layout)
+        torch.testing.assert_close(einsum.einsum_mhla(q, k, v, w_full, 4), want, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(chunk.mhla_attention(q, k, v, w_full, layout), want, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("seed", range(150))
@@ -171,7 +196,7 @@ def test_softmax_in_query_chunks_matches_one_chunk():
         sdpa = getattr(torch.nn.functional, "scaled_dot_product_attention", None)
         try:
             torch.nn.functional.scaled_dot_product_attention = None
-            chunked = _pure_torch.softmax_attention(q, k, v, causal=causal, chunk=16)
+            chunked = chunk.softmax_attention(q, k, v, causal=causal, chunk=16)
         finally:
             torch.nn.functional.scaled_dot_product_attention = sdpa
         torch.testing.assert_close(chunked, whole, rtol=1e-12, atol=1e-12)
@@ -237,7 +262,7 @@ def test_reduced_precision_is_within_its_tolerance_of_float64(dtype):
     # float32 sums. On bfloat16 operands, phi(q), phi(k), the summaries, the in-block scores, w and
     # the read-outs are rounded too (1.1 half-ulps here).
     ulp = 2.0 ** -8 if dtype == torch.bfloat16 else 2.0 ** -11
-    rounds = 4 if _pure_torch.compute_dtype(dtype, DEVICE) == dtype else 1.01
+    rounds = 4 if chunk.compute_dtype(dtype, DEVICE) == dtype else 1.01
     assert float((got.cpu().double() - want).abs().max()) <= rounds * ulp * float(want.abs().max())
 
 

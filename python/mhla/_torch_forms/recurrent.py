@@ -11,7 +11,8 @@ import math
 
 import torch
 
-from . import _contract, _core, _pure_torch
+from .. import _contract, _core
+from . import chunk
 
 
 class TorchDecoder:
@@ -108,8 +109,8 @@ class TorchDecoder:
         self.finished[seq, :, 0] = summary
 
     def _features(self, q, k, v):
-        phi_q = _pure_torch.feature(q.to(torch.float32), self.feature_map)
-        phi_k = _pure_torch.feature(k.to(torch.float32), self.feature_map)
+        phi_q = chunk.feature(q.to(torch.float32), self.feature_map)
+        phi_k = chunk.feature(k.to(torch.float32), self.feature_map)
         v1 = torch.cat([v.to(torch.float32), v.new_ones(*v.shape[:-1], 1, dtype=torch.float32)], dim=-1)
         return phi_q, phi_k, v1
 
@@ -173,7 +174,7 @@ class TorchDecoder:
         layout = _core.Layout.sequence(n, c)
         m = layout.num_blocks
         w = self.w if self.toeplitz else self.w[..., :m, :m]
-        o = _pure_torch.mhla_attention(q, k, v, w, layout, masking="causal", feature_map=self.feature_map,
+        o = chunk.mhla_attention(q, k, v, w, layout, masking="causal", feature_map=self.feature_map,
                                        normalize=self.options.normalize, eps=self.options.eps,
                                        scale=self.options.scale, mixing=self.options.mixing.name)
         # The state: each block's summary, the last (maybe partial) one running.

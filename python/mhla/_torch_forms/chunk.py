@@ -24,7 +24,7 @@ from typing import NamedTuple, Tuple
 import torch
 import torch.nn.functional as F
 
-from . import _core, _finite_results, _unpickle
+from .. import _core, _finite_results, _unpickle
 
 _REDUCED = (torch.bfloat16, torch.float16)
 

@@ -7,6 +7,8 @@ code with the operator; torch's autograd differentiates it.
 """
 import torch
 
+from .. import _core
+
 
 def phi(x, feature_map):
     if feature_map == "identity":
@@ -54,10 +56,8 @@ def mhla_attention(q, k, v, w, layout, masking="none", feature_map="elu1", norma
 
 
 def linear_attention(q, k, v, masking="none", feature_map="elu1", normalize=True, eps=1e-6, scale=None):
-    import mhla
-
     n = q.shape[1]
-    one_block = mhla.Layout.sequence(n, max(n, 1))
+    one_block = _core.Layout.sequence(n, max(n, 1))
     return mhla_attention(q, k, v, torch.ones(1, 1, dtype=q.dtype), one_block, masking, feature_map, normalize, eps, scale)
 
 
