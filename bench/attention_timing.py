@@ -1,6 +1,7 @@
 """What the Python benchmarks of mt.mhla_attention share: their options, the
 operands, one timed call and interleaved medians."""
 import argparse
+import platform
 import statistics
 import time
 
@@ -24,6 +25,13 @@ def parse_args(description, tokens=65536, block=256):
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     return args
+
+
+def run_settings(args):
+    """The settings a results file records beside its rows (``rows`` left empty)."""
+    return dict(tokens=args.tokens, heads=args.heads, head_dim=args.head_dim, block=args.block, threads=args.threads,
+                repeats=args.repeats, torch=torch.__version__, machine=platform.processor() or platform.machine(),
+                rows=[])
 
 
 def operands(args):

@@ -8,21 +8,18 @@ A fresh result is mapped by the kernel page by page as the operator first
 writes it; a recycled one is already mapped. Medians of interleaved repeats.
 """
 import json
-import platform
 
 import torch
 
 import mhla
-from attention_timing import attention_step, median_seconds, operands, parse_args
+from attention_timing import attention_step, median_seconds, operands, parse_args, run_settings
 
 
 def main():
     args = parse_args(__doc__)
     layout, q, k, v, w = operands(args)
 
-    results = dict(tokens=args.tokens, heads=args.heads, head_dim=args.head_dim, block=args.block,
-                   threads=args.threads, repeats=args.repeats, torch=torch.__version__,
-                   machine=platform.processor() or platform.machine(), rows=[])
+    results = run_settings(args)
     print(f"mt.mhla_attention, N={args.tokens}, {args.heads} heads of {args.head_dim}, float32, "
           f"{args.threads} threads")
     print(f"{'part':>17} {'recycled ms':>11} {'fresh ms':>9} {'fresh/recycled':>14}")

@@ -5,7 +5,7 @@ backward reads), how its backward runs from that state, and the same operator in
 From these come the eager path (calling the ``Operator``: one ``autograd.Function`` serves every
 operator) and the ``torch.library`` custom ops of ``_custom_ops`` that ``torch.compile`` traces, so
 both compute the same arrays. Eager calls do not go through the custom ops: their dispatch costs
-more than the operator itself at small shapes (docs/python.md).
+more at small shapes (docs/python.md).
 
 The extension has no second derivatives. A backward asked to build its own graph
 (``create_graph=True``) differentiates the plain-torch form instead, so no second-order term goes
