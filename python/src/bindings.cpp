@@ -265,17 +265,9 @@ MixingInit make_init(const std::string& transform, double sigma, double threshol
   return init;
 }
 
-}  // namespace
-}  // namespace mhla::python
 
-PYBIND11_MODULE(_core, m) {
-  using namespace mhla;
-  using namespace mhla::python;
-  m.doc() =
-      "MHLA operator bindings (CPU; CUDA for forward and backward in CUDA builds). Use the mhla "
-      "package, which wraps results in the caller's tensor type.";
-  m.attr("__version__") = MHLA_VERSION_STRING;
-  m.attr("has_cuda_backend") = python::cuda::backend_built();
+// Result memory: its reuse, its export (DLPack, NumPy) and the errors of a failed allocation.
+void bind_memory(py::module_& m) {
   m.def(
       "release_memory",
       [] {
@@ -306,6 +298,9 @@ PYBIND11_MODULE(_core, m) {
                              [](const Buffer& b) { return py::tuple(py::cast(b.shape())); })
       .def_property_readonly("dtype", [](const Buffer& b) { return dtype_name(b.dtype()); });
 
+}
+
+void bind_layout(py::module_& m) {
   py::class_<TokenLayout>(m, "Layout",
                           "How the N tokens map onto the M blocks (1D sequence, 2D or 3D grid).")
       .def_static("sequence", &TokenLayout::sequence, "tokens"_a, "block"_a,
@@ -332,11 +327,10 @@ PYBIND11_MODULE(_core, m) {
                               py::make_tuple(l.rank(), l.grid(), l.tile()));
       });
 
-  bind_options(m);
-  bind_phases(m);
-  bind_decoder(m);
-  bind_varlen(m);
-  bind_conversions(m);
+}
+
+// MHLA's forward and backward, and the checks and messages the plain-torch path shares with them.
+void bind_operator(py::module_& m) {
   // The option keywords default to None (the C++ defaults), or options= takes
   // an Options object built once, e.g. by a layer for its forward and backward.
   m.def(
@@ -389,6 +383,10 @@ PYBIND11_MODULE(_core, m) {
       "options"_a,
       "backward without the saved arrays' check, for mhla.torch's autograd function: it keeps "
       "them in its context and torch refuses a backward after an input changed in place.");
+}
+
+// Linear attention and softmax attention, the baselines.
+void bind_baselines(py::module_& m) {
   m.def(
       "linear_attention_forward",
       [](py::handle q, py::handle k, py::handle v, py::object options, py::object masking,
@@ -426,6 +424,10 @@ PYBIND11_MODULE(_core, m) {
       },
       "q"_a, "k"_a, "v"_a, "o"_a, "lse"_a, "grad_o"_a, py::kw_only(), "causal"_a = false,
       "scale"_a = py::none());
+}
+
+// The locality-biased initial mixing.
+void bind_initial_mixing(py::module_& m) {
   m.def(
       "init_mixing",
       [](const TokenLayout& layout, const std::string& transform, double sigma, double threshold,
@@ -446,4 +448,26 @@ PYBIND11_MODULE(_core, m) {
       "length"_a, py::kw_only(), "transform"_a = "linear", "sigma"_a = 1.0, "threshold"_a = 1.5,
       "Toeplitz mixing vector [length + 1] (float32): w[d] for block distance d, w[length] the "
       "tail.");
+}
+
+}  // namespace
+}  // namespace mhla::python
+
+PYBIND11_MODULE(_core, m) {
+  using namespace mhla::python;
+  m.doc() =
+      "MHLA operator bindings (CPU; CUDA for forward and backward in CUDA builds). Use the mhla "
+      "package, which wraps results in the caller's tensor type.";
+  m.attr("__version__") = MHLA_VERSION_STRING;
+  m.attr("has_cuda_backend") = cuda::backend_built();
+  bind_memory(m);
+  bind_layout(m);
+  bind_options(m);
+  bind_phases(m);
+  bind_decoder(m);
+  bind_varlen(m);
+  bind_conversions(m);
+  bind_operator(m);
+  bind_baselines(m);
+  bind_initial_mixing(m);
 }
