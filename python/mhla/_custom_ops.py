@@ -61,6 +61,8 @@ def _register(name, op, inputs, plain, settings_of, fake, state):
         results = op.run(args[:n], settings_of(*args[n:]), True)
         return results if state else results[0]  # a one-result schema returns the tensor itself
 
+    # The backward op takes (inputs, o, grad_o, *state, plain values), an order kept fixed:
+    # graphs in torch's on-disk compile caches call an op by position, not by its schema.
     def backward_impl(*args):
         o, grad_o, saved = args[n], args[n + 1], args[n + 2:n + 2 + state]
         return op.grads(args[:n], o, saved, grad_o, settings_of(*args[n + 2 + state:]))
