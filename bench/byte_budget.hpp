@@ -6,14 +6,15 @@
 // - tokens (q, k, v, o and their gradients) in bfloat16;
 // - summaries S_b and mixed summaries S~_b in bfloat16 rows (2 Dk Dv bytes a
 //   block and head), their normalisers z_b, z~_b in float32 (4 Dk); their
-//   gradients in float32 (they are sums of many terms);
+//   gradients likewise (sums in float32, rounded once as they are written);
 // - forward: summaries (k, v in; S, z out), mix (S in; S~ out; W), read-out
 //   (q and S~ in, o out; causal also reads its own block's k and v);
-// - backward from the forward's saved S and S~: the query side (q, grad_o,
-//   S~ in; grad_q and grad S~ out; causal: its block's k, v), the mix's
-//   transpose with the weight gradient (grad S~, S in; grad S, grad W out),
-//   the key and value side (k, v, grad S in; grad_k, grad_v out; causal: its
-//   block's q, grad_o).
+// - backward, which recomputes the forward's state (the summaries and the
+//   mix again, as the API's forward saves nothing for these kernels): the
+//   query side (q, grad_o, S~ in; grad_q and grad S~ out; causal: its block's
+//   k, v), the mix's transpose (grad S~ in, grad S out), the weight gradient
+//   (grad S~, S in), the key and value side (k, v, grad S in; grad_k, grad_v
+//   out; causal: its block's q, grad_o).
 // Plain arithmetic, so that CI checks the budget without a GPU
 // (mhla_cuda_byte_budget) and the CUDA benchmark prints it beside its times.
 #include <cstdint>
@@ -51,7 +52,7 @@ inline Budget byte_budget(const BudgetShape& s) {
   const double block = n / m;              // tokens a block
   const double tokens = n * h * d * 2.0;   // one bfloat16 token tensor
   const double state = m * h * (2.0 * d * d + 4.0 * d);  // S (bf16) and z (fp32), every block
-  const double grad_state = m * h * (4.0 * d * d + 4.0 * d);  // their gradients, fp32
+  const double grad_state = state;  // grad S (bf16) and grad z (fp32), every block
   const double w = m * m * 4.0;
   // Causal: each token's own block up to itself, scores and values (half the square).
   const double in_block = s.causal ? 2.0 * n * block * h * d : 0.0;
@@ -65,9 +66,12 @@ inline Budget byte_budget(const BudgetShape& s) {
        2.0 * n * h * d * (d + 1.0) + in_block},
   };
   b.backward = {
+      b.forward[0],
+      b.forward[1],
       {"query side", 3.0 * tokens + state + grad_state + (s.causal ? 2.0 * tokens : 0.0),
        4.0 * n * h * d * (d + 1.0) + 2.0 * in_block},
-      {"mix transpose, grad W", 2.0 * grad_state + state + 2.0 * w, 2.0 * mix_flops},
+      {"mix transpose", 2.0 * grad_state + w, mix_flops},
+      {"weight gradient", grad_state + state + 2.0 * w, mix_flops},
       {"key and value side", 4.0 * tokens + grad_state + (s.causal ? 2.0 * tokens : 0.0),
        4.0 * n * h * d * (d + 1.0) + 2.0 * in_block},
   };

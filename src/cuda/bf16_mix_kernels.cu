@@ -147,17 +147,8 @@ __global__ void toeplitz_weight_kernel(KernelProblem p, int64_t splits, const fl
   for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
        idx += int64_t(gridDim.x) * blockDim.x) {
     const int64_t d = idx % (length + 1), copy = idx / (length + 1);
-    const float* g = dense + copy * splits * m * m;
-    float sum = 0;
-    for (int64_t i = 0; i < m; ++i) {
-      if (d < length) {
-        if (i >= d) sum += g[i * m + i - d];
-      } else {
-        for (int64_t b = 0; b + length <= i; ++b) sum += g[i * m + b];
-      }
-    }
     float& entry = grad_w[copy * (length + 1) + d];
-    entry += sum;
+    entry += toeplitz_entry_gradient(p, dense + copy * splits * m * m, d);
     if (!isfinite(entry)) atomicOr(non_finite, 1);
   }
 }
@@ -196,9 +187,14 @@ void bf16_mix_backward(const KernelProblem& p, const float* w, const float* summ
                       stream>>>(p, split.splits, tile_count(p.largest_block), diagonal, scratch,
                                 grad_w, non_finite);
   check_launch("bf16 weight gradient sum kernel");
-  if (!p.toeplitz) return;
-  toeplitz_weight_kernel<<<elementwise_blocks(split.copies * (p.toeplitz_length + 1)), kThreads, 0,
-                           stream>>>(p, split.splits, scratch, grad_w, non_finite);
+  if (p.toeplitz) bf16_toeplitz_weight_gradient(p, split.splits, scratch, grad_w, non_finite, stream);
+}
+
+void bf16_toeplitz_weight_gradient(const KernelProblem& p, int64_t splits, const float* dense,
+                                   float* grad_w, int* non_finite, cudaStream_t stream) {
+  const int64_t copies = p.per_head ? p.heads : 1;
+  toeplitz_weight_kernel<<<elementwise_blocks(copies * (p.toeplitz_length + 1)), kThreads, 0,
+                           stream>>>(p, splits, dense, grad_w, non_finite);
   check_launch("bf16 Toeplitz weight gradient kernel");
 }
 

@@ -31,4 +31,10 @@ void bf16_mix_backward(const KernelProblem& p, const float* w, const float* summ
                        const float* grad_mixed, const float* diagonal, float* grad_summaries,
                        float* grad_w, float* scratch, int* non_finite, cudaStream_t stream);
 
+// grad_w[copy, d] += Toeplitz entry d's part of the dense weight gradient
+// kept in dense[copy * splits] ([M, M] each): its entries where
+// min(i - b, L) = d, i >= b, added in a fixed order.
+void bf16_toeplitz_weight_gradient(const KernelProblem& p, int64_t splits, const float* dense,
+                                   float* grad_w, int* non_finite, cudaStream_t stream);
+
 }  // namespace mhla::cuda

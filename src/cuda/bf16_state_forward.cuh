@@ -1,6 +1,7 @@
 #pragma once
-// The bfloat16-state forward (tiling in bf16_state_plan.hpp): the summaries,
-// the mix and the read-out with the state in bfloat16 rows, 16-byte
+// The bfloat16-state forward (tiling in bf16_state_plan.hpp; the mix in
+// bf16_state_mix.cuh): the summaries, the mix and the read-out with the state
+// in bfloat16 rows, 16-byte
 // asynchronous copies and one bfloat16 tensor-core product a step. It is the
 // forward designed for the byte budget (docs/cuda.md#the-byte-budget), off
 // by default (MHLA_CUDA_BF16_STATE=1 turns it on) until it has passed its
@@ -24,6 +25,11 @@ struct Bf16State {
 // Whether the kernels take the problem and its tensors (16-byte aligned).
 bool bf16_state_forward_fits(const KernelProblem& p, const void* q, const void* k, const void* v,
                              const void* o);
+
+// The state of a forward: S, z (the summaries kernel), then S~, z~ (the mix).
+// Three launches on `stream`; the backward recomputes it so.
+void bf16_state_summaries(const KernelProblem& p, const uint16_t* k, const uint16_t* v,
+                          const float* w, const Bf16State& state, cudaStream_t stream);
 
 // o = the operator's forward of bfloat16 q, k, v [B, N, H, Dk or Dv] with
 // float W, written for every token, through `state`; sets *non_finite when

@@ -1,6 +1,6 @@
 #pragma once
-// The tiling of the bfloat16-state forward (bf16_state_forward.cuh), written
-// once for the device and the host: what a CTA covers, which 16 bytes of
+// The tiling of the bfloat16-state kernels (bf16_state_forward.cuh,
+// bf16_state_backward.cuh), written once for the device and the host: what a CTA covers, which 16 bytes of
 // which staged row each thread copies and from where, what is zero-filled,
 // and where each lane's part of a 16 x 16 result fragment is written. The
 // kernels take every index from these functions, and the tiling emulation
@@ -106,23 +106,73 @@ MHLA_HD inline int64_t normaliser_offset(const KernelProblem& p, int64_t bh, int
   return (bh * p.blocks + block) * p.dk;
 }
 
-// The inner blocks the mix's rows [r0, r0 + kMixRows) read: lower-triangular
-// and Toeplitz rows stop at their own block.
-MHLA_HD inline int64_t mix_inner_end(const KernelProblem& p, int64_t r0) {
-  const bool triangular = p.lower_triangular || p.toeplitz;
-  return triangular && r0 + kMixRows < p.blocks ? r0 + kMixRows : p.blocks;
+// The mix's inner blocks [begin, end) for its rows [r0, r0 + kMixRows).
+// Forward (S~ = W S) the rows are blocks i, and lower-triangular and Toeplitz
+// rows stop at their own block; transposed (the backward's grad S = W^T
+// grad S~) the rows are blocks b, read by the blocks i >= b only.
+MHLA_HD inline bool triangular(const KernelProblem& p) { return p.lower_triangular || p.toeplitz; }
+MHLA_HD inline int64_t mix_inner_begin(const KernelProblem& p, int64_t r0, bool transposed) {
+  return transposed && triangular(p) ? r0 : 0;
+}
+MHLA_HD inline int64_t mix_inner_end(const KernelProblem& p, int64_t r0, bool transposed) {
+  return !transposed && triangular(p) && r0 + kMixRows < p.blocks ? r0 + kMixRows : p.blocks;
 }
 
-// The mix's operand W[row, col] as its rows [r0, r0 + kMixRows) read it
-// (zero past the blocks, past `end` and where the masking reads nothing).
+// The mix's operand at (row, inner block x): W[row, x], or W[x, row]
+// transposed (zero past the blocks, past `end` and where the masking reads nothing).
 MHLA_HD inline float mix_entry(const KernelProblem& p, const float* w, int64_t head, int64_t row,
-                               int64_t col, int64_t end) {
-  return row < p.blocks && col < end && reads(p, row, col) ? weight(p, w, head, row, col) : 0.0f;
+                               int64_t x, int64_t end, bool transposed) {
+  const int64_t i = transposed ? x : row, b = transposed ? row : x;
+  return row < p.blocks && x < end && reads(p, i, b) ? weight(p, w, head, i, b) : 0.0f;
 }
 
 // The read-out's chunks of kReadTokens tokens per block (of the largest block).
 MHLA_HD inline int64_t read_chunks(const KernelProblem& p) {
   return ceil_div(p.largest_block, kReadTokens);
+}
+
+// The backward's query side and key and value side: one CTA per (block,
+// slice), kGradChunk tokens of the block staged a step. The query side has a
+// warp per 16 rows of Dk (summaries_warps), the key and value side
+// kKeyValueWarps warps sharing the chunk's result fragments.
+constexpr int kGradChunk = 32, kGradChunkFragments = kGradChunk / kFrag;
+constexpr int kKeyValueWarps = 8;
+
+// The weight gradient, sum over the slices of W's copy and the Dk Dv entries
+// of each of grad S~[i] S[b] (plus grad z~[i] . z[b]): kWeightTile x
+// kWeightTile tiles of W, each inner sum split into parts of whole chunks of
+// kInnerChunk entries (W has few tiles, M = 256: 16, too few to fill a GPU),
+// written apart and added in a fixed order, so repeated calls give the same bits.
+constexpr int kWeightTile = 64, kWeightWarps = kWeightTile / kFrag;
+constexpr int64_t kWeightCtas = 512;
+struct WeightSplit {
+  int64_t copies, splits, chunks_per_split;
+  unsigned chunks_per_slice;  // Dk Dv / kInnerChunk (Dk, Dv multiples of 8)
+  int64_t chunks;             // of one copy
+};
+MHLA_HD inline WeightSplit weight_split(const KernelProblem& p) {
+  const int64_t copies = p.per_head ? p.heads : 1;
+  const int64_t slices = p.per_head ? p.batch : p.batch * p.heads;
+  const unsigned per_slice = unsigned(p.dk * p.dv / kInnerChunk);
+  const int64_t chunks = slices * per_slice, tiles = ceil_div(p.blocks, kWeightTile);
+  int64_t splits = kWeightCtas / (tiles * tiles * copies);
+  if (splits > chunks / 8) splits = chunks / 8;  // 8 chunks or more each
+  if (splits > kMaxGridYZ / copies) splits = kMaxGridYZ / copies;
+  if (splits < 1) splits = 1;
+  const int64_t per_split = ceil_div(chunks, splits);
+  return {copies, ceil_div(chunks, per_split), per_split, per_slice, chunks};
+}
+// Chunk c of W's copy `copy`: its slice and its first entry of [Dk Dv], in
+// 32-bit arithmetic.
+struct WeightChunk {
+  int64_t bh, first;
+};
+MHLA_HD inline WeightChunk weight_chunk(const KernelProblem& p, const WeightSplit& w,
+                                        int64_t copy, int64_t c) {
+  const unsigned slice = unsigned(c) / w.chunks_per_slice;
+  const unsigned entry = unsigned(c) - slice * w.chunks_per_slice;
+  const int64_t bh = p.per_head ? int64_t(slice) * p.heads + copy : int64_t(slice);
+  return {bh, int64_t(entry) * kInnerChunk};
 }
 
 // Elements of each array of the state for a problem.

@@ -19,6 +19,7 @@
 #include "cuda/bf16_backward_kernels.cuh"
 #include "cuda/bf16_forward_kernels.cuh"
 #include "cuda/bf16_mix_kernels.cuh"
+#include "cuda/bf16_state_backward.cuh"
 #include "cuda/bf16_state_forward.cuh"
 #include "cuda/bf16_state_plan.hpp"
 #include "cuda/call_status.hpp"
@@ -88,6 +89,7 @@ enum class Own {
   diagonal,
   flag,
   bf16_state,
+  bf16_state_gradients,
   count
 };
 thread_local ScratchArrays api_scratch{size_t(Scratch::count)};
@@ -311,7 +313,7 @@ class CudaBf16Attention final : public backend::Bf16Attention {
     // that saves the float state for a backward stays on these.
     if (saved_summaries == nullptr && saved_mixed == nullptr && bf16_state_enabled() &&
         bf16_state_forward_fits(p, q, k, v, o)) {
-      bf16_state_forward(p, bits(q), bits(k), bits(v), w_, bits(o), bf16_state(p),
+      bf16_state_forward(p, bits(q), bits(k), bits(v), w_, bits(o), bf16_state(p, Own::bf16_state),
                          status.non_finite(), stream);
     } else {
       const int64_t elements = geometry_.summary_elements();
@@ -329,6 +331,17 @@ class CudaBf16Attention final : public backend::Bf16Attention {
     const KernelProblem& p = geometry_.problem();
     const cudaStream_t stream = current_stream();
     CallStatus status = call_status("mhla::backward", problem_, p, w_);
+    // Saved float state is read by these kernels only; without it the
+    // bfloat16-state kernels recompute their own.
+    if (saved_summaries == nullptr && saved_mixed == nullptr && bf16_state_enabled() &&
+        bf16_state_backward_fits(p, q, k, v, grad_o, grad_q, grad_k, grad_v)) {
+      bf16_state_backward(p, bits(q), bits(k), bits(v), w_, bits(grad_o), bits(grad_q),
+                          bits(grad_k), bits(grad_v), grad_w, bf16_state(p, Own::bf16_state),
+                          bf16_state(p, Own::bf16_state_gradients),
+                          own<float>(Own::mix_backward, bf16_state_backward_scratch(p)),
+                          status.non_finite(), stream);
+      return !status.raised(backward_inputs(p, bits(q), bits(k), bits(v), bits(grad_o)));
+    }
     const int64_t elements = geometry_.summary_elements();
     const float* s = saved_summaries;
     if (s == nullptr) {
@@ -359,17 +372,18 @@ class CudaBf16Attention final : public backend::Bf16Attention {
   }
 
  private:
-  // MHLA_CUDA_BF16_STATE=1 runs the forward on the bfloat16-state kernels:
-  // off by default until they have passed their tests on a GPU.
+  // MHLA_CUDA_BF16_STATE=1 runs forwards and backwards on the bfloat16-state
+  // kernels: off by default until they have passed their tests on a GPU.
   static bool bf16_state_enabled() {
     const char* value = std::getenv("MHLA_CUDA_BF16_STATE");
     return value != nullptr && std::strcmp(value, "1") == 0;
   }
-  // The kernels' state in one scratch array: z and z~ (float), then S and S~
-  // (bfloat16), each 16-byte aligned (Dk and Dv are multiples of 8).
-  static Bf16State bf16_state(const KernelProblem& p) {
+  // The kernels' state (or its gradients) in one scratch array: z and z~
+  // (float), then S and S~ (bfloat16), each 16-byte aligned (Dk and Dv are
+  // multiples of 8).
+  static Bf16State bf16_state(const KernelProblem& p, Own slot) {
     const state::StateSizes sizes = state::state_sizes(p);
-    auto* floats = own<float>(Own::bf16_state, 2 * sizes.normalisers + sizes.summaries);
+    auto* floats = own<float>(slot, 2 * sizes.normalisers + sizes.summaries);
     auto* rows = reinterpret_cast<uint16_t*>(floats + 2 * sizes.normalisers);
     return {rows, floats, rows + sizes.summaries, floats + sizes.normalisers};
   }

@@ -55,6 +55,22 @@ MHLA_HD inline bool uses(const KernelProblem& p, int64_t row, int64_t col) {
   return reads(p, row, col) || (p.causal && row == col);
 }
 
+// Toeplitz entry d's gradient from one copy's dense weight gradient g [M, M]:
+// the sum of g[i, b] where min(i - b, L) = d, i >= b, in a fixed order.
+template <typename T>
+MHLA_HD inline T toeplitz_entry_gradient(const KernelProblem& p, const T* g, int64_t d) {
+  const int64_t m = p.blocks, length = p.toeplitz_length;
+  T sum = 0;
+  for (int64_t i = 0; i < m; ++i) {
+    if (d < length) {
+      if (i >= d) sum += g[i * m + i - d];
+    } else {
+      for (int64_t b = 0; b + length <= i; ++b) sum += g[i * m + b];
+    }
+  }
+  return sum;
+}
+
 // The flat row of token t of batch entry bb, head h, in a token tensor.
 MHLA_HD inline int64_t token_row(const KernelProblem& p, int64_t bb, int64_t t, int64_t h) {
   return (bb * p.tokens + t) * p.heads + h;

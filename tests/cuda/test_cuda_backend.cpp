@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <utility>
 
 #include "backend/backend.hpp"
 #include "cuda/bf16_state_cases.hpp"
@@ -200,6 +201,25 @@ TEST_P(CudaBf16Forward, MatchesFloat64OnTheSameInputs) {
 
 INSTANTIATE_TEST_SUITE_P(AllModes, CudaBf16Forward, testing::ValuesIn(bf16_cases()), case_name);
 
+// The float64 operator's four gradients at these inputs (its own forward's o).
+struct Float64Gradients {
+  std::vector<double> q, k, v, w;
+};
+Float64Gradients float64_gradients(const Case& c, const std::vector<double>& q,
+                                   const std::vector<double>& k, const std::vector<double>& v,
+                                   const std::vector<double>& w, const std::vector<double>& g) {
+  std::vector<double> o(v.size());
+  Float64Gradients r{std::vector<double>(q.size()), std::vector<double>(k.size()),
+                     std::vector<double>(v.size()), std::vector<double>(w.size())};
+  forward<double>(c.options(), view(q, c.q_shape()), view(k, c.q_shape()), view(v, c.v_shape()),
+                  view(w, c.w_shape()), view(o, c.v_shape()));
+  backward<double>(c.options(), view(q, c.q_shape()), view(k, c.q_shape()), view(v, c.v_shape()),
+                   view(w, c.w_shape()), view(std::as_const(o), c.v_shape()), view(g, c.v_shape()),
+                   view(r.q, c.q_shape()), view(r.k, c.q_shape()), view(r.v, c.v_shape()),
+                   view(r.w, c.w_shape()));
+  return r;
+}
+
 // The bfloat16 backward's tensor-core kernels against float64 on the same
 // bfloat16 inputs, with the forward's saved arrays and without them (the
 // kernels recompute them), gradients poisoned first; a second call must give
@@ -224,13 +244,7 @@ TEST_P(CudaBf16Backward, MatchesFloat64OnTheSameInputs) {
 
   const std::vector<double> q64 = bfloat16_values(q), k64 = bfloat16_values(k),
                             v64 = bfloat16_values(v), g64 = bfloat16_values(g), w64 = widened(w);
-  std::vector<double> o64(v.size()), gq64(q.size()), gk64(k.size()), gv64(v.size()), gw64(w.size());
-  forward<double>(c.options(), view(q64, c.q_shape()), view(k64, c.q_shape()),
-                  view(v64, c.v_shape()), view(w64, c.w_shape()), view(o64, c.v_shape()));
-  backward<double>(c.options(), view(q64, c.q_shape()), view(k64, c.q_shape()),
-                   view(v64, c.v_shape()), view(w64, c.w_shape()), view(o64, c.v_shape()),
-                   view(g64, c.v_shape()), view(gq64, c.q_shape()), view(gk64, c.q_shape()),
-                   view(gv64, c.v_shape()), view(gw64, c.w_shape()));
+  const auto [gq64, gk64, gv64, gw64] = float64_gradients(c, q64, k64, v64, w64, g64);
 
   const bfloat16 nan = to_bfloat16(std::numeric_limits<float>::quiet_NaN());
   struct Gradients {
@@ -312,6 +326,58 @@ TEST_P(CudaBf16StateForward, MatchesFloat64OnTheSameInputs) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllModes, CudaBf16StateForward, testing::ValuesIn(bf16_state_cases()),
+                         case_name);
+
+// The bfloat16-state backward (MHLA_CUDA_BF16_STATE=1, no saved arrays)
+// against float64 on the same bfloat16 inputs, at the tolerances its tiling
+// emulation meets (bf16_state_cases.hpp), and the same bits from a second call.
+class CudaBf16StateBackward : public testing::TestWithParam<Case> {};
+
+TEST_P(CudaBf16StateBackward, MatchesFloat64OnTheSameInputs) {
+  SKIP_WITHOUT_DEVICE();
+  const Case& c = GetParam();
+  const StateKernelsOn on;
+  const Inputs in = make_inputs(c, 31);
+  const auto q = rounded_to_bfloat16(in.q), k = rounded_to_bfloat16(in.k),
+             v = rounded_to_bfloat16(in.v), g = rounded_to_bfloat16(in.grad_o);
+  const std::vector<float> w(in.w.begin(), in.w.end());
+  const DeviceArray<bfloat16> dq(q), dk(k), dv(v), dg(g);
+  const DeviceArray<float> dw(w);
+  DeviceArray<bfloat16> o(v.size());
+  forward(c.options(), dq.cview(c.q_shape()), dk.cview(c.q_shape()), dv.cview(c.v_shape()),
+          dw.cview(c.w_shape()), o.view(c.v_shape()));
+  const bfloat16 nan = to_bfloat16(std::numeric_limits<float>::quiet_NaN());
+  struct Gradients {
+    std::vector<bfloat16> q, k, v;
+    std::vector<float> w;
+  };
+  const auto run = [&] {
+    DeviceArray<bfloat16> gq(std::vector<bfloat16>(q.size(), nan)),
+        gk(std::vector<bfloat16>(k.size(), nan)), gv(std::vector<bfloat16>(v.size(), nan));
+    DeviceArray<float> gw(std::vector<float>(w.size(), std::numeric_limits<float>::quiet_NaN()));
+    backward(c.options(), dq.cview(c.q_shape()), dk.cview(c.q_shape()), dv.cview(c.v_shape()),
+             dw.cview(c.w_shape()), o.cview(c.v_shape()), dg.cview(c.v_shape()),
+             gq.view(c.q_shape()), gk.view(c.q_shape()), gv.view(c.v_shape()), gw.view(c.w_shape()));
+    return Gradients{gq.host(), gk.host(), gv.host(), gw.host()};
+  };
+  const Gradients got = run(), again = run();
+
+  const std::vector<double> q64 = bfloat16_values(q), k64 = bfloat16_values(k),
+                            v64 = bfloat16_values(v), g64 = bfloat16_values(g), w64 = widened(w);
+  const auto [gq64, gk64, gv64, gw64] = float64_gradients(c, q64, k64, v64, w64, g64);
+  EXPECT_CLOSE(bfloat16_values(got.q), gq64, kStateGradientTolerance, "grad q");
+  EXPECT_CLOSE(bfloat16_values(got.k), gk64, kStateGradientTolerance, "grad k");
+  EXPECT_CLOSE(bfloat16_values(got.v), gv64, kStateGradientTolerance, "grad v");
+  EXPECT_CLOSE(got.w, gw64, kStateWeightGradientTolerance, "grad w");
+  const auto same_bits = [](const auto& a, const auto& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0;
+  };
+  EXPECT_TRUE(same_bits(again.q, got.q) && same_bits(again.k, got.k) &&
+              same_bits(again.v, got.v) && same_bits(again.w, got.w))
+      << "a second call gave other bits";
+}
+
+INSTANTIATE_TEST_SUITE_P(AllModes, CudaBf16StateBackward, testing::ValuesIn(bf16_state_cases()),
                          case_name);
 
 // An overflow on the bfloat16-state kernels is reported as on the others.

@@ -1,0 +1,36 @@
+#pragma once
+// The bfloat16-state backward (tiling in bf16_state_plan.hpp): the forward's
+// state recomputed (bf16_state_summaries), then the query side (grad_q and
+// the mixed state's gradient, grad S~ in bfloat16 rows and grad z~ in float),
+// the mix's transpose (grad S, grad z) with the weight gradient
+// (bf16_state_mix.cuh), and the key and value side (grad_k, grad_v). Off by
+// default with the forward (MHLA_CUDA_BF16_STATE=1) until it has passed its
+// tests on a GPU; the tiling emulation checks it in every build.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/bf16_state_forward.cuh"
+#include "cuda/kernel_problem.hpp"
+
+namespace mhla::cuda {
+
+// Whether the kernels take the problem and its tensors (16-byte aligned).
+bool bf16_state_backward_fits(const KernelProblem& p, const void* q, const void* k, const void* v,
+                              const void* grad_o, const void* grad_q, const void* grad_k,
+                              const void* grad_v);
+
+// The floats of scratch the weight gradient needs (bf16_state_weight_scratch).
+int64_t bf16_state_backward_scratch(const KernelProblem& p);
+
+// grad_q, grad_k, grad_v (written for every token) and grad_w (added to,
+// unless null) of the operator at bfloat16 q, k, v [B, N, H, Dk or Dv], float
+// W and grad_o, through `state` (recomputed) and `grads` (their gradients,
+// laid out as the state); sets *non_finite when a gradient is not finite.
+void bf16_state_backward(const KernelProblem& p, const uint16_t* q, const uint16_t* k,
+                         const uint16_t* v, const float* w, const uint16_t* grad_o,
+                         uint16_t* grad_q, uint16_t* grad_k, uint16_t* grad_v, float* grad_w,
+                         const Bf16State& state, const Bf16State& grads, float* scratch,
+                         int* non_finite, cudaStream_t stream);
+
+}  // namespace mhla::cuda

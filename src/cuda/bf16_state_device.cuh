@@ -1,0 +1,150 @@
+#pragma once
+// The device machinery every bfloat16-state kernel shares (the forward's in
+// bf16_state_forward.cu, the mix's in bf16_state_mix.cu, the backward's in
+// bf16_state_backward.cu): 16-byte asynchronous copies into a double-buffered
+// main loop, phi on operand fragments in registers, and results leaving a
+// warp's fragment as 16-byte rows.
+#include <cuda_bf16.h>
+#include <mma.h>
+
+#include "cuda/bf16_state_plan.hpp"
+#include "cuda/device_helpers.cuh"
+
+namespace mhla::cuda::state {
+
+using bf16 = __nv_bfloat16;
+namespace wmma = nvcuda::wmma;
+using Accumulator = wmma::fragment<wmma::accumulator, kFrag, kFrag, kFrag, float>;
+template <class Layout>
+using OperandA = wmma::fragment<wmma::matrix_a, kFrag, kFrag, kFrag, bf16, Layout>;
+template <class Layout>
+using OperandB = wmma::fragment<wmma::matrix_b, kFrag, kFrag, kFrag, bf16, Layout>;
+// One warp's 16 x 16 float results on their way out (fragment layouts are
+// opaque, so results pass through shared memory once).
+using FragmentTile = float[kFrag][kFrag + kOutPad];
+
+// 16 bytes from global to shared memory without passing through registers;
+// where `inside` is false nothing is read and the 16 bytes are zeros.
+__device__ inline void copy_async(void* to, const void* from, bool inside) {
+  const unsigned shared = unsigned(__cvta_generic_to_shared(to));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared), "l"(from),
+               "r"(inside ? 16 : 0));
+}
+__device__ inline void commit_copies() { asm volatile("cp.async.commit_group;\n" ::); }
+// Waits until at most kPending groups of this thread's copies are in flight.
+template <int kPending>
+__device__ inline void wait_copies() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+// The double-buffered main loop over `chunks` staged chunks: chunk c + 1's
+// copies are in flight while chunk c is consumed. stage(st, c) issues and
+// commits chunk c's copies into the stage buffer st; consume(st, c) runs
+// between the barriers that make st readable and then free again.
+template <class Buffers, class Stage, class Consume>
+__device__ void pipelined(Buffers& buffers, int chunks, const Stage& stage,
+                          const Consume& consume) {
+  stage(buffers[0], 0);
+  for (int c = 0; c < chunks; ++c) {
+    if (c + 1 < chunks) {
+      stage(buffers[(c + 1) % kStages], c + 1);
+      wait_copies<1>();
+    } else {
+      wait_copies<0>();
+    }
+    __syncthreads();
+    consume(buffers[c % kStages], c);
+    __syncthreads();
+  }
+  wait_copies<0>();  // with no chunk at all the first copies are still in flight
+  __syncthreads();
+}
+
+// One staged segment from `base` at element `offset` (bf16_state_plan.hpp:
+// -1 zero-fills it).
+__device__ inline void stage_segment(bf16* to, const uint16_t* base, int64_t offset) {
+  copy_async(to, offset >= 0 ? base + offset : base, offset >= 0);
+}
+
+// Tokens [c0, c0 + kRows) of block `block` of slice `slice` of the token
+// tensor `source` (`width` entries a row) into `tile`, a 16-byte segment a
+// copy, thread t copying segments t, t + threads, ...; rows past the block
+// and entries past the width are zeros.
+template <int kRows, int kColumns>
+__device__ inline void stage_block_rows(bf16 (&tile)[kRows][kColumns], const uint16_t* source,
+                                        const KernelProblem& p, const Slice& slice, int64_t block,
+                                        int c0, int64_t width) {
+  constexpr int kSegments = (kColumns - kPad) / kSegment;
+  for (int g = threadIdx.x; g < kRows * kSegments; g += blockDim.x) {
+    const Segment sg = segment_of<kSegments>(g);
+    stage_segment(&tile[sg.row][sg.column], source,
+                  row_segment(block_token_row(p, slice, block, c0 + sg.row), sg.column, width));
+  }
+}
+
+// Rows [0, rows) of one block's state [Dk, Dv] at `state` into `tile`;
+// rows past Dk and entries past Dv are zeros.
+template <int kRows, int kColumns>
+__device__ inline void stage_state_rows(bf16 (&tile)[kRows][kColumns], const uint16_t* state,
+                                        const KernelProblem& p, int rows) {
+  constexpr int kSegments = (kColumns - kPad) / kSegment;
+  for (int g = threadIdx.x; g < rows * kSegments; g += blockDim.x) {
+    const Segment sg = segment_of<kSegments>(g);
+    stage_segment(&tile[sg.row][sg.column], state,
+                  row_segment(sg.row < p.dk ? sg.row : -1, sg.column, p.dv));
+  }
+}
+
+// phi on an operand fragment, in registers. Zero-filled entries become
+// phi(0) (1 for elu1); each meets a zero-filled entry of the other operand.
+template <class Fragment>
+__device__ inline void apply_feature(FeatureMap phi, Fragment& f) {
+  if (phi == FeatureMap::identity) return;
+#pragma unroll
+  for (int i = 0; i < f.num_elements; ++i)
+    f.x[i] = __float2bfloat16_rn(feature(phi, __bfloat162float(f.x[i])));
+}
+
+__device__ inline uint32_t pair(float a, float b) {
+  return uint32_t(__bfloat16_as_ushort(__float2bfloat16_rn(a))) |
+         uint32_t(__bfloat16_as_ushort(__float2bfloat16_rn(b))) << 16;
+}
+// 8 floats rounded to bfloat16, as one 16-byte store.
+__device__ inline void store_rounded(uint16_t* to, const float (&x)[kSegment]) {
+  *reinterpret_cast<uint4*>(to) =
+      make_uint4(pair(x[0], x[1]), pair(x[2], x[3]), pair(x[4], x[5]), pair(x[6], x[7]));
+}
+// 8 staged bfloat16 entries as floats, from one 16-byte shared load.
+__device__ inline void load_staged(const bf16* from, float (&x)[kSegment]) {
+  const uint4 raw = *reinterpret_cast<const uint4*>(from);
+  const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    x[2 * u] = __uint_as_float(words[u] << 16);
+    x[2 * u + 1] = __uint_as_float(words[u] & 0xffff0000u);
+  }
+}
+
+// This warp's fragment through its tile: write(lane's segment, its 8 values).
+template <class Write>
+__device__ inline void write_fragment(const Accumulator& acc, FragmentTile& tile,
+                                      const Write& write) {
+  wmma::store_matrix_sync(&tile[0][0], acc, kFrag + kOutPad, wmma::mem_row_major);
+  __syncwarp();
+  const Segment s = lane_segment(int(threadIdx.x % 32));
+  float x[kSegment];
+#pragma unroll
+  for (int u = 0; u < kSegment; ++u) x[u] = tile[s.row][s.column + u];
+  write(s, x);
+  __syncwarp();
+}
+
+// The kernel's dynamic shared memory as its layout, raised past the 48 KB
+// default once per kernel (the backward's CTAs stage a whole state row tile).
+template <class Layout>
+__device__ inline Layout& dynamic_shared() {
+  extern __shared__ __align__(128) unsigned char dynamic_bytes[];
+  return *reinterpret_cast<Layout*>(dynamic_bytes);
+}
+
+}  // namespace mhla::cuda::state

@@ -1,0 +1,294 @@
+// The tiling of the bfloat16-state backward (src/cuda/bf16_state_backward.cu,
+// bf16_state_mix.cu) emulated on the CPU (bf16_state_emulation.hpp): the
+// query side, the mix's transpose, the weight gradient's partial sums and
+// their sum, and the key and value side, each CTA by CTA with the plan's
+// staging, from the emulated forward's bfloat16 state; the four gradients are
+// held to the float64 operator's on the same bfloat16 inputs.
+#include <algorithm>
+#include <utility>
+
+#include "cuda/bf16_state_cases.hpp"
+#include "cuda/bf16_state_emulation.hpp"
+
+namespace mhla::test {
+namespace {
+
+using namespace mhla::cuda::state;
+using cuda::KernelProblem;
+
+struct EmulatedBackward {
+  std::vector<float> grad_q, grad_k, grad_v, grad_w;
+};
+
+class BackwardEmulation {
+ public:
+  BackwardEmulation(const KernelProblem& p, const std::vector<float>& q, const std::vector<float>& k,
+                    const std::vector<float>& v, const std::vector<float>& w,
+                    const std::vector<float>& grad_o, const EmulatedForward& state)
+      : p_(p), q_(q), k_(k), v_(v), w_(w), grad_o_(grad_o), state_(state) {}
+
+  EmulatedBackward run() {
+    const StateSizes sizes = state_sizes(p_);
+    const int64_t tokens = p_.batch * p_.tokens * p_.heads;
+    Written grad_q(tokens * p_.dk), grad_k(tokens * p_.dk), grad_v(tokens * p_.dv),
+        grad_mixed(sizes.summaries), grad_mixed_z(sizes.normalisers), grad_s(sizes.summaries),
+        grad_z(sizes.normalisers);
+    const bool wide = column_fragments(p_.dv) == 8;
+    for (int64_t bh = 0; bh < p_.batch * p_.heads; ++bh)
+      for (int64_t b = 0; b < p_.blocks; ++b)
+        wide ? query_side<8>(b, bh, grad_q, grad_mixed, grad_mixed_z)
+             : query_side<4>(b, bh, grad_q, grad_mixed, grad_mixed_z);
+    emulate_mixes(p_, w_, true, grad_mixed.x, grad_mixed_z.x, grad_s, grad_z);
+    std::vector<float> grad_w(w_.size(), 0.0f);
+    weight_gradient(grad_mixed.x, grad_mixed_z.x, grad_w);
+    for (int64_t bh = 0; bh < p_.batch * p_.heads; ++bh)
+      for (int64_t b = 0; b < p_.blocks; ++b)
+        wide ? key_value_side<8>(b, bh, grad_s.x, grad_z.x, grad_k, grad_v)
+             : key_value_side<4>(b, bh, grad_s.x, grad_z.x, grad_k, grad_v);
+    return {grad_q.x, grad_k.x, grad_v.x, grad_w};
+  }
+
+ private:
+  int count(int64_t block) const { return int(p_.block_start[block + 1] - p_.block_start[block]); }
+  float phi(float x) const { return cuda::feature(p_.phi, x); }
+
+  // A chunk of the block's token rows from `source` (width columns), staged.
+  template <int kSegments>
+  void stage_tokens(SharedTile& tile, int threads, int64_t block, const Slice& slice, int c0,
+                    const std::vector<float>& source, int64_t width) const {
+    for_each_staged<kSegments>(threads, kGradChunk, [&](const Segment& sg) {
+      tile.copy(sg, source, row_segment(block_token_row(p_, slice, block, c0 + sg.row), sg.column, width));
+    });
+  }
+  // A block's state rows [Dk, Dv] of `source`, staged (rows past Dk zero).
+  template <int kSegments>
+  void stage_state(SharedTile& tile, int threads, int rows, int64_t offset,
+                   const std::vector<float>& source) const {
+    for_each_staged<kSegments>(threads, rows, [&](const Segment& sg) {
+      const int64_t at = row_segment(sg.row < p_.dk ? sg.row : -1, sg.column, p_.dv);
+      tile.copy(sg, source, at >= 0 ? offset + at : -1);
+    });
+  }
+
+  template <int kColumnFragments>
+  void query_side(int64_t block, int64_t bh, Written& grad_q, Written& grad_mixed,
+                  Written& grad_mixed_z) const {
+    constexpr int kWidth = kColumnFragments * kFrag;
+    const int warps = summaries_warps(p_.dk), threads = 32 * warps, rows = warps * kFrag;
+    const Slice slice = slice_of(p_, unsigned(bh));
+    const int n = count(block);
+    SharedTile mixed(kMaxDim, kWidth + kPad);
+    stage_state<kWidth / kSegment>(mixed, threads, rows, state_offset(p_, bh, block), state_.mixed);
+    const float* z = &state_.mixed_z[size_t(normaliser_offset(p_, bh, block))];
+    std::vector<std::vector<float>> acc(static_cast<size_t>(rows), std::vector<float>(kWidth));
+    std::vector<std::vector<float>> u(kGradChunk, std::vector<float>(size_t(rows)));
+    std::vector<float> grad_z(size_t(p_.dk)), inverse(kGradChunk), dden(kGradChunk);
+    for (int c0 = 0; c0 < n; c0 += kGradChunk) {
+      SharedTile qt(kGradChunk, kMaxDim + kPad), gt(kGradChunk, kWidth + kPad);
+      stage_tokens<kMaxDim / kSegment>(qt, threads, block, slice, c0, q_, p_.dk);
+      stage_tokens<kWidth / kSegment>(gt, threads, block, slice, c0, grad_o_, p_.dv);
+      const int valid = std::min(kGradChunk, n - c0);
+      for (int t = 0; t < valid && p_.normalize; ++t) {
+        float den = 0;
+        for (int a = 0; a < p_.dk; ++a) den += phi(qt.at(t, a)) * z[a];
+        inverse[size_t(t)] = 1.0f / (den + float(p_.eps));
+      }
+      for (int t = 0; t < valid; ++t)  // whole fragments of tokens in the kernel; these are read
+        for (int d = 0; d < rows; ++d) {
+          float sum = 0;
+          for (int e = 0; e < kWidth; ++e) sum += gt.at(t, e) * mixed.at(d, e);
+          u[size_t(t)][size_t(d)] = sum;
+        }
+      for (int t = 0; t < valid && p_.normalize; ++t) {
+        float dot = 0;
+        for (int a = 0; a < p_.dk; ++a) dot += phi(qt.at(t, a)) * u[size_t(t)][size_t(a)];
+        dden[size_t(t)] = -dot * inverse[size_t(t)] * inverse[size_t(t)];
+      }
+      for_each_staged<kMaxDim / kSegment>(threads, kGradChunk, [&](const Segment& sg) {
+        if (sg.row >= valid || sg.column >= p_.dk) return;
+        const int64_t row = block_token_row(p_, slice, block, c0 + sg.row);
+        for (int x = 0; x < kSegment; ++x) {
+          const int a = sg.column + x;
+          const float du = u[size_t(sg.row)][size_t(a)];
+          const float grad_phi = p_.normalize ? du * inverse[size_t(sg.row)] + dden[size_t(sg.row)] * z[a]
+                                              : float(p_.scale) * du;
+          grad_q.set(row * p_.dk + a, round_bf16(grad_phi * cuda::feature_derivative(p_.phi, qt.at(sg.row, a))));
+        }
+      });
+      if (p_.normalize) {
+        for (int d = 0; d < p_.dk; ++d)
+          for (int j = 0; j < valid; ++j) grad_z[size_t(d)] += phi(qt.at(j, d)) * dden[size_t(j)];
+        for_each_staged<kWidth / kSegment>(threads, kGradChunk, [&](const Segment& sg) {
+          if (sg.row >= valid) return;
+          for (int x = 0; x < kSegment; ++x)
+            gt.replace(sg.row, sg.column + x, round_bf16(gt.at(sg.row, sg.column + x) * inverse[size_t(sg.row)]));
+        });
+      }
+      for (int step = 0; step < kGradChunk && step < valid; step += kFrag)
+        for (int d = 0; d < rows; ++d)
+          for (int e = 0; e < kWidth; ++e)
+            for (int j = step; j < step + kFrag; ++j)
+              acc[size_t(d)][size_t(e)] += operand_feature(p_.phi, qt.at(j, d)) * gt.at(j, e);
+    }
+    const int64_t base = state_offset(p_, bh, block);
+    const float scale = p_.normalize ? 1.0f : float(p_.scale);
+    for (int warp = 0; warp < warps; ++warp)
+      for (int f = 0; f < kColumnFragments; ++f)
+        write_fragment(acc, warp * kFrag, f * kFrag, [&](const Segment& ls, const float (&x)[kSegment]) {
+          const int64_t d = warp * kFrag + ls.row, e = f * kFrag + ls.column;
+          if (d < p_.dk && e < p_.dv)
+            for (int y = 0; y < kSegment; ++y) grad_mixed.set(base + d * p_.dv + e + y, round_bf16(scale * x[y]));
+        });
+    for (int d = 0; d < p_.dk; ++d) grad_mixed_z.set(normaliser_offset(p_, bh, block) + d, grad_z[size_t(d)]);
+  }
+
+  // The partial sums per (tile of W, copy, split), then their sum in order
+  // with the normalisers' term, into grad_w as the operator uses W.
+  void weight_gradient(const std::vector<float>& grad_mixed, const std::vector<float>& grad_mixed_z,
+                       std::vector<float>& grad_w) const {
+    constexpr int kSegments = kInnerChunk / kSegment;
+    const WeightSplit split = weight_split(p_);
+    const int64_t m = p_.blocks;
+    Written partials(split.copies * split.splits * m * m);
+    for (int64_t copy = 0; copy < split.copies; ++copy)
+      for (int64_t part = 0; part < split.splits; ++part)
+        for (int64_t i0 = 0; i0 < m; i0 += kWeightTile)
+          for (int64_t b0 = 0; b0 < m; b0 += kWeightTile) {
+            std::vector<std::vector<float>> acc(kWeightTile, std::vector<float>(kWeightTile));
+            const int64_t first = part * split.chunks_per_split;
+            const int64_t last = std::min(first + split.chunks_per_split, split.chunks);
+            for (int64_t c = first; c < last; ++c) {
+              const WeightChunk chunk = weight_chunk(p_, split, copy, c);
+              SharedTile gt(kWeightTile, kInnerChunk + kPad), st(kWeightTile, kInnerChunk + kPad);
+              for_each_staged<kSegments>(kWeightWarps * 32, kWeightTile, [&](const Segment& sg) {
+                const int64_t i = i0 + sg.row, b = b0 + sg.row, f = chunk.first + sg.column;
+                gt.copy(sg, grad_mixed, i < m ? state_offset(p_, chunk.bh, i) + f : -1);
+                st.copy(sg, state_.s, b < m ? state_offset(p_, chunk.bh, b) + f : -1);
+              });
+              for (int i = 0; i < kWeightTile; ++i)
+                for (int b = 0; b < kWeightTile; ++b)
+                  for (int x = 0; x < kInnerChunk; ++x) acc[size_t(i)][size_t(b)] += gt.at(i, x) * st.at(b, x);
+            }
+            for (int warp = 0; warp < kWeightWarps; ++warp)
+              for (int n = 0; n < kWeightTile / kFrag; ++n)
+                write_fragment(acc, warp * kFrag, n * kFrag, [&](const Segment& ls, const float (&x)[kSegment]) {
+                  const int64_t i = i0 + warp * kFrag + ls.row;
+                  if (i >= m) return;
+                  for (int y = 0; y < kSegment; ++y) {
+                    const int64_t b = b0 + n * kFrag + ls.column + y;
+                    if (b < m) partials.set((copy * split.splits + part) * m * m + i * m + b, x[y]);
+                  }
+                });
+          }
+    const int64_t slices = p_.per_head ? p_.batch : p_.batch * p_.heads;
+    std::vector<float> dense(size_t(split.copies * m * m));
+    for (int64_t copy = 0; copy < split.copies; ++copy)
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t b = 0; b < m; ++b) {
+          float sum = 0;
+          for (int64_t part = 0; part < split.splits; ++part)
+            sum += partials.x[size_t((copy * split.splits + part) * m * m + i * m + b)];
+          for (int64_t slice = 0; slice < slices; ++slice) {
+            const int64_t bh = p_.per_head ? slice * p_.heads + copy : slice;
+            for (int64_t d = 0; d < p_.dk; ++d)
+              sum += grad_mixed_z[size_t(normaliser_offset(p_, bh, i) + d)] *
+                     state_.z[size_t(normaliser_offset(p_, bh, b) + d)];
+          }
+          dense[size_t((copy * m + i) * m + b)] = sum;
+          if (!p_.toeplitz && cuda::uses(p_, i, b)) grad_w[size_t((copy * p_.w_stride + i) * p_.w_stride + b)] += sum;
+        }
+    if (!p_.toeplitz) return;
+    const int64_t length = p_.toeplitz_length;
+    for (int64_t copy = 0; copy < split.copies; ++copy)
+      for (int64_t d = 0; d <= length; ++d)
+        grad_w[size_t(copy * (length + 1) + d)] +=
+            cuda::toeplitz_entry_gradient(p_, &dense[size_t(copy * m * m)], d);
+  }
+
+  template <int kColumnFragments>
+  void key_value_side(int64_t block, int64_t bh, const std::vector<float>& grad_s,
+                      const std::vector<float>& grad_z, Written& grad_k, Written& grad_v) const {
+    constexpr int kWidth = kColumnFragments * kFrag;
+    const int key_fragments = summaries_warps(p_.dk), threads = kKeyValueWarps * 32;
+    const Slice slice = slice_of(p_, unsigned(bh));
+    const int n = count(block);
+    SharedTile gs(kMaxDim, kWidth + kPad);
+    stage_state<kWidth / kSegment>(gs, threads, key_fragments * kFrag, state_offset(p_, bh, block), grad_s);
+    const float* gz = &grad_z[size_t(normaliser_offset(p_, bh, block))];
+    for (int c0 = 0; c0 < n; c0 += kGradChunk) {
+      SharedTile kt(kGradChunk, kMaxDim + kPad), vt(kGradChunk, kWidth + kPad);
+      stage_tokens<kMaxDim / kSegment>(kt, threads, block, slice, c0, k_, p_.dk);
+      stage_tokens<kWidth / kSegment>(vt, threads, block, slice, c0, v_, p_.dv);
+      const int valid = std::min(kGradChunk, n - c0);
+      std::vector<std::vector<float>> key(kGradChunk, std::vector<float>(size_t(key_fragments * kFrag))),
+          value(kGradChunk, std::vector<float>(kWidth));
+      for (int r = 0; r * kFrag < valid; ++r)
+        for (int t = r * kFrag; t < r * kFrag + kFrag; ++t) {
+          for (int d = 0; d < key_fragments * kFrag; ++d)
+            for (int e = 0; e < kWidth; ++e) key[size_t(t)][size_t(d)] += vt.at(t, e) * gs.at(d, e);
+          for (int e = 0; e < kWidth; ++e)
+            for (int a = 0; a < key_fragments * kFrag; ++a)
+              value[size_t(t)][size_t(e)] += operand_feature(p_.phi, kt.at(t, a)) * gs.at(a, e);
+        }
+      for (int r = 0; r * kFrag < valid; ++r) {
+        for (int f = 0; f < key_fragments; ++f)
+          write_fragment(key, r * kFrag, f * kFrag, [&](const Segment& ls, const float (&x)[kSegment]) {
+            const int j = r * kFrag + ls.row, column = f * kFrag + ls.column;
+            if (j >= valid || column >= p_.dk) return;
+            const int64_t row = block_token_row(p_, slice, block, c0 + j);
+            for (int y = 0; y < kSegment; ++y)
+              grad_k.set(row * p_.dk + column + y,
+                         round_bf16((x[y] + gz[column + y]) * cuda::feature_derivative(p_.phi, kt.at(j, column + y))));
+          });
+        for (int f = 0; f < kColumnFragments; ++f)
+          write_fragment(value, r * kFrag, f * kFrag, [&](const Segment& ls, const float (&x)[kSegment]) {
+            const int j = r * kFrag + ls.row, column = f * kFrag + ls.column;
+            if (j >= valid || column >= p_.dv) return;
+            const int64_t row = block_token_row(p_, slice, block, c0 + j);
+            for (int y = 0; y < kSegment; ++y) grad_v.set(row * p_.dv + column + y, round_bf16(x[y]));
+          });
+      }
+    }
+  }
+
+  const KernelProblem& p_;
+  const std::vector<float>&q_, &k_, &v_, &w_, &grad_o_;
+  const EmulatedForward& state_;
+};
+
+class Bf16StateBackwardTiling : public testing::TestWithParam<Case> {};
+
+TEST_P(Bf16StateBackwardTiling, MatchesFloat64OnTheSameInputs) {
+  const Case& c = GetParam();
+  const EmulatedCase e(c, 31);
+  const KernelProblem& p = e.problem();
+  if (c.masking == Masking::causal) {
+    EXPECT_FALSE(fits(p)) << "token-level causal masking stays on the split-operand kernels";
+    return;
+  }
+  ASSERT_TRUE(fits(p));
+
+  const std::vector<float> qf = cast<float>(e.q), kf = cast<float>(e.k), vf = cast<float>(e.v),
+                           gf = cast<float>(e.grad_o);
+  const EmulatedForward state = ForwardEmulation(p, qf, kf, vf, e.w).run();
+  const EmulatedBackward got = BackwardEmulation(p, qf, kf, vf, e.w, gf, state).run();
+
+  const TensorView<const double> qv = view(e.q, c.q_shape()), kv = view(e.k, c.q_shape()),
+                                 vv = view(e.v, c.v_shape()), wv = view(e.w64, c.w_shape());
+  std::vector<double> o64(e.v.size()), dq(e.q.size()), dk(e.k.size()), dv(e.v.size()),
+      dw(e.w64.size());
+  forward<double>(e.options, qv, kv, vv, wv, view(o64, c.v_shape()));
+  backward<double>(e.options, qv, kv, vv, wv, view(std::as_const(o64), c.v_shape()),
+                   view(e.grad_o, c.v_shape()), view(dq, c.q_shape()), view(dk, c.q_shape()),
+                   view(dv, c.v_shape()), view(dw, c.w_shape()));
+  EXPECT_CLOSE(got.grad_q, dq, kStateGradientTolerance, "grad q");
+  EXPECT_CLOSE(got.grad_k, dk, kStateGradientTolerance, "grad k");
+  EXPECT_CLOSE(got.grad_v, dv, kStateGradientTolerance, "grad v");
+  EXPECT_CLOSE(got.grad_w, dw, kStateWeightGradientTolerance, "grad w");
+}
+
+INSTANTIATE_TEST_SUITE_P(AllModes, Bf16StateBackwardTiling, testing::ValuesIn(bf16_state_cases()),
+                         case_name);
+
+}  // namespace
+}  // namespace mhla::test
