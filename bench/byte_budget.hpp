@@ -78,6 +78,19 @@ inline Budget byte_budget(const BudgetShape& s) {
   return b;
 }
 
+// The model's rates: a measured bf16 GEMM's 789 TFLOP/s (H100, H200) at half
+// efficiency (mma.sync tiles of a few warps), and 3 us a launch.
+constexpr double kModelTflops = 789.0, kModelFlopEfficiency = 0.5, kModelLaunchMs = 0.003;
+
+// A kernel's modeled time at `bytes_per_ms`: the longer of its bytes' and its
+// FLOPs' time, plus a launch.
+inline double modeled_ms(const KernelBudget& k, double bytes_per_ms) {
+  const double flops_per_ms = kModelTflops * 1e9 * kModelFlopEfficiency;
+  return (k.bytes / bytes_per_ms > k.flops / flops_per_ms ? k.bytes / bytes_per_ms
+                                                          : k.flops / flops_per_ms) +
+         kModelLaunchMs;
+}
+
 inline double total_bytes(const std::vector<KernelBudget>& kernels) {
   double sum = 0;
   for (const KernelBudget& k : kernels) sum += k.bytes;

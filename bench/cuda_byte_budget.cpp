@@ -21,8 +21,6 @@ namespace {
 using mhla::bench::Budget;
 using mhla::bench::KernelBudget;
 
-constexpr double kTflops = 789.0, kFlopEfficiency = 0.5, kLaunchMs = 0.003;
-
 struct Target {
   double forward_ms, both_ms;  // forward, forward+backward
 };
@@ -37,13 +35,9 @@ Target target(size_t shape, double floor_ms) {
   }
 }
 
-double kernel_ms(const KernelBudget& k, double bytes_per_ms) {
-  return std::max(k.bytes / bytes_per_ms, k.flops / (kTflops * 1e9 * kFlopEfficiency)) + kLaunchMs;
-}
-
 double pass_ms(const std::vector<KernelBudget>& kernels, double bytes_per_ms) {
   double ms = 0;
-  for (const KernelBudget& k : kernels) ms += kernel_ms(k, bytes_per_ms);
+  for (const KernelBudget& k : kernels) ms += mhla::bench::modeled_ms(k, bytes_per_ms);
   return ms;
 }
 
@@ -58,7 +52,8 @@ int main(int argc, char** argv) {
   }
   const double copy_bytes_per_ms = copy_gbs * 1e6, bytes_per_ms = efficiency * copy_bytes_per_ms;
   std::printf("copy rate %.0f GB/s at %.0f%%; bf16 %.0f TFLOP/s at %.0f%%; %.0f us a launch\n\n",
-              copy_gbs, 100 * efficiency, kTflops, 100 * kFlopEfficiency, kLaunchMs * 1e3);
+              copy_gbs, 100 * efficiency, mhla::bench::kModelTflops,
+              100 * mhla::bench::kModelFlopEfficiency, mhla::bench::kModelLaunchMs * 1e3);
   bool met = true;
   const auto shapes = mhla::bench::budget_shapes();
   for (size_t i = 0; i < shapes.size(); ++i) {
@@ -69,7 +64,7 @@ int main(int argc, char** argv) {
     for (const auto& [pass, kernels] : {std::pair{"forward", &b.forward}, {"backward", &b.backward}})
       for (const KernelBudget& k : *kernels)
         std::printf("  %-8s %-24s %10.1f %10.2f %10.3f\n", pass, k.name.c_str(), k.bytes / 1e6,
-                    k.flops / 1e9, kernel_ms(k, bytes_per_ms));
+                    k.flops / 1e9, mhla::bench::modeled_ms(k, bytes_per_ms));
     const Target t = target(i, floor_ms);
     const double forward = pass_ms(b.forward, bytes_per_ms);
     const double both = forward + pass_ms(b.backward, bytes_per_ms);

@@ -25,25 +25,14 @@
 #include <vector>
 
 #include "byte_budget.hpp"
+#include "cuda_bench_support.hpp"
 #include "mhla/mhla.hpp"
 
 namespace {
 
 using mhla::Device;
 using mhla::TensorView;
-
-void check(cudaError_t status, const char* what) {
-  if (status == cudaSuccess) return;
-  std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(status));
-  std::exit(1);
-}
-
-struct Shape {
-  const char* name;
-  int64_t heads, d;
-  mhla::TokenLayout layout;
-  mhla::Masking masking = mhla::Masking::none;
-};
+using namespace mhla::bench;
 
 // A time in ms, or "-" where the kernels do not take the shape.
 std::string cell(double ms) {
@@ -51,33 +40,6 @@ std::string cell(double ms) {
   char text[32];
   std::snprintf(text, sizeof text, "%.3f", ms);
   return text;
-}
-
-// n floats drawn uniformly from [lo, hi).
-std::vector<float> random_values(int64_t n, float lo, float hi, std::mt19937& rng) {
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> host(static_cast<size_t>(n));
-  for (float& x : host) x = dist(rng);
-  return host;
-}
-
-template <typename T>
-T* to_device(const std::vector<T>& host) {
-  T* device = nullptr;
-  check(cudaMalloc(&device, host.size() * sizeof(T)), "cudaMalloc");
-  check(cudaMemcpy(device, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice),
-        "cudaMemcpy");
-  return device;
-}
-
-float* random_device_array(int64_t n, float lo, float hi, std::mt19937& rng) {
-  return to_device(random_values(n, lo, hi, rng));
-}
-
-std::vector<mhla::bfloat16> rounded(const std::vector<float>& x) {
-  std::vector<mhla::bfloat16> out(x.size());
-  for (size_t i = 0; i < x.size(); ++i) out[i] = mhla::to_bfloat16(x[i]);
-  return out;
 }
 
 template <typename Fn>
@@ -96,33 +58,6 @@ double median_ms(int repeats, Fn&& fn) {
   return ms[ms.size() / 2];
 }
 
-// Bytes read plus bytes written per ms by the fastest of 5 device-to-device
-// copies of 1 GiB.
-double copy_bytes_per_ms() {
-  const size_t bytes = size_t(1) << 30;
-  void *from = nullptr, *to = nullptr;
-  check(cudaMalloc(&from, bytes), "cudaMalloc");
-  check(cudaMalloc(&to, bytes), "cudaMalloc");
-  cudaEvent_t start, stop;
-  check(cudaEventCreate(&start), "cudaEventCreate");
-  check(cudaEventCreate(&stop), "cudaEventCreate");
-  float best = INFINITY;
-  for (int r = 0; r < 6; ++r) {
-    check(cudaEventRecord(start), "cudaEventRecord");
-    check(cudaMemcpy(to, from, bytes, cudaMemcpyDeviceToDevice), "cudaMemcpy");
-    check(cudaEventRecord(stop), "cudaEventRecord");
-    check(cudaEventSynchronize(stop), "cudaEventSynchronize");
-    float ms = 0;
-    check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
-    if (r > 0) best = std::min(best, ms);  // the first copy warms up
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  cudaFree(from);
-  cudaFree(to);
-  return 2.0 * double(bytes) / best;
-}
-
 double env_or(const char* name, double fallback) {
   const char* value = std::getenv(name);
   return value ? std::atof(value) : fallback;
@@ -134,15 +69,7 @@ int main(int argc, char** argv) try {
   const int repeats = argc > 1 ? std::max(1, std::atoi(argv[1])) : 5;
   const double copy_rate = copy_bytes_per_ms();
   const double flops_per_ms = env_or("MHLA_GEMM_TFLOPS", 789.0) * 1e9;
-  const std::vector<Shape> shapes = {
-      {"4096 tokens, 8 heads of 64, M = 64", 8, 64, mhla::TokenLayout::sequence(4096, 64)},
-      {"65536 tokens, 8 heads of 64, M = 256", 8, 64, mhla::TokenLayout::sequence(65536, 256)},
-      {"video 21x30x50, 12 heads of 128, M = 210", 12, 128,
-       mhla::TokenLayout::grid3d(21, 30, 50, 1, 15, 10)},
-      // Token-level causal masking: the bf16 kernels only (the float ones refuse it).
-      {"causal 65536 tokens, 8 heads of 64, M = 256", 8, 64,
-       mhla::TokenLayout::sequence(65536, 256), mhla::Masking::causal},
-  };
+  const std::vector<Shape> shapes = target_shapes();
   cudaDeviceProp props{};
   check(cudaGetDeviceProperties(&props, 0), "cudaGetDeviceProperties");
   std::printf(

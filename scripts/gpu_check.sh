@@ -56,7 +56,9 @@ if [[ "${MHLA_GPU_PREBUILT:-0}" == 1 ]]; then parts=" cuda "; else parts=" ${MHL
 # One build tree for both stages: the Python package links the library the
 # first stage compiled, CUDA backend included.
 nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+# One architecture, the card's (H100, H200), to spend device time on tests.
 configure=(-S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DMHLA_WITH_CUDA=ON
+  -DCMAKE_CUDA_ARCHITECTURES="${MHLA_CUDA_ARCHITECTURES:-90a-real}"
   -DCMAKE_CUDA_COMPILER="$nvcc" -DMHLA_BUILD_TOOLS=OFF -DMHLA_WITH_MPI=OFF
   -DCMAKE_PREFIX_PATH="$root/usr")
 if [[ "$parts" == *" cuda "* ]]; then
@@ -64,7 +66,8 @@ if [[ "$parts" == *" cuda "* ]]; then
   # that device time goes to tests and timings (CMake is not run: its cache
   # names the other machine's paths).
   if [[ "${MHLA_GPU_PREBUILT:-0}" == 1 ]]; then
-    echo "== prebuilt: $(ls build-gpu/tests/mhla_cuda_tests build-gpu/bench/mhla_cuda_operator_bench) =="
+    echo "== prebuilt: $(ls build-gpu/tests/mhla_cuda_tests build-gpu/bench/mhla_cuda_operator_bench \
+      build-gpu/bench/mhla_cuda_state_kernel_bench) =="
   else
     echo "== configure (logs: $out) =="
     if ! cmake "${configure[@]}" -DMHLA_BUILD_PYTHON=OFF > "$out/configure.log" 2>&1; then
@@ -73,6 +76,7 @@ if [[ "$parts" == *" cuda "* ]]; then
     fi
     echo "== build =="
     if ! cmake --build build-gpu -j "$(nproc)" --target mhla_cuda_tests mhla_cuda_operator_bench \
+      mhla_cuda_state_kernel_bench \
       > "$out/build.log" 2>&1; then
       grep -m 30 -A 6 -E "error|Error" "$out/build.log"
       exit 1
@@ -86,6 +90,9 @@ if [[ "$parts" == *" cuda "* ]]; then
 
   echo "== benchmark =="
   ./build-gpu/bench/mhla_cuda_operator_bench "${1:-5}" | tee "$out/bench.txt" || status=1
+  echo "== the bfloat16-state kernels one by one =="
+  ./build-gpu/bench/mhla_cuda_state_kernel_bench 20 "$out/state-kernels.json" |
+    tee "$out/state-kernels.txt" || status=1
 fi
 [[ "$parts" == *" python "* ]] || exit $status
 

@@ -270,26 +270,6 @@ void launch_with_shared(Kernel kernel, dim3 grid, unsigned threads, cudaStream_t
   check_launch(name);
 }
 
-template <int kColumnFragments>
-void launch_sides(const KernelProblem& p, const uint16_t* q, const uint16_t* k, const uint16_t* v,
-                  const uint16_t* grad_o, const Bf16State& state, const Bf16State& grads,
-                  uint16_t* grad_q, uint16_t* grad_k, uint16_t* grad_v, bool query,
-                  int* non_finite, cudaStream_t stream) {
-  const dim3 grid(unsigned(p.blocks), unsigned(p.batch * p.heads));
-  if (query)
-    launch_with_shared<QueryShared<kColumnFragments>>(
-        query_side_kernel<kColumnFragments>, grid, unsigned(32 * summaries_warps(p.dk)), stream,
-        "bf16-state query side kernel", p, q, grad_o, static_cast<const uint16_t*>(state.mixed),
-        static_cast<const float*>(state.mixed_normalisers), grad_q, grads.mixed,
-        grads.mixed_normalisers, non_finite);
-  else
-    launch_with_shared<KeyValueShared<kColumnFragments>>(
-        key_value_side_kernel<kColumnFragments>, grid, unsigned(kKeyValueWarps * 32), stream,
-        "bf16-state key and value side kernel", p, k, v,
-        static_cast<const uint16_t*>(grads.summaries), static_cast<const float*>(grads.normalisers),
-        grad_k, grad_v, non_finite);
-}
-
 }  // namespace
 
 bool bf16_state_backward_fits(const KernelProblem& p, const void* q, const void* k, const void* v,
@@ -301,22 +281,56 @@ bool bf16_state_backward_fits(const KernelProblem& p, const void* q, const void*
 
 int64_t bf16_state_backward_scratch(const KernelProblem& p) { return bf16_state_weight_scratch(p); }
 
+void bf16_state_query_side(const KernelProblem& p, const uint16_t* q, const uint16_t* grad_o,
+                           const Bf16State& state, const Bf16State& grads, uint16_t* grad_q,
+                           int* non_finite, cudaStream_t stream) {
+  const dim3 grid(unsigned(p.blocks), unsigned(p.batch * p.heads));
+  const unsigned threads = unsigned(32 * summaries_warps(p.dk));
+  const char* name = "bf16-state query side kernel";
+  const uint16_t* mixed = state.mixed;
+  const float* mixed_z = state.mixed_normalisers;
+  if (column_fragments(p.dv) == 8)
+    launch_with_shared<QueryShared<8>>(query_side_kernel<8>, grid, threads, stream, name, p, q,
+                                       grad_o, mixed, mixed_z, grad_q, grads.mixed,
+                                       grads.mixed_normalisers, non_finite);
+  else
+    launch_with_shared<QueryShared<4>>(query_side_kernel<4>, grid, threads, stream, name, p, q,
+                                       grad_o, mixed, mixed_z, grad_q, grads.mixed,
+                                       grads.mixed_normalisers, non_finite);
+}
+
+void bf16_state_key_value_side(const KernelProblem& p, const uint16_t* k, const uint16_t* v,
+                               const Bf16State& grads, uint16_t* grad_k, uint16_t* grad_v,
+                               int* non_finite, cudaStream_t stream) {
+  const dim3 grid(unsigned(p.blocks), unsigned(p.batch * p.heads));
+  const char* name = "bf16-state key and value side kernel";
+  const uint16_t* grad_s = grads.summaries;
+  const float* grad_z = grads.normalisers;
+  if (column_fragments(p.dv) == 8)
+    launch_with_shared<KeyValueShared<8>>(key_value_side_kernel<8>, grid, kKeyValueWarps * 32,
+                                          stream, name, p, k, v, grad_s, grad_z, grad_k, grad_v,
+                                          non_finite);
+  else
+    launch_with_shared<KeyValueShared<4>>(key_value_side_kernel<4>, grid, kKeyValueWarps * 32,
+                                          stream, name, p, k, v, grad_s, grad_z, grad_k, grad_v,
+                                          non_finite);
+}
+
 void bf16_state_backward(const KernelProblem& p, const uint16_t* q, const uint16_t* k,
                          const uint16_t* v, const float* w, const uint16_t* grad_o,
                          uint16_t* grad_q, uint16_t* grad_k, uint16_t* grad_v, float* grad_w,
                          const Bf16State& state, const Bf16State& grads, float* scratch,
                          int* non_finite, cudaStream_t stream) {
-  const bool wide = column_fragments(p.dv) == 8;
-  bf16_state_summaries(p, k, v, w, state, stream);
-  (wide ? launch_sides<8> : launch_sides<4>)(p, q, k, v, grad_o, state, grads, grad_q, grad_k,
-                                             grad_v, true, non_finite, stream);
+  bf16_state_summaries(p, k, v, state, stream);
+  bf16_state_mix(p, w, false, state.summaries, state.normalisers, state.mixed,
+                 state.mixed_normalisers, stream);
+  bf16_state_query_side(p, q, grad_o, state, grads, grad_q, non_finite, stream);
   bf16_state_mix(p, w, true, grads.mixed, grads.mixed_normalisers, grads.summaries,
                  grads.normalisers, stream);
   if (grad_w != nullptr)
     bf16_state_weight_gradient(p, grads.mixed, grads.mixed_normalisers, state.summaries,
                                state.normalisers, grad_w, scratch, non_finite, stream);
-  (wide ? launch_sides<8> : launch_sides<4>)(p, q, k, v, grad_o, state, grads, grad_q, grad_k,
-                                             grad_v, false, non_finite, stream);
+  bf16_state_key_value_side(p, k, v, grads, grad_k, grad_v, non_finite, stream);
 }
 
 }  // namespace mhla::cuda

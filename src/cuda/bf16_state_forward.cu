@@ -181,33 +181,36 @@ bool bf16_state_forward_fits(const KernelProblem& p, const void* q, const void* 
 }
 
 void bf16_state_summaries(const KernelProblem& p, const uint16_t* k, const uint16_t* v,
-                          const float* w, const Bf16State& state, cudaStream_t stream) {
-  const unsigned slices = unsigned(p.batch * p.heads), blocks = unsigned(p.blocks);
+                          const Bf16State& state, cudaStream_t stream) {
+  const dim3 grid(unsigned(p.blocks), unsigned(p.batch * p.heads));
   const unsigned threads = unsigned(32 * summaries_warps(p.dk));
   if (column_fragments(p.dv) == 8)
-    summaries_kernel<8><<<dim3(blocks, slices), threads, 0, stream>>>(p, k, v, state.summaries,
-                                                                        state.normalisers);
+    summaries_kernel<8><<<grid, threads, 0, stream>>>(p, k, v, state.summaries, state.normalisers);
   else
-    summaries_kernel<4><<<dim3(blocks, slices), threads, 0, stream>>>(p, k, v, state.summaries,
-                                                                        state.normalisers);
+    summaries_kernel<4><<<grid, threads, 0, stream>>>(p, k, v, state.summaries, state.normalisers);
   check_launch("bf16-state summaries kernel");
-  bf16_state_mix(p, w, false, state.summaries, state.normalisers, state.mixed,
-                 state.mixed_normalisers, stream);
+}
+
+void bf16_state_read_out(const KernelProblem& p, const uint16_t* q, const Bf16State& state,
+                         uint16_t* o, int* non_finite, cudaStream_t stream) {
+  const unsigned chunks = unsigned(read_chunks(p));
+  const dim3 grid(unsigned(p.blocks) * chunks, unsigned(p.batch * p.heads));
+  if (column_fragments(p.dv) == 8)
+    outputs_kernel<8><<<grid, kReadWarps * 32, 0, stream>>>(
+        p, chunks, q, state.mixed, state.mixed_normalisers, o, non_finite);
+  else
+    outputs_kernel<4><<<grid, kReadWarps * 32, 0, stream>>>(
+        p, chunks, q, state.mixed, state.mixed_normalisers, o, non_finite);
+  check_launch("bf16-state outputs kernel");
 }
 
 void bf16_state_forward(const KernelProblem& p, const uint16_t* q, const uint16_t* k,
                         const uint16_t* v, const float* w, uint16_t* o, const Bf16State& state,
                         int* non_finite, cudaStream_t stream) {
-  bf16_state_summaries(p, k, v, w, state, stream);
-  const unsigned chunks = unsigned(read_chunks(p));
-  const dim3 read_grid(unsigned(p.blocks) * chunks, unsigned(p.batch * p.heads));
-  if (column_fragments(p.dv) == 8)
-    outputs_kernel<8><<<read_grid, kReadWarps * 32, 0, stream>>>(
-        p, chunks, q, state.mixed, state.mixed_normalisers, o, non_finite);
-  else
-    outputs_kernel<4><<<read_grid, kReadWarps * 32, 0, stream>>>(
-        p, chunks, q, state.mixed, state.mixed_normalisers, o, non_finite);
-  check_launch("bf16-state outputs kernel");
+  bf16_state_summaries(p, k, v, state, stream);
+  bf16_state_mix(p, w, false, state.summaries, state.normalisers, state.mixed,
+                 state.mixed_normalisers, stream);
+  bf16_state_read_out(p, q, state, o, non_finite, stream);
 }
 
 }  // namespace mhla::cuda
