@@ -19,6 +19,7 @@ import functools
 import torch
 from . import _core, _operators, _unpickle
 from ._torch_forms.chunk import Geometry
+from ._torch_operands import compute_dtype
 
 AVAILABLE = hasattr(torch.library, "custom_op") and hasattr(torch.library, "register_autograd")
 
@@ -123,7 +124,7 @@ if AVAILABLE:
 
 def _compute(q, *tensors):
     """The tensors in the operator's computing dtype for q's: float32 for bfloat16 and float16."""
-    dtype = torch.float32 if q.dtype in (torch.bfloat16, torch.float16) else q.dtype
+    dtype = compute_dtype(q.dtype)
     return tuple(t.to(dtype) for t in (q, *tensors))
 
 
@@ -134,8 +135,7 @@ def mhla_attention(q, k, v, w, geometry, *, masking, feature_map, normalize, eps
     if q.dtype == torch.bfloat16 and k.dtype == v.dtype == q.dtype:
         operands = (q, k, v, w.to(torch.float32))
     else:
-        compute = torch.float32 if q.dtype == torch.float16 else q.dtype
-        operands = (q.to(compute), k.to(compute), v.to(compute), w.to(compute))
+        operands = _compute(q, k, v, w)
     o, _, _ = forward(*operands, geometry.rank, list(geometry.grid), list(geometry.tile), masking, feature_map,
                       normalize, eps, scale, mixing)
     return o.to(q.dtype)

@@ -6,7 +6,7 @@ from torch.utils.dlpack import from_dlpack
 
 from . import _contract, _core, _custom_ops, _finite_results, _operators
 from ._torch_forms import chunk
-from ._torch_operands import operand as _operand
+from ._torch_operands import compute_dtype, operand as _operand
 from .streaming import offsets
 
 
@@ -71,10 +71,6 @@ _WIDENED = {
     torch.bfloat16: (_core.bfloat16_to_float32, _core.float32_to_bfloat16),
     torch.float16: (_core.float16_to_float32, _core.float32_to_float16),
 }
-
-
-def _compute_dtype(q):
-    return torch.float32 if q.dtype in _WIDENED else q.dtype
 
 
 class _Widen(torch.autograd.Function):
@@ -160,7 +156,7 @@ def mhla_attention(q, k, v, w, layout, *, masking=None, feature_map=None, normal
     if q.dtype == torch.bfloat16 and k.dtype == v.dtype == q.dtype:
         # The operator's own bfloat16 path (float32 w and saved summaries).
         return _operators.MHLA(q, k, v, w.to(torch.float32), settings=options)
-    return _to_dtype(_operators.MHLA(*_widened(q, k, v), w.to(_compute_dtype(q)), settings=options), q.dtype)
+    return _to_dtype(_operators.MHLA(*_widened(q, k, v), w.to(compute_dtype(q.dtype)), settings=options), q.dtype)
 
 
 def varlen_attention(q, k, v, w, cu_seqlens, *, block, mixing=None, masking=None, feature_map=None,
@@ -181,7 +177,7 @@ def varlen_attention(q, k, v, w, cu_seqlens, *, block, mixing=None, masking=None
                    eps=eps, scale=scale)
     if _pure_torch_path(backend, q, k, v, w):
         return chunk.varlen_attention(q, k, v, w, offsets(cu_seqlens), **options)
-    return _to_dtype(_operators.VARLEN(*_widened(q, k, v), w.to(_compute_dtype(q)),
+    return _to_dtype(_operators.VARLEN(*_widened(q, k, v), w.to(compute_dtype(q.dtype)),
                                        settings=(offsets(cu_seqlens), options)), q.dtype)
 
 
