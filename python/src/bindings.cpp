@@ -338,7 +338,8 @@ void bind_operator(py::module_& m) {
       [](py::handle q, py::handle k, py::handle v, py::handle w, py::object options,
          py::object layout, py::object masking, py::object feature_map, py::object normalize,
          py::object eps, py::object scale, py::object mixing, bool save_summaries,
-         bool save_mixed) {
+         bool save_mixed, py::object stream) {
+        const cuda::CallStream on(stream);
         return mhla_forward(
             q, k, v, w,
             options_of(options, layout, {masking, feature_map, normalize, eps, scale}, mixing),
@@ -347,9 +348,11 @@ void bind_operator(py::module_& m) {
       "q"_a, "k"_a, "v"_a, "w"_a, py::kw_only(), "options"_a = py::none(), "layout"_a = py::none(),
       "masking"_a = py::none(), "feature_map"_a = py::none(), "normalize"_a = py::none(),
       "eps"_a = py::none(), "scale"_a = py::none(), "mixing"_a = py::none(),
-      "save_summaries"_a = false, "save_mixed"_a = false,
+      "save_summaries"_a = false, "save_mixed"_a = false, "stream"_a = py::none(),
       "Returns (o, summaries or None), and the mixed summaries after them when save_mixed. "
-      "Both are [B, H, M, Dk, Dv + 1]; handed to backward, they spare it recomputing them.");
+      "Both are [B, H, M, Dk, Dv + 1]; handed to backward, they spare it recomputing them. "
+      "CUDA tensors: the call runs on `stream`, a cudaStream_t as an int (torch: "
+      "torch.cuda.current_stream().cuda_stream), None for the legacy default stream.");
   m.def("_check_call", &check_call, "q_shape"_a, "k_shape"_a, "v_shape"_a, "w_shape"_a,
         "w_values"_a, "options"_a, "function"_a = "mhla::forward",
         "Raises forward()'s error for these shapes and options (and w's values, given a CPU w).");
@@ -361,7 +364,8 @@ void bind_operator(py::module_& m) {
       [](py::handle q, py::handle k, py::handle v, py::handle w, py::handle o, py::handle grad_o,
          py::handle summaries, py::handle mixed, py::object options, py::object layout,
          py::object masking, py::object feature_map, py::object normalize, py::object eps,
-         py::object scale, py::object mixing) {
+         py::object scale, py::object mixing, py::object stream) {
+        const cuda::CallStream on(stream);
         return mhla_backward(
             q, k, v, w, o, grad_o, summaries, mixed,
             options_of(options, layout, {masking, feature_map, normalize, eps, scale}, mixing),
@@ -371,8 +375,10 @@ void bind_operator(py::module_& m) {
       "mixed"_a = py::none(), "options"_a = py::none(), "layout"_a = py::none(),
       "masking"_a = py::none(), "feature_map"_a = py::none(), "normalize"_a = py::none(),
       "eps"_a = py::none(), "scale"_a = py::none(), "mixing"_a = py::none(),
+      "stream"_a = py::none(),
       "Returns (grad_q, grad_k, grad_v, grad_w). Saved summaries and mixed summaries are held to "
-      "fingerprints of k, v and w in every block: arrays from other inputs are a ValueError.");
+      "fingerprints of k, v and w in every block: arrays from other inputs are a ValueError. "
+      "CUDA tensors: the call runs on `stream`, as forward's.");
   m.def(
       "_backward_private_state",
       [](py::handle q, py::handle k, py::handle v, py::handle w, py::handle o, py::handle grad_o,

@@ -12,6 +12,30 @@
 namespace py = pybind11;
 
 namespace mhla::python::cuda {
+namespace {
+thread_local int64_t current_call_stream = kLegacyDefaultStream;
+}  // namespace
+
+int64_t call_stream() { return current_call_stream; }
+
+CallStream::CallStream(py::handle stream)
+    : previous_(current_call_stream), previous_execution_(device_execution()) {
+  if (!stream.is_none() && !py::isinstance<py::int_>(stream))
+    throw py::type_error("stream must be a cudaStream_t as an int (torch: "
+                         "torch.cuda.current_stream().cuda_stream) or None, not " +
+                         std::string(py::str(py::type::handle_of(stream).attr("__name__"))));
+  const int64_t handle = stream.is_none() ? 0 : stream.cast<int64_t>();
+  if (handle < 0)
+    throw py::value_error("stream must be a cudaStream_t as an int (0 or more) or None, not " +
+                          std::to_string(handle));
+  current_call_stream = handle == 0 ? kLegacyDefaultStream : handle;
+  set_device_execution({reinterpret_cast<void*>(handle), previous_execution_.checks});
+}
+
+CallStream::~CallStream() {
+  current_call_stream = previous_;
+  set_device_execution(previous_execution_);
+}
 
 #if MHLA_WITH_CUDA
 
@@ -47,15 +71,17 @@ std::shared_ptr<void> allocate(size_t bytes) {
 
 void wait_for_device() { mhla::cuda::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
 
-void order_after_backend(int64_t consumer_stream) {
-  if (consumer_stream == -1 || consumer_stream == kLegacyDefaultStream) return;
-  const cudaStream_t stream =
-      consumer_stream == 2 ? cudaStreamPerThread : reinterpret_cast<cudaStream_t>(consumer_stream);
+void order_after(int64_t producer_stream, int64_t consumer_stream) {
+  if (consumer_stream == -1 || consumer_stream == producer_stream) return;
+  // DLPack's codes 1 and 2 are the runtime's handles of the default streams.
   cudaEvent_t done = nullptr;
   mhla::cuda::check(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate");
-  const cudaError_t recorded = cudaEventRecord(done, cudaStreamLegacy);
+  const cudaError_t recorded =
+      cudaEventRecord(done, reinterpret_cast<cudaStream_t>(producer_stream));
   const cudaError_t waited =
-      recorded == cudaSuccess ? cudaStreamWaitEvent(stream, done, 0) : recorded;
+      recorded == cudaSuccess
+          ? cudaStreamWaitEvent(reinterpret_cast<cudaStream_t>(consumer_stream), done, 0)
+          : recorded;
   cudaEventDestroy(done);  // released once the wait is satisfied
   mhla::cuda::check(waited, "ordering the consumer's stream after mhla's (cudaStreamWaitEvent)");
 }
@@ -81,7 +107,7 @@ std::shared_ptr<void> allocate(size_t) { no_backend("a result is due on a CUDA d
 
 void wait_for_device() { no_backend("a tensor is on a CUDA device"); }
 
-void order_after_backend(int64_t) { no_backend("a result is on a CUDA device"); }
+void order_after(int64_t, int64_t) { no_backend("a result is on a CUDA device"); }
 
 #endif
 

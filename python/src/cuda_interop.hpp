@@ -1,14 +1,19 @@
 #pragma once
 // What the bindings need of CUDA to take and return device tensors through
 // DLPack: is a tensor's device usable, memory for results there, and the
-// stream handshake. The library's CUDA backend runs on the legacy default
-// stream, so a producer is asked (DLPack's `stream = 1`) to order its pending
-// work before that stream, and a consumer's stream is made to wait for it.
-// Without the CUDA backend (a build without the CUDA toolkit) each of these
-// refuses by name; no CUDA runtime is linked then.
+// stream handshake. A call runs on the stream its caller names (CallStream;
+// the legacy default stream unless named), so each input's producer is asked
+// (DLPack's `stream` argument) to order its pending work before that stream,
+// and a result's consumer stream is made to wait for the work the call left
+// on it. Without the CUDA backend (a build without the CUDA toolkit) each of
+// these refuses by name; no CUDA runtime is linked then.
+#include <pybind11/pytypes.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+
+#include "mhla/device_execution.hpp"
 
 namespace mhla::python::cuda {
 
@@ -29,9 +34,31 @@ std::shared_ptr<void> allocate(size_t bytes);
 // to order its work (it had no __dlpack_device__ to say it was on CUDA).
 void wait_for_device();
 
-// Makes the consumer's stream (DLPack's code: 1 legacy default, 2 per-thread
-// default, -1 none, otherwise a cudaStream_t) wait for the work issued so
-// far on the legacy default stream.
-void order_after_backend(int64_t consumer_stream);
+// Streams as DLPack codes them: 1 the legacy default stream, 2 the per-thread
+// default stream, -1 none, otherwise a cudaStream_t (the CUDA runtime's own
+// handles for the two defaults are 1 and 2 as well).
+
+// The stream of the calling thread's binding call now (1 outside calls).
+int64_t call_stream();
+
+// For the duration of one binding call: its CUDA work runs on `stream`, a
+// cudaStream_t as an int (torch: torch.cuda.current_stream().cuda_stream, 0
+// for the legacy default stream), or None for the legacy default stream.
+// Calls on CPU tensors ignore it, as the library does.
+class CallStream {
+ public:
+  explicit CallStream(pybind11::handle stream);
+  ~CallStream();
+  CallStream(const CallStream&) = delete;
+  CallStream& operator=(const CallStream&) = delete;
+
+ private:
+  int64_t previous_;
+  DeviceExecution previous_execution_;
+};
+
+// Makes the consumer's stream wait for the work issued so far on the
+// producer's (both as DLPack codes them).
+void order_after(int64_t producer_stream, int64_t consumer_stream);
 
 }  // namespace mhla::python::cuda

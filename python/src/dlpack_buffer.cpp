@@ -105,7 +105,7 @@ void delete_unused_capsule(PyObject* capsule) {
 }  // namespace
 
 Buffer::Buffer(DType dtype, std::vector<int64_t> shape, Place place)
-    : dtype_(dtype), shape_(std::move(shape)), place_(place) {
+    : dtype_(dtype), shape_(std::move(shape)), place_(place), stream_(cuda::call_stream()) {
   size_t bytes = dtype_size(dtype_);
   for (int64_t extent : shape_) bytes *= static_cast<size_t>(extent);
   if (place_.device == Device::cuda) {
@@ -126,9 +126,9 @@ size_t recycled_buffer_bytes() { return RecycledMemory::instance().held(); }
 py::capsule Buffer::dlpack(py::object stream) const {
   if (place_.device == Device::cpu && !stream.is_none())
     throw py::value_error("__dlpack__: stream must be None for CPU memory");
-  // None: the consumer works on the legacy default stream, which is mhla's.
-  if (place_.device == Device::cuda && !stream.is_none())
-    cuda::order_after_backend(stream.cast<int64_t>());
+  // None: the consumer works on the legacy default stream.
+  if (place_.device == Device::cuda)
+    cuda::order_after(stream_, stream.is_none() ? cuda::kLegacyDefaultStream : stream.cast<int64_t>());
   auto owned = std::make_unique<Export>();
   Export& e = *owned;
   e.shape = shape_;

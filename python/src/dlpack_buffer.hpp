@@ -33,8 +33,8 @@ class Buffer {
   }
 
   // The DLPack protocol. For CPU memory `stream` must be None; for CUDA
-  // memory the consumer's stream (DLPack's code) is made to wait for the
-  // computation that wrote it.
+  // memory the consumer's stream (DLPack's code; None: the legacy default
+  // stream) is made to wait for the computation that wrote it.
   pybind11::capsule dlpack(pybind11::object stream) const;
   pybind11::tuple dlpack_device() const;
   // NumPy's array interface: numpy.asarray(buffer) is a writable view that
@@ -47,6 +47,7 @@ class Buffer {
   DType dtype_;
   std::vector<int64_t> shape_;
   Place place_;
+  int64_t stream_;  // CUDA memory: the stream of the call that writes it (DLPack's code)
   std::shared_ptr<void> storage_;
 };
 

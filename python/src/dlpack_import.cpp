@@ -65,7 +65,7 @@ ImportedTensor::ImportedTensor(py::handle object, const char* name, bool storage
         std::string(py::str(py::type::handle_of(object).attr("__name__"))));
   }
   // A tensor that says where it is gets checked before it is exported; one on
-  // CUDA is asked to order its pending work before the backend's stream.
+  // CUDA is asked to order its pending work before the call's stream.
   bool on_cuda = false;
   if (py::hasattr(object, "__dlpack_device__")) {
     const auto [type, id] = object.attr("__dlpack_device__")().cast<std::pair<int, int>>();
@@ -73,7 +73,7 @@ ImportedTensor::ImportedTensor(py::handle object, const char* name, bool storage
   }
   py::object exported;
   try {
-    exported = on_cuda ? object.attr("__dlpack__")(py::arg("stream") = cuda::kLegacyDefaultStream)
+    exported = on_cuda ? object.attr("__dlpack__")(py::arg("stream") = cuda::call_stream())
                        : object.attr("__dlpack__")();
   } catch (py::error_already_set& e) {
     if (e.matches(PyExc_BufferError) && PyObject_CheckBuffer(object.ptr())) {

@@ -1,10 +1,11 @@
 """CUDA tensors through DLPack: mhla.forward and mhla.backward hand them to the
-library's CUDA backend (results on the inputs' device, ordered with the
-caller's stream); every other entry point, and a build or a machine without
+library's CUDA backend (results on the inputs' device, the call on the stream
+it is given, ordered with the caller's streams); every other entry point, and a build or a machine without
 that backend, refuses them by name before reading them.
 
 The tests that need a GPU skip without one; the refusals run everywhere."""
 import ctypes
+import re
 
 import numpy
 import pytest
@@ -115,6 +116,29 @@ def test_a_cuda_capsule_from_a_producer_that_did_not_say_so_is_refused_by_name()
         mhla.linear_attention_forward(q, k, cuda_v)
 
 
+def test_calls_on_cpu_tensors_ignore_the_stream_they_are_given():
+    q, k, v, w = operands()
+    o, _ = mhla.forward(q, k, v, w, layout=LAYOUT)
+    grad_o = torch.randn_like(o)
+    want = mhla.backward(q, k, v, w, o, grad_o, layout=LAYOUT)
+    on_a_stream, _ = mhla.forward(q, k, v, w, layout=LAYOUT, stream=12345)
+    got = mhla.backward(q, k, v, w, o, grad_o, layout=LAYOUT, stream=0)
+    assert torch.equal(on_a_stream, o)
+    for g, x in zip(got, want):
+        assert torch.equal(g, x)
+
+
+@pytest.mark.parametrize("stream,error,words", [
+    (-1, ValueError, "cudaStream_t as an int (0 or more) or None, not -1"),
+    ("default", TypeError, "stream must be a cudaStream_t as an int"),
+    (1.5, TypeError, "not float"),
+])
+def test_a_stream_that_is_no_cuda_stream_is_refused_by_name(stream, error, words):
+    q, k, v, w = operands()
+    with pytest.raises(error, match=re.escape(words)):
+        mhla.forward(q, k, v, w, layout=LAYOUT, stream=stream)
+
+
 # ---- on a GPU ----------------------------------------------------------------------------------
 
 
@@ -153,6 +177,30 @@ def test_work_pending_on_the_callers_stream_is_ordered_before_and_after_the_call
         doubled = o * 2  # on the side stream: must see o written
     torch.cuda.synchronize()
     torch.testing.assert_close(doubled.cpu(), 2 * want, rtol=1e-5, atol=1e-5)
+
+
+@gpu
+def test_a_call_runs_on_the_stream_it_is_given():
+    q, k, v, w = operands()
+    want_o, _ = mhla.forward(q, k, v, w, layout=LAYOUT)
+    grad_o = torch.randn_like(want_o)
+    want = mhla.backward(q, k, v, w, want_o, grad_o, layout=LAYOUT)
+    staged = [x.cuda() for x in (q, k, v, w, grad_o)]
+    q_cuda = torch.zeros_like(staged[0])
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        # Written on the side stream after a long sleep: a call on the side
+        # stream sees it without waiting for anything on the default stream.
+        torch.cuda._sleep(200_000_000)
+        q_cuda.copy_(staged[0])
+        o, _ = mhla.forward(q_cuda, *staged[1:4], layout=LAYOUT, stream=side.cuda_stream)
+        grads = mhla.backward(q_cuda, *staged[1:4], o, staged[4], layout=LAYOUT,
+                              stream=side.cuda_stream)
+        doubled = [2 * x for x in (o, *grads)]
+    torch.cuda.synchronize()
+    for name, got, x in zip(["o", "grad_q", "grad_k", "grad_v", "grad_w"], doubled, (want_o, *want)):
+        torch.testing.assert_close(got.cpu(), 2 * x, rtol=1e-5, atol=1e-5, msg=lambda m: f"{name}: {m}")
 
 
 @gpu
