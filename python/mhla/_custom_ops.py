@@ -47,11 +47,11 @@ def _summaries_like(q, v, w, rank, grid, tile):
     return w.new_empty(q.shape[0], q.shape[2], blocks, q.shape[3], v.shape[3] + 1)
 
 
-def _register(name, op, inputs, plain, settings_of, fake, state):
+def _register(name, op, inputs, plain, settings_of, fake, state, devices=("cpu",)):
     """``mhla::<name>`` (the results ``(o, *state)``, o alone without state) and its
-    ``..._backward`` from ``op``. ``inputs``: the tensors' names; ``plain``: the schema of the plain
-    values after them; ``settings_of(*plain values)``: ``op``'s settings; ``fake(*inputs, *plain
-    values)``: empty arrays of the results' shapes."""
+    ``..._backward`` from ``op``, for the tensors of ``devices``. ``inputs``: the tensors' names;
+    ``plain``: the schema of the plain values after them; ``settings_of(*plain values)``: ``op``'s
+    settings; ``fake(*inputs, *plain values)``: empty arrays of the results' shapes."""
     n = op.arity
     tensors = ", ".join(f"Tensor {x}" for x in inputs)
     results = ", ".join(["Tensor"] * (1 + state))
@@ -68,11 +68,11 @@ def _register(name, op, inputs, plain, settings_of, fake, state):
         o, grad_o, saved = args[n], args[n + 1], args[n + 2:n + 2 + state]
         return op.grads(args[:n], o, saved, grad_o, settings_of(*args[n + 2 + state:]))
 
-    forward = torch.library.custom_op(f"mhla::{name}", forward_impl, mutates_args=(), device_types="cpu",
+    forward = torch.library.custom_op(f"mhla::{name}", forward_impl, mutates_args=(), device_types=devices,
                                       schema=f"({tensors}, {plain}) -> ({results})")
     forward.register_fake(fake)
     backward = torch.library.custom_op(
-        f"mhla::{backward_name}", backward_impl, mutates_args=(), device_types="cpu",
+        f"mhla::{backward_name}", backward_impl, mutates_args=(), device_types=devices,
         schema=f"({tensors}, Tensor o, Tensor grad_o{state_names}, {plain}) -> ({', '.join(['Tensor'] * n)})")
     backward.register_fake(lambda *args: tuple(torch.empty_like(t) for t in args[:n]))
 
@@ -99,12 +99,17 @@ def _output_like(q, v):
 
 _OPTIONS = "str masking, str feature_map, bool normalize, float eps, float? scale"
 
+# MHLA runs on CUDA tensors too where the extension has the CUDA backend (on torch's current
+# stream); the baselines and varlen are CPU-only in C++.
+_MHLA_DEVICES = ("cpu", "cuda") if _core.has_cuda_backend else ("cpu",)
+
 if AVAILABLE:
     # (o, summaries, mixed): the output and the state its backward reads.
     forward, backward = _register(
         "forward", _operators.MHLA, "qkvw", f"int rank, int[] grid, int[] tile, {_OPTIONS}, str mixing", _options,
         lambda q, k, v, w, rank, grid, tile, *names: (_output_like(q, v), _summaries_like(q, v, w, rank, grid, tile),
-                                                      _summaries_like(q, v, w, rank, grid, tile)), state=2)
+                                                      _summaries_like(q, v, w, rank, grid, tile)), state=2,
+        devices=_MHLA_DEVICES)
     varlen_forward, varlen_backward = _register(
         "varlen_forward", _operators.VARLEN, "qkvw", f"int[] cu_seqlens, int block, str mixing, {_OPTIONS}",
         lambda cu, block, mixing, masking, feature_map, normalize, eps, scale: (list(cu), dict(
@@ -129,7 +134,8 @@ def _compute(q, *tensors):
 
 
 def mhla_attention(q, k, v, w, geometry, *, masking, feature_map, normalize, eps, scale, mixing):
-    """``mhla.torch.mhla_attention`` of CPU tensors through the custom op, options by name. As there,
+    """``mhla.torch.mhla_attention`` through the custom op (CPU tensors, and CUDA tensors where the
+    extension has the CUDA backend), options by name. As there,
     bfloat16 q, k, v run on the operator's bfloat16 path (float32 w), float16 through float32
     copies, and the result comes back in q's dtype."""
     if q.dtype == torch.bfloat16 and k.dtype == v.dtype == q.dtype:

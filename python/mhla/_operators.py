@@ -18,7 +18,7 @@ import torch
 
 from . import _core
 from ._torch_forms import chunk
-from ._torch_operands import operand, tensors
+from ._torch_operands import operand, stream_of, tensors
 
 
 @dataclass(frozen=True)
@@ -64,12 +64,14 @@ class _Eager(torch.autograd.Function):
 
 def _mhla_run(inputs, options, save):
     operands = [operand(t) for t in inputs]
+    stream = stream_of(inputs[0])  # CUDA tensors: torch's current stream
     if not save:
         # Inference: nothing to keep (and bfloat16 mixes on its own products).
-        return tensors(_core.forward(*operands, options=options)[0])
+        return tensors(_core.forward(*operands, options=options, stream=stream)[0])
     # The block and mixed summaries are O(M Dk Dv) each: keeping them spares backward a pass over
     # k and v and the mix.
-    return tensors(*_core.forward(*operands, options=options, save_summaries=True, save_mixed=True))
+    return tensors(*_core.forward(*operands, options=options, save_summaries=True, save_mixed=True,
+                                  stream=stream))
 
 
 def _mhla_grads(inputs, o, state, grad_o, options):
@@ -78,7 +80,7 @@ def _mhla_grads(inputs, o, state, grad_o, options):
     # here (its saved tensors' version counters) after q, k, v or w changed in place. So backward
     # skips the fingerprint check that mhla.backward runs on arrays from outside.
     return tensors(*_core._backward_private_state(*(operand(t) for t in (*inputs, o, grad_o)), summaries=summaries,
-                                                  mixed=mixed, options=options))
+                                                  mixed=mixed, options=options, stream=stream_of(o)))
 
 
 MHLA = Operator(

@@ -16,6 +16,12 @@ def operand(t):
     return t.detach().contiguous()
 
 
+def stream_of(t):
+    """torch's current stream on ``t``'s CUDA device, as the extension takes it (``stream=``: its
+    calls on CUDA tensors run there, ordered with torch's work); None for other devices."""
+    return torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else None
+
+
 def tensors(*buffers):
     """The extension's result buffers as torch tensors sharing their memory."""
     return tuple(from_dlpack(b) for b in buffers)

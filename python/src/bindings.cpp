@@ -382,11 +382,12 @@ void bind_operator(py::module_& m) {
   m.def(
       "_backward_private_state",
       [](py::handle q, py::handle k, py::handle v, py::handle w, py::handle o, py::handle grad_o,
-         py::handle summaries, py::handle mixed, const Options& options) {
+         py::handle summaries, py::handle mixed, const Options& options, py::object stream) {
+        const cuda::CallStream on(stream);
         return mhla_backward(q, k, v, w, o, grad_o, summaries, mixed, options, true);
       },
       "q"_a, "k"_a, "v"_a, "w"_a, "o"_a, "grad_o"_a, py::kw_only(), "summaries"_a, "mixed"_a,
-      "options"_a,
+      "options"_a, "stream"_a = py::none(),
       "backward without the saved arrays' check, for mhla.torch's autograd function: it keeps "
       "them in its context and torch refuses a backward after an input changed in place.");
 }

@@ -137,6 +137,16 @@ def test_the_custom_ops_pass_torchs_checks(name):
                                                 list(geometry.tile), *names.values()))
 
 
+def test_mhla_ops_are_registered_for_the_devices_the_extension_runs():
+    # CUDA tensors reach the extension's CUDA backend through the op where it was built with one
+    # (their numbers are GPU tests: test_cuda_tensors.py); the baselines stay CPU-only.
+    for name in ("mhla::forward", "mhla::backward"):
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(name, "CPU"), name
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(name, "CUDA") == mhla._core.has_cuda_backend, name
+    for name in ("mhla::varlen_forward", "mhla::linear_attention_forward", "mhla::softmax_attention_forward"):
+        assert not torch._C._dispatch_has_kernel_for_dispatch_key(name, "CUDA"), name
+
+
 def test_the_ops_gradients_match_finite_differences():
     # First and second derivatives: a gradient penalty differentiates the op's backward (its
     # plain-torch form, as in eager calls).

@@ -204,6 +204,40 @@ def test_a_call_runs_on_the_stream_it_is_given():
 
 
 @gpu
+@pytest.mark.parametrize("dtype,tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
+def test_mhla_torch_runs_cuda_tensors_on_the_cuda_kernels_when_asked(dtype, tolerance):
+    import mhla.torch as mt
+    q, k, v, w = operands(dtype)
+    grad_o = torch.randn(*q.shape[:3], DV, dtype=dtype)
+
+    def run(device, backend, compiled=False):
+        xs = [x.to(device).requires_grad_() for x in (q, k, v, w)]
+        attention = lambda *a: mt.mhla_attention(*a, LAYOUT, backend=backend)  # noqa: E731
+        o = (torch.compile(attention, fullgraph=True) if compiled else attention)(*xs)
+        o.backward(grad_o.to(device))
+        return [o.detach().cpu().float()] + [x.grad.cpu().float() for x in xs]
+
+    want = run("cpu", "cpp")
+    from mhla import _custom_ops
+    for compiled in (False, True) if _custom_ops.AVAILABLE else (False,):
+        for name, got, x in zip(["o", "grad_q", "grad_k", "grad_v", "grad_w"], run("cuda", "cpp", compiled), want):
+            torch.testing.assert_close(got, x, rtol=tolerance, atol=tolerance,
+                                       msg=lambda m: f"{name} (compiled {compiled}): {m}")
+
+
+@gpu
+def test_the_mhla_op_passes_torchs_checks_on_cuda():
+    from mhla import _custom_ops
+    from mhla._torch_forms.chunk import Geometry
+    if not _custom_ops.AVAILABLE:
+        pytest.skip(f"torch.library.custom_op needs torch 2.4 or later (this is {torch.__version__})")
+    q, k, v, w = (x.cuda().requires_grad_() for x in operands())
+    geometry = Geometry.of(LAYOUT)
+    torch.library.opcheck(_custom_ops.forward, (q, k, v, w, geometry.rank, list(geometry.grid),
+                                                list(geometry.tile), "none", "elu1", True, 1e-6, None, "dense"))
+
+
+@gpu
 def test_operands_on_two_devices_are_refused_by_name():
     q, k, v, w = operands()
     with pytest.raises(ValueError, match="k is on the cpu device but q is on the cuda device"):
