@@ -161,26 +161,9 @@ def test_forward_and_backward_on_cuda_match_the_cpu(dtype, tolerance):
 
 
 @gpu
-def test_work_pending_on_the_callers_stream_is_ordered_before_and_after_the_call():
-    q, k, v, w = operands()
-    want, _ = mhla.forward(q, k, v, w, layout=LAYOUT)
-    staged = [x.cuda() for x in (q, k, v, w)]
-    q_cuda = torch.zeros_like(staged[0])
-    torch.cuda.synchronize()
-    side = torch.cuda.Stream()
-    with torch.cuda.stream(side):
-        # q is written on the side stream after a long sleep, a copy the host
-        # does not wait for: a call that is not ordered after it reads zeros.
-        torch.cuda._sleep(200_000_000)
-        q_cuda.copy_(staged[0])
-        o, _ = mhla.forward(q_cuda, *staged[1:], layout=LAYOUT)
-        doubled = o * 2  # on the side stream: must see o written
-    torch.cuda.synchronize()
-    torch.testing.assert_close(doubled.cpu(), 2 * want, rtol=1e-5, atol=1e-5)
-
-
-@gpu
-def test_a_call_runs_on_the_stream_it_is_given():
+@pytest.mark.parametrize("given", [False, True], ids=["legacy-stream", "stream-given"])
+def test_work_pending_on_the_callers_stream_is_ordered_before_and_after_the_call(given):
+    # The call on the legacy default stream (stream= not given), or on the side stream itself.
     q, k, v, w = operands()
     want_o, _ = mhla.forward(q, k, v, w, layout=LAYOUT)
     grad_o = torch.randn_like(want_o)
@@ -189,15 +172,15 @@ def test_a_call_runs_on_the_stream_it_is_given():
     q_cuda = torch.zeros_like(staged[0])
     torch.cuda.synchronize()
     side = torch.cuda.Stream()
+    stream = dict(stream=side.cuda_stream) if given else {}
     with torch.cuda.stream(side):
-        # Written on the side stream after a long sleep: a call on the side
-        # stream sees it without waiting for anything on the default stream.
+        # q is written on the side stream after a long sleep, a copy the host
+        # does not wait for: a call that is not ordered after it reads zeros.
         torch.cuda._sleep(200_000_000)
         q_cuda.copy_(staged[0])
-        o, _ = mhla.forward(q_cuda, *staged[1:4], layout=LAYOUT, stream=side.cuda_stream)
-        grads = mhla.backward(q_cuda, *staged[1:4], o, staged[4], layout=LAYOUT,
-                              stream=side.cuda_stream)
-        doubled = [2 * x for x in (o, *grads)]
+        o, _ = mhla.forward(q_cuda, *staged[1:4], layout=LAYOUT, **stream)
+        grads = mhla.backward(q_cuda, *staged[1:4], o, staged[4], layout=LAYOUT, **stream)
+        doubled = [2 * x for x in (o, *grads)]  # on the side stream: must see the results written
     torch.cuda.synchronize()
     for name, got, x in zip(["o", "grad_q", "grad_k", "grad_v", "grad_w"], doubled, (want_o, *want)):
         torch.testing.assert_close(got.cpu(), 2 * x, rtol=1e-5, atol=1e-5, msg=lambda m: f"{name}: {m}")
