@@ -31,9 +31,9 @@ void check_device_results() {
 
 // Every backend of this build frees the calling thread's arrays.
 void release_scratch() {
-  backend::cpu_backend().release_scratch();
+  backend::cpu_backend().memory().release_scratch();
 #if MHLA_WITH_CUDA
-  if (backend::cuda_device_present()) backend::cuda_backend().release_scratch();
+  if (backend::cuda_device_present()) backend::cuda_backend().memory().release_scratch();
 #endif
 }
 
@@ -52,6 +52,7 @@ void copy_to_host(Device device, const void* from, size_t bytes, void* to) {
     return;
   }
   backend::backend_for("mhla (copying a device tensor to the host)", "the tensor", device)
+      .memory()
       .to_host(from, bytes, to);
 }
 

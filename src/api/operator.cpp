@@ -105,8 +105,8 @@ int64_t elements(const TensorView<T>& t) {
 TensorView<const float> widened(const backend::Backend& device, const TensorView<const bfloat16>& x,
                                 Scratch slot) {
   const int64_t n = elements(x);
-  float* dst = backend::scratch<float>(device, slot, size_t(n));
-  device.widen(x.data, n, dst);
+  float* dst = backend::scratch<float>(device.memory(), slot, size_t(n));
+  device.memory().widen(x.data, n, dst);
   return {dst, x.shape, x.device};
 }
 
@@ -125,7 +125,7 @@ void run_backward(const char* fn, const detail::Problem& p, const backend::Backe
                   const TensorView<T>& grad_v, const TensorView<T>& grad_w,
                   const T* saved_summaries, const T* saved_mixed) {
   // The kernels add to grad_w.
-  device.zero(grad_w.data, elements(grad_w));
+  device.memory().zero(grad_w.data, elements(grad_w));
   const bool finite = device.attention(p, w.data)->backward(
                           q.data, k.data, v.data, grad_o.data, grad_q.data, grad_k.data,
                           grad_v.data, grad_w.data, saved_summaries, saved_mixed) &&
@@ -203,7 +203,7 @@ void backward(SavedArrays saved, const Options& options, TensorView<const bfloat
   // The bfloat16 kernels read and write the bfloat16 tensors in place. A flag
   // of non-finite results is checked, and reported, by the float path below.
   if (const auto kernels = device.bf16_attention(p, w.data)) {
-    device.zero(grad_w.data, elements(grad_w));
+    device.memory().zero(grad_w.data, elements(grad_w));
     if (kernels->backward(q.data, k.data, v.data, grad_o.data, grad_q.data, grad_k.data,
                           grad_v.data, grad_w.data, summaries, mixed) &&
         (p.checks_on_device ||
@@ -212,19 +212,19 @@ void backward(SavedArrays saved, const Options& options, TensorView<const bfloat
   }
   // The float kernels on widened copies; the gradients are rounded at the end.
   const int64_t nq = elements(grad_q), nv = elements(grad_v);
-  const TensorView<float> gq{backend::scratch<float>(device, Scratch::token_grad_q, size_t(nq)),
+  const TensorView<float> gq{backend::scratch<float>(device.memory(), Scratch::token_grad_q, size_t(nq)),
                              grad_q.shape, q.device},
-      gk{backend::scratch<float>(device, Scratch::token_grad_k, size_t(nq)), grad_k.shape,
+      gk{backend::scratch<float>(device.memory(), Scratch::token_grad_k, size_t(nq)), grad_k.shape,
          q.device},
-      gv{backend::scratch<float>(device, Scratch::token_grad_v, size_t(nv)), grad_v.shape,
+      gv{backend::scratch<float>(device.memory(), Scratch::token_grad_v, size_t(nv)), grad_v.shape,
          q.device};
   run_backward<float>(
       fn, p, device, widened(device, q, Scratch::widened_q), widened(device, k, Scratch::widened_k),
       widened(device, v, Scratch::widened_v), w, widened(device, o, Scratch::widened_o),
       widened(device, grad_o, Scratch::widened_grad_o), gq, gk, gv, grad_w, summaries, mixed);
-  device.narrow(gq.data, nq, grad_q.data);
-  device.narrow(gk.data, nq, grad_k.data);
-  device.narrow(gv.data, nv, grad_v.data);
+  device.memory().narrow(gq.data, nq, grad_q.data);
+  device.memory().narrow(gk.data, nq, grad_k.data);
+  device.memory().narrow(gv.data, nv, grad_v.data);
 }
 
 }  // namespace detail
@@ -272,10 +272,10 @@ void forward(const Options& options, TensorView<const bfloat16> q, TensorView<co
                                 kf = widened(device, k, Scratch::widened_k),
                                 vf = widened(device, v, Scratch::widened_v);
   const TensorView<float> of{
-      backend::scratch<float>(device, Scratch::widened_o, size_t(elements(o))), o.shape, o.device};
+      backend::scratch<float>(device.memory(), Scratch::widened_o, size_t(elements(o))), o.shape, o.device};
   if (!device.attention(p, w.data)->forward(qf.data, kf.data, vf.data, of.data, summaries, mixed))
     report_output(fn, p, qf, kf, vf, of);
-  device.narrow(of.data, elements(o), o.data);
+  device.memory().narrow(of.data, elements(o), o.data);
 }
 
 FlopCount mhla_flops(int64_t batch, int64_t tokens, int64_t heads, int64_t dk, int64_t dv,

@@ -179,6 +179,7 @@ void varlen_backward(const VarlenOptions& options, TensorView<const int64_t> cu_
   detail::check_output(fn, "grad_w", grad_w, w.shape);
   // Every sequence adds its part of grad_w, in order, so the sum is deterministic.
   backend::backend_for(fn, "grad_w", grad_w.device)
+      .memory()
       .zero(grad_w.data, detail::checked_product(w.shape, "w"));
   for_each_sequence(fn, p, options, q, w,
                     [&](int64_t s, const detail::Problem& seq, const backend::Attention<T>& kernels,

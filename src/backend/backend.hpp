@@ -1,8 +1,9 @@
 #pragma once
 // The seam between the API and the devices that run MHLA. An entry point
 // validates its call once (core/validated_call.hpp) and hands the problem to
-// the backend of its tensors' device; the backend runs the phases there. Every
-// pointer a backend receives is memory of its device.
+// the backend of its tensors' device; the backend runs the phases there, and
+// its Memory (memory.hpp) holds the scratch and element-wise work the API
+// needs around them. Every pointer a backend receives is memory of its device.
 //
 // Summary arrays are [B*H, M, Dk*(Dv+1)]; token tensors [B, N, H, D] (Dk for
 // q and k, Dv for v and o). Functions returning bool return whether every
@@ -13,6 +14,7 @@
 #include <memory>
 #include <string>
 
+#include "backend/memory.hpp"
 #include "core/validate.hpp"
 #include "mhla/bfloat16.hpp"
 #include "mhla/tensor.hpp"
@@ -96,28 +98,6 @@ struct SoftmaxProblem {
   bool causal;
 };
 
-// Arrays a backend keeps between calls (contents unspecified; they only grow).
-// The token_grad slots are O(B N H D): the phase functions' backward computes
-// its gradients there before adding them to the caller's buffers. The widened
-// slots hold float copies of the bfloat16 operator's arguments where it
-// computes in float. The others are the CPU kernels' own.
-enum class Scratch {
-  summaries,
-  mixed,
-  summaries_grad,
-  diagonal_grad,
-  token_grad_q,
-  token_grad_k,
-  token_grad_v,
-  widened_q,
-  widened_k,
-  widened_v,
-  widened_o,
-  widened_grad_o,
-  summary_pairs,  // the CPU bfloat16 forward's summaries for the dense mix (uint16_t halves)
-  count
-};
-
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -149,24 +129,9 @@ class Backend {
                                 const double* grad_o, double* grad_q, double* grad_k,
                                 double* grad_v) const = 0;
 
-  // At least `bytes` of the calling thread's array `slot`, aligned for any element type.
-  virtual void* scratch(Scratch slot, size_t bytes) const = 0;
-  virtual void release_scratch() const = 0;
+  // The device's memory: scratch arrays, element-wise work, copies to the host.
+  virtual const Memory& memory() const = 0;
 
-  // Element-wise work on the device's memory: to[i] += from[i]; to[i] =
-  // from[i]; to[i] = 0; bfloat16 widened to float (exact) and float rounded to
-  // bfloat16.
-  virtual void add(const float* from, int64_t n, float* to) const = 0;
-  virtual void add(const double* from, int64_t n, double* to) const = 0;
-  virtual void copy(const float* from, int64_t n, float* to) const = 0;
-  virtual void copy(const double* from, int64_t n, double* to) const = 0;
-  virtual void zero(float* to, int64_t n) const = 0;
-  virtual void zero(double* to, int64_t n) const = 0;
-  virtual void widen(const bfloat16* from, int64_t n, float* to) const = 0;
-  virtual void narrow(const float* from, int64_t n, bfloat16* to) const = 0;
-  // Copies `bytes` of the device's memory to host memory (for the checks and
-  // reports that read values: core/host_copy.hpp).
-  virtual void to_host(const void* from, size_t bytes, void* to) const = 0;
   // Throws the first failed check of the calling thread's deferred calls
   // (mhla/device_execution.hpp): of those already done (wait false), or
   // after waiting for all. Backends that check every call before it returns
@@ -185,11 +150,5 @@ std::string cuda_absence_reason();
 // The backend of `device`; mhla::Error from `fn` naming the tensor `name`
 // when this build has none.
 const Backend& backend_for(const char* fn, const char* name, Device device);
-
-// Typed scratch: `count` elements of T.
-template <typename T>
-T* scratch(const Backend& backend, Scratch slot, size_t count) {
-  return static_cast<T*>(backend.scratch(slot, count * sizeof(T)));
-}
 
 }  // namespace mhla::backend

@@ -34,7 +34,7 @@ bool Bf16Forward::forward(const bfloat16* q, const bfloat16* k, const bfloat16* 
     // float array written and read, no packing in the mix).
     const int64_t slices = p_.dims.batch * p_.dims.heads;
     uint16_t* pairs = scratch<uint16_t>(
-        Scratch::summary_pairs, size_t(slices * ((p_.blocks + 1) / 2) * p_.dims.dk * x1_ * 2));
+        KernelScratch::summary_pairs, size_t(slices * ((p_.blocks + 1) / 2) * p_.dims.dk * x1_ * 2));
     compute_summaries(k, v, nullptr, pairs);
     mixer_.mix_summary_pairs(reinterpret_cast<const uint32_t*>(pairs), mixed);
     return compute_outputs(q, mixed, o);

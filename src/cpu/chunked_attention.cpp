@@ -142,7 +142,7 @@ bool ChunkedAttention<T>::backward(const T* q, const T* k, const T* v, const T* 
   }
   T* mixed_grad = scratch<T>(Scratch::mixed, total);
   T* summaries_grad = scratch<T>(Scratch::summaries_grad, total);
-  T* diagonal_grad = scratch<T>(Scratch::diagonal_grad, size_t(task_count()));
+  T* diagonal_grad = scratch<T>(KernelScratch::diagonal_grad, size_t(task_count()));
   // Recomputed, the mixed summaries are overwritten by their gradient, block
   // by block, once read.
   const T* mixed = saved_mixed;

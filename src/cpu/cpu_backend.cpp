@@ -58,7 +58,7 @@ class CpuAttention final : public backend::Attention<T> {
   }
   bool output_gradients(const T* q, const T* k, const T* v, const T* grad_o, const T* mixed,
                         T* grad_mixed, T* grad_q, T* grad_k, T* grad_v, T* grad_w) const override {
-    T* diagonal = p_.causal ? scratch<T>(Scratch::diagonal_grad,
+    T* diagonal = p_.causal ? scratch<T>(KernelScratch::diagonal_grad,
                                          size_t(p_.dims.batch * p_.dims.heads * p_.blocks))
                             : nullptr;
     const bool finite = kernel_.output_gradients(q, k, v, grad_o, mixed, grad_mixed, diagonal,
@@ -141,6 +141,44 @@ class CpuDecodeState final : public backend::DecodeState {
   const simd::StateLayout layout_;
 };
 
+// The CPU's memory: the calling thread's scratch arrays (cpu/workspace.hpp)
+// and plain loops.
+class CpuMemory final : public backend::Memory {
+ public:
+  void* scratch(Scratch slot, size_t bytes) const override {
+    return cpu::scratch<std::byte>(slot, bytes);
+  }
+  void release_scratch() const override { release_scratch_buffers(); }
+
+  void add(const float* from, int64_t n, float* to) const override { add_to(from, n, to); }
+  void add(const double* from, int64_t n, double* to) const override { add_to(from, n, to); }
+  void copy(const float* from, int64_t n, float* to) const override {
+    std::copy(from, from + n, to);
+  }
+  void copy(const double* from, int64_t n, double* to) const override {
+    std::copy(from, from + n, to);
+  }
+  void zero(float* to, int64_t n) const override { std::fill(to, to + n, 0.0f); }
+  void zero(double* to, int64_t n) const override { std::fill(to, to + n, 0.0); }
+  void widen(const bfloat16* from, int64_t n, float* to) const override {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) to[i] = to_float(from[i]);
+  }
+  void narrow(const float* from, int64_t n, bfloat16* to) const override {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) to[i] = to_bfloat16(from[i]);
+  }
+  void to_host(const void* from, size_t bytes, void* to) const override {
+    std::memcpy(to, from, bytes);
+  }
+
+ private:
+  template <typename T>
+  static void add_to(const T* from, int64_t n, T* to) {
+    for (int64_t i = 0; i < n; ++i) to[i] += from[i];
+  }
+};
+
 class CpuBackend final : public backend::Backend {
  public:
   std::unique_ptr<backend::Attention<float>> attention(const detail::Problem& p,
@@ -180,38 +218,10 @@ class CpuBackend final : public backend::Backend {
     cpu::softmax_backward(x, q, k, v, o, lse, grad_o, grad_q, grad_k, grad_v);
   }
 
-  void* scratch(Scratch slot, size_t bytes) const override {
-    return cpu::scratch<std::byte>(slot, bytes);
-  }
-  void release_scratch() const override { release_scratch_buffers(); }
-
-  void add(const float* from, int64_t n, float* to) const override { add_to(from, n, to); }
-  void add(const double* from, int64_t n, double* to) const override { add_to(from, n, to); }
-  void copy(const float* from, int64_t n, float* to) const override {
-    std::copy(from, from + n, to);
-  }
-  void copy(const double* from, int64_t n, double* to) const override {
-    std::copy(from, from + n, to);
-  }
-  void zero(float* to, int64_t n) const override { std::fill(to, to + n, 0.0f); }
-  void zero(double* to, int64_t n) const override { std::fill(to, to + n, 0.0); }
-  void widen(const bfloat16* from, int64_t n, float* to) const override {
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) to[i] = to_float(from[i]);
-  }
-  void narrow(const float* from, int64_t n, bfloat16* to) const override {
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) to[i] = to_bfloat16(from[i]);
-  }
-  void to_host(const void* from, size_t bytes, void* to) const override {
-    std::memcpy(to, from, bytes);
-  }
+  const backend::Memory& memory() const override { return memory_; }
 
  private:
-  template <typename T>
-  static void add_to(const T* from, int64_t n, T* to) {
-    for (int64_t i = 0; i < n; ++i) to[i] += from[i];
-  }
+  CpuMemory memory_;
 };
 
 }  // namespace

@@ -22,13 +22,11 @@ struct Buffer {
   size_t bytes = 0;
 };
 
-thread_local std::array<Buffer, size_t(Scratch::count)> buffers;
-
-}  // namespace
+// The seam's slots, then the kernels' own.
+thread_local std::array<Buffer, size_t(Scratch::count) + size_t(KernelScratch::count)> buffers;
 
 template <typename T>
-T* scratch(Scratch slot, size_t elements) {
-  Buffer& b = buffers[size_t(slot)];
+T* grown(Buffer& b, size_t elements) {
   const size_t bytes = elements * sizeof(T);
   if (b.bytes < bytes) {
     b.data.reset();  // release first: peak memory is the new size, not old + new
@@ -43,6 +41,18 @@ T* scratch(Scratch slot, size_t elements) {
   return reinterpret_cast<T*>(b.data.get());
 }
 
+}  // namespace
+
+template <typename T>
+T* scratch(Scratch slot, size_t elements) {
+  return grown<T>(buffers[size_t(slot)], elements);
+}
+
+template <typename T>
+T* scratch(KernelScratch slot, size_t elements) {
+  return grown<T>(buffers[size_t(Scratch::count) + size_t(slot)], elements);
+}
+
 void release_scratch_buffers() {
   for (Buffer& b : buffers) b = Buffer{};
 }
@@ -51,5 +61,8 @@ template float* scratch<float>(Scratch, size_t);
 template double* scratch<double>(Scratch, size_t);
 template uint16_t* scratch<uint16_t>(Scratch, size_t);
 template std::byte* scratch<std::byte>(Scratch, size_t);
+template float* scratch<float>(KernelScratch, size_t);
+template double* scratch<double>(KernelScratch, size_t);
+template uint16_t* scratch<uint16_t>(KernelScratch, size_t);
 
 }  // namespace mhla::cpu

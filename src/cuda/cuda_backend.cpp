@@ -395,6 +395,56 @@ class CudaBf16Attention final : public backend::Bf16Attention {
   const float* w_;
 };
 
+// The device's memory: the calling thread's scratch arrays, element-wise
+// kernels and asynchronous copies, all on the thread's stream.
+class CudaMemory final : public backend::Memory {
+ public:
+  void* scratch(Scratch slot, size_t bytes) const override {
+    return api_scratch.get(size_t(slot), bytes);
+  }
+  void release_scratch() const override {
+    api_scratch.release();
+    own_scratch.release();
+    block_arrays.clear();
+  }
+
+  void add(const float* from, int64_t n, float* to) const override {
+    cuda::add(from, n, to, current_stream());
+  }
+  void add(const double* from, int64_t n, double* to) const override {
+    cuda::add(from, n, to, current_stream());
+  }
+  void copy(const float* from, int64_t n, float* to) const override { copy_bytes(from, n, to); }
+  void copy(const double* from, int64_t n, double* to) const override { copy_bytes(from, n, to); }
+  void zero(float* to, int64_t n) const override { zero_bytes(to, n); }
+  void zero(double* to, int64_t n) const override { zero_bytes(to, n); }
+  void widen(const bfloat16* from, int64_t n, float* to) const override {
+    cuda::widen(reinterpret_cast<const uint16_t*>(from), n, to, current_stream());
+  }
+  void narrow(const float* from, int64_t n, bfloat16* to) const override {
+    cuda::narrow(from, n, reinterpret_cast<uint16_t*>(to), current_stream());
+  }
+  // In the order of the calls' stream, which may not wait for the legacy one.
+  void to_host(const void* from, size_t bytes, void* to) const override {
+    const cudaStream_t stream = current_stream();
+    check(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToHost, stream),
+          "cudaMemcpyAsync (device to host)");
+    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  }
+
+ private:
+  template <typename T>
+  static void copy_bytes(const T* from, int64_t n, T* to) {
+    check(cudaMemcpyAsync(to, from, size_t(n) * sizeof(T), cudaMemcpyDeviceToDevice,
+                          current_stream()),
+          "cudaMemcpyAsync (device to device)");
+  }
+  template <typename T>
+  static void zero_bytes(T* to, int64_t n) {
+    check(cudaMemsetAsync(to, 0, size_t(n) * sizeof(T), current_stream()), "cudaMemsetAsync");
+  }
+};
+
 class CudaBackend final : public backend::Backend {
  public:
   std::unique_ptr<backend::Attention<float>> attention(const detail::Problem& p,
@@ -435,38 +485,7 @@ class CudaBackend final : public backend::Backend {
     unsupported("softmax attention");
   }
 
-  void* scratch(Scratch slot, size_t bytes) const override {
-    return api_scratch.get(size_t(slot), bytes);
-  }
-  void release_scratch() const override {
-    api_scratch.release();
-    own_scratch.release();
-    block_arrays.clear();
-  }
-
-  void add(const float* from, int64_t n, float* to) const override {
-    cuda::add(from, n, to, current_stream());
-  }
-  void add(const double* from, int64_t n, double* to) const override {
-    cuda::add(from, n, to, current_stream());
-  }
-  void copy(const float* from, int64_t n, float* to) const override { copy_bytes(from, n, to); }
-  void copy(const double* from, int64_t n, double* to) const override { copy_bytes(from, n, to); }
-  void zero(float* to, int64_t n) const override { zero_bytes(to, n); }
-  void zero(double* to, int64_t n) const override { zero_bytes(to, n); }
-  void widen(const bfloat16* from, int64_t n, float* to) const override {
-    cuda::widen(reinterpret_cast<const uint16_t*>(from), n, to, current_stream());
-  }
-  void narrow(const float* from, int64_t n, bfloat16* to) const override {
-    cuda::narrow(from, n, reinterpret_cast<uint16_t*>(to), current_stream());
-  }
-  // In the order of the calls' stream, which may not wait for the legacy one.
-  void to_host(const void* from, size_t bytes, void* to) const override {
-    const cudaStream_t stream = current_stream();
-    check(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToHost, stream),
-          "cudaMemcpyAsync (device to host)");
-    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-  }
+  const backend::Memory& memory() const override { return memory_; }
   void raise_deferred(bool wait) const override { raise_deferred_checks(wait); }
 
  private:
@@ -480,16 +499,8 @@ class CudaBackend final : public backend::Backend {
       unsupported("a piece of a longer sequence (forward_piece, packed batches)");
     return std::make_unique<CudaAttention<T>>(p, w);
   }
-  template <typename T>
-  static void copy_bytes(const T* from, int64_t n, T* to) {
-    check(cudaMemcpyAsync(to, from, size_t(n) * sizeof(T), cudaMemcpyDeviceToDevice,
-                          current_stream()),
-          "cudaMemcpyAsync (device to device)");
-  }
-  template <typename T>
-  static void zero_bytes(T* to, int64_t n) {
-    check(cudaMemsetAsync(to, 0, size_t(n) * sizeof(T), current_stream()), "cudaMemsetAsync");
-  }
+
+  CudaMemory memory_;
 };
 
 // The runtime's answer to "is there a device", asked once.
