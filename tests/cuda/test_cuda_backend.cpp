@@ -552,7 +552,17 @@ TEST(CudaDeviceExecution, DeferredWeightErrorHasTheSyncMessage) {
   EXPECT_THAT([] { check_device_results(); }, ThrowsMessage<Error>(testing::StrEq(sync_message)));
 }
 
-TEST(CudaDeviceExecution, RunsOnTheGivenStreamWithTheSameBits) {
+// Both bfloat16 kernel families: the split-operand kernels and the
+// bfloat16-state kernels (MHLA_CUDA_BF16_STATE=1), which Bf16Call's shape fits.
+class CudaDeviceExecutionOfKernels : public testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override {
+    if (GetParam()) setenv("MHLA_CUDA_BF16_STATE", "1", 1);
+  }
+  void TearDown() override { unsetenv("MHLA_CUDA_BF16_STATE"); }
+};
+
+TEST_P(CudaDeviceExecutionOfKernels, RunsOnTheGivenStreamWithTheSameBits) {
   SKIP_WITHOUT_DEVICE();
   Bf16Call call;
   call.forward_backward();
@@ -567,7 +577,7 @@ TEST(CudaDeviceExecution, RunsOnTheGivenStreamWithTheSameBits) {
 
 // Forward and backward captured into a CUDA graph (after one eager call,
 // which sizes the scratch) replay to the eager results on new inputs.
-TEST(CudaDeviceExecution, CapturedGraphReplaysTheEagerResults) {
+TEST_P(CudaDeviceExecutionOfKernels, CapturedGraphReplaysTheEagerResults) {
   SKIP_WITHOUT_DEVICE();
   Bf16Call call;
   const OwnStream stream;
@@ -596,6 +606,11 @@ TEST(CudaDeviceExecution, CapturedGraphReplaysTheEagerResults) {
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
 }
+
+INSTANTIATE_TEST_SUITE_P(Bf16Kernels, CudaDeviceExecutionOfKernels, testing::Bool(),
+                         [](const testing::TestParamInfo<bool>& info) {
+                           return info.param ? "state_kernels" : "split_operand_kernels";
+                         });
 
 TEST(CudaDeviceExecution, SyncChecksRefuseACaptureByName) {
   SKIP_WITHOUT_DEVICE();
