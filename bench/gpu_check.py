@@ -5,8 +5,9 @@ On a machine with a CUDA device it
    operator on the CPU (MHLA_TEST_DEVICE=cuda), and python/tests/test_cuda_tensors.py (CUDA
    tensors through mhla.forward/backward, in a build with the CUDA backend) and
    python/tests/test_contract.py (the deferred finite check on CUDA);
-2. times forward and forward+backward of mhla.torch.mhla_attention at four shapes (bf16, B = 1),
-   next to the plain einsum formulation (non-causal shapes) and SDPA's FlashAttention and cuDNN
+2. times forward and forward+backward of mhla.torch.mhla_attention at four shapes (bf16, B = 1), on
+   its default path and on the library's CUDA kernels (backend="cpp", in a build with the CUDA
+   backend), next to the plain einsum formulation (non-causal shapes) and SDPA's FlashAttention and cuDNN
    backends in the same process (medians of CUDA-event
    timings), with the peak memory of MHLA's forward+backward;
 3. prints the table and writes it as JSON.
@@ -101,7 +102,10 @@ def time_shape(name, tokens, heads, dim, layout, masking, rounds=2):
     ours(*leaves).backward(torch.randn(1, tokens, heads, dim, device=device, dtype=torch.bfloat16))
     torch.cuda.synchronize()
     row["mhla_fwdbwd_peak_mib_above_inputs"] = (torch.cuda.max_memory_allocated() - base) / 2 ** 20
-    contenders = {"mhla": ours, "einsum": None}
+    contenders = {"mhla": ours, "mhla_kernels": None, "einsum": None}
+    if mhla._core.has_cuda_backend:  # mhla.torch on the library's CUDA kernels
+        contenders["mhla_kernels"] = lambda q, k, v: mt.mhla_attention(q, k, v, w, layout, masking=masking,
+                                                                       backend="cpp")
     if masking == "none":  # tokens taken as in block order: a timing, not a check, for 2D and 3D layouts
         w_reduced = w.to(torch.bfloat16)
         contenders["einsum"] = lambda q, k, v: einsum_mhla(q, k, v, w_reduced, tokens // layout.num_blocks)
@@ -125,9 +129,10 @@ def time_shape(name, tokens, heads, dim, layout, masking, rounds=2):
                 kept = row[f"{label}_{kind}_ms"]
                 row[f"{label}_{kind}_ms"] = ms if kept is None else min(kept, ms)
     for kind in ("fwd", "fwdbwd"):
-        for other in ("cudnn", "einsum"):
-            theirs = row[f"{other}_{kind}_ms"]
-            row[f"mhla_over_{other}_{kind}"] = row[f"mhla_{kind}_ms"] / theirs if theirs else None
+        for ours_label in ("mhla", "mhla_kernels"):
+            for other in ("cudnn", "einsum"):
+                mine, theirs = row[f"{ours_label}_{kind}_ms"], row[f"{other}_{kind}_ms"]
+                row[f"{ours_label}_over_{other}_{kind}"] = mine / theirs if mine and theirs else None
     return row
 
 
@@ -158,14 +163,15 @@ def main():
         print(f"test_torch_forms.py, test_cuda_tensors.py and test_contract.py on cuda: "
               f"{'passed' if tests == 0 else 'FAILED'}")
     rows = [time_shape(*shape) for shape in SHAPES]
-    print("\n| shape | MHLA fwd / fwd+bwd ms | einsum MHLA | FlashAttention | cuDNN | "
-          "MHLA / einsum fwd, fwd+bwd | MHLA / cuDNN fwd, fwd+bwd | MHLA fwd+bwd peak MiB |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("\n| shape | MHLA fwd / fwd+bwd ms | MHLA on the kernels | einsum MHLA | FlashAttention | cuDNN | "
+          "MHLA / einsum fwd, fwd+bwd | on the kernels / einsum | MHLA / cuDNN fwd, fwd+bwd | "
+          "MHLA fwd+bwd peak MiB |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         times = " | ".join(f"{cell(r[f'{name}_fwd_ms'])} / {cell(r[f'{name}_fwdbwd_ms'])}"
-                           for name in ("mhla", "einsum", "flash", "cudnn"))
-        ratios = " | ".join(f"{cell(r[f'mhla_over_{name}_fwd'], 2)}, {cell(r[f'mhla_over_{name}_fwdbwd'], 2)}"
-                            for name in ("einsum", "cudnn"))
+                           for name in ("mhla", "mhla_kernels", "einsum", "flash", "cudnn"))
+        ratios = " | ".join(f"{cell(r[f'{ours}_over_{name}_fwd'], 2)}, {cell(r[f'{ours}_over_{name}_fwdbwd'], 2)}"
+                            for ours, name in (("mhla", "einsum"), ("mhla_kernels", "einsum"), ("mhla", "cudnn")))
         print(f"| {r['shape']} | {times} | {ratios} | {r['mhla_fwdbwd_peak_mib_above_inputs']:.0f} |")
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     with open(args.json, "w") as f:
