@@ -127,19 +127,7 @@ __global__ void __launch_bounds__(kMaxDim / kFrag * 32)
       }
     }
     __syncthreads();
-#pragma unroll
-    for (int step = 0; step < kGradChunk; step += kFrag) {
-      if (step >= valid) break;
-      OperandA<wmma::col_major> a;  // phi(Q)^T: entry (d, j) at q[j][d]
-      wmma::load_matrix_sync(a, &st.q[step][warp * kFrag], kMaxDim + kPad);
-      apply_feature(p.phi, a);
-#pragma unroll
-      for (int n = 0; n < kColumnFragments; ++n) {
-        OperandB<wmma::row_major> b;
-        wmma::load_matrix_sync(b, &st.g[step][n * kFrag], kWidth + kPad);
-        wmma::mma_sync(acc[n], a, b, acc[n]);
-      }
-    }
+    add_outer_products(acc, st.q, st.g, p.phi, warp, valid);  // grad S~_i += phi(Q)^T dY
   });
 
   uint16_t* to = grad_mixed + state_offset(p, bh, block);

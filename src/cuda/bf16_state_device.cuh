@@ -125,6 +125,30 @@ __device__ inline void load_staged(const bf16* from, float (&x)[kSegment]) {
   }
 }
 
+// acc[n] += phi(X)^T Y over a staged chunk's tokens [0, valid): X's rows
+// are tokens of kMaxDim entries (this warp's 16 of them become the result's
+// rows), Y's are tokens of the result's kColumnFragments x 16 columns; one
+// bfloat16 product a 16-token step (zero rows past `valid` add nothing).
+template <int kTokens, int kColumnFragments>
+__device__ inline void add_outer_products(Accumulator (&acc)[kColumnFragments],
+                                          const bf16 (&x)[kTokens][kMaxDim + kPad],
+                                          const bf16 (&y)[kTokens][kColumnFragments * kFrag + kPad],
+                                          FeatureMap phi, int warp, int valid) {
+#pragma unroll
+  for (int step = 0; step < kTokens; step += kFrag) {
+    if (step >= valid) break;
+    OperandA<wmma::col_major> a;  // phi(X)^T: entry (d, j) at x[j][d]
+    wmma::load_matrix_sync(a, &x[step][warp * kFrag], kMaxDim + kPad);
+    apply_feature(phi, a);
+#pragma unroll
+    for (int n = 0; n < kColumnFragments; ++n) {
+      OperandB<wmma::row_major> b;
+      wmma::load_matrix_sync(b, &y[step][n * kFrag], kColumnFragments * kFrag + kPad);
+      wmma::mma_sync(acc[n], a, b, acc[n]);
+    }
+  }
+}
+
 // This warp's fragment through its tile: write(lane's segment, its 8 values).
 template <class Write>
 __device__ inline void write_fragment(const Accumulator& acc, FragmentTile& tile,

@@ -49,19 +49,7 @@ __global__ void __launch_bounds__(kMaxDim / kFrag * 32)
     if (threadIdx.x < p.dk)
       for (int j = 0; j < valid; ++j)
         normaliser += feature(p.phi, __bfloat162float(st.k[j][threadIdx.x]));
-#pragma unroll
-    for (int step = 0; step < kKeyChunk; step += kFrag) {
-      if (step >= valid) break;  // the rest of the chunk is past the block
-      OperandA<wmma::col_major> a;  // phi(K)^T: entry (d, j) at k[j][d]
-      wmma::load_matrix_sync(a, &st.k[step][warp * kFrag], kMaxDim + kPad);
-      apply_feature(p.phi, a);
-#pragma unroll
-      for (int n = 0; n < kColumnFragments; ++n) {
-        OperandB<wmma::row_major> b;
-        wmma::load_matrix_sync(b, &st.v[step][n * kFrag], kColumnFragments * kFrag + kPad);
-        wmma::mma_sync(acc[n], a, b, acc[n]);
-      }
-    }
+    add_outer_products(acc, st.k, st.v, p.phi, warp, valid);  // S_b += phi(K)^T V
   });
 
   uint16_t* s_b = s + state_offset(p, bh, block);
