@@ -66,11 +66,6 @@ __global__ void __launch_bounds__(kMaxDim / kFrag * 32)
   const int t = int(threadIdx.x);
   pipelined(shared.buffers.stage, int(ceil_div(count, kGradChunk)), stage_chunk, [&](Stage& st, int c) {
     const int c0 = c * kGradChunk, valid = count - c0 < kGradChunk ? count - c0 : kGradChunk;
-    if (p.normalize && t < valid) {
-      float den = 0;
-      for (int a = 0; a < p.dk; ++a) den += feature(p.phi, __bfloat162float(st.q[t][a])) * shared.z[a];
-      shared.inverse[t] = 1.0f / (den + float(p.eps));
-    }
     // u = grad_o S~_i^T: this warp's 16 columns of Dk, every token of the chunk.
 #pragma unroll
     for (int r = 0; r < kGradChunkFragments; ++r) {
@@ -89,10 +84,17 @@ __global__ void __launch_bounds__(kMaxDim / kFrag * 32)
                               wmma::mem_row_major);
     }
     __syncthreads();
+    // Per token, phi(q_t) once: den_t = phi(q_t) . z~_i and phi(q_t) . u_t in one pass.
     if (p.normalize && t < valid) {
-      float dot = 0;
-      for (int a = 0; a < p.dk; ++a) dot += feature(p.phi, __bfloat162float(st.q[t][a])) * shared.u[t][a];
-      shared.dden[t] = -dot * shared.inverse[t] * shared.inverse[t];
+      float den = 0, dot = 0;
+      for (int a = 0; a < p.dk; ++a) {
+        const float x = feature(p.phi, __bfloat162float(st.q[t][a]));
+        den += x * shared.z[a];
+        dot += x * shared.u[t][a];
+      }
+      const float inverse = 1.0f / (den + float(p.eps));
+      shared.inverse[t] = inverse;
+      shared.dden[t] = -dot * inverse * inverse;
     }
     __syncthreads();
     for (int g = threadIdx.x; g < kGradChunk * kQuerySegments; g += blockDim.x) {

@@ -163,8 +163,9 @@ __device__ inline void write_fragment(const Accumulator& acc, FragmentTile& tile
   __syncwarp();
 }
 
-// The kernel's dynamic shared memory as its layout, raised past the 48 KB
-// default once per kernel (the backward's CTAs stage a whole state row tile).
+// The kernel's dynamic shared memory as its layout (the backward's CTAs
+// stage a whole state row tile, past the 48 KB a kernel gets without asking:
+// its launches ask, bf16_state_backward.cu's launch_with_shared).
 template <class Layout>
 __device__ inline Layout& dynamic_shared() {
   extern __shared__ __align__(128) unsigned char dynamic_bytes[];

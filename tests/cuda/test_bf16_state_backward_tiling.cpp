@@ -88,11 +88,6 @@ class BackwardEmulation {
       stage_tokens<kMaxDim / kSegment>(qt, threads, block, slice, c0, q_, p_.dk);
       stage_tokens<kWidth / kSegment>(gt, threads, block, slice, c0, grad_o_, p_.dv);
       const int valid = std::min(kGradChunk, n - c0);
-      for (int t = 0; t < valid && p_.normalize; ++t) {
-        float den = 0;
-        for (int a = 0; a < p_.dk; ++a) den += phi(qt.at(t, a)) * z[a];
-        inverse[size_t(t)] = 1.0f / (den + float(p_.eps));
-      }
       for (int t = 0; t < valid; ++t)  // whole fragments of tokens in the kernel; these are read
         for (int d = 0; d < rows; ++d) {
           float sum = 0;
@@ -100,8 +95,12 @@ class BackwardEmulation {
           u[size_t(t)][size_t(d)] = sum;
         }
       for (int t = 0; t < valid && p_.normalize; ++t) {
-        float dot = 0;
-        for (int a = 0; a < p_.dk; ++a) dot += phi(qt.at(t, a)) * u[size_t(t)][size_t(a)];
+        float den = 0, dot = 0;
+        for (int a = 0; a < p_.dk; ++a) {
+          den += phi(qt.at(t, a)) * z[a];
+          dot += phi(qt.at(t, a)) * u[size_t(t)][size_t(a)];
+        }
+        inverse[size_t(t)] = 1.0f / (den + float(p_.eps));
         dden[size_t(t)] = -dot * inverse[size_t(t)] * inverse[size_t(t)];
       }
       for_each_staged<kMaxDim / kSegment>(threads, kGradChunk, [&](const Segment& sg) {
