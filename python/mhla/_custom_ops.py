@@ -42,7 +42,10 @@ def _linear_options(masking, feature_map, normalize, eps, scale):
 
 
 def _summaries_like(q, v, w, rank, grid, tile):
-    """An empty array of the saved summaries' shape ``[B, H, M, Dk, Dv + 1]`` in w's dtype."""
+    """An empty array of the saved summaries' shape ``[B, H, M, Dk, Dv + 1]`` in w's dtype, or of
+    shape ``[0]`` where forward keeps no state (``_operators.keeps_state``)."""
+    if not _operators.keeps_state(q):
+        return w.new_empty(0)
     blocks = Geometry.make(rank, grid, tile).num_blocks
     return w.new_empty(q.shape[0], q.shape[2], blocks, q.shape[3], v.shape[3] + 1)
 

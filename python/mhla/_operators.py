@@ -62,12 +62,24 @@ class _Eager(torch.autograd.Function):
         return (None, None, *grads)
 
 
+def keeps_state(q):
+    """Whether a forward that will be differentiated keeps its summaries and mixed summaries for
+    the backward. Not for bfloat16 CUDA tensors where the library runs its bfloat16-state kernels
+    (``_core.cuda_bf16_state_kernels()``): their backward recomputes its state and reads none."""
+    return not (q.device.type == "cuda" and q.dtype == torch.bfloat16 and _core.cuda_bf16_state_kernels())
+
+
 def _mhla_run(inputs, options, save):
     operands = [operand(t) for t in inputs]
     stream = stream_of(inputs[0])  # CUDA tensors: torch's current stream
-    if not save:
-        # Inference: nothing to keep (and bfloat16 mixes on its own products).
-        return tensors(_core.forward(*operands, options=options, stream=stream)[0])
+    if not save or not keeps_state(inputs[0]):
+        # Inference, or a backward that recomputes its own state: nothing to keep (and bfloat16 mixes
+        # on its own products).
+        o, = tensors(_core.forward(*operands, options=options, stream=stream)[0])
+        if not save:
+            return (o,)
+        # The state's places in the results, kept empty (two arrays: a custom op's results may not alias).
+        return o, inputs[3].new_empty(0), inputs[3].new_empty(0)
     # The block and mixed summaries are O(M Dk Dv) each: keeping them spares backward a pass over
     # k and v and the mix.
     return tensors(*_core.forward(*operands, options=options, save_summaries=True, save_mixed=True,
@@ -75,7 +87,8 @@ def _mhla_run(inputs, options, save):
 
 
 def _mhla_grads(inputs, o, state, grad_o, options):
-    summaries, mixed = (operand(t) for t in state)
+    # An empty state: forward kept none, and backward recomputes it.
+    summaries, mixed = (operand(t) if t.numel() else None for t in state)
     # The saved arrays cannot be stale here: only autograd holds them, and torch refuses to get
     # here (its saved tensors' version counters) after q, k, v or w changed in place. So backward
     # skips the fingerprint check that mhla.backward runs on arrays from outside.

@@ -467,6 +467,9 @@ PYBIND11_MODULE(_core, m) {
       "package, which wraps results in the caller's tensor type.";
   m.attr("__version__") = MHLA_VERSION_STRING;
   m.attr("has_cuda_backend") = cuda::backend_built();
+  m.def("cuda_bf16_state_kernels", &mhla::cuda_bf16_state_kernels,
+        "Whether bfloat16 calls on CUDA tensors may run on the bfloat16-state kernels "
+        "(MHLA_CUDA_BF16_STATE=1 in a CUDA build), whose backward reads no saved arrays.");
   bind_memory(m);
   bind_layout(m);
   bind_options(m);

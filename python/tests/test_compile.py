@@ -10,7 +10,7 @@ import torch
 
 import mhla
 import mhla.torch as mt
-from mhla import _custom_ops, _torch_functions
+from mhla import _custom_ops, _operators, _torch_functions
 from mhla._torch_forms.chunk import Geometry
 
 pytestmark = pytest.mark.skipif(not _custom_ops.AVAILABLE,
@@ -239,3 +239,27 @@ def test_the_baseline_ops_gradients_match_finite_differences():
                    lambda q, k, v, w: _custom_ops.softmax_attention(q, k, v, causal=True, scale=None) * w.sum()):
         assert torch.autograd.gradcheck(attend, inputs)
         assert torch.autograd.gradgradcheck(attend, inputs)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_forward_that_keeps_no_state_gives_the_same_gradients(monkeypatch, compiled):
+    # On bfloat16 CUDA tensors under the bfloat16-state kernels, forward keeps no state and the
+    # backward recomputes it (_operators.keeps_state). The same form on CPU tensors, eager and
+    # compiled: empty state arrays through the op's results and fake, the gradients unchanged.
+    case = CALLS["2d-ragged"]
+    inputs = [t.requires_grad_() for t in call_inputs(case)]
+
+    def attend(q, k, v, w):
+        return mt.mhla_attention(q, k, v, w, case["layout"], **case["options"])
+
+    want = attend(*inputs)
+    want_grads = torch.autograd.grad(want.square().sum(), inputs)
+    kept = []
+    monkeypatch.setattr(_operators, "keeps_state", lambda q: kept.append(q.device.type) or False)
+    run = torch.compile(attend, fullgraph=True) if compiled else attend
+    got = run(*inputs)
+    grads = torch.autograd.grad(got.square().sum(), inputs)
+    assert kept, "the forward did not ask whether to keep its state"
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    for a, b in zip(grads, want_grads):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)

@@ -209,6 +209,38 @@ def test_mhla_torch_runs_cuda_tensors_on_the_cuda_kernels_when_asked(dtype, tole
 
 
 @gpu
+@pytest.mark.parametrize("compiled", [False, True])
+def test_mhla_torch_training_reaches_the_bf16_state_kernels(monkeypatch, compiled):
+    # Under MHLA_CUDA_BF16_STATE=1 a bfloat16 forward keeps no state and the backward runs the
+    # state kernels (Dk, Dv multiples of 8). Errors relative to each result's scale, at the
+    # tolerances of the kernels' tiling emulation (tests/cuda/bf16_state_cases.hpp).
+    import mhla.torch as mt
+    from mhla import _custom_ops, _operators
+    if compiled and not _custom_ops.AVAILABLE:
+        pytest.skip(f"torch.library.custom_op needs torch 2.4 or later (this is {torch.__version__})")
+    monkeypatch.setenv("MHLA_CUDA_BF16_STATE", "1")
+    g = torch.Generator().manual_seed(3)
+    n, m = LAYOUT.num_tokens, LAYOUT.num_blocks
+    q, k, v, grad_o = (torch.randn(2, n, HEADS, 16, generator=g) for _ in range(4))
+    w = 0.2 + torch.rand(m, m, generator=g)
+    assert not _operators.keeps_state(q.cuda().bfloat16())
+
+    def run(device, dtype):
+        w_dtype = torch.float32 if dtype == torch.bfloat16 else dtype
+        xs = [x.to(device, dtype).requires_grad_() for x in (q, k, v)] + [w.to(device, w_dtype).requires_grad_()]
+        attention = lambda *a: mt.mhla_attention(*a, LAYOUT, backend="cpp")  # noqa: E731
+        o = (torch.compile(attention, fullgraph=True) if compiled and device == "cuda" else attention)(*xs)
+        o.backward(grad_o.to(device, dtype))
+        return [o.detach().cpu().double()] + [x.grad.cpu().double() for x in xs]
+
+    want = run("cpu", torch.float64)
+    for name, got, x, tolerance in zip(["o", "grad_q", "grad_k", "grad_v", "grad_w"], run("cuda", torch.bfloat16),
+                                       want, [1e-2] * 4 + [0.06]):
+        error = (got - x).abs().max() / x.abs().max()
+        assert error <= tolerance, f"{name}: relative error {error:.3g} over {tolerance}"
+
+
+@gpu
 def test_the_mhla_op_passes_torchs_checks_on_cuda():
     from mhla import _custom_ops
     from mhla._torch_forms.chunk import Geometry

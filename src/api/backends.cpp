@@ -2,6 +2,7 @@
 // kernels for its tensors.
 #include "backend/backend.hpp"
 
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -26,6 +27,15 @@ DeviceExecution device_execution() { return this_thread_execution; }
 void check_device_results() {
 #if MHLA_WITH_CUDA
   if (backend::cuda_device_present()) backend::cuda_backend().raise_deferred(true);
+#endif
+}
+
+bool cuda_bf16_state_kernels() {
+#if MHLA_WITH_CUDA
+  const char* value = std::getenv("MHLA_CUDA_BF16_STATE");
+  return value != nullptr && std::strcmp(value, "1") == 0;
+#else
+  return false;
 #endif
 }
 

@@ -8,8 +8,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 #include <memory>
 #include <string>
 #include <utility>
@@ -27,6 +25,7 @@
 #include "cuda/elementwise.cuh"
 #include "cuda/kernel_problem_of.hpp"
 #include "cuda/thread_per_result_kernels.cuh"
+#include "mhla/device_execution.hpp"
 
 namespace mhla::cuda {
 namespace {
@@ -311,7 +310,7 @@ class CudaBf16Attention final : public backend::Bf16Attention {
     CallStatus status = call_status("mhla::forward", problem_, p, w_);
     // The bfloat16-state kernels keep their state to themselves, so a call
     // that saves the float state for a backward stays on these.
-    if (saved_summaries == nullptr && saved_mixed == nullptr && bf16_state_enabled() &&
+    if (saved_summaries == nullptr && saved_mixed == nullptr && cuda_bf16_state_kernels() &&
         bf16_state_forward_fits(p, q, k, v, o)) {
       bf16_state_forward(p, bits(q), bits(k), bits(v), w_, bits(o), bf16_state(p, Own::bf16_state),
                          status.non_finite(), stream);
@@ -333,7 +332,7 @@ class CudaBf16Attention final : public backend::Bf16Attention {
     CallStatus status = call_status("mhla::backward", problem_, p, w_);
     // Saved float state is read by these kernels only; without it the
     // bfloat16-state kernels recompute their own.
-    if (saved_summaries == nullptr && saved_mixed == nullptr && bf16_state_enabled() &&
+    if (saved_summaries == nullptr && saved_mixed == nullptr && cuda_bf16_state_kernels() &&
         bf16_state_backward_fits(p, q, k, v, grad_o, grad_q, grad_k, grad_v)) {
       bf16_state_backward(p, bits(q), bits(k), bits(v), w_, bits(grad_o), bits(grad_q),
                           bits(grad_k), bits(grad_v), grad_w, bf16_state(p, Own::bf16_state),
@@ -372,12 +371,6 @@ class CudaBf16Attention final : public backend::Bf16Attention {
   }
 
  private:
-  // MHLA_CUDA_BF16_STATE=1 runs forwards and backwards on the bfloat16-state
-  // kernels: off by default until they have passed their tests on a GPU.
-  static bool bf16_state_enabled() {
-    const char* value = std::getenv("MHLA_CUDA_BF16_STATE");
-    return value != nullptr && std::strcmp(value, "1") == 0;
-  }
   // The kernels' state (or its gradients) in one scratch array: z and z~
   // (float), then S and S~ (bfloat16), each 16-byte aligned (Dk and Dv are
   // multiples of 8).

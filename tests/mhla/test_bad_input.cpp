@@ -1,8 +1,10 @@
 // Regression tests for inputs that once crashed, hung or came back as silent
 // garbage: non-finite results from finite input, summaries saved by another
 // forward call, oversized mixing matrices and allocations that cannot be had.
+#include <cstdlib>
 #include <limits>
 
+#include "core/validate.hpp"
 #include "test_support.hpp"
 
 namespace mhla::test {
@@ -415,6 +417,18 @@ TEST(BadInput, CpuCallsCheckAtOnceWhateverTheDeviceSetting) {
   check_device_results();
   set_device_execution(before);
   EXPECT_EQ(device_execution().checks, DeviceChecks::sync);
+}
+
+// The switch of the bfloat16-state kernels is the environment's, read at
+// each call, and a build without the CUDA backend has none to switch on.
+TEST(BadInput, StateKernelSwitchFollowsTheEnvironmentInCudaBuildsOnly) {
+  unsetenv("MHLA_CUDA_BF16_STATE");
+  EXPECT_FALSE(cuda_bf16_state_kernels());
+  setenv("MHLA_CUDA_BF16_STATE", "0", 1);
+  EXPECT_FALSE(cuda_bf16_state_kernels());
+  setenv("MHLA_CUDA_BF16_STATE", "1", 1);
+  EXPECT_EQ(cuda_bf16_state_kernels(), detail::has_backend(Device::cuda));
+  unsetenv("MHLA_CUDA_BF16_STATE");
 }
 
 }  // namespace
