@@ -1,8 +1,8 @@
 // What the public backward's check of saved summaries and mixed summaries
 // costs (core/saved_state_check.hpp): backward() with both arrays saved, as
 // a caller outside the library hands them in (checked), against the same
-// call on arrays the caller owns privately (the torch layers and the trainer:
-// not checked), and the check alone, all timed in this process on the same
+// call reading a ForwardState (the trainer; the torch layers' arrays are as
+// private: not checked), and the check alone, all timed in this process on the same
 // tensors, alternating. B = 1, H = 8, D = 64, elu+1, M = round(sqrt(N)),
 // float32.
 //
@@ -34,6 +34,7 @@ int main(int argc, char** argv) {
   for (int64_t n : tokens) {
     tools::Workload wl(1, n, 8, 64, tools::blocks_for(n));
     wl.mhla_forward_saving();
+    wl.mhla_forward_saving_arrays();
     const std::vector<int64_t> shape = wl.shape();
     const TensorView<const float> q{wl.q.data(), shape}, k{wl.k.data(), shape},
         v{wl.v.data(), shape}, w{wl.w.data(), wl.w_shape()};
@@ -49,7 +50,7 @@ int main(int argc, char** argv) {
     constexpr int kRounds = 3;
     double checked = 0, unchecked = 0, alone = 0;
     for (int round = 0; round < kRounds; ++round) {
-      checked += tools::median_seconds([&] { wl.mhla_backward_saved(true); }, policy);
+      checked += tools::median_seconds([&] { wl.mhla_backward_saved_arrays(); }, policy);
       unchecked += tools::median_seconds([&] { wl.mhla_backward_saved(); }, policy);
       alone += tools::median_seconds(check, policy);
     }

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 
-#include "api/private_state_backward.hpp"
 #include "mhla/baselines.hpp"
 #include "mhla/error.hpp"
 #include "mhla/operator.hpp"
@@ -228,13 +227,8 @@ void AttentionLayer<T>::forward(const T* x, int64_t batch, T* y) {
     case AttentionKind::mhla: {
       const Options options = operator_options();
       w_ = mixing();
-      const std::vector<int64_t> saved_shape = saved_summaries_shape(options, shape, shape);
-      int64_t saved = 1;
-      for (int64_t e : saved_shape) saved *= e;
-      summaries_.resize(size_t(saved));
-      mixed_summaries_.resize(size_t(saved));
       mhla::forward<T>(options, q, k, v, TensorView<const T>{w_.data(), mixing_shape()}, o,
-                       {summaries_.data(), saved_shape}, {mixed_summaries_.data(), saved_shape});
+                       state_);
       break;
     }
   }
@@ -296,13 +290,8 @@ void AttentionLayer<T>::backward(const T* x, const T* dy, int64_t batch, T* dx) 
       const Options options = operator_options();
       const int64_t m = config.layout.num_blocks(), wh = mixing_heads();
       grad_w_.assign(size_t(wh * m * m), T(0));
-      const std::vector<int64_t> saved_shape = saved_summaries_shape(options, shape, shape);
-      // The saved arrays are this layer's own, from its forward on these
-      // very tensors: their fingerprint check would only cost time.
-      detail::backward<T>(detail::SavedArrays::private_to_caller, options, q, k, v,
-                          {w_.data(), mixing_shape()}, o, go, gq, gk, gv,
-                          {grad_w_.data(), mixing_shape()}, {summaries_.data(), saved_shape},
-                          {mixed_summaries_.data(), saved_shape});
+      mhla::backward<T>(options, q, k, v, {w_.data(), mixing_shape()}, o, go, gq, gk, gv,
+                        {grad_w_.data(), mixing_shape()}, state_);
       T* grad = mixing_parameter.grad.data();
       if (design.mixing_param == MixingParam::clamp) {
         for (size_t i = 0; i < grad_w_.size(); ++i) grad[i] += grad_w_[i];

@@ -4,6 +4,7 @@
 // backward). x -> [short conv] -> q, k, v projections -> [rotary positions]
 // -> attention [+ positional convolution of v] -> [per-head RMSNorm * swish
 // gate] -> output projection.
+#include "mhla/forward_state.hpp"
 #include "mhla/layout.hpp"
 #include "mhla/mixing_init.hpp"
 #include "mhla/options.hpp"
@@ -90,8 +91,8 @@ class AttentionLayer {
   void value_term(const T* v, int64_t batch, T* out) const;
   void value_term_backward(const T* v, const T* grad, int64_t batch, T* grad_v);
 
-  std::vector<T> conv_out_, qkv_, q_, k_, v_, o_, lse_, w_, summaries_, mixed_summaries_, position_,
-      normed_, gate_pre_, mixed_;
+  std::vector<T> conv_out_, qkv_, q_, k_, v_, o_, lse_, w_, position_, normed_, gate_pre_, mixed_;
+  ForwardState<T> state_;  // what the operator's forward keeps for its backward
   std::vector<T> grad_o_, grad_q_, grad_k_, grad_v_, grad_w_, grad_qkv_, grad_conv_, grad_in_,
       grad_gate_, grad_normed_, grad_position_;
 };

@@ -19,6 +19,7 @@
 #include <string>
 
 #include "mhla/bfloat16.hpp"
+#include "mhla/forward_state.hpp"
 #include "mhla/options.hpp"
 #include "mhla/tensor.hpp"
 
@@ -81,6 +82,31 @@ void backward(const Options& options, TensorView<const bfloat16> q, TensorView<c
               TensorView<bfloat16> grad_k, TensorView<bfloat16> grad_v, TensorView<float> grad_w,
               TensorView<const float> saved_summaries = {},
               TensorView<const float> saved_mixed = {});
+
+// The same calls with a ForwardState (mhla/forward_state.hpp) in place of the
+// saved arrays: forward fills it, backward reads it after checking that it
+// was filled by a forward on these options, tensors and w's values. The
+// results are those of passing saved_summaries and saved_mixed; what the
+// state spares is their fingerprint check (a read of k and v, about a quarter
+// of a backward's time on the CPU) and the caller's allocation. On a device,
+// forward keeps a host copy of w and backward compares one with it.
+template <typename T>
+void forward(const Options& options, TensorView<const T> q, TensorView<const T> k,
+             TensorView<const T> v, TensorView<const T> w, TensorView<T> o,
+             ForwardState<T>& state);
+template <typename T>
+void backward(const Options& options, TensorView<const T> q, TensorView<const T> k,
+              TensorView<const T> v, TensorView<const T> w, TensorView<const T> o,
+              TensorView<const T> grad_o, TensorView<T> grad_q, TensorView<T> grad_k,
+              TensorView<T> grad_v, TensorView<T> grad_w, const ForwardState<T>& state);
+void forward(const Options& options, TensorView<const bfloat16> q, TensorView<const bfloat16> k,
+             TensorView<const bfloat16> v, TensorView<const float> w, TensorView<bfloat16> o,
+             ForwardState<float>& state);
+void backward(const Options& options, TensorView<const bfloat16> q, TensorView<const bfloat16> k,
+              TensorView<const bfloat16> v, TensorView<const float> w, TensorView<const bfloat16> o,
+              TensorView<const bfloat16> grad_o, TensorView<bfloat16> grad_q,
+              TensorView<bfloat16> grad_k, TensorView<bfloat16> grad_v, TensorView<float> grad_w,
+              const ForwardState<float>& state);
 
 // [B, H, M, Dk, Dv + 1] for q [B, N, H, Dk] and v [B, N, H, Dv]: per block,
 // S_b = sum phi(k) v^T in the first Dv columns and z_b = sum phi(k) in the last.

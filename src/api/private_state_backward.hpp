@@ -1,12 +1,13 @@
 #pragma once
 // backward() for callers inside this project, told whose saved arrays it
 // gets. Arrays from outside are held to their fingerprints
-// (core/saved_state_check.hpp), as the public backward() does; a caller that
-// keeps them where no one else can reach them skips that check: the torch
-// autograd function holds them in its context (and torch's version counters
-// refuse a backward after q, k, v or w changed in place), the trainer's layer
-// holds them as members. Everything else is backward()'s, checks included.
-// Not part of the installed API.
+// (core/saved_state_check.hpp), as the public backward() does; arrays that no
+// one else can reach skip that check: a ForwardState's (api/forward_state.cpp,
+// whose record of the call stands in for it) and those the torch autograd
+// function and custom ops keep as tensors in their context (torch's version
+// counters refuse a backward after q, k, v or w changed in place; a torch op's
+// results must be tensors, so it cannot hold a ForwardState). Everything else
+// is backward()'s, checks included. Not part of the installed API.
 #include "mhla/operator.hpp"
 
 namespace mhla::detail {

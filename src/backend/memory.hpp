@@ -4,6 +4,7 @@
 // element-wise work, and copies to the host for the checks that read values.
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 
 #include "mhla/bfloat16.hpp"
 
@@ -40,6 +41,9 @@ class Memory {
   virtual void* scratch(Scratch slot, size_t bytes) const = 0;
   virtual void release_scratch() const = 0;
 
+  // `bytes` of the device's memory for the caller to keep (a ForwardState's
+  // arrays), aligned for any element type, freed with the last owner.
+  virtual std::shared_ptr<void> allocate(size_t bytes) const = 0;
   // Element-wise work on the device's memory: to[i] += from[i]; to[i] =
   // from[i]; to[i] = 0; bfloat16 widened to float (exact) and float rounded to
   // bfloat16.

@@ -4,6 +4,8 @@
 // per-thread scratch arrays.
 #include <algorithm>
 #include <cstring>
+#include <memory>
+#include <new>
 
 #include "backend/backend.hpp"
 #include "cpu/bf16_backward.hpp"
@@ -149,6 +151,10 @@ class CpuMemory final : public backend::Memory {
     return cpu::scratch<std::byte>(slot, bytes);
   }
   void release_scratch() const override { release_scratch_buffers(); }
+  std::shared_ptr<void> allocate(size_t bytes) const override {
+    constexpr std::align_val_t line{64};
+    return {::operator new(bytes, line), [](void* p) { ::operator delete(p, line); }};
+  }
 
   void add(const float* from, int64_t n, float* to) const override { add_to(from, n, to); }
   void add(const double* from, int64_t n, double* to) const override { add_to(from, n, to); }

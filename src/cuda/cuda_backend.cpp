@@ -395,6 +395,10 @@ class CudaMemory final : public backend::Memory {
   void* scratch(Scratch slot, size_t bytes) const override {
     return api_scratch.get(size_t(slot), bytes);
   }
+  std::shared_ptr<void> allocate(size_t bytes) const override {
+    auto buffer = std::make_shared<DeviceBuffer>(bytes);
+    return {buffer, buffer->data()};  // the buffer, owned through its data's pointer
+  }
   void release_scratch() const override {
     api_scratch.release();
     own_scratch.release();

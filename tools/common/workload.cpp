@@ -1,7 +1,5 @@
 #include "common/workload.hpp"
 
-#include "api/private_state_backward.hpp"
-
 #include <cmath>
 #include <random>
 
@@ -55,6 +53,18 @@ void Workload::mhla_backward() {
 }
 
 void Workload::mhla_forward_saving() {
+  forward<float>(options, {q.data(), shape()}, {k.data(), shape()}, {v.data(), shape()},
+                 {w.data(), w_shape()}, {o.data(), shape()}, state);
+}
+
+void Workload::mhla_backward_saved() {
+  backward<float>(options, {q.data(), shape()}, {k.data(), shape()}, {v.data(), shape()},
+                  {w.data(), w_shape()}, {o.data(), shape()}, {grad_o.data(), shape()},
+                  {grad_q.data(), shape()}, {grad_k.data(), shape()}, {grad_v.data(), shape()},
+                  {grad_w.data(), w_shape()}, state);
+}
+
+void Workload::mhla_forward_saving_arrays() {
   const auto shape_s = saved_summaries_shape(options, shape(), shape());
   int64_t elements = 1;
   for (int64_t extent : shape_s) elements *= extent;
@@ -65,16 +75,13 @@ void Workload::mhla_forward_saving() {
                  {saved_mixed.data(), shape_s});
 }
 
-void Workload::mhla_backward_saved(bool check_saved) {
-  // Without the check, as the torch layers and the trainer run it: the saved
-  // arrays are this object's own.
+void Workload::mhla_backward_saved_arrays() {
   const auto shape_s = saved_summaries_shape(options, shape(), shape());
-  detail::backward<float>(
-      check_saved ? detail::SavedArrays::from_outside : detail::SavedArrays::private_to_caller,
-      options, {q.data(), shape()}, {k.data(), shape()}, {v.data(), shape()}, {w.data(), w_shape()},
-      {o.data(), shape()}, {grad_o.data(), shape()}, {grad_q.data(), shape()},
-      {grad_k.data(), shape()}, {grad_v.data(), shape()}, {grad_w.data(), w_shape()},
-      {saved_summaries.data(), shape_s}, {saved_mixed.data(), shape_s});
+  backward<float>(options, {q.data(), shape()}, {k.data(), shape()}, {v.data(), shape()},
+                  {w.data(), w_shape()}, {o.data(), shape()}, {grad_o.data(), shape()},
+                  {grad_q.data(), shape()}, {grad_k.data(), shape()}, {grad_v.data(), shape()},
+                  {grad_w.data(), w_shape()}, {saved_summaries.data(), shape_s},
+                  {saved_mixed.data(), shape_s});
 }
 
 namespace {
@@ -98,25 +105,17 @@ void Workload::bf16_forward() {
 void Workload::bf16_forward_saving() {
   round_once(q, bq), round_once(k, bk), round_once(v, bv);
   bo.resize(o.size());
-  const auto shape_s = saved_summaries_shape(options, shape(), shape());
-  int64_t elements = 1;
-  for (int64_t extent : shape_s) elements *= extent;
-  saved_summaries.resize(size_t(elements));
-  saved_mixed.resize(size_t(elements));
   forward(options, {bq.data(), shape()}, {bk.data(), shape()}, {bv.data(), shape()},
-          {w.data(), w_shape()}, {bo.data(), shape()}, {saved_summaries.data(), shape_s},
-          {saved_mixed.data(), shape_s});
+          {w.data(), w_shape()}, {bo.data(), shape()}, bf16_state);
 }
 
 void Workload::bf16_backward_saved() {
   round_once(grad_o, bgrad_o);
   bgrad_q.resize(q.size()), bgrad_k.resize(k.size()), bgrad_v.resize(v.size());
-  const auto shape_s = saved_summaries_shape(options, shape(), shape());
   backward(options, {bq.data(), shape()}, {bk.data(), shape()}, {bv.data(), shape()},
            {w.data(), w_shape()}, {bo.data(), shape()}, {bgrad_o.data(), shape()},
            {bgrad_q.data(), shape()}, {bgrad_k.data(), shape()}, {bgrad_v.data(), shape()},
-           {grad_w.data(), w_shape()}, {saved_summaries.data(), shape_s},
-           {saved_mixed.data(), shape_s});
+           {grad_w.data(), w_shape()}, bf16_state);
 }
 
 void Workload::linear_forward() {

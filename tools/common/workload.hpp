@@ -22,7 +22,8 @@ struct Workload {
   // Outputs and gradients, allocated once.
   Tensor o, lse, grad_q, grad_k, grad_v;
   std::vector<float> grad_w;
-  Tensor saved_summaries, saved_mixed;  // filled by mhla_forward_saving()
+  ForwardState<float> state, bf16_state;  // filled by mhla_forward_saving(), bf16_forward_saving()
+  Tensor saved_summaries, saved_mixed;    // filled by mhla_forward_saving_arrays()
   using Bf16Tensor = detail::LineAlignedVector<bfloat16>;
   Bf16Tensor bq, bk, bv, bgrad_o, bo, bgrad_q, bgrad_k, bgrad_v;  // bf16_*()
 
@@ -37,11 +38,14 @@ struct Workload {
 
   void mhla_forward();
   void mhla_backward();  // recomputes the block summaries
-  // The training path: forward keeps the block and mixed summaries, backward reuses them.
+  // The training path: forward keeps the block and mixed summaries in its
+  // ForwardState, backward reuses them.
   void mhla_forward_saving();
-  // check_saved: hold the saved arrays to their fingerprints, as the public
-  // backward() does with arrays from outside.
-  void mhla_backward_saved(bool check_saved = false);
+  void mhla_backward_saved();
+  // The same with the arrays handed in as saved_summaries and saved_mixed,
+  // which backward holds to their fingerprints.
+  void mhla_forward_saving_arrays();
+  void mhla_backward_saved_arrays();
   // The same calls on bfloat16 copies of q, k, v and grad_o (made on first
   // use) with bfloat16 outputs and gradients; bf16_backward_saved() reads
   // what bf16_forward_saving() kept.
