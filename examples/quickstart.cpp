@@ -23,15 +23,16 @@ int main() {
   std::vector<float> w = mhla::init_mixing(opts.layout);
 
   const std::vector<int64_t> shape = {B, N, H, D}, w_shape = {M, M};
+  mhla::ForwardState<float> state;  // what forward keeps for backward
   mhla::forward<float>(opts, {q.data(), shape}, {k.data(), shape}, {v.data(), shape},
-                       {w.data(), w_shape}, {o.data(), shape});
+                       {w.data(), w_shape}, {o.data(), shape}, state);
 
   // Backward of L = sum(o): gradients for q, k, v and the mixing matrix.
   std::vector<float> grad_o(o.size(), 1.0f), dq(q.size()), dk(k.size()), dv(v.size()), dw(w.size());
   mhla::backward<float>(opts, {q.data(), shape}, {k.data(), shape}, {v.data(), shape},
                         {w.data(), w_shape}, {o.data(), shape}, {grad_o.data(), shape},
                         {dq.data(), shape}, {dk.data(), shape}, {dv.data(), shape},
-                        {dw.data(), w_shape});
+                        {dw.data(), w_shape}, state);
   std::printf("o[0] = %.4f, dL/dW[0,0] = %.4f\n", o[0], dw[0]);
 
   // Bad input is an mhla::Error naming the argument, never a crash.
