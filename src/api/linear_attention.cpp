@@ -37,7 +37,7 @@ void linear_attention_forward(const LinearAttentionOptions& options, TensorView<
   const char* fn = "mhla::linear_attention_forward";
   const detail::ValidatedCall call = validate(fn, options, q, k, v);
   const detail::Problem& p = call.problem();
-  detail::check_output(fn, "o", o, detail::v_shape(p.dims));
+  detail::check_output(fn, "o", o, detail::v_shape(p));
   const auto kernels =
       backend::backend_for(fn, "q", q.device).attention(p, static_cast<const T*>(nullptr));
   if (!kernels->forward(q.data, k.data, v.data, o.data, nullptr, nullptr))
@@ -52,8 +52,8 @@ void linear_attention_backward(const LinearAttentionOptions& options, TensorView
   const char* fn = "mhla::linear_attention_backward";
   const detail::ValidatedCall call = validate(fn, options, q, k, v);
   const detail::Problem& p = call.problem();
-  detail::check_output(fn, "o", o, detail::v_shape(p.dims));
-  detail::check_gradients(fn, p.dims, grad_o, grad_q, grad_k, grad_v);
+  detail::check_output(fn, "o", o, detail::v_shape(p));
+  detail::check_gradients(fn, p, grad_o, grad_q, grad_k, grad_v);
   const auto kernels =
       backend::backend_for(fn, "q", q.device).attention(p, static_cast<const T*>(nullptr));
   if (!kernels->backward(q.data, k.data, v.data, grad_o.data, grad_q.data, grad_k.data, grad_v.data,

@@ -29,7 +29,7 @@ template <typename T>
 T* check_saved(const char* fn, const char* name, const detail::Problem& p, Device device,
                const TensorView<T>& saved) {
   if (saved.data == nullptr && saved.shape.empty()) return nullptr;
-  detail::check_output(fn, name, saved, summaries_shape(p.dims, p.blocks), device);
+  detail::check_output(fn, name, saved, summaries_shape(p, p.blocks), device);
   return saved.data;
 }
 
@@ -44,7 +44,7 @@ detail::ValidatedCall checked_call(const char* fn, const Options& options,
   // A failed check of an earlier deferred call is reported first.
   backend::backend_for(fn, "q", q.device).raise_deferred(false);
   detail::Problem problem = detail::validate_mhla(fn, options, q, k, v, w, q.device);
-  detail::check_output(fn, "o", o, detail::v_shape(problem.dims), q.device);
+  detail::check_output(fn, "o", o, detail::v_shape(problem), q.device);
   return {std::move(problem), options.layout};
 }
 
@@ -75,7 +75,7 @@ std::pair<const T*, const T*> check_backward(
     const TensorView<const T>& saved_summaries, const TensorView<const T>& saved_mixed,
     double rounding) {
   const Device device = k.device;
-  detail::check_gradients(fn, p.dims, grad_o, grad_q, grad_k, grad_v, device);
+  detail::check_gradients(fn, p, grad_o, grad_q, grad_k, grad_v, device);
   detail::check_output(fn, "grad_w", grad_w, w.shape, device);
   const T* summaries = check_saved(fn, "saved_summaries", p, device, saved_summaries);
   const T* mixed = check_saved(fn, "saved_mixed", p, device, saved_mixed);

@@ -124,7 +124,7 @@ Problem read_out_problem(const char* fn, const Options& options, const TensorVie
                          int64_t first_block) {
   Problem p = check_tokens(fn, options, detail::check_qkv(fn, q, k, v));
   check_call_mixing(fn, options, w, first_block, -1, p);
-  detail::check_output(fn, "mixed", mixed, summary_shape(p.dims, p.blocks));
+  detail::check_output(fn, "mixed", mixed, summary_shape(p, p.blocks));
   return p;
 }
 
@@ -154,7 +154,7 @@ void block_summaries(const Options& options, TensorView<const T> k, TensorView<c
   const char* fn = "mhla::block_summaries";
   const ValidatedCall call(summaries_problem(fn, options, k, v), options.layout);
   const Problem& p = call.problem();
-  detail::check_output(fn, "summaries", summaries, summary_shape(p.dims, p.blocks));
+  detail::check_output(fn, "summaries", summaries, summary_shape(p, p.blocks));
   unmixed<T>(backend::backend_for(fn, "k", k.device), p)->summaries(k.data, v.data, summaries.data);
 }
 
@@ -176,7 +176,7 @@ void read_out(const Options& options, TensorView<const T> q, TensorView<const T>
   const ValidatedCall call(read_out_problem(fn, options, q, k, v, w, mixed, first_block),
                            options.layout);
   const Problem& p = call.problem();
-  detail::check_output(fn, "o", o, detail::v_shape(p.dims));
+  detail::check_output(fn, "o", o, detail::v_shape(p));
   if (!backend::backend_for(fn, "q", q.device)
            .attention(p, w.data)
            ->outputs(q.data, k.data, v.data, mixed.data, o.data))
@@ -190,9 +190,9 @@ void block_summaries_backward(const Options& options, TensorView<const T> k, Ten
   const char* fn = "mhla::block_summaries_backward";
   const ValidatedCall call(summaries_problem(fn, options, k, v), options.layout);
   const Problem& p = call.problem();
-  detail::check_output(fn, "grad_summaries", grad_summaries, summary_shape(p.dims, p.blocks));
-  detail::check_output(fn, "grad_k", grad_k, detail::q_shape(p.dims));
-  detail::check_output(fn, "grad_v", grad_v, detail::v_shape(p.dims));
+  detail::check_output(fn, "grad_summaries", grad_summaries, summary_shape(p, p.blocks));
+  detail::check_output(fn, "grad_k", grad_k, detail::q_shape(p));
+  detail::check_output(fn, "grad_v", grad_v, detail::v_shape(p));
   const backend::Backend& device = backend::backend_for(fn, "k", k.device);
   const int64_t nk = elements(grad_k, "grad_k"), nv = elements(grad_v, "grad_v");
   T* dk = gradient_scratch<T>(device, Scratch::token_grad_k, nk);
@@ -230,8 +230,8 @@ void read_out_backward(const Options& options, TensorView<const T> q, TensorView
   const ValidatedCall call(read_out_problem(fn, options, q, k, v, w, mixed, first_block),
                            options.layout);
   const Problem& p = call.problem();
-  detail::check_output(fn, "o", o, detail::v_shape(p.dims));
-  detail::check_gradients(fn, p.dims, grad_o, grad_q, grad_k, grad_v);
+  detail::check_output(fn, "o", o, detail::v_shape(p));
+  detail::check_gradients(fn, p, grad_o, grad_q, grad_k, grad_v);
   detail::check_output(fn, "grad_mixed", grad_mixed, mixed.shape);
   detail::check_output(fn, "grad_w", grad_w, w.shape);
   const backend::Backend& device = backend::backend_for(fn, "q", q.device);

@@ -89,7 +89,7 @@ Packing check_packing(const char* fn, const VarlenOptions& options,
 // Sequence s's problem: its tokens, blocks and the top-left corner of a dense w.
 detail::Problem sequence_problem(const Packing& p, const TokenLayout& layout) {
   detail::Problem seq = p.problem;
-  seq.dims.tokens = layout.num_tokens();
+  seq.tokens = layout.num_tokens();
   seq.blocks = seq.mixing_blocks = layout.num_blocks();
   return seq;
 }
@@ -153,7 +153,7 @@ void varlen_forward(const VarlenOptions& options, TensorView<const int64_t> cu_s
                     TensorView<const T> w, TensorView<T> o) {
   const char* fn = "mhla::varlen_forward";
   const Packing p = check_packing(fn, options, cu_seqlens, q, k, v, w);
-  detail::check_output(fn, "o", o, detail::v_shape(p.problem.dims));
+  detail::check_output(fn, "o", o, detail::v_shape(p.problem));
   for_each_sequence(fn, p, options, q, w,
                     [&](int64_t s, const detail::Problem& seq, const backend::Attention<T>& kernels,
                         const auto& seq_rows) {
@@ -174,8 +174,8 @@ void varlen_backward(const VarlenOptions& options, TensorView<const int64_t> cu_
                      TensorView<T> grad_w) {
   const char* fn = "mhla::varlen_backward";
   const Packing p = check_packing(fn, options, cu_seqlens, q, k, v, w);
-  detail::check_output(fn, "o", o, detail::v_shape(p.problem.dims));
-  detail::check_gradients(fn, p.problem.dims, grad_o, grad_q, grad_k, grad_v);
+  detail::check_output(fn, "o", o, detail::v_shape(p.problem));
+  detail::check_gradients(fn, p.problem, grad_o, grad_q, grad_k, grad_v);
   detail::check_output(fn, "grad_w", grad_w, w.shape);
   // Every sequence adds its part of grad_w, in order, so the sum is deterministic.
   backend::backend_for(fn, "grad_w", grad_w.device)

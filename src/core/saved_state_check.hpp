@@ -67,7 +67,7 @@ double mix_weight(const Problem& p, const T* w, int64_t copy, int64_t i, int64_t
 
 template <typename S>
 Fingerprints fingerprints(const Problem& p, const S* k, const S* v) {
-  const AttentionDims& d = p.dims;
+  const AttentionDims& d = p;
   const int64_t heads = d.heads, m = p.blocks;
   Fingerprints f;
   f.dk = d.dk, f.blocks = m;
@@ -128,7 +128,7 @@ struct MixedFingerprints {
 
 template <typename T>
 MixedFingerprints mixed_fingerprints(const Problem& p, const Fingerprints& f, const T* w) {
-  const int64_t heads = p.dims.heads, m = p.blocks, slices = p.dims.batch * heads, x2 = 2 * f.dk;
+  const int64_t heads = p.heads, m = p.blocks, slices = p.batch * heads, x2 = 2 * f.dk;
   const int64_t copies = p.per_head_mixing ? heads : 1;
   MixedFingerprints mf;
   std::vector<double> dense(size_t(copies * m * m));
@@ -211,7 +211,7 @@ constexpr double rounding_unit() {
 template <typename T>
 void check_saved_summaries_match(const char* fn, const Problem& p, const Fingerprints& f,
                                  const T* saved, double rounding = 0) {
-  const AttentionDims& d = p.dims;
+  const AttentionDims& d = p;
   // Below T's smallest normal number the relative bound no longer holds
   // (subnormal products keep few digits): an absolute floor covers it.
   const int64_t longest = p.table.max_block_size();
@@ -239,7 +239,7 @@ void check_saved_summaries_match(const char* fn, const Problem& p, const Fingerp
 template <typename T>
 void check_saved_mixed_match(const char* fn, const Problem& p, const Fingerprints& f, const T* w,
                              const T* saved_mixed, double rounding = 0) {
-  const AttentionDims& d = p.dims;
+  const AttentionDims& d = p;
   const int64_t m = p.blocks;
   const MixedFingerprints mf = mixed_fingerprints(p, f, w);
   // Terms of a mixed entry's float sum: the block's rows, r's, then the mix's.

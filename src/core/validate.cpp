@@ -70,7 +70,7 @@ void check_device(const char* fn, const char* name, Device device, Device call_d
 Problem check_linear_options(const char* fn, const LinearAttentionOptions& options,
                              const AttentionDims& dims) {
   Problem problem;
-  problem.dims = dims;
+  static_cast<AttentionDims&>(problem) = dims;
   problem.causal = options.masking == Masking::causal;
   problem.block_causal = options.masking == Masking::block_causal;
   problem.phi = options.feature_map;
@@ -109,8 +109,8 @@ void check_toeplitz_shape(const char* fn, Masking masking, const std::vector<int
   } else if (w_shape.size() == 2) {
     check_tensor(fn, "w", w, w_shape, 2, "[H, L + 1]");
     check_shape_equals(
-        fn, "w", w_shape, {problem.dims.heads, w_shape[1]},
-        ("(per-head Toeplitz [H, L + 1] with H = " + std::to_string(problem.dims.heads) + ")")
+        fn, "w", w_shape, {problem.heads, w_shape[1]},
+        ("(per-head Toeplitz [H, L + 1] with H = " + std::to_string(problem.heads) + ")")
             .c_str());
     problem.per_head_mixing = true;
   } else {
@@ -133,7 +133,7 @@ void check_square_mixing_shape(const char* fn, const std::vector<int64_t>& w_sha
   const int64_t m = problem.blocks;
   problem.mixing_blocks = problem.w_stride = m;
   const std::vector<int64_t> square = problem.per_head_mixing
-                                          ? std::vector<int64_t>{problem.dims.heads, m, m}
+                                          ? std::vector<int64_t>{problem.heads, m, m}
                                           : std::vector<int64_t>{m, m};
   check_shape_equals(fn, "w", w_shape, square, "(square per head)");
 }
@@ -142,7 +142,7 @@ void check_layout_and_mixing_shape(const char* fn, const Options& options,
                                    const std::vector<int64_t>& w_shape, const void* w,
                                    Problem& problem) {
   const TokenLayout& layout = options.layout;
-  check_layout_tokens(fn, layout, problem.dims.tokens);
+  check_layout_tokens(fn, layout, problem.tokens);
   if (problem.causal && layout.rank() != 1)
     fail(fn, "causal masking needs a 1D layout, got " + layout.describe());
   problem.layout = &layout;
@@ -161,8 +161,8 @@ void check_layout_and_mixing_shape(const char* fn, const Options& options,
     problem.per_head_mixing = false;
   } else if (w_shape.size() == 3) {
     check_tensor(fn, "w", w, w_shape, 3, "[H, M, M]");
-    check_shape_equals(fn, "w", w_shape, {problem.dims.heads, m, m},
-                       ("(per-head [H, M, M] with H = " + std::to_string(problem.dims.heads) +
+    check_shape_equals(fn, "w", w_shape, {problem.heads, m, m},
+                       ("(per-head [H, M, M] with H = " + std::to_string(problem.heads) +
                         " and M = " + std::to_string(m) + " blocks of " + layout.describe() + ")")
                            .c_str());
     problem.per_head_mixing = true;

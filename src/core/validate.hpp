@@ -11,6 +11,7 @@
 
 #include "core/block_table.hpp"
 #include "core/host_copy.hpp"
+#include "core/problem_params.hpp"
 #include "mhla/device_execution.hpp"
 #include "mhla/error.hpp"
 #include "mhla/options.hpp"
@@ -19,41 +20,15 @@
 
 namespace mhla::detail {
 
-// Sizes of one attention call; q, k [B, N, H, Dk], v [B, N, H, Dv].
-struct AttentionDims {
-  int64_t batch = 0, tokens = 0, heads = 0, dk = 0, dv = 0;
-};
-
-// Everything a kernel needs to know about a validated MHLA (or linear) call.
-struct Problem {
-  AttentionDims dims;
+// Everything a kernel needs to know about a validated MHLA (or linear) call:
+// its sizes and flags, and where its blocks' tokens are.
+struct Problem : ProblemParams {
   // The token layout (what the references and messages read; nullptr for the
   // linear-attention baseline) and the same blocks as the flat table that the
   // kernels read, set by the entry point, which owns the BlockTable, right
   // before it runs the backend.
   const TokenLayout* layout = nullptr;
   BlockTableView table;
-  int64_t blocks = 1;  // this call's blocks
-  // The part of W this call reads: rows first_block .. first_block + blocks - 1
-  // (its own blocks) against mixing_blocks summaries (the columns). An ordinary
-  // call reads all of W (first_block 0, mixing_blocks = blocks); a piece of a
-  // longer sequence starts later, and a packed sequence reads the top-left
-  // corner of a larger dense w, whose rows are w_stride apart.
-  int64_t first_block = 0;
-  int64_t mixing_blocks = 1;
-  int64_t w_stride = 1;
-  bool per_head_mixing = false;
-  // Toeplitz mixing: w holds L + 1 entries per copy, W[i, b] = w[min(i - b, L)].
-  bool toeplitz = false;
-  int64_t toeplitz_length = 0;  // L
-  bool causal = false;          // token-level causal (1D)
-  bool block_causal = false;    // causal across blocks, full inside a block
-  // Whether only W[i, b] with b <= i is read.
-  bool lower_triangular() const { return causal || block_causal; }
-  FeatureMap phi = FeatureMap::identity;
-  bool normalize = true;
-  double eps = 1e-6;
-  double scale = 1.0;  // unnormalized mode
   // DeviceChecks::deferred on a device: w's values and the results are
   // checked by the backend on the device and read back later, not here.
   bool checks_on_device = false;
@@ -143,7 +118,7 @@ template <typename T>
 void check_mixing_values(const char* fn, const Problem& problem, const T* w) {
   const int64_t m = problem.mixing_blocks, stride = problem.w_stride;
   const int64_t length = problem.toeplitz_length;
-  const int64_t count = problem.per_head_mixing ? problem.dims.heads : 1;
+  const int64_t count = problem.per_head_mixing ? problem.heads : 1;
   for (int64_t h = 0; h < count; ++h) {
     // "w[h, i, b]" per head, "w[i, b]" shared (Toeplitz: "w[h, d]", "w[d]").
     const std::string head = problem.per_head_mixing ? std::to_string(h) + ", " : "";

@@ -22,8 +22,8 @@ Bf16Backward::Bf16Backward(const mhla::detail::Problem& problem, const Mixer<flo
     : p_(problem),
       mixer_(mixer),
       kernel_(kernel),
-      x1_(problem.dims.dv + 1),
-      x_(problem.dims.dk * (problem.dims.dv + 1)),
+      x1_(problem.dv + 1),
+      x_(problem.dk * (problem.dv + 1)),
       max_rows_(problem.table.max_block_size()) {}
 
 bool Bf16Backward::backward(const bfloat16* q, const bfloat16* k, const bfloat16* v,
@@ -54,7 +54,7 @@ bool Bf16Backward::backward(const bfloat16* q, const bfloat16* k, const bfloat16
 
 bool Bf16Backward::output_gradients(const bfloat16* q, const bfloat16* grad_o, const float* mixed,
                                     float* mixed_grad, bfloat16* grad_q) const {
-  const auto& d = p_.dims;
+  const auto& d = p_;
   const float eps = float(p_.eps), scale = float(p_.scale);
   const RowWrite write_q = result_write(d, d.dk, grad_q);
   bool finite = true;
@@ -150,7 +150,7 @@ bool Bf16Backward::output_gradients(const bfloat16* q, const bfloat16* grad_o, c
 bool Bf16Backward::key_value_gradients(const bfloat16* k, const bfloat16* v,
                                        const float* summaries_grad, bfloat16* grad_k,
                                        bfloat16* grad_v) const {
-  const auto& d = p_.dims;
+  const auto& d = p_;
   const RowWrite write_k = result_write(d, d.dk, grad_k);
   const RowWrite write_v = result_write(d, d.dv, grad_v);
   bool finite = true;

@@ -20,21 +20,21 @@ using Tile = mhla::detail::LineAlignedVector<T>;
 Bf16Forward::Bf16Forward(const mhla::detail::Problem& problem, const Mixer<float>& mixer)
     : p_(problem),
       mixer_(mixer),
-      x1_(problem.dims.dv + 1),
+      x1_(problem.dv + 1),
       max_rows_(problem.table.max_block_size()),
       row_pairs_((max_rows_ + 1) / 2),
-      dk_pairs_((problem.dims.dk + 1) / 2) {}
+      dk_pairs_((problem.dk + 1) / 2) {}
 
 bool Bf16Forward::forward(const bfloat16* q, const bfloat16* k, const bfloat16* v, bfloat16* o,
                           float* summaries_out, float* mixed_out) const {
-  const size_t total = size_t(task_count(p_) * p_.dims.dk * x1_);
+  const size_t total = size_t(task_count(p_) * p_.dk * x1_);
   float* mixed = mixed_out ? mixed_out : scratch<float>(Scratch::mixed, total);
   if (!summaries_out && !mixed_out && mixer_.takes_summary_pairs()) {
     // Nothing kept: the summaries go straight to the mix's bfloat16 pairs (no
     // float array written and read, no packing in the mix).
-    const int64_t slices = p_.dims.batch * p_.dims.heads;
+    const int64_t slices = p_.batch * p_.heads;
     uint16_t* pairs = scratch<uint16_t>(
-        KernelScratch::summary_pairs, size_t(slices * ((p_.blocks + 1) / 2) * p_.dims.dk * x1_ * 2));
+        KernelScratch::summary_pairs, size_t(slices * ((p_.blocks + 1) / 2) * p_.dk * x1_ * 2));
     compute_summaries(k, v, nullptr, pairs);
     mixer_.mix_summary_pairs(reinterpret_cast<const uint32_t*>(pairs), mixed);
     return compute_outputs(q, mixed, o);
@@ -55,7 +55,7 @@ bool Bf16Forward::forward(const bfloat16* q, const bfloat16* k, const bfloat16* 
 
 void Bf16Forward::compute_summaries(const bfloat16* k, const bfloat16* v, float* summaries,
                                     uint16_t* pairs) const {
-  const auto& d = p_.dims;
+  const auto& d = p_;
   const int64_t tasks = task_count(p_), x = d.dk * x1_, pair_blocks = (p_.blocks + 1) / 2;
   // In pairs, block b of slice bh: the halves b % 2 of the words at pair
   // (bh, b / 2).
@@ -115,7 +115,7 @@ void Bf16Forward::compute_summaries(const bfloat16* k, const bfloat16* v, float*
 }
 
 bool Bf16Forward::compute_outputs(const bfloat16* q, const float* mixed, bfloat16* o) const {
-  const auto& d = p_.dims;
+  const auto& d = p_;
   const int64_t tasks = task_count(p_);
   const float eps = float(p_.eps), scale = float(p_.scale);
   const RowWrite write_o = result_write(d, d.dv, o);

@@ -17,11 +17,11 @@ struct BlockTask {
 };
 
 inline int64_t task_count(const mhla::detail::Problem& p) {
-  return p.dims.batch * p.dims.heads * p.blocks;
+  return p.batch * p.heads * p.blocks;
 }
 
 inline BlockTask block_task(const mhla::detail::Problem& p, int64_t task) {
-  const auto& d = p.dims;
+  const auto& d = p;
   const int64_t h = task % d.heads, rest = task / d.heads;
   const int64_t blk = rest % p.blocks, b = rest / p.blocks, bh = b * d.heads + h;
   return {bh,

@@ -103,16 +103,16 @@ template <typename T>
 ChunkedAttention<T>::ChunkedAttention(const mhla::detail::Problem& problem, const Mixer<T>& mixer)
     : p_(problem),
       mixer_(mixer),
-      x1_(problem.dims.dv + 1),
-      ld_x1_(mhla::detail::round_up(problem.dims.dv + 1,
+      x1_(problem.dv + 1),
+      ld_x1_(mhla::detail::round_up(problem.dv + 1,
                                     int64_t(mhla::detail::kCacheLine / sizeof(T)))),
-      x_(problem.dims.dk * (problem.dims.dv + 1)),
+      x_(problem.dk * (problem.dv + 1)),
       max_rows_(problem.table.max_block_size()) {}
 
 template <typename T>
 void ChunkedAttention<T>::in_block_scores(const BlockTask& t, const T* k, const T* v, const T* u,
                                           T* kap, T* vals, T* a) const {
-  const auto& d = p_.dims;
+  const auto& d = p_;
   gather_rows(p_.table, t.block, p_.phi, k, t.qk, d.dk, kap, d.dk);
   gather_values_with_ones(p_.table, t.block, v, t.v, d.dv, t.rows, vals, ld_x1_);
   lower_scores(t.rows, d.dk, u, kap, d.dk, a);
@@ -161,7 +161,7 @@ bool ChunkedAttention<T>::backward(const T* q, const T* k, const T* v, const T* 
 template <typename T>
 template <typename S>
 void ChunkedAttention<T>::compute_summaries(const S* k, const S* v, T* summaries) const {
-  const auto& d = p_.dims;
+  const auto& d = p_;
 #pragma omp parallel
   {
     Tile<T> kap(max_rows_ * d.dk), vals(max_rows_ * d.dv);
@@ -195,7 +195,7 @@ void ChunkedAttention<T>::compute_summaries(const S* k, const S* v, T* summaries
 template <typename T>
 bool ChunkedAttention<T>::compute_outputs(const T* q, const T* k, const T* v, const T* mixed,
                                           T* o) const {
-  const auto& d = p_.dims;
+  const auto& d = p_;
   const T eps = T(p_.eps), scale = T(p_.scale);
   const RowWrite write_o = result_write(d, d.dv, o);
   bool finite = true;
@@ -270,7 +270,7 @@ template <typename T>
 bool ChunkedAttention<T>::output_gradients(const T* q, const T* k, const T* v, const T* grad_o,
                                            const T* mixed, T* mixed_grad, T* diagonal_grad,
                                            T* grad_q, T* grad_k, T* grad_v, bool park) const {
-  const auto& d = p_.dims;
+  const auto& d = p_;
   const T eps = T(p_.eps), scale = T(p_.scale);
   // grad_q is final here; the causal in-block key/value parts are not.
   const RowWrite write_q = result_write(d, d.dk, grad_q);
@@ -432,7 +432,7 @@ bool ChunkedAttention<T>::output_gradients(const T* q, const T* k, const T* v, c
 template <typename T>
 bool ChunkedAttention<T>::key_value_gradients(const T* k, const T* v, const T* summaries_grad,
                                               T* grad_k, T* grad_v, bool add_to_parked) const {
-  const auto& d = p_.dims;
+  const auto& d = p_;
   const RowWrite write_k = result_write(d, d.dk, grad_k, add_to_parked);
   const RowWrite write_v = result_write(d, d.dv, grad_v, add_to_parked);
   bool finite = true;

@@ -61,7 +61,7 @@ class CpuAttention final : public backend::Attention<T> {
   bool output_gradients(const T* q, const T* k, const T* v, const T* grad_o, const T* mixed,
                         T* grad_mixed, T* grad_q, T* grad_k, T* grad_v, T* grad_w) const override {
     T* diagonal = p_.causal ? scratch<T>(KernelScratch::diagonal_grad,
-                                         size_t(p_.dims.batch * p_.dims.heads * p_.blocks))
+                                         size_t(p_.batch * p_.heads * p_.blocks))
                             : nullptr;
     const bool finite = kernel_.output_gradients(q, k, v, grad_o, mixed, grad_mixed, diagonal,
                                                  grad_q, grad_k, grad_v, false);
@@ -78,8 +78,8 @@ class CpuAttention final : public backend::Attention<T> {
   // this call's rows, summed over the batch (and the heads when w is shared)
   // in a fixed order.
   void add_diagonal(const T* diagonal, T* grad_w) const {
-    const int64_t heads = p_.dims.heads, m = p_.blocks;
-    for (int64_t bh = 0; bh < p_.dims.batch * heads; ++bh) {
+    const int64_t heads = p_.heads, m = p_.blocks;
+    for (int64_t bh = 0; bh < p_.batch * heads; ++bh) {
       const int64_t copy = p_.per_head_mixing ? bh % heads : 0;
       for (int64_t i = 0; i < m; ++i) {
         const int64_t row = p_.first_block + i;

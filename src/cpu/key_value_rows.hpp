@@ -22,7 +22,7 @@ void request_key_value_rows(const mhla::detail::Problem& p, int64_t task, const 
   next_reads.clear();
   next_writes.clear();
   if (task + 1 >= task_count(p)) return;
-  const auto& d = p.dims;
+  const auto& d = p;
   const BlockTask next = block_task(p, task + 1);
   next_reads.add_span_read(summaries_grad + next.summary, d.dk * (d.dv + 1));
   next_reads.add_read(p.table, next.block, k, next.qk, d.dk);
@@ -37,7 +37,7 @@ template <typename S, typename T>
 bool scatter_key_value_gradients(const mhla::detail::Problem& p, const BlockTask& t, const T* kap,
                                  const T* dkap, const T* dz, const T* dvalues, RowWriter<S>& k_rows,
                                  S* grad_k, RowWriter<S>& v_rows, S* grad_v) {
-  const auto& d = p.dims;
+  const auto& d = p;
   const bool finite_k = scatter_through_feature(p.table, t.block, p.phi, kap, dkap, d.dk, t.qk,
                                                 d.dk, k_rows, grad_k, RowBias<T>{dz});
   const bool finite_v = scatter_rows(p.table, t.block, dvalues, d.dv, t.v, d.dv, v_rows, grad_v);

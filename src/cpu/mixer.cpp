@@ -87,12 +87,12 @@ constexpr int64_t kStrip = 24;
 
 template <typename T>
 DenseMixer<T>::DenseMixer(const mhla::detail::Problem& problem, const T* w)
-    : p_(problem), w_(w), x_(problem.dims.dk * (problem.dims.dv + 1)) {
+    : p_(problem), w_(w), x_(problem.dk * (problem.dv + 1)) {
   if (!p_.lower_triangular()) return;
   // The rows are copied with the entries they do not read (blocks_read_by)
   // zeroed, so that the products below can read them whole.
   const int64_t m = p_.blocks, ms = p_.mixing_blocks, ld = p_.w_stride;
-  const int64_t copies = p_.per_head_mixing ? p_.dims.heads : 1;
+  const int64_t copies = p_.per_head_mixing ? p_.heads : 1;
   masked_.assign(copies * m * ms, T(0));
   for (int64_t c = 0; c < copies; ++c)
     for (int64_t i = 0; i < m; ++i) {
@@ -103,20 +103,20 @@ DenseMixer<T>::DenseMixer(const mhla::detail::Problem& problem, const T* w)
 
 template <typename T>
 const T* DenseMixer<T>::head_rows(int64_t bh) const {
-  const int64_t copy = p_.per_head_mixing ? bh % p_.dims.heads : 0;
+  const int64_t copy = p_.per_head_mixing ? bh % p_.heads : 0;
   if (!masked_.empty()) return masked_.data() + copy * p_.blocks * p_.mixing_blocks;
   return w_ + (copy * p_.w_stride + p_.first_block) * p_.w_stride;
 }
 
 template <typename T>
 T DenseMixer<T>::diagonal(int64_t bh, int64_t i) const {
-  const int64_t copy = p_.per_head_mixing ? bh % p_.dims.heads : 0, row = p_.first_block + i;
+  const int64_t copy = p_.per_head_mixing ? bh % p_.heads : 0, row = p_.first_block + i;
   return w_[(copy * p_.w_stride + row) * p_.w_stride + row];
 }
 
 template <typename T>
 void DenseMixer<T>::mix(const T* summaries, T* mixed) const {
-  const int64_t m = p_.blocks, ms = p_.mixing_blocks, slices = p_.dims.batch * p_.dims.heads;
+  const int64_t m = p_.blocks, ms = p_.mixing_blocks, slices = p_.batch * p_.heads;
   for_each_panel(slices, x_, [&](int64_t, int64_t bh, int64_t c0, int64_t cols) {
     const T* s = summaries + bh * ms * x_ + c0;
     T* out = mixed + bh * m * x_ + c0;
@@ -156,8 +156,8 @@ void DenseMixer<T>::mix_summary_pairs(const uint32_t* summary_pairs, T* mixed) c
 template <typename T>
 void DenseMixer<T>::mix_pairs(const T* summaries, const uint32_t* summary_pairs, T* mixed) const {
   if constexpr (std::is_same_v<T, float>) {
-    const int64_t m = p_.blocks, ms = p_.mixing_blocks, slices = p_.dims.batch * p_.dims.heads;
-    const int64_t pairs = (ms + 1) / 2, copies = p_.per_head_mixing ? p_.dims.heads : 1;
+    const int64_t m = p_.blocks, ms = p_.mixing_blocks, slices = p_.batch * p_.heads;
+    const int64_t pairs = (ms + 1) / 2, copies = p_.per_head_mixing ? p_.heads : 1;
     // W's rows as pairs of blocks, once per call (the masked modes' rows with
     // their unread entries zeroed, as mix() reads them).
     detail::LineAlignedVector<uint32_t> w_pairs(size_t(copies * m * pairs));
@@ -178,7 +178,7 @@ void DenseMixer<T>::mix_pairs(const T* summaries, const uint32_t* summary_pairs,
         b = s_pairs.data();
       }
       const uint32_t* w =
-          w_pairs.data() + (p_.per_head_mixing ? bh % p_.dims.heads : 0) * m * pairs;
+          w_pairs.data() + (p_.per_head_mixing ? bh % p_.heads : 0) * m * pairs;
       T* out = mixed + bh * m * x_ + c0;
       if (!p_.lower_triangular()) {
         simd::gemm_bf16(m, cols, pairs, {w, pairs, 1}, b, ldb, out, x_);
@@ -211,8 +211,8 @@ void DenseMixer<T>::mix_backward_bf16(const T* mixed_grad, const T* summaries,
 template <typename T>
 void DenseMixer<T>::backward(const T* mixed_grad, const T* summaries, const T* diagonal_grad,
                              T* summaries_grad, T* grad_w, bool bf16_products) const {
-  const int64_t m = p_.blocks, ms = p_.mixing_blocks, heads = p_.dims.heads;
-  const int64_t slices = p_.dims.batch * heads;
+  const int64_t m = p_.blocks, ms = p_.mixing_blocks, heads = p_.heads;
+  const int64_t slices = p_.batch * heads;
   // dS = W^T dmixed (masked modes: the masked rows the mix used).
   const auto product = [&](int64_t rows, int64_t cols, int64_t inner, const T* w, const T* g,
                            T* out) {
@@ -313,11 +313,11 @@ void DenseMixer<T>::backward(const T* mixed_grad, const T* summaries, const T* d
 
 template <typename T>
 UniformMixer<T>::UniformMixer(const mhla::detail::Problem& problem)
-    : p_(problem), x_(problem.dims.dk * (problem.dims.dv + 1)) {}
+    : p_(problem), x_(problem.dk * (problem.dv + 1)) {}
 
 template <typename T>
 void UniformMixer<T>::mix(const T* summaries, T* mixed) const {
-  const int64_t m = p_.blocks, slices = p_.dims.batch * p_.dims.heads;
+  const int64_t m = p_.blocks, slices = p_.batch * p_.heads;
   for_each_panel(slices, x_, [&](int64_t, int64_t bh, int64_t c0, int64_t cols) {
     const T* s = summaries + bh * m * x_ + c0;
     T* out = mixed + bh * m * x_ + c0;
@@ -338,7 +338,7 @@ void UniformMixer<T>::mix(const T* summaries, T* mixed) const {
 template <typename T>
 void UniformMixer<T>::mix_backward(const T* mixed_grad, const T*, const T*, T* summaries_grad,
                                    T*) const {
-  const int64_t m = p_.blocks, slices = p_.dims.batch * p_.dims.heads;
+  const int64_t m = p_.blocks, slices = p_.batch * p_.heads;
   for_each_panel(slices, x_, [&](int64_t, int64_t bh, int64_t c0, int64_t cols) {
     const T* g = mixed_grad + bh * m * x_ + c0;
     T* out = summaries_grad + bh * m * x_ + c0;

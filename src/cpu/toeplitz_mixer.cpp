@@ -29,17 +29,17 @@ ToeplitzMixer<T>::ToeplitzMixer(const mhla::detail::Problem& problem, const T* w
       length_(problem.toeplitz_length),
       nearest_(problem.causal ? 1 : 0),
       tail_start_(std::max(length_, nearest_)),
-      x_(problem.dims.dk * (problem.dims.dv + 1)) {}
+      x_(problem.dk * (problem.dv + 1)) {}
 
 template <typename T>
 const T* ToeplitzMixer<T>::head_w(int64_t bh) const {
-  return p_.per_head_mixing ? w_ + (bh % p_.dims.heads) * (length_ + 1) : w_;
+  return p_.per_head_mixing ? w_ + (bh % p_.heads) * (length_ + 1) : w_;
 }
 
 template <typename T>
 void ToeplitzMixer<T>::mix(const T* summaries, T* mixed) const {
   const int64_t m = p_.blocks, ms = p_.mixing_blocks, first = p_.first_block;
-  const int64_t slices = p_.dims.batch * p_.dims.heads;
+  const int64_t slices = p_.batch * p_.heads;
   for_each_panel(slices, x_, [&](int64_t, int64_t bh, int64_t c0, int64_t cols) {
     const T* w = head_w(bh);
     const T* s = summaries + bh * ms * x_ + c0;
@@ -61,7 +61,7 @@ template <typename T>
 void ToeplitzMixer<T>::mix_backward(const T* mixed_grad, const T* summaries, const T* diagonal_grad,
                                     T* summaries_grad, T* grad_w) const {
   const int64_t m = p_.blocks, ms = p_.mixing_blocks, first = p_.first_block;
-  const int64_t heads = p_.dims.heads, slices = p_.dims.batch * heads;
+  const int64_t heads = p_.heads, slices = p_.batch * heads;
   const int64_t entries = length_ + 1, panels = count_panels(x_, kPanel);
   // Each (slice, panel) task writes its own partial dw; they are summed below in
   // a fixed order.

@@ -25,7 +25,7 @@ __global__ void __launch_bounds__(kThreads)
   const float* slice = from + bh * p.blocks * width;
   // Lower-triangular and Toeplitz rows read no block past their own: the
   // mix's rows stop at the tile's last row, the transposed sums start at its first.
-  const bool triangular = p.lower_triangular || p.toeplitz;
+  const bool triangular = p.lower_triangular() || p.toeplitz;
   const int64_t begin = kTransposed && triangular ? r0 : 0;
   const int64_t end = !kTransposed && triangular && r0 + kTile < p.blocks ? r0 + kTile : p.blocks;
 
@@ -60,8 +60,8 @@ struct WeightSplit {
 };
 
 WeightSplit weight_split(const KernelProblem& p) {
-  const int64_t copies = p.per_head ? p.heads : 1;
-  const int64_t total = (p.per_head ? p.batch : p.batch * p.heads) * p.dk * (p.dv + 1);
+  const int64_t copies = p.per_head_mixing ? p.heads : 1;
+  const int64_t total = (p.per_head_mixing ? p.batch : p.batch * p.heads) * p.dk * (p.dv + 1);
   const int64_t w_tiles = tile_count(p.blocks) * tile_count(p.blocks);
   int64_t splits = std::max<int64_t>(1, kWeightCtas / (w_tiles * copies));
   splits = std::min(splits, std::max<int64_t>(1, total / (8 * kChunk)));  // 8 chunks or more each
@@ -82,12 +82,12 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t i0 = int64_t(blockIdx.x) * kTile, b0 = int64_t(blockIdx.y) * kTile;
   const int64_t copy = blockIdx.z / splits, split = blockIdx.z % splits;
   const int64_t m = p.blocks, width = p.dk * (p.dv + 1);
-  const int64_t total = (p.per_head ? p.batch : p.batch * p.heads) * width;
+  const int64_t total = (p.per_head_mixing ? p.batch : p.batch * p.heads) * width;
   const int64_t begin = split * per_split,
                 end = begin + per_split < total ? begin + per_split : total;
   // Entry x of the inner sum: entry x % width of block `block` in the copy's slice x / width.
   const auto at = [&](const float* array, int64_t x, int64_t block) {
-    const int64_t slice = x / width, bh = p.per_head ? slice * p.heads + copy : slice;
+    const int64_t slice = x / width, bh = p.per_head_mixing ? slice * p.heads + copy : slice;
     return array[(bh * m + block) * width + x % width];
   };
 
@@ -115,16 +115,16 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void weight_sum_kernel(KernelProblem p, int64_t splits, int64_t chunks,
                                   const float* diagonal, float* partials, float* grad_w,
                                   int* non_finite) {
-  const int64_t m = p.blocks, copies = p.per_head ? p.heads : 1, total = copies * m * m;
+  const int64_t m = p.blocks, copies = p.per_head_mixing ? p.heads : 1, total = copies * m * m;
   for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
        idx += int64_t(gridDim.x) * blockDim.x) {
     const int64_t ib = idx % (m * m), i = ib / m, b = ib % m, copy = idx / (m * m);
     float* first = partials + copy * splits * m * m + ib;
     float sum = 0;
     if (p.causal && i == b) {
-      const int64_t slices = p.per_head ? p.batch : p.batch * p.heads;
+      const int64_t slices = p.per_head_mixing ? p.batch : p.batch * p.heads;
       for (int64_t slice = 0; slice < slices; ++slice) {
-        const int64_t bh = p.per_head ? slice * p.heads + copy : slice;
+        const int64_t bh = p.per_head_mixing ? slice * p.heads + copy : slice;
         for (int64_t c = 0; c < chunks; ++c) sum += diagonal[(bh * m + i) * chunks + c];
       }
     } else {
@@ -143,7 +143,7 @@ __global__ void weight_sum_kernel(KernelProblem p, int64_t splits, int64_t chunk
 __global__ void toeplitz_weight_kernel(KernelProblem p, int64_t splits, const float* dense,
                                        float* grad_w, int* non_finite) {
   const int64_t m = p.blocks, length = p.toeplitz_length;
-  const int64_t copies = p.per_head ? p.heads : 1, total = copies * (length + 1);
+  const int64_t copies = p.per_head_mixing ? p.heads : 1, total = copies * (length + 1);
   for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
        idx += int64_t(gridDim.x) * blockDim.x) {
     const int64_t d = idx % (length + 1), copy = idx / (length + 1);
@@ -192,7 +192,7 @@ void bf16_mix_backward(const KernelProblem& p, const float* w, const float* summ
 
 void bf16_toeplitz_weight_gradient(const KernelProblem& p, int64_t splits, const float* dense,
                                    float* grad_w, int* non_finite, cudaStream_t stream) {
-  const int64_t copies = p.per_head ? p.heads : 1;
+  const int64_t copies = p.per_head_mixing ? p.heads : 1;
   toeplitz_weight_kernel<<<elementwise_blocks(copies * (p.toeplitz_length + 1)), kThreads, 0,
                            stream>>>(p, splits, dense, grad_w, non_finite);
   check_launch("bf16 Toeplitz weight gradient kernel");

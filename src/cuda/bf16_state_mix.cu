@@ -168,7 +168,7 @@ __global__ void __launch_bounds__(kWeightWarps * 32)
 __global__ void weight_sum_kernel(KernelProblem p, WeightSplit split, const float* grad_mixed_z,
                                   const float* z, float* partials, float* grad_w, int* non_finite) {
   const int64_t m = p.blocks, total = split.copies * m * m;
-  const int64_t slices = p.per_head ? p.batch : p.batch * p.heads;
+  const int64_t slices = p.per_head_mixing ? p.batch : p.batch * p.heads;
   for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
        idx += int64_t(gridDim.x) * blockDim.x) {
     const unsigned mm = unsigned(m * m), flat = unsigned(idx);
@@ -178,7 +178,7 @@ __global__ void weight_sum_kernel(KernelProblem p, WeightSplit split, const floa
     float sum = 0;
     for (int64_t part = 0; part < split.splits; ++part) sum += first[part * m * m];
     for (int64_t slice = 0; slice < slices; ++slice) {
-      const int64_t bh = p.per_head ? slice * p.heads + copy : slice;
+      const int64_t bh = p.per_head_mixing ? slice * p.heads + copy : slice;
       const float* gz = grad_mixed_z + normaliser_offset(p, bh, i);
       const float* zb = z + normaliser_offset(p, bh, b);
       for (int64_t d = 0; d < p.dk; ++d) sum += gz[d] * zb[d];

@@ -110,7 +110,7 @@ MHLA_HD inline int64_t normaliser_offset(const KernelProblem& p, int64_t bh, int
 // Forward (S~ = W S) the rows are blocks i, and lower-triangular and Toeplitz
 // rows stop at their own block; transposed (the backward's grad S = W^T
 // grad S~) the rows are blocks b, read by the blocks i >= b only.
-MHLA_HD inline bool triangular(const KernelProblem& p) { return p.lower_triangular || p.toeplitz; }
+MHLA_HD inline bool triangular(const KernelProblem& p) { return p.lower_triangular() || p.toeplitz; }
 MHLA_HD inline int64_t mix_inner_begin(const KernelProblem& p, int64_t r0, bool transposed) {
   return transposed && triangular(p) ? r0 : 0;
 }
@@ -151,8 +151,8 @@ struct WeightSplit {
   int64_t chunks;             // of one copy
 };
 MHLA_HD inline WeightSplit weight_split(const KernelProblem& p) {
-  const int64_t copies = p.per_head ? p.heads : 1;
-  const int64_t slices = p.per_head ? p.batch : p.batch * p.heads;
+  const int64_t copies = p.per_head_mixing ? p.heads : 1;
+  const int64_t slices = p.per_head_mixing ? p.batch : p.batch * p.heads;
   const unsigned per_slice = unsigned(p.dk * p.dv / kInnerChunk);
   const int64_t chunks = slices * per_slice, tiles = ceil_div(p.blocks, kWeightTile);
   int64_t splits = kWeightCtas / (tiles * tiles * copies);
@@ -171,7 +171,7 @@ MHLA_HD inline WeightChunk weight_chunk(const KernelProblem& p, const WeightSpli
                                         int64_t copy, int64_t c) {
   const unsigned slice = unsigned(c) / w.chunks_per_slice;
   const unsigned entry = unsigned(c) - slice * w.chunks_per_slice;
-  const int64_t bh = p.per_head ? int64_t(slice) * p.heads + copy : int64_t(slice);
+  const int64_t bh = p.per_head_mixing ? int64_t(slice) * p.heads + copy : int64_t(slice);
   return {bh, int64_t(entry) * kInnerChunk};
 }
 

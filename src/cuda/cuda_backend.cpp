@@ -167,7 +167,7 @@ thread_local BlockArrayCache block_arrays;
 class Geometry {
  public:
   explicit Geometry(const detail::Problem& p)
-      : arrays_(block_arrays.get(p.table, p.dims.tokens)),
+      : arrays_(block_arrays.get(p.table, p.tokens)),
         problem_(kernel_problem(p, static_cast<const int64_t*>(arrays_->arrays.data()),
                                 arrays_->largest_block)) {}
   const KernelProblem& problem() const { return problem_; }

@@ -34,7 +34,7 @@ template <typename T>
 MHLA_HD inline T weight(const KernelProblem& p, const T* w, int64_t h, int64_t row,
                            int64_t col) {
   if (w == nullptr) return T(1);
-  const int64_t copy = p.per_head ? h : 0;
+  const int64_t copy = p.per_head_mixing ? h : 0;
   if (p.toeplitz) {
     const int64_t d = row - col < p.toeplitz_length ? row - col : p.toeplitz_length;
     return w[copy * (p.toeplitz_length + 1) + d];
@@ -46,7 +46,7 @@ MHLA_HD inline T weight(const KernelProblem& p, const T* w, int64_t h, int64_t r
 // block; token-level causal rows before it (their own block enters in block).
 MHLA_HD inline bool reads(const KernelProblem& p, int64_t row, int64_t col) {
   if (p.causal) return col < row;
-  return !(p.lower_triangular || p.toeplitz) || col <= row;
+  return !(p.lower_triangular() || p.toeplitz) || col <= row;
 }
 
 // Whether the operator uses W[row, col]: what the mix reads, and with

@@ -42,33 +42,16 @@ inline BlockArrays block_arrays(const detail::BlockTableView& table, int64_t n) 
 }
 
 // The kernels' view of p, its block arrays at `arrays` (laid out as
-// BlockArrays::values, on the device or the host).
+// BlockArrays::values, on the device or the host): p's sizes and flags as
+// they are, and where its blocks' tokens are.
 inline KernelProblem kernel_problem(const detail::Problem& p, const int64_t* arrays,
                                     int64_t largest_block) {
-  const int64_t n = p.dims.tokens, m = p.table.blocks;
-  KernelProblem k;
-  k.batch = p.dims.batch;
-  k.tokens = n;
-  k.heads = p.dims.heads;
-  k.dk = p.dims.dk;
-  k.dv = p.dims.dv;
-  k.blocks = m;
+  const int64_t n = p.tokens, m = p.table.blocks;
+  KernelProblem k{p};
   k.largest_block = largest_block;
   k.block_tokens = arrays;
   k.block_start = arrays + n;
   k.token_block = arrays + n + m + 1;
-  k.first_block = p.first_block;
-  k.mixing_blocks = p.mixing_blocks;
-  k.w_stride = p.w_stride;
-  k.per_head = p.per_head_mixing;
-  k.toeplitz = p.toeplitz;
-  k.lower_triangular = p.lower_triangular();
-  k.causal = p.causal;
-  k.toeplitz_length = p.toeplitz_length;
-  k.phi = p.phi;
-  k.normalize = p.normalize;
-  k.eps = p.eps;
-  k.scale = p.scale;
   return k;
 }
 

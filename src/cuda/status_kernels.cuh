@@ -22,7 +22,7 @@ struct DeviceStatus {
 
 // The entries of w's memory: [copies, rows, columns] dense, [copies, L + 1] Toeplitz.
 inline int64_t weight_entries(const KernelProblem& p) {
-  const int64_t copies = p.per_head ? p.heads : 1;
+  const int64_t copies = p.per_head_mixing ? p.heads : 1;
   return copies * (p.toeplitz ? p.toeplitz_length + 1 : p.w_stride * p.w_stride);
 }
 

@@ -166,7 +166,7 @@ __device__ T weight_gradient(const KernelProblem& p, const T* s, const T* grad_m
   const int64_t x = p.dk * (p.dv + 1);
   T acc = 0;
   for (int64_t bh = 0; bh < p.batch * p.heads; ++bh) {
-    if (p.per_head && bh % p.heads != copy) continue;
+    if (p.per_head_mixing && bh % p.heads != copy) continue;
     const T* g = grad_mixed + (bh * p.blocks + i) * x;
     const T* src = s + (bh * p.mixing_blocks + b) * x;
     for (int64_t c = 0; c < x; ++c) acc += g[c] * src[c];
@@ -177,7 +177,7 @@ __device__ T weight_gradient(const KernelProblem& p, const T* s, const T* grad_m
 template <typename T>
 __global__ void dense_weight_gradient_kernel(KernelProblem p, const T* s, const T* grad_mixed,
                                              T* grad_w, int* non_finite) {
-  const int64_t copies = p.per_head ? p.heads : 1, total = copies * p.blocks * p.mixing_blocks;
+  const int64_t copies = p.per_head_mixing ? p.heads : 1, total = copies * p.blocks * p.mixing_blocks;
   MHLA_GRID_STRIDE(idx, total) {
     const int64_t b = idx % p.mixing_blocks, i = idx / p.mixing_blocks % p.blocks,
                   copy = idx / (p.mixing_blocks * p.blocks);
@@ -192,7 +192,7 @@ __global__ void dense_weight_gradient_kernel(KernelProblem p, const T* s, const 
 template <typename T>
 __global__ void toeplitz_weight_gradient_kernel(KernelProblem p, const T* s, const T* grad_mixed,
                                                 T* grad_w, int* non_finite) {
-  const int64_t copies = p.per_head ? p.heads : 1, total = copies * (p.toeplitz_length + 1);
+  const int64_t copies = p.per_head_mixing ? p.heads : 1, total = copies * (p.toeplitz_length + 1);
   MHLA_GRID_STRIDE(idx, total) {
     const int64_t d = idx % (p.toeplitz_length + 1), copy = idx / (p.toeplitz_length + 1);
     T acc = 0;
@@ -287,7 +287,7 @@ void mix_backward(const KernelProblem& p, const T* w, const T* s, const T* grad_
   summaries_gradient_kernel<<<grid_for(total), kThreads, 0, stream>>>(p, w, grad_mixed, grad_s);
   check_launch("summaries_gradient_kernel");
   if (grad_w == nullptr) return;  // linear attention: no W to learn
-  const int64_t copies = p.per_head ? p.heads : 1;
+  const int64_t copies = p.per_head_mixing ? p.heads : 1;
   if (p.toeplitz) {
     toeplitz_weight_gradient_kernel<<<grid_for(copies * (p.toeplitz_length + 1)), kThreads, 0,
                                       stream>>>(p, s, grad_mixed, grad_w, non_finite);

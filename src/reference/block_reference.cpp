@@ -32,7 +32,7 @@ struct Head {
 
 Head load_head(const Problem& p, const double* q, const double* k, const double* v, int64_t b,
                int64_t h) {
-  const auto& d = p.dims;
+  const auto& d = p;
   const Indexer at{d.tokens, d.heads};
   Head head{d.tokens,
             d.dk,
@@ -106,8 +106,8 @@ void block_forward(const Options& options, TensorView<const double> q, TensorVie
                    TensorView<const double> v, TensorView<const double> w, TensorView<double> o) {
   const char* fn = "mhla::reference::block_forward";
   const Problem p = detail::validate_mhla(fn, options, q, k, v, w);
-  detail::check_output(fn, "o", o, detail::v_shape(p.dims));
-  const auto& d = p.dims;
+  detail::check_output(fn, "o", o, detail::v_shape(p));
+  const auto& d = p;
   const Indexer at{d.tokens, d.heads};
   std::vector<double> sr(d.dk * d.dv), zr(d.dk);
   for (int64_t b = 0; b < d.batch; ++b)
@@ -134,7 +134,7 @@ void block_backward(const Options& options, TensorView<const double> q, TensorVi
                     TensorView<double> grad_w) {
   const char* fn = "mhla::reference::block_backward";
   const Problem p = detail::validate_mhla(fn, options, q, k, v, w);
-  const auto& d = p.dims;
+  const auto& d = p;
   detail::check_gradients(fn, d, grad_o, grad_q, grad_k, grad_v);
   detail::check_output(fn, "grad_w", grad_w, w.shape);
   const Indexer at{d.tokens, d.heads};

@@ -23,7 +23,7 @@ using detail::Problem;
 // Unnormalised scores A [N, N] of one (batch, head).
 std::vector<double> scores(const Problem& p, const double* q, const double* k, const double* w,
                            int64_t b, int64_t h) {
-  const auto& d = p.dims;
+  const auto& d = p;
   const Indexer at{d.tokens, d.heads};
   std::vector<double> a = detail::allocating(
       "mhla::reference",
@@ -43,7 +43,7 @@ std::vector<double> scores(const Problem& p, const double* q, const double* k, c
 
 // Row factor turning A into the effective matrix: 1/(rowsum + eps) or scale.
 std::vector<double> row_factors(const Problem& p, const std::vector<double>& a) {
-  const int64_t n = p.dims.tokens;
+  const int64_t n = p.tokens;
   std::vector<double> f(n, p.scale);
   if (!p.normalize) return f;
   for (int64_t t = 0; t < n; ++t) {
@@ -62,12 +62,12 @@ std::vector<double> mhla_attention_matrix(const Options& options, TensorView<con
   const char* fn = "mhla::reference::mhla_attention_matrix";
   // v is not needed; validate with q standing in for it.
   const Problem p = detail::validate_mhla(fn, options, q, k, q, w);
-  if (batch < 0 || batch >= p.dims.batch || head < 0 || head >= p.dims.heads)
+  if (batch < 0 || batch >= p.batch || head < 0 || head >= p.heads)
     detail::fail(fn, "batch " + std::to_string(batch) + " / head " + std::to_string(head) +
                          " out of range for q of shape " + shape_to_string(q.shape));
   std::vector<double> a = scores(p, q.data, k.data, w.data, batch, head);
   const std::vector<double> f = row_factors(p, a);
-  const int64_t n = p.dims.tokens;
+  const int64_t n = p.tokens;
   for (int64_t t = 0; t < n; ++t)
     for (int64_t s = 0; s < n; ++s) a[t * n + s] *= f[t];
   return a;
@@ -77,8 +77,8 @@ void dense_forward(const Options& options, TensorView<const double> q, TensorVie
                    TensorView<const double> v, TensorView<const double> w, TensorView<double> o) {
   const char* fn = "mhla::reference::dense_forward";
   const Problem p = detail::validate_mhla(fn, options, q, k, v, w);
-  detail::check_output(fn, "o", o, detail::v_shape(p.dims));
-  const auto& d = p.dims;
+  detail::check_output(fn, "o", o, detail::v_shape(p));
+  const auto& d = p;
   const Indexer at{d.tokens, d.heads};
   for (int64_t b = 0; b < d.batch; ++b)
     for (int64_t h = 0; h < d.heads; ++h) {
@@ -101,7 +101,7 @@ void dense_backward(const Options& options, TensorView<const double> q, TensorVi
                     TensorView<double> grad_w) {
   const char* fn = "mhla::reference::dense_backward";
   const Problem p = detail::validate_mhla(fn, options, q, k, v, w);
-  const auto& d = p.dims;
+  const auto& d = p;
   detail::check_gradients(fn, d, grad_o, grad_q, grad_k, grad_v);
   detail::check_output(fn, "grad_w", grad_w, w.shape);
   const Indexer at{d.tokens, d.heads};

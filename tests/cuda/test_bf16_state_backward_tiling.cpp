@@ -179,7 +179,7 @@ class BackwardEmulation {
                   }
                 });
           }
-    const int64_t slices = p_.per_head ? p_.batch : p_.batch * p_.heads;
+    const int64_t slices = p_.per_head_mixing ? p_.batch : p_.batch * p_.heads;
     std::vector<float> dense(size_t(split.copies * m * m));
     for (int64_t copy = 0; copy < split.copies; ++copy)
       for (int64_t i = 0; i < m; ++i)
@@ -188,7 +188,7 @@ class BackwardEmulation {
           for (int64_t part = 0; part < split.splits; ++part)
             sum += partials.x[size_t((copy * split.splits + part) * m * m + i * m + b)];
           for (int64_t slice = 0; slice < slices; ++slice) {
-            const int64_t bh = p_.per_head ? slice * p_.heads + copy : slice;
+            const int64_t bh = p_.per_head_mixing ? slice * p_.heads + copy : slice;
             for (int64_t d = 0; d < p_.dk; ++d)
               sum += grad_mixed_z[size_t(normaliser_offset(p_, bh, i) + d)] *
                      state_.z[size_t(normaliser_offset(p_, bh, b) + d)];
