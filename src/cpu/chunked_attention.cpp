@@ -266,6 +266,129 @@ bool ChunkedAttention<T>::compute_outputs(const T* q, const T* k, const T* v, co
   return finite;
 }
 
+namespace {
+
+// One thread's tiles for output_gradients: the query rows phi(Q) (u), their
+// denominators and gradients, dy [rows, Dv + 1], the z columns; and in causal
+// mode the in-block ones (phi(K), [V | 1], A, B and the in-block gradients).
+template <typename T>
+struct OutputGradientTiles {
+  Tile<T> u, den, dy, du, zt, dz, dy_z_rows;
+  Tile<T> kap, vals, a, da, dkap, dvals;
+
+  OutputGradientTiles(const mhla::detail::Problem& p, int64_t max_rows, int64_t ld_x1)
+      : u(max_rows * p.dk), den(max_rows), dy(max_rows * ld_x1), du(max_rows * p.dk), zt(p.dk),
+        dz(p.dk), dy_z_rows(max_rows) {
+    if (!p.causal) return;
+    kap.resize(max_rows * p.dk);
+    vals.resize(max_rows * ld_x1);
+    a.resize(max_rows * max_rows);
+    da.resize(max_rows * max_rows);
+    dkap.resize(max_rows * p.dk);
+    dvals.resize(max_rows * p.dv);
+  }
+};
+
+// The line requests for the next task's rows, issued during this task's
+// products: q and grad_o (causal: k and v) during the first; the mixed
+// summary and what the task writes during the last (a product requests one
+// line per step: one alone has too few steps for all of them).
+template <typename T>
+void request_output_gradient_rows(const mhla::detail::Problem& p, const BlockTask& next,
+                                  const T* q, const T* k, const T* v, const T* grad_o,
+                                  const T* mixed, const T* mixed_grad, const T* grad_q,
+                                  const T* grad_k, const T* grad_v, bool q_streaming,
+                                  int64_t summary_elements, RowLines& next_reads,
+                                  RowLines& next_writes) {
+  next_reads.add_read(p.table, next.block, q, next.qk, p.dk);
+  next_reads.add_read(p.table, next.block, grad_o, next.v, p.dv);
+  if (p.causal) {
+    next_reads.add_read(p.table, next.block, k, next.qk, p.dk);
+    next_reads.add_read(p.table, next.block, v, next.v, p.dv);
+  }
+  next_writes.add_span_read(mixed + next.summary, summary_elements);
+  if (!q_streaming) next_writes.add_write(p.table, next.block, grad_q, next.qk, p.dk);
+  if (p.causal) {
+    next_writes.add_write(p.table, next.block, grad_k, next.qk, p.dk);
+    next_writes.add_write(p.table, next.block, grad_v, next.v, p.dv);
+  }
+  // (Recomputed, the mixed summaries and their gradient share an array.)
+  if (mixed_grad != mixed) next_writes.add_span_write(mixed_grad + next.summary, summary_elements);
+}
+
+// Row by row: g . o = dy[:Dv] . y = phi(q) . P (+ W[i,i] sum_j A[., j]
+// B[., j]) and dy[Dv] from it, left in dy_z_rows, with dmixed_i's z column
+// phi(Q)^T dy[:, Dv] summed into dz; causal, then
+//   dA = W[i,i] mask(dy [V|1]^T) = W[i,i] (B + dy[Dv] 1^T), written over B,
+//   dW[i,i] = <mask(dy [V|1]^T), A>, returned,
+// while the row of A and B is in L1 (a second pass over the triangle made
+// mhla_bench's causal backward slower).
+template <typename T>
+T normaliser_terms(const mhla::detail::Problem& p, int64_t rows, T wii, T eps,
+                   OutputGradientTiles<T>& s) {
+  const int64_t dk = p.dk;
+  std::fill(s.dz.begin(), s.dz.end(), T(0));
+  T dw = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    // Row r of A and B (causal only: the other modes have no such tiles).
+    T* a_r = p.causal ? s.a.data() + r * rows : nullptr;
+    T* b_r = p.causal ? s.da.data() + r * rows : nullptr;
+    T dy_z = 0;
+    if (p.normalize) {
+      const T* dur = s.du.data() + r * dk;
+      const T* ur = s.u.data() + r * dk;
+      T dot = 0;
+#pragma omp simd reduction(+ : dot)
+      for (int64_t e = 0; e < dk; ++e) dot += ur[e] * dur[e];
+      if (p.causal) {
+        T in_block = 0;
+#pragma omp simd reduction(+ : in_block)
+        for (int64_t c = 0; c <= r; ++c) in_block += a_r[c] * b_r[c];
+        dot += wii * in_block;
+      }
+      dy_z = -dot * (T(1) / (s.den[r] + eps));
+      s.dy_z_rows[r] = dy_z;
+#pragma omp simd
+      for (int64_t e = 0; e < dk; ++e) s.dz[e] += ur[e] * dy_z;
+    }
+    if (p.causal) {
+      T dw_r = 0;
+#pragma omp simd reduction(+ : dw_r)
+      for (int64_t c = 0; c <= r; ++c) {
+        const T x = b_r[c] + dy_z;
+        dw_r += x * a_r[c];
+        b_r[c] = x * wii;
+      }
+      dw += dw_r;
+    }
+  }
+  return dw;
+}
+
+// The causal in-block gradients of a task from dA (in s.da):
+// dphi(Q) += dA phi(K), dphi(K) = dA^T phi(Q), d[V|1] = W[i,i] A^T dy. They
+// are parked in grad_k and grad_v, where key_value_gradients adds the
+// inter-block part, applies phi' and checks the sums, or finished here.
+// Returns whether what it finished is finite (parked: true).
+template <typename T>
+bool in_block_gradients(const mhla::detail::Problem& p, const BlockTask& t, T wii, int64_t ld_x1,
+                        bool park, OutputGradientTiles<T>& s, RowWriter<T>& k_rows, T* grad_k,
+                        RowWriter<T>& v_rows, T* grad_v) {
+  const int64_t rows = t.rows, dk = p.dk, dv = p.dv;
+  lower_times(rows, dk, T(1), s.da.data(), s.kap.data(), dk, true, s.du.data(), dk);
+  lower_transposed_times(rows, dk, T(1), s.da.data(), s.u.data(), dk, s.dkap.data(), dk);
+  // (The ones' column of [V | 1] has no gradient to keep.)
+  lower_transposed_times(rows, dv, wii, s.a.data(), s.dy.data(), ld_x1, s.dvals.data(), dv);
+  const bool finite_k =
+      park ? scatter_rows(p.table, t.block, s.dkap.data(), dk, t.qk, dk, k_rows, grad_k)
+           : scatter_through_feature(p.table, t.block, p.phi, s.kap.data(), s.dkap.data(), dk, t.qk,
+                                     dk, k_rows, grad_k);
+  const bool finite_v = scatter_rows(p.table, t.block, s.dvals.data(), dv, t.v, dv, v_rows, grad_v);
+  return park || (finite_k && finite_v);
+}
+
+}  // namespace
+
 template <typename T>
 bool ChunkedAttention<T>::output_gradients(const T* q, const T* k, const T* v, const T* grad_o,
                                            const T* mixed, T* mixed_grad, T* diagonal_grad,
@@ -277,17 +400,7 @@ bool ChunkedAttention<T>::output_gradients(const T* q, const T* k, const T* v, c
   bool finite = true;
 #pragma omp parallel
   {
-    Tile<T> u(max_rows_ * d.dk), den(max_rows_), dy(max_rows_ * ld_x1_), du(max_rows_ * d.dk),
-        zt(d.dk), dz(d.dk), dy_z_rows(max_rows_);
-    Tile<T> kap, vals, a, da, dkap, dvals;
-    if (p_.causal) {
-      kap.resize(max_rows_ * d.dk);
-      vals.resize(max_rows_ * ld_x1_);
-      a.resize(max_rows_ * max_rows_);
-      da.resize(max_rows_ * max_rows_);
-      dkap.resize(max_rows_ * d.dk);
-      dvals.resize(max_rows_ * d.dv);
-    }
+    OutputGradientTiles<T> s(p_, max_rows_, ld_x1_);
     RowLines next_reads, next_writes;
     RowWriter<T> q_rows(write_q, d.dk), k_rows(RowWrite::overwrite, d.dk),
         v_rows(RowWrite::overwrite, d.dv);
@@ -295,38 +408,21 @@ bool ChunkedAttention<T>::output_gradients(const T* q, const T* k, const T* v, c
     for (int64_t task = 0; task < task_count(); ++task) {
       const BlockTask t = block_task(task);
       const int64_t rows = t.rows;
-      // The next task's rows arrive during this task's products: q and grad_o
-      // (causal: k and v) during the first; the mixed summary and what it
-      // writes during the last (a product requests one line per step: one
-      // alone has too few steps for all of them).
       next_reads.clear();
       next_writes.clear();
-      if (task + 1 < task_count()) {
-        const BlockTask next = block_task(task + 1);
-        next_reads.add_read(p_.table, next.block, q, next.qk, d.dk);
-        next_reads.add_read(p_.table, next.block, grad_o, next.v, d.dv);
-        if (p_.causal) {
-          next_reads.add_read(p_.table, next.block, k, next.qk, d.dk);
-          next_reads.add_read(p_.table, next.block, v, next.v, d.dv);
-        }
-        next_writes.add_span_read(mixed + next.summary, x_);
-        if (!q_rows.streaming()) next_writes.add_write(p_.table, next.block, grad_q, next.qk, d.dk);
-        if (p_.causal) {
-          next_writes.add_write(p_.table, next.block, grad_k, next.qk, d.dk);
-          next_writes.add_write(p_.table, next.block, grad_v, next.v, d.dv);
-        }
-        // (Recomputed, the mixed summaries and their gradient share an array.)
-        if (mixed_grad != mixed) next_writes.add_span_write(mixed_grad + next.summary, x_);
-      }
+      if (task + 1 < task_count())
+        request_output_gradient_rows(p_, block_task(task + 1), q, k, v, grad_o, mixed, mixed_grad,
+                                     grad_q, grad_k, grad_v, q_rows.streaming(), x_, next_reads,
+                                     next_writes);
       const T* mixed_i = mixed + t.summary;
-      gather_rows(p_.table, t.block, p_.phi, q, t.qk, d.dk, u.data(), d.dk);
+      gather_rows(p_.table, t.block, p_.phi, q, t.qk, d.dk, s.u.data(), d.dk);
 
       // den_t = phi(q_t) . z~_i (+ causal in-block key sums); eps is added below.
-      gemv(rows, d.dk, u.data(), d.dk, mixed_i + d.dv, x1_, den.data());
+      gemv(rows, d.dk, s.u.data(), d.dk, mixed_i + d.dv, x1_, s.den.data());
       const T wii = p_.causal ? mixer_.diagonal(t.bh, t.block) : T(0);
       if (p_.causal) {
-        in_block_scores(t, k, v, u.data(), kap.data(), vals.data(), a.data());
-        for (int64_t r = 0; r < rows; ++r) den[r] += wii * lower_row_sum(a.data(), rows, r);
+        in_block_scores(t, k, v, s.u.data(), s.kap.data(), s.vals.data(), s.a.data());
+        for (int64_t r = 0; r < rows; ++r) s.den[r] += wii * lower_row_sum(s.a.data(), rows, r);
       }
       // o = y[:Dv] / den:  dy[:Dv] = g / den,  dy[Dv] = -(g . o) / den.
       // o = scale y[:Dv]:  dy[:Dv] = scale g,  dy[Dv] = 0.
@@ -337,93 +433,40 @@ bool ChunkedAttention<T>::output_gradients(const T* q, const T* k, const T* v, c
       for_each_row(p_.table, t.block, t.v, [&](int64_t r, int64_t offset) {
         const T* gr = grad_o + offset;
         prefetch_ahead(gr, t.v.stride, d.dv);
-        T* dyr = dy.data() + r * ld_x1_;
-        const T factor = p_.normalize ? T(1) / (den[r] + eps) : scale;
+        T* dyr = s.dy.data() + r * ld_x1_;
+        const T factor = p_.normalize ? T(1) / (s.den[r] + eps) : scale;
 #pragma omp simd
         for (int64_t e = 0; e < d.dv; ++e) dyr[e] = gr[e] * factor;
       });
       // y = phi(Q) mixed_i:  dphi(Q) = dy mixed_i^T = P + dy[Dv] z~_i^T with
       // P = dy[:, :Dv] S~_i^T.
-      block_gemm(false, true, rows, d.dk, d.dv, T(1), dy.data(), ld_x1_, mixed_i, x1_, T(0),
-                 du.data(), d.dk, next_reads.prefetch());
+      block_gemm(false, true, rows, d.dk, d.dv, T(1), s.dy.data(), ld_x1_, mixed_i, x1_, T(0),
+                 s.du.data(), d.dk, next_reads.prefetch());
       // Causal, y += W[i,i] A [V|1] with A = mask(phi(Q) phi(K)^T); first
       // B = mask(dy[:, :Dv] V^T).
-      if (p_.causal) lower_scores(rows, d.dv, dy.data(), vals.data(), ld_x1_, da.data());
+      if (p_.causal) lower_scores(rows, d.dv, s.dy.data(), s.vals.data(), ld_x1_, s.da.data());
       // dphi(Q) += dy[Dv] z~^T is added by the scatter: z~_i scaled by each
-      // row's dy[Dv], which the steps below leave in dy_z_rows.
+      // row's dy[Dv], which normaliser_terms leaves in dy_z_rows.
       if (p_.normalize)
-        for (int64_t e = 0; e < d.dk; ++e) zt[e] = mixed_i[e * x1_ + d.dv];
-      const RowBias<T> bias = p_.normalize ? RowBias<T>{zt.data(), dy_z_rows.data()} : RowBias<T>{};
-      // dmixed_i's z column, phi(Q)^T dy[:, Dv], summed into dz below.
-      std::fill(dz.begin(), dz.end(), T(0));
-      // Row by row: g . o = dy[:Dv] . y = phi(q) . P (+ W[i,i] sum_j A[., j]
-      // B[., j]) and dy[Dv] from it; causal, then
-      //   dA = W[i,i] mask(dy [V|1]^T) = W[i,i] (B + dy[Dv] 1^T),
-      //   dW[i,i] = <mask(dy [V|1]^T), A>, dphi(Q) += dA phi(K),
-      //   dphi(K) = dA^T phi(Q),  d[V|1] = W[i,i] A^T dy
-      // while the row of A and B is in L1 (a second pass over the triangle
-      // made mhla_bench's causal backward slower).
-      // dz is summed here row by row while the rows are in L1.
-      T dw = 0;
-      for (int64_t r = 0; r < rows; ++r) {
-        // Row r of A and B (causal only: the other modes have no such tiles).
-        T* a_r = p_.causal ? a.data() + r * rows : nullptr;
-        T* b_r = p_.causal ? da.data() + r * rows : nullptr;
-        T dy_z = 0;
-        if (p_.normalize) {
-          const T* dur = du.data() + r * d.dk;
-          const T* ur = u.data() + r * d.dk;
-          T dot = 0;
-#pragma omp simd reduction(+ : dot)
-          for (int64_t e = 0; e < d.dk; ++e) dot += ur[e] * dur[e];
-          if (p_.causal) {
-            T in_block = 0;
-#pragma omp simd reduction(+ : in_block)
-            for (int64_t c = 0; c <= r; ++c) in_block += a_r[c] * b_r[c];
-            dot += wii * in_block;
-          }
-          dy_z = -dot * (T(1) / (den[r] + eps));
-          dy_z_rows[r] = dy_z;
-#pragma omp simd
-          for (int64_t e = 0; e < d.dk; ++e) dz[e] += ur[e] * dy_z;
-        }
-        if (p_.causal) {
-          T dw_r = 0;
-#pragma omp simd reduction(+ : dw_r)
-          for (int64_t c = 0; c <= r; ++c) {
-            const T x = b_r[c] + dy_z;
-            dw_r += x * a_r[c];
-            b_r[c] = x * wii;
-          }
-          dw += dw_r;
-        }
-      }
+        for (int64_t e = 0; e < d.dk; ++e) s.zt[e] = mixed_i[e * x1_ + d.dv];
+      const RowBias<T> bias =
+          p_.normalize ? RowBias<T>{s.zt.data(), s.dy_z_rows.data()} : RowBias<T>{};
+      const T dw = normaliser_terms(p_, rows, wii, eps, s);
       if (p_.causal) {
         diagonal_grad[t.bh * p_.blocks + t.block] = dw;
-        lower_times(rows, d.dk, T(1), da.data(), kap.data(), d.dk, true, du.data(), d.dk);
-        lower_transposed_times(rows, d.dk, T(1), da.data(), u.data(), d.dk, dkap.data(), d.dk);
-        // (The ones' column of [V | 1] has no gradient to keep.)
-        lower_transposed_times(rows, d.dv, wii, a.data(), dy.data(), ld_x1_, dvals.data(), d.dv);
-        // Park the in-block key/value gradients in the outputs, where
-        // key_value_gradients adds the inter-block part, applies phi' and
-        // checks the sums; or finish them here.
-        const bool finite_k =
-            park ? scatter_rows(p_.table, t.block, dkap.data(), d.dk, t.qk, d.dk, k_rows, grad_k)
-                 : scatter_through_feature(p_.table, t.block, p_.phi, kap.data(), dkap.data(), d.dk,
-                                           t.qk, d.dk, k_rows, grad_k);
-        const bool finite_v =
-            scatter_rows(p_.table, t.block, dvals.data(), d.dv, t.v, d.dv, v_rows, grad_v);
-        finite = finite && (park || (finite_k && finite_v));
+        finite = in_block_gradients(p_, t, wii, ld_x1_, park, s, k_rows, grad_k, v_rows, grad_v) &&
+                 finite;
       }
-      const bool finite_q = scatter_through_feature(p_.table, t.block, p_.phi, u.data(), du.data(),
-                                                    d.dk, t.qk, d.dk, q_rows, grad_q, bias);
+      const bool finite_q = scatter_through_feature(p_.table, t.block, p_.phi, s.u.data(),
+                                                    s.du.data(), d.dk, t.qk, d.dk, q_rows, grad_q,
+                                                    bias);
       finite = finite && finite_q;
       // y = phi(Q) mixed_i:  dmixed_i = phi(Q)^T dy (mixed_i, if the same array, is no
       // longer read); its z column from the rows above.
       T* dmixed_i = mixed_grad + t.summary;
-      block_gemm(true, false, d.dk, d.dv, rows, T(1), u.data(), d.dk, dy.data(), ld_x1_, T(0),
+      block_gemm(true, false, d.dk, d.dv, rows, T(1), s.u.data(), d.dk, s.dy.data(), ld_x1_, T(0),
                  dmixed_i, x1_, next_writes.prefetch());
-      for (int64_t e = 0; e < d.dk; ++e) dmixed_i[e * x1_ + d.dv] = dz[e];
+      for (int64_t e = 0; e < d.dk; ++e) dmixed_i[e * x1_ + d.dv] = s.dz[e];
     }
   }
   return finite;
