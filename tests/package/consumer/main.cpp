@@ -1,5 +1,6 @@
 // Uses the installed headers and library: the fast float operator against the
-// fp64 reference on a small causal problem, a decoder step, and the version.
+// fp64 reference on a small causal problem, its backward from a ForwardState
+// against the backward that recomputes, a decoder step, and the version.
 // Exits non-zero on any disagreement. Argument: the version it must report.
 #include <cmath>
 #include <cstdio>
@@ -30,8 +31,29 @@ int main(int argc, char** argv) {
   init.causal = true;
   const std::vector<float> w = mhla::init_mixing(options.layout, init);
   const std::vector<int64_t> shape = {B, N, H, D}, w_shape = {M, M};
+  mhla::ForwardState<float> state;
   mhla::forward<float>(options, {q.data(), shape}, {k.data(), shape}, {v.data(), shape},
-                       {w.data(), w_shape}, {o.data(), shape});
+                       {w.data(), w_shape}, {o.data(), shape}, state);
+  // The backward reading the state gives the recomputing backward's gradients, bit for bit.
+  const std::vector<float> grad_o(q.size(), 0.5f);
+  std::vector<float> grads[2][4];
+  for (int from_state = 0; from_state < 2; ++from_state) {
+    auto& g = grads[from_state];
+    g[0].resize(q.size()), g[1].resize(q.size()), g[2].resize(q.size()), g[3].resize(w.size());
+    const mhla::TensorView<const float> qv{q.data(), shape}, kv{k.data(), shape},
+        vv{v.data(), shape}, wv{w.data(), w_shape}, ov{o.data(), shape}, gov{grad_o.data(), shape};
+    const mhla::TensorView<float> gq{g[0].data(), shape}, gk{g[1].data(), shape},
+        gv{g[2].data(), shape}, gw{g[3].data(), w_shape};
+    if (from_state)
+      mhla::backward<float>(options, qv, kv, vv, wv, ov, gov, gq, gk, gv, gw, state);
+    else
+      mhla::backward<float>(options, qv, kv, vv, wv, ov, gov, gq, gk, gv, gw);
+  }
+  for (int i = 0; i < 4; ++i)
+    if (grads[0][i] != grads[1][i]) {
+      std::fprintf(stderr, "gradient %d from the ForwardState differs from the recomputed one\n", i);
+      return 1;
+    }
 
   const std::vector<double> qd(q.begin(), q.end()), kd(k.begin(), k.end()), vd(v.begin(), v.end()),
       wd(w.begin(), w.end());
