@@ -11,6 +11,10 @@ operator: ``masking`` ("none", "causal", "block_causal"), ``feature_map``
 ``options=mhla.Options(layout, masking=...)`` object; the enums are
 ``mhla.Masking``, ``mhla.FeatureMap`` and ``mhla.MixingForm``.
 
+``forward(..., state=mhla.ForwardState())`` keeps what backward needs in a
+state object handed to ``backward(..., state=)``, which refuses a state of
+another call by name (``save_summaries`` returns the same arrays instead).
+
 Streaming decoding is ``mhla.Decoder`` (prefill, step, snapshots), and packed
 variable-length batches (``cu_seqlens``) are ``varlen_forward`` and
 ``varlen_backward``.
@@ -23,8 +27,8 @@ layers see :mod:`mhla.torch`; for one sequence over several processes
 """
 from . import _convert, _core
 from ._convert import like_input
-from ._core import (DecoderOptions, FeatureMap, Layout, LinearOptions, Masking, MixingForm, Options, Shard,
-                    VarlenOptions, plan_shards, release_memory)
+from ._core import (DecoderOptions, FeatureMap, ForwardState, Layout, LinearOptions, Masking, MixingForm, Options,
+                    Shard, VarlenOptions, plan_shards, release_memory)
 from .streaming import Decoder, varlen_backward, varlen_forward
 
 __version__ = _core.__version__  # the C++ library's version (CMakeLists.txt's project())
@@ -38,6 +42,7 @@ __all__ = [
     "MixingForm",
     "forward",
     "backward",
+    "ForwardState",
     "linear_attention_forward",
     "linear_attention_backward",
     "softmax_attention_forward",

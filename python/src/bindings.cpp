@@ -10,6 +10,7 @@
 #include <string>
 #include <tuple>
 #include <utility>
+#include <variant>
 
 #include "api/private_state_backward.hpp"
 #include "conversion_bindings.hpp"
@@ -98,8 +99,46 @@ std::string non_finite_message(const std::string& function,
   return function + ": " + detail::non_finite_message(named, magnitudes, problem, single_precision);
 }
 
+// mhla.ForwardState: the C++ ForwardState of a float32 or bfloat16 forward
+// (float state) or of a float64 one, whichever the last forward given it was.
+class PyForwardState {
+ public:
+  template <typename S>
+  ForwardState<S>& to_fill() {
+    if (!std::holds_alternative<ForwardState<S>>(state_)) state_ = ForwardState<S>();
+    return std::get<ForwardState<S>>(state_);
+  }
+  // A state of another element type than the backward's is refused by name;
+  // an unfilled one reaches backward, which names it empty.
+  template <typename S>
+  const ForwardState<S>& to_read(DType dtype) const {
+    if (const auto* state = std::get_if<ForwardState<S>>(&state_)) return *state;
+    if (std::holds_alternative<std::monostate>(state_)) {
+      static const ForwardState<S> unfilled;
+      return unfilled;
+    }
+    detail::fail("mhla::backward", std::string("state was filled by a forward of ") +
+                                       (std::is_same_v<S, float> ? "float64" : "float32 or bfloat16") +
+                                       " tensors, and this backward's q is " + dtype_name(dtype));
+  }
+  bool empty() const {
+    return std::visit(
+        [](const auto& state) {
+          if constexpr (std::is_same_v<std::decay_t<decltype(state)>, std::monostate>)
+            return true;
+          else
+            return state.empty();
+        },
+        state_);
+  }
+
+ private:
+  std::variant<std::monostate, ForwardState<float>, ForwardState<double>> state_;
+};
+
 py::tuple mhla_forward(py::handle q_, py::handle k_, py::handle v_, py::handle w_,
-                       const Options& options, bool save_summaries, bool save_mixed) {
+                       const Options& options, bool save_summaries, bool save_mixed,
+                       PyForwardState* state) {
   ImportedTensor q = operator_tensor(q_, "q"), k = operator_tensor(k_, "k"),
                  v = operator_tensor(v_, "v");
   ImportedTensor w = operator_tensor(w_, "w");
@@ -113,6 +152,26 @@ py::tuple mhla_forward(py::handle q_, py::handle k_, py::handle v_, py::handle w
   // and under its name (forward then checks the devices and w's values).
   check_call(q.shape(), k.shape(), v.shape(), w.shape(), py::none(), options, "mhla::forward");
   Buffer o(q.dtype(), v.shape(), q.place());
+  if (state != nullptr) {
+    if (save_summaries || save_mixed)
+      detail::fail("mhla::forward",
+                   "state keeps the summaries itself: pass state, or save_summaries and "
+                   "save_mixed, not both");
+    if (bf16) {
+      compute([&] {
+        forward(options, q.view<bfloat16>(), k.view<bfloat16>(), v.view<bfloat16>(),
+                w.view<float>(), o.view<bfloat16>(), state->to_fill<float>());
+      });
+    } else {
+      dispatch(q.dtype(), [&]<typename T>() {
+        compute([&] {
+          forward<T>(options, q.view<T>(), k.view<T>(), v.view<T>(), w.view<T>(), o.view<T>(),
+                     state->to_fill<T>());
+        });
+      });
+    }
+    return py::make_tuple(std::move(o), py::none());
+  }
   std::optional<Buffer> saved, mixed;
   if (save_summaries || save_mixed) {
     const std::vector<int64_t> shape = saved_summaries_shape(options, q.shape(), v.shape());
@@ -141,7 +200,8 @@ py::tuple mhla_forward(py::handle q_, py::handle k_, py::handle v_, py::handle w
 
 py::tuple mhla_backward(py::handle q_, py::handle k_, py::handle v_, py::handle w_, py::handle o_,
                         py::handle grad_o_, py::handle summaries_, py::handle mixed_,
-                        const Options& options, bool private_state) {
+                        const Options& options, bool private_state,
+                        const PyForwardState* state) {
   ImportedTensor q = operator_tensor(q_, "q"), k = operator_tensor(k_, "k"),
                  v = operator_tensor(v_, "v"), o = operator_tensor(o_, "o"),
                  grad_o = operator_tensor(grad_o_, "grad_o");
@@ -164,6 +224,30 @@ py::tuple mhla_backward(py::handle q_, py::handle k_, py::handle v_, py::handle 
   }
   Buffer gq(q.dtype(), q.shape(), q.place()), gk(q.dtype(), k.shape(), q.place()),
       gv(q.dtype(), v.shape(), q.place()), gw(w.dtype(), w.shape(), q.place());
+  if (state != nullptr) {
+    if (summaries || mixed)
+      detail::fail("mhla::backward",
+                   "state holds the summaries: pass state, or summaries and mixed, not both");
+    if (bf16) {
+      const ForwardState<float>& kept = state->to_read<float>(q.dtype());
+      compute([&] {
+        backward(options, q.view<bfloat16>(), k.view<bfloat16>(), v.view<bfloat16>(),
+                 w.view<float>(), o.view<bfloat16>(), grad_o.view<bfloat16>(),
+                 gq.view<bfloat16>(), gk.view<bfloat16>(), gv.view<bfloat16>(), gw.view<float>(),
+                 kept);
+      });
+    } else {
+      dispatch(q.dtype(), [&]<typename T>() {
+        const ForwardState<T>& kept = state->to_read<T>(q.dtype());
+        compute([&] {
+          backward<T>(options, q.view<T>(), k.view<T>(), v.view<T>(), w.view<T>(), o.view<T>(),
+                      grad_o.view<T>(), gq.view<T>(), gk.view<T>(), gv.view<T>(), gw.view<T>(),
+                      kept);
+        });
+      });
+    }
+    return py::make_tuple(std::move(gq), std::move(gk), std::move(gv), std::move(gw));
+  }
   // Only mhla.torch's autograd function holds its saved arrays privately.
   const auto saved_arrays =
       private_state ? detail::SavedArrays::private_to_caller : detail::SavedArrays::from_outside;
@@ -331,6 +415,16 @@ void bind_layout(py::module_& m) {
 
 // MHLA's forward and backward, and the checks and messages the plain-torch path shares with them.
 void bind_operator(py::module_& m) {
+  py::class_<PyForwardState>(
+      m, "ForwardState",
+      "What forward keeps for backward: pass one as state= to both calls. It owns the block and "
+      "mixed summaries and records the call (options, the tensors' addresses and shapes, w's "
+      "values); backward refuses a state that another call filled, and reads it without the "
+      "fingerprint check that summaries= and mixed= get. q, k, v and o must not be written "
+      "between the two calls.")
+      .def(py::init<>())
+      .def_property_readonly("empty", &PyForwardState::empty,
+                             "Whether no forward has filled it (or the last one failed).");
   // The option keywords default to None (the C++ defaults), or options= takes
   // an Options object built once, e.g. by a layer for its forward and backward.
   m.def(
@@ -338,19 +432,21 @@ void bind_operator(py::module_& m) {
       [](py::handle q, py::handle k, py::handle v, py::handle w, py::object options,
          py::object layout, py::object masking, py::object feature_map, py::object normalize,
          py::object eps, py::object scale, py::object mixing, bool save_summaries,
-         bool save_mixed, py::object stream) {
+         bool save_mixed, PyForwardState* state, py::object stream) {
         const cuda::CallStream on(stream);
         return mhla_forward(
             q, k, v, w,
             options_of(options, layout, {masking, feature_map, normalize, eps, scale}, mixing),
-            save_summaries, save_mixed);
+            save_summaries, save_mixed, state);
       },
       "q"_a, "k"_a, "v"_a, "w"_a, py::kw_only(), "options"_a = py::none(), "layout"_a = py::none(),
       "masking"_a = py::none(), "feature_map"_a = py::none(), "normalize"_a = py::none(),
       "eps"_a = py::none(), "scale"_a = py::none(), "mixing"_a = py::none(),
-      "save_summaries"_a = false, "save_mixed"_a = false, "stream"_a = py::none(),
+      "save_summaries"_a = false, "save_mixed"_a = false, "state"_a = py::none(),
+      "stream"_a = py::none(),
       "Returns (o, summaries or None), and the mixed summaries after them when save_mixed. "
       "Both are [B, H, M, Dk, Dv + 1]; handed to backward, they spare it recomputing them. "
+      "state (a ForwardState) keeps them instead, for a backward given the same state. "
       "CUDA tensors: the call runs on `stream`, a cudaStream_t as an int (torch: "
       "torch.cuda.current_stream().cuda_stream), None for the legacy default stream.");
   m.def("_check_call", &check_call, "q_shape"_a, "k_shape"_a, "v_shape"_a, "w_shape"_a,
@@ -364,27 +460,28 @@ void bind_operator(py::module_& m) {
       [](py::handle q, py::handle k, py::handle v, py::handle w, py::handle o, py::handle grad_o,
          py::handle summaries, py::handle mixed, py::object options, py::object layout,
          py::object masking, py::object feature_map, py::object normalize, py::object eps,
-         py::object scale, py::object mixing, py::object stream) {
+         py::object scale, py::object mixing, const PyForwardState* state, py::object stream) {
         const cuda::CallStream on(stream);
         return mhla_backward(
             q, k, v, w, o, grad_o, summaries, mixed,
             options_of(options, layout, {masking, feature_map, normalize, eps, scale}, mixing),
-            false);
+            false, state);
       },
       "q"_a, "k"_a, "v"_a, "w"_a, "o"_a, "grad_o"_a, py::kw_only(), "summaries"_a = py::none(),
       "mixed"_a = py::none(), "options"_a = py::none(), "layout"_a = py::none(),
       "masking"_a = py::none(), "feature_map"_a = py::none(), "normalize"_a = py::none(),
       "eps"_a = py::none(), "scale"_a = py::none(), "mixing"_a = py::none(),
-      "stream"_a = py::none(),
+      "state"_a = py::none(), "stream"_a = py::none(),
       "Returns (grad_q, grad_k, grad_v, grad_w). Saved summaries and mixed summaries are held to "
       "fingerprints of k, v and w in every block: arrays from other inputs are a ValueError. "
+      "A ForwardState that forward filled (state=) is held to its record of that call instead. "
       "CUDA tensors: the call runs on `stream`, as forward's.");
   m.def(
       "_backward_private_state",
       [](py::handle q, py::handle k, py::handle v, py::handle w, py::handle o, py::handle grad_o,
          py::handle summaries, py::handle mixed, const Options& options, py::object stream) {
         const cuda::CallStream on(stream);
-        return mhla_backward(q, k, v, w, o, grad_o, summaries, mixed, options, true);
+        return mhla_backward(q, k, v, w, o, grad_o, summaries, mixed, options, true, nullptr);
       },
       "q"_a, "k"_a, "v"_a, "w"_a, "o"_a, "grad_o"_a, py::kw_only(), "summaries"_a, "mixed"_a,
       "options"_a, "stream"_a = py::none(),

@@ -162,6 +162,45 @@ def test_mixed_summaries_from_another_w_are_rejected():
         mhla.backward(q, k, v, w, o, g, mixed=mixed.float(), layout=LAYOUT)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_a_forward_state_gives_the_saved_arrays_gradients(dtype):
+    q, k, v, w = (t.to(dtype) for t in good())
+    w = w.float() if dtype == torch.bfloat16 else w
+    g = torch.rand_like(v)
+    o, saved, mixed = mhla.forward(q, k, v, w, layout=LAYOUT, save_summaries=True, save_mixed=True)
+    want = mhla.backward(q, k, v, w, o, g, summaries=saved, mixed=mixed, layout=LAYOUT)
+    state = mhla.ForwardState()
+    assert state.empty
+    o_kept, nothing = mhla.forward(q, k, v, w, layout=LAYOUT, state=state)
+    assert nothing is None and not state.empty
+    assert torch.equal(o_kept, o)
+    for got, x in zip(mhla.backward(q, k, v, w, o_kept, g, layout=LAYOUT, state=state), want):
+        assert torch.equal(got, x)
+
+
+def test_a_forward_state_of_another_call_is_refused_by_name():
+    q, k, v, w = good()
+    g = torch.rand_like(v)
+    state = mhla.ForwardState()
+    with pytest.raises(ValueError, match="state is empty"):
+        mhla.backward(q, k, v, w, v, g, layout=LAYOUT, state=state)
+    o, _ = mhla.forward(q, k, v, w, layout=LAYOUT, state=state)
+    with pytest.raises(ValueError, match="k is not the tensor that the forward"):
+        mhla.backward(q, k.clone(), v, w, o, g, layout=LAYOUT, state=state)
+    with pytest.raises(ValueError, match="the options differ"):
+        mhla.backward(q, k, v, w, o, g, layout=LAYOUT, masking="block_causal", state=state)
+    with pytest.raises(ValueError, match="state holds the summaries"):
+        mhla.backward(q, k, v, w, o, g, layout=LAYOUT, summaries=o, state=state)
+    with pytest.raises(ValueError, match="state keeps the summaries itself"):
+        mhla.forward(q, k, v, w, layout=LAYOUT, save_summaries=True, state=state)
+    with pytest.raises(ValueError, match="filled by a forward of float64 tensors, and this backward's q is float32"):
+        q32, k32, v32, w32 = (t.float() for t in (q, k, v, w))
+        mhla.backward(q32, k32, v32, w32, o.float(), g.float(), layout=LAYOUT, state=state)
+    w.mul_(1.01)  # an optimizer step between the passes
+    with pytest.raises(ValueError, match="w changed since the forward"):
+        mhla.backward(q, k, v, w, o, g, layout=LAYOUT, state=state)
+
+
 def test_mixed_summaries_checked_against_the_saved_summaries():
     # Both saved, as the torch layers pass them: the mixed summaries are held to the saved
     # summaries and w.
