@@ -164,31 +164,46 @@ __global__ void __launch_bounds__(kWeightWarps * 32)
 // Per (copy, i, b): the splits' partial sums added in order, then the
 // normalisers' term over the copy's slices in order; kept in the copy's first
 // split (the dense gradient, which Toeplitz W sums further) and, for dense W,
-// added to the entries the operator uses.
-__global__ void weight_sum_kernel(KernelProblem p, WeightSplit split, const float* grad_mixed_z,
-                                  const float* z, float* partials, float* grad_w, int* non_finite) {
-  const int64_t m = p.blocks, total = split.copies * m * m;
+// added to the entries the operator uses. A CTA takes a kSumTile x kSumTile
+// tile of W and stages the tile's rows of grad z~ and z, kSumChunk entries of
+// Dk at a time; each thread adds its entry's products in the order of
+// (slice, d).
+__global__ void __launch_bounds__(kSumTile * kSumTile)
+    weight_sum_kernel(KernelProblem p, WeightSplit split, const float* grad_mixed_z, const float* z,
+                      float* partials, float* grad_w, int* non_finite) {
+  __shared__ float rows_gz[kSumTile][kSumChunk + 1], rows_z[kSumTile][kSumChunk + 1];
+  const int64_t m = p.blocks, copy = blockIdx.z;
   const int64_t slices = p.per_head_mixing ? p.batch : p.batch * p.heads;
-  for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
-       idx += int64_t(gridDim.x) * blockDim.x) {
-    const unsigned mm = unsigned(m * m), flat = unsigned(idx);
-    const unsigned copy = flat / mm, ib = flat - copy * mm, i = ib / unsigned(m),
-                   b = ib - i * unsigned(m);
-    float* first = partials + int64_t(copy) * split.splits * m * m + ib;
-    float sum = 0;
+  const int ti = int(threadIdx.x) / kSumTile, tb = int(threadIdx.x) % kSumTile;
+  const int64_t i0 = int64_t(blockIdx.y) * kSumTile, b0 = int64_t(blockIdx.x) * kSumTile;
+  const int64_t i = i0 + ti, b = b0 + tb;
+  const bool inside = i < m && b < m;
+  float* first = inside ? partials + copy * split.splits * m * m + i * m + b : nullptr;
+  float sum = 0;
+  if (inside)
     for (int64_t part = 0; part < split.splits; ++part) sum += first[part * m * m];
-    for (int64_t slice = 0; slice < slices; ++slice) {
-      const int64_t bh = p.per_head_mixing ? slice * p.heads + copy : slice;
-      const float* gz = grad_mixed_z + normaliser_offset(p, bh, i);
-      const float* zb = z + normaliser_offset(p, bh, b);
-      for (int64_t d = 0; d < p.dk; ++d) sum += gz[d] * zb[d];
+  for (int64_t slice = 0; slice < slices; ++slice) {
+    const int64_t bh = p.per_head_mixing ? slice * p.heads + copy : slice;
+    for (int64_t d0 = 0; d0 < p.dk; d0 += kSumChunk) {
+      const int width = int(p.dk - d0 < kSumChunk ? p.dk - d0 : kSumChunk);
+      __syncthreads();  // the previous chunk's rows are read
+      for (int g = threadIdx.x; g < kSumTile * kSumChunk; g += blockDim.x) {
+        const int row = g / kSumChunk, d = g % kSumChunk;
+        if (d >= width) continue;
+        if (i0 + row < m) rows_gz[row][d] = grad_mixed_z[normaliser_offset(p, bh, i0 + row) + d0 + d];
+        if (b0 + row < m) rows_z[row][d] = z[normaliser_offset(p, bh, b0 + row) + d0 + d];
+      }
+      __syncthreads();
+      if (inside)
+        for (int d = 0; d < width; ++d) sum += rows_gz[ti][d] * rows_z[tb][d];
     }
-    *first = sum;
-    if (p.toeplitz || !uses(p, i, b)) continue;
-    float& entry = grad_w[(int64_t(copy) * p.w_stride + i) * p.w_stride + b];
-    entry += sum;
-    if (!isfinite(entry)) atomicOr(non_finite, 1);
   }
+  if (!inside) return;
+  *first = sum;
+  if (p.toeplitz || !uses(p, i, b)) return;
+  float& entry = grad_w[(copy * p.w_stride + i) * p.w_stride + b];
+  entry += sum;
+  if (!isfinite(entry)) atomicOr(non_finite, 1);
 }
 
 }  // namespace
@@ -222,10 +237,9 @@ void bf16_state_weight_gradient(const KernelProblem& p, const uint16_t* grad_mix
   weight_partials_kernel<<<dim3(tiles, tiles, unsigned(split.copies * split.splits)),
                            kWeightWarps * 32, 0, stream>>>(p, split, grad_mixed, s, scratch);
   check_launch("bf16-state weight gradient kernel");
-  constexpr unsigned kSumThreads = 256;
-  const int64_t entries = split.copies * p.blocks * p.blocks;
-  weight_sum_kernel<<<unsigned(ceil_div(entries, kSumThreads)), kSumThreads, 0, stream>>>(
-      p, split, grad_mixed_z, z, scratch, grad_w, non_finite);
+  const unsigned sum_tiles = unsigned(ceil_div(p.blocks, kSumTile));
+  weight_sum_kernel<<<dim3(sum_tiles, sum_tiles, unsigned(split.copies)), kSumTile * kSumTile, 0,
+                      stream>>>(p, split, grad_mixed_z, z, scratch, grad_w, non_finite);
   check_launch("bf16-state weight gradient sum kernel");
   if (p.toeplitz) bf16_toeplitz_weight_gradient(p, split.splits, scratch, grad_w, non_finite, stream);
 }

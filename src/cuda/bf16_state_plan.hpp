@@ -162,6 +162,13 @@ MHLA_HD inline WeightSplit weight_split(const KernelProblem& p) {
   const int64_t per_split = ceil_div(chunks, splits);
   return {copies, ceil_div(chunks, per_split), per_split, per_slice, chunks};
 }
+// The sum of the parts, with the normalisers' term grad z~[i] . z[b] over
+// the copy's slices: kSumTile x kSumTile entries of W a CTA, one a thread,
+// the tile's rows of grad z~ and z staged kSumChunk entries of Dk at a time,
+// so that each row is read once a tile rather than once an entry (the term
+// is Dk products a slice: 1,536 an entry at the video shape).
+constexpr int kSumTile = 16, kSumChunk = 32;
+
 // Chunk c of W's copy `copy`: its slice and its first entry of [Dk Dv], in
 // 32-bit arithmetic.
 struct WeightChunk {

@@ -179,22 +179,44 @@ class BackwardEmulation {
                   }
                 });
           }
+    // The sum kernel: a tile of W a CTA, its rows of grad z~ and z staged a chunk of Dk at a time.
     const int64_t slices = p_.per_head_mixing ? p_.batch : p_.batch * p_.heads;
     std::vector<float> dense(size_t(split.copies * m * m));
     for (int64_t copy = 0; copy < split.copies; ++copy)
-      for (int64_t i = 0; i < m; ++i)
-        for (int64_t b = 0; b < m; ++b) {
-          float sum = 0;
-          for (int64_t part = 0; part < split.splits; ++part)
-            sum += partials.x[size_t((copy * split.splits + part) * m * m + i * m + b)];
+      for (int64_t i0 = 0; i0 < m; i0 += kSumTile)
+        for (int64_t b0 = 0; b0 < m; b0 += kSumTile) {
+          std::vector<float> sums(kSumTile * kSumTile);
+          for (int t = 0; t < kSumTile * kSumTile; ++t) {
+            const int64_t i = i0 + t / kSumTile, b = b0 + t % kSumTile;
+            if (i < m && b < m)
+              for (int64_t part = 0; part < split.splits; ++part)
+                sums[size_t(t)] += partials.x[size_t((copy * split.splits + part) * m * m + i * m + b)];
+          }
           for (int64_t slice = 0; slice < slices; ++slice) {
             const int64_t bh = p_.per_head_mixing ? slice * p_.heads + copy : slice;
-            for (int64_t d = 0; d < p_.dk; ++d)
-              sum += grad_mixed_z[size_t(normaliser_offset(p_, bh, i) + d)] *
-                     state_.z[size_t(normaliser_offset(p_, bh, b) + d)];
+            for (int64_t d0 = 0; d0 < p_.dk; d0 += kSumChunk) {
+              const int width = int(std::min<int64_t>(p_.dk - d0, kSumChunk));
+              SharedTile gz(kSumTile, kSumChunk + 1), zt(kSumTile, kSumChunk + 1);
+              for (int g = 0; g < kSumTile * kSumChunk; ++g) {
+                const int row = g / kSumChunk, d = g % kSumChunk;
+                if (d >= width) continue;
+                if (i0 + row < m) gz.set(row, d, grad_mixed_z[size_t(normaliser_offset(p_, bh, i0 + row) + d0 + d)]);
+                if (b0 + row < m) zt.set(row, d, state_.z[size_t(normaliser_offset(p_, bh, b0 + row) + d0 + d)]);
+              }
+              for (int t = 0; t < kSumTile * kSumTile; ++t) {
+                const int ti = t / kSumTile, tb = t % kSumTile;
+                if (i0 + ti < m && b0 + tb < m)
+                  for (int d = 0; d < width; ++d) sums[size_t(t)] += gz.at(ti, d) * zt.at(tb, d);
+              }
+            }
           }
-          dense[size_t((copy * m + i) * m + b)] = sum;
-          if (!p_.toeplitz && cuda::uses(p_, i, b)) grad_w[size_t((copy * p_.w_stride + i) * p_.w_stride + b)] += sum;
+          for (int t = 0; t < kSumTile * kSumTile; ++t) {
+            const int64_t i = i0 + t / kSumTile, b = b0 + t % kSumTile;
+            if (i >= m || b >= m) continue;
+            dense[size_t((copy * m + i) * m + b)] = sums[size_t(t)];
+            if (!p_.toeplitz && cuda::uses(p_, i, b))
+              grad_w[size_t((copy * p_.w_stride + i) * p_.w_stride + b)] += sums[size_t(t)];
+          }
         }
     if (!p_.toeplitz) return;
     const int64_t length = p_.toeplitz_length;
