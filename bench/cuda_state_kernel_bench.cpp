@@ -1,5 +1,5 @@
 // The bfloat16-state kernels (src/cuda/bf16_state_*.cuh) one by one at the
-// shapes of the GPU targets that they take (all but token-level causal): each
+// shapes of the GPU targets (token-level causal: the forward's only): each
 // kernel's median time from CUDA events beside its byte budget
 // (byte_budget.hpp) at 70% of the copy rate measured here, printed and
 // written as JSON (by hand: the GPU build has no JSON library, and the names
@@ -96,7 +96,8 @@ class StateKernelCall {
   StateKernelCall(const StateKernelCall&) = delete;
   StateKernelCall& operator=(const StateKernelCall&) = delete;
 
-  bool fits() const {
+  bool forward_fits() const { return mhla::cuda::bf16_state_forward_fits(p_, q_, k_, v_, o_); }
+  bool backward_fits() const {
     return mhla::cuda::bf16_state_backward_fits(p_, q_, k_, v_, grad_o_, grad_q_, grad_k_, grad_v_);
   }
 
@@ -107,7 +108,7 @@ class StateKernelCall {
     return {
         {"summaries", [this] { bf16_state_summaries(p_, k_, v_, state_, nullptr); }},
         {"mix", [this] { mix(false, state_, state_); }},
-        {"read-out", [this] { bf16_state_read_out(p_, q_, state_, o_, flag_, nullptr); }},
+        {"read-out", [this] { bf16_state_read_out(p_, q_, k_, v_, w_, state_, o_, flag_, nullptr); }},
         {"query side",
          [this] { bf16_state_query_side(p_, q_, grad_o_, state_, grads_, grad_q_, flag_, nullptr); }},
         {"mix transpose", [this] { mix(true, grads_, grads_); }},
@@ -190,11 +191,13 @@ int main(int argc, char** argv) try {
   const std::vector<BudgetShape> budget_shapes = mhla::bench::budget_shapes();
   bool first_shape = true;
   for (size_t i = 0; i < shapes.size(); ++i) {
-    if (shapes[i].masking == mhla::Masking::causal) continue;  // the split-operand kernels' only
+    // Token-level causal gradients run on the split-operand kernels.
+    const bool forward_only = shapes[i].masking == mhla::Masking::causal;
     if (budget_shapes[i].tokens != shapes[i].layout.num_tokens())
       throw std::runtime_error("the target shapes and the budget's are listed in different orders");
     StateKernelCall call(shapes[i], rng);
-    if (!call.fits()) throw std::runtime_error(std::string("the state kernels refuse ") + shapes[i].name);
+    if (!call.forward_fits() || (!forward_only && !call.backward_fits()))
+      throw std::runtime_error(std::string("the state kernels refuse ") + shapes[i].name);
     const Budget budget = byte_budget(budget_shapes[i]);
     std::printf("\n%s\n  %-20s %10s %10s %8s %12s\n", shapes[i].name, "kernel", "ms", "budget ms",
                 "ratio", "GB/s");
@@ -204,6 +207,7 @@ int main(int argc, char** argv) try {
     bool first_kernel = true;
     for (const auto& [name, launch] : call.kernels()) {
       const bool forward = name == "summaries" || name == "mix" || name == "read-out";
+      if (forward_only && !forward) continue;
       const KernelBudget& k = budget_of(budget, forward, name);
       const double ms = median_event_ms(repeats, launch), model = modeled_ms(k, budget_rate);
       // The backward recomputes the summaries and the mix: they count in both passes.
@@ -219,6 +223,13 @@ int main(int argc, char** argv) try {
       first_kernel = false;
     }
     const double floor_ms = budget.floor_bytes / copy_rate;
+    if (forward_only) {
+      std::printf("  kernels' sum: forward %.4f ms (%.1fx budget, %.1fx floor)\n", forward_ms,
+                  forward_ms / forward_budget, forward_ms / floor_ms);
+      std::fprintf(json, "], \"forward_ms\": %.5f, \"forward_backward_ms\": null, \"floor_ms\": %.5f}",
+                   forward_ms, floor_ms);
+      continue;
+    }
     std::printf("  kernels' sum: forward %.4f ms (%.1fx budget, %.1fx floor), forward+backward "
                 "%.4f ms (%.1fx budget, %.1fx floor)\n",
                 forward_ms, forward_ms / forward_budget, forward_ms / floor_ms,

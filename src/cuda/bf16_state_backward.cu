@@ -265,7 +265,7 @@ void launch_with_shared(Kernel kernel, dim3 grid, unsigned threads, cudaStream_t
 bool bf16_state_backward_fits(const KernelProblem& p, const void* q, const void* k, const void* v,
                               const void* grad_o, const void* grad_q, const void* grad_k,
                               const void* grad_v) {
-  return state::fits(p) && aligned(q) && aligned(k) && aligned(v) && aligned(grad_o) &&
+  return state::backward_fits(p) && aligned(q) && aligned(k) && aligned(v) && aligned(grad_o) &&
          aligned(grad_q) && aligned(grad_k) && aligned(grad_v);
 }
 

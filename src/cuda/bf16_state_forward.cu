@@ -1,5 +1,7 @@
 #include "cuda/bf16_state_forward.cuh"
 
+#include <type_traits>
+
 #include "cuda/bf16_state_device.cuh"
 #include "cuda/bf16_state_mix.cuh"
 #include "cuda/cuda_check.hpp"
@@ -24,8 +26,7 @@ union SummariesShared {
 // (bfloat16 rows) and z_b = the sum of phi(k) (float), kKeyChunk tokens a step.
 template <int kColumnFragments>
 __global__ void __launch_bounds__(kMaxDim / kFrag * 32)
-    summaries_kernel(KernelProblem p, const uint16_t* k, const uint16_t* v, uint16_t* s,
-                     float* z) {
+    summaries_kernel(KernelProblem p, const uint16_t* k, const uint16_t* v, uint16_t* s, float* z) {
   using Stage = SummariesStage<kColumnFragments>;
   __shared__ __align__(128) SummariesShared<kColumnFragments> shared;
 
@@ -55,7 +56,7 @@ __global__ void __launch_bounds__(kMaxDim / kFrag * 32)
   uint16_t* s_b = s + state_offset(p, bh, block);
 #pragma unroll
   for (int n = 0; n < kColumnFragments; ++n)
-    write_fragment(acc[n], shared.out[warp], [&](const Segment& ls, const float (&x)[kSegment]) {
+    write_fragment(acc[n], shared.out[warp], [&](const Segment& ls, const float(&x)[kSegment]) {
       const int64_t d = warp * kFrag + ls.row, e = n * kFrag + ls.column;
       if (d < p.dk && e < p.dv) store_rounded(s_b + d * p.dv + e, x);
     });
@@ -67,35 +68,53 @@ struct ReadStage {
   bf16 q[kReadTokens][kInnerChunk + kPad];
   bf16 s[kInnerChunk][kColumnFragments * kFrag + kPad];
 };
+// Token-level causal: the CTA's phi(q) over all of Dk, a chunk of its own
+// block's phi(k) and v, and each warp's masked scores.
+template <int kColumnFragments>
+struct OwnBlockTiles {
+  bf16 q[kReadTokens][kMaxDim + kPad];
+  bf16 k[kKeyChunk][kMaxDim + kPad];
+  bf16 v[kKeyChunk][kColumnFragments * kFrag + kPad];
+  bf16 scores[kReadWarps][kFrag][kKeyChunk + kPad];
+};
 template <int kColumnFragments>
 union ReadShared {
   ReadStage<kColumnFragments> stage[kStages];
+  FragmentTile out[kReadWarps];  // once the stages are read
+};
+// Causal, the results' tiles also carry the own block's scores while the
+// own block's tiles are in use, so they stand apart from them.
+template <int kColumnFragments>
+struct CausalReadShared {
+  union {
+    ReadStage<kColumnFragments> stage[kStages];
+    OwnBlockTiles<kColumnFragments> own;
+  };
   FragmentTile out[kReadWarps];
 };
 
-// Grid (block i x chunk of kReadTokens tokens, slice bh): o_t = phi(q_t)^T S~_i
-// / (phi(q_t) . z~_i + eps), or scale phi(q_t)^T S~_i, over all of Dv.
-template <int kColumnFragments>
-__global__ void __launch_bounds__(kReadWarps * 32)
-    outputs_kernel(KernelProblem p, unsigned chunks, const uint16_t* q, const uint16_t* mixed,
-                   const float* mixed_z, uint16_t* o, int* non_finite) {
+// phi in place on every row of a staged tile, entries [0, Dk): the
+// zero-filled entries past Dk stay zeros, so that a product of two mapped
+// tiles adds nothing there (elu1 maps 0 to 1).
+template <int kRows, int kColumns>
+__device__ void map_features(bf16 (&tile)[kRows][kColumns], const KernelProblem& p) {
+  if (p.phi == FeatureMap::identity) return;
+  const int dk = int(p.dk);
+  for (int g = threadIdx.x; g < kRows * dk; g += blockDim.x) {
+    bf16& x = tile[g / dk][g % dk];
+    x = __float2bfloat16_rn(feature(p.phi, __bfloat162float(x)));
+  }
+}
+
+// acc += phi(Q) S~_i over Dk, kInnerChunk entries a step, and the
+// denominators phi(q_t) . z~_i into denominators[t].
+template <int kColumnFragments, class Shared>
+__device__ void read_mixed(const KernelProblem& p, const int64_t* rows, const uint16_t* q,
+                           const uint16_t* state, const float* z, Shared& shared,
+                           Accumulator (&acc)[kColumnFragments], float* denominators) {
   constexpr int kQuerySegments = kInnerChunk / kSegment;
   constexpr int kStateSegments = kColumnFragments * kFrag / kSegment;
   using Stage = ReadStage<kColumnFragments>;
-  __shared__ __align__(128) ReadShared<kColumnFragments> shared;
-  __shared__ int64_t rows[kReadTokens];
-  __shared__ float denominators[kReadTokens];
-
-  const unsigned block32 = blockIdx.x / chunks;
-  const int64_t block = block32, bh = blockIdx.y;
-  const int64_t c0 = int64_t(blockIdx.x - block32 * chunks) * kReadTokens;
-  const Slice slice = slice_of(p, blockIdx.y);
-  if (c0 >= p.block_start[block + 1] - p.block_start[block]) return;  // before any barrier
-  if (threadIdx.x < kReadTokens)
-    rows[threadIdx.x] = block_token_row(p, slice, block, c0 + threadIdx.x);
-  __syncthreads();
-  const uint16_t* state = mixed + state_offset(p, bh, block);
-  const float* z = mixed_z + normaliser_offset(p, bh, block);
   const int warp = int(threadIdx.x / 32);
   const auto stage_chunk = [&](Stage& st, int c) {
     const int64_t a0 = int64_t(c) * kInnerChunk;
@@ -106,12 +125,12 @@ __global__ void __launch_bounds__(kReadWarps * 32)
     for (int g = threadIdx.x; g < kInnerChunk * kStateSegments; g += blockDim.x) {
       const Segment sg = segment_of<kStateSegments>(g);
       const int64_t a = a0 + sg.row;
-      stage_segment(&st.s[sg.row][sg.column], state, row_segment(a < p.dk ? a : -1, sg.column, p.dv));
+      stage_segment(&st.s[sg.row][sg.column], state,
+                    row_segment(a < p.dk ? a : -1, sg.column, p.dv));
     }
     commit_copies();
   };
 
-  Accumulator acc[kColumnFragments];
 #pragma unroll
   for (int n = 0; n < kColumnFragments; ++n) wmma::fill_fragment(acc[n], 0.0f);
   float den = 0;  // the denominator of the chunk's token threadIdx.x
@@ -138,11 +157,92 @@ __global__ void __launch_bounds__(kReadWarps * 32)
   });
   if (threadIdx.x < kReadTokens) denominators[threadIdx.x] = den;
   __syncthreads();
+}
 
+// Token-level causal: the block's own keys j <= t for the CTA's tokens
+// [c0, c0 + kReadTokens), W[i, i] phi(q_t) . phi(k_j) [v_j | 1] added to acc
+// (the scores rounded to bfloat16) and to the denominators (in float),
+// kKeyChunk keys a step.
+template <int kColumnFragments>
+__device__ void add_own_block(const KernelProblem& p, const Slice& slice, int64_t block, int c0,
+                              float w_ii, const uint16_t* q, const uint16_t* k, const uint16_t* v,
+                              OwnBlockTiles<kColumnFragments>& own, FragmentTile& out,
+                              Accumulator (&acc)[kColumnFragments], float* denominators) {
+  const int count = int(p.block_start[block + 1] - p.block_start[block]);
+  const int warp = int(threadIdx.x / 32);
+  stage_block_rows(own.q, q, p, slice, block, c0, p.dk);
+  commit_copies();
+  wait_copies<0>();
+  __syncthreads();
+  map_features(own.q, p);
+  float row_part = 0;  // this lane's part of its row's own-block denominator
+  const int end = own_keys_end(c0, count);
+  for (int j0 = 0; j0 < end; j0 += kKeyChunk) {
+    stage_block_rows(own.k, k, p, slice, block, j0, p.dk);
+    stage_block_rows(own.v, v, p, slice, block, j0, p.dv);
+    commit_copies();
+    wait_copies<0>();
+    __syncthreads();
+    map_features(own.k, p);
+    __syncthreads();
+
+    Accumulator scores[kKeyChunk / kFrag];
+#pragma unroll
+    for (int n = 0; n < kKeyChunk / kFrag; ++n) wmma::fill_fragment(scores[n], 0.0f);
+    for (int step = 0; step < p.dk; step += kFrag) {
+      OperandA<wmma::row_major> a;  // phi(Q): entry (t, d) at q[t][d]
+      wmma::load_matrix_sync(a, &own.q[warp * kFrag][step], kMaxDim + kPad);
+#pragma unroll
+      for (int n = 0; n < kKeyChunk / kFrag; ++n) {
+        OperandB<wmma::col_major> b;  // phi(K)^T: entry (d, j) at k[j][d]
+        wmma::load_matrix_sync(b, &own.k[n * kFrag][step], kMaxDim + kPad);
+        wmma::mma_sync(scores[n], a, b, scores[n]);
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < kKeyChunk / kFrag; ++n)
+      write_fragment(scores[n], out, [&](const Segment& ls, const float(&x)[kSegment]) {
+        const int t = c0 + warp * kFrag + ls.row, j = j0 + n * kFrag + ls.column;
+        float y[kSegment];
+#pragma unroll
+        for (int u = 0; u < kSegment; ++u) {
+          y[u] = j + u <= t ? w_ii * x[u] : 0.0f;
+          row_part += y[u];
+        }
+        store_rounded(reinterpret_cast<uint16_t*>(&own.scores[warp][ls.row][n * kFrag + ls.column]),
+                      y);
+      });
+#pragma unroll
+    for (int step = 0; step < kKeyChunk; step += kFrag) {
+      OperandA<wmma::row_major> a;  // the masked scores: entry (t, j) at scores[t][j]
+      wmma::load_matrix_sync(a, &own.scores[warp][0][step], kKeyChunk + kPad);
+#pragma unroll
+      for (int n = 0; n < kColumnFragments; ++n) {
+        OperandB<wmma::row_major> b;
+        wmma::load_matrix_sync(b, &own.v[step][n * kFrag], kColumnFragments * kFrag + kPad);
+        wmma::mma_sync(acc[n], a, b, acc[n]);
+      }
+    }
+    __syncthreads();  // k and v are read before the next chunk's copies
+  }
+  // A row's two lanes (2r, 2r + 1) add their parts, the even lane's first.
+  const int lane = int(threadIdx.x % 32);
+  const float other = __shfl_xor_sync(0xffffffffu, row_part, 1);
+  if (lane % 2 == 0) denominators[warp * kFrag + lane / 2] += row_part + other;
+  __syncwarp();
+}
+
+// o_t = acc_t / (denominator_t + eps), or scale acc_t, for this warp's 16
+// tokens over all of Dv.
+template <int kColumnFragments>
+__device__ void write_outputs(const KernelProblem& p, const int64_t* rows,
+                              const Accumulator (&acc)[kColumnFragments], FragmentTile& out,
+                              const float* denominators, uint16_t* o, int* non_finite) {
+  const int warp = int(threadIdx.x / 32);
   bool bad = false;
 #pragma unroll
   for (int n = 0; n < kColumnFragments; ++n)
-    write_fragment(acc[n], shared.out[warp], [&](const Segment& ls, const float (&y)[kSegment]) {
+    write_fragment(acc[n], out, [&](const Segment& ls, const float(&y)[kSegment]) {
       const int t = warp * kFrag + ls.row;
       const int64_t e = n * kFrag + ls.column;
       if (rows[t] < 0 || e >= p.dv) return;
@@ -157,6 +257,58 @@ __global__ void __launch_bounds__(kReadWarps * 32)
       store_rounded(o + rows[t] * p.dv + e, r);
     });
   if (__any_sync(0xffffffffu, bad) && threadIdx.x % 32 == 0) atomicOr(non_finite, 1);
+}
+
+// One read-out CTA: block i x chunk of kReadTokens tokens, slice bh (the
+// grid's). o_t = phi(q_t)^T S~_i / (phi(q_t) . z~_i + eps), or scale
+// phi(q_t)^T S~_i, over all of Dv; with token-level causal masking (kCausal)
+// S~_i mixes the blocks before i and the block's own keys j <= t enter
+// through add_own_block.
+template <int kColumnFragments, bool kCausal>
+__device__ void read_out(const KernelProblem& p, unsigned chunks, const uint16_t* q,
+                         const uint16_t* k, const uint16_t* v, const float* w,
+                         const uint16_t* mixed, const float* mixed_z, uint16_t* o,
+                         int* non_finite) {
+  using Shared =
+      std::conditional_t<kCausal, CausalReadShared<kColumnFragments>, ReadShared<kColumnFragments>>;
+  __shared__ __align__(128) Shared shared;
+  __shared__ int64_t rows[kReadTokens];
+  __shared__ float denominators[kReadTokens];
+
+  const unsigned block32 = blockIdx.x / chunks;
+  const int64_t block = block32, bh = blockIdx.y;
+  const int c0 = int(blockIdx.x - block32 * chunks) * kReadTokens;
+  const Slice slice = slice_of(p, blockIdx.y);
+  if (c0 >= p.block_start[block + 1] - p.block_start[block]) return;  // before any barrier
+  if (threadIdx.x < kReadTokens)
+    rows[threadIdx.x] = block_token_row(p, slice, block, c0 + threadIdx.x);
+  __syncthreads();
+
+  Accumulator acc[kColumnFragments];
+  read_mixed(p, rows, q, mixed + state_offset(p, bh, block),
+             mixed_z + normaliser_offset(p, bh, block), shared, acc, denominators);
+  const int warp = int(threadIdx.x / 32);
+  if constexpr (kCausal)
+    add_own_block(p, slice, block, c0, weight(p, w, slice.head, block, block), q, k, v, shared.own,
+                  shared.out[warp], acc, denominators);
+  write_outputs(p, rows, acc, shared.out[warp], denominators, o, non_finite);
+}
+
+template <int kColumnFragments>
+__global__ void __launch_bounds__(kReadWarps * 32)
+    outputs_kernel(KernelProblem p, unsigned chunks, const uint16_t* q, const uint16_t* mixed,
+                   const float* mixed_z, uint16_t* o, int* non_finite) {
+  read_out<kColumnFragments, false>(p, chunks, q, nullptr, nullptr, nullptr, mixed, mixed_z, o,
+                                    non_finite);
+}
+
+// Four CTAs an SM: the kernels' budget of 128 registers a thread.
+template <int kColumnFragments>
+__global__ void __launch_bounds__(kReadWarps * 32, 4)
+    causal_outputs_kernel(KernelProblem p, unsigned chunks, const uint16_t* q, const uint16_t* k,
+                          const uint16_t* v, const float* w, const uint16_t* mixed,
+                          const float* mixed_z, uint16_t* o, int* non_finite) {
+  read_out<kColumnFragments, true>(p, chunks, q, k, v, w, mixed, mixed_z, o, non_finite);
 }
 
 bool aligned(const void* x) { return reinterpret_cast<uintptr_t>(x) % 16 == 0; }
@@ -179,16 +331,25 @@ void bf16_state_summaries(const KernelProblem& p, const uint16_t* k, const uint1
   check_launch("bf16-state summaries kernel");
 }
 
-void bf16_state_read_out(const KernelProblem& p, const uint16_t* q, const Bf16State& state,
-                         uint16_t* o, int* non_finite, cudaStream_t stream) {
+void bf16_state_read_out(const KernelProblem& p, const uint16_t* q, const uint16_t* k,
+                         const uint16_t* v, const float* w, const Bf16State& state, uint16_t* o,
+                         int* non_finite, cudaStream_t stream) {
   const unsigned chunks = unsigned(read_chunks(p));
   const dim3 grid(unsigned(p.blocks) * chunks, unsigned(p.batch * p.heads));
-  if (column_fragments(p.dv) == 8)
-    outputs_kernel<8><<<grid, kReadWarps * 32, 0, stream>>>(
-        p, chunks, q, state.mixed, state.mixed_normalisers, o, non_finite);
+  const unsigned threads = kReadWarps * 32;
+  const uint16_t* mixed = state.mixed;
+  const float* mixed_z = state.mixed_normalisers;
+  const bool wide = column_fragments(p.dv) == 8;
+  if (p.causal && wide)
+    causal_outputs_kernel<8>
+        <<<grid, threads, 0, stream>>>(p, chunks, q, k, v, w, mixed, mixed_z, o, non_finite);
+  else if (p.causal)
+    causal_outputs_kernel<4>
+        <<<grid, threads, 0, stream>>>(p, chunks, q, k, v, w, mixed, mixed_z, o, non_finite);
+  else if (wide)
+    outputs_kernel<8><<<grid, threads, 0, stream>>>(p, chunks, q, mixed, mixed_z, o, non_finite);
   else
-    outputs_kernel<4><<<grid, kReadWarps * 32, 0, stream>>>(
-        p, chunks, q, state.mixed, state.mixed_normalisers, o, non_finite);
+    outputs_kernel<4><<<grid, threads, 0, stream>>>(p, chunks, q, mixed, mixed_z, o, non_finite);
   check_launch("bf16-state outputs kernel");
 }
 
@@ -198,7 +359,7 @@ void bf16_state_forward(const KernelProblem& p, const uint16_t* q, const uint16_
   bf16_state_summaries(p, k, v, state, stream);
   bf16_state_mix(p, w, false, state.summaries, state.normalisers, state.mixed,
                  state.mixed_normalisers, stream);
-  bf16_state_read_out(p, q, state, o, non_finite, stream);
+  bf16_state_read_out(p, q, k, v, w, state, o, non_finite, stream);
 }
 
 }  // namespace mhla::cuda

@@ -29,12 +29,14 @@ bool bf16_state_forward_fits(const KernelProblem& p, const void* q, const void* 
 // The forward's kernels one by one (bf16_state_forward runs them in order;
 // the mix between them is bf16_state_mix.cuh's), for the backward's
 // recomputation and for timing each: the summaries S, z of k and v; the
-// read-out of o from q and the mixed state S~, z~ (sets *non_finite when an
-// output or denominator is not finite).
+// read-out of o from q and the mixed state S~, z~, with token-level causal
+// masking also from k, v and W's diagonal (sets *non_finite when an output
+// or denominator is not finite).
 void bf16_state_summaries(const KernelProblem& p, const uint16_t* k, const uint16_t* v,
                           const Bf16State& state, cudaStream_t stream);
-void bf16_state_read_out(const KernelProblem& p, const uint16_t* q, const Bf16State& state,
-                         uint16_t* o, int* non_finite, cudaStream_t stream);
+void bf16_state_read_out(const KernelProblem& p, const uint16_t* q, const uint16_t* k,
+                         const uint16_t* v, const float* w, const Bf16State& state, uint16_t* o,
+                         int* non_finite, cudaStream_t stream);
 
 // o = the operator's forward of bfloat16 q, k, v [B, N, H, Dk or Dv] with
 // float W, written for every token, through `state`; sets *non_finite when

@@ -32,6 +32,9 @@ constexpr int64_t kMaxGridYZ = 65535;
 constexpr int kKeyChunk = 32;
 // The read-out: one CTA per (kReadTokens tokens of a block, slice), warp w
 // its tokens [16 w, 16 w + 16) over all of Dv; Dk staged kInnerChunk at a time.
+// With token-level causal masking the CTA then adds its own block's keys up
+// to its last token, kKeyChunk keys a step (their scores a warp's 16 x
+// kKeyChunk tile, masked and scaled by W[i, i], then against V).
 constexpr int kReadTokens = 64, kReadWarps = kReadTokens / kFrag, kInnerChunk = 32;
 // The mix: kMixRows rows of W against kMixColumns entries of one slice's
 // [M, Dk Dv] summaries a CTA, warp w its rows [16 w, 16 w + 16); kInnerChunk
@@ -47,17 +50,22 @@ MHLA_HD constexpr int column_fragments(int64_t columns) { return columns <= 64 ?
 // Warps of a summaries CTA: one per 16 rows of Dk.
 MHLA_HD constexpr int summaries_warps(int64_t dk) { return int(ceil_div(dk, kFrag)); }
 
-// Whether the kernels take the problem (the caller checks 16-byte alignment
-// of the tensors): a whole sequence, no token-level causal masking, Dk and Dv
-// multiples of 8 up to 128, and the grid limits.
+// Whether the forward's kernels take the problem (the caller checks 16-byte
+// alignment of the tensors): a whole sequence, Dk and Dv multiples of 8 up
+// to 128, and the grid limits.
 MHLA_HD inline bool fits(const KernelProblem& p) {
   const int64_t slices = p.batch * p.heads;
   return p.dk > 0 && p.dv > 0 && p.dk % kSegment == 0 && p.dv % kSegment == 0 &&
-         p.dk <= kMaxDim && p.dv <= kMaxDim && !p.causal && p.first_block == 0 &&
+         p.dk <= kMaxDim && p.dv <= kMaxDim && p.first_block == 0 &&
          p.mixing_blocks == p.blocks && p.blocks > 0 && slices <= kMaxGridYZ &&
          p.heads <= INT32_MAX && ceil_div(p.dk * p.dv, kMixColumns) <= kMaxGridYZ &&
          p.blocks * ceil_div(p.largest_block, kReadTokens) <= INT32_MAX;
 }
+
+// Whether the backward's kernels take it: the forward's problems without
+// token-level causal masking, whose gradients' in-block terms stay on the
+// split-operand kernels.
+MHLA_HD inline bool backward_fits(const KernelProblem& p) { return fits(p) && !p.causal; }
 
 // Segment g of a staged tile with kSegments segments a row: its row and its
 // first column. Thread t copies segments t, t + threads, ...
@@ -124,6 +132,12 @@ MHLA_HD inline float mix_entry(const KernelProblem& p, const float* w, int64_t h
                                int64_t x, int64_t end, bool transposed) {
   const int64_t i = transposed ? x : row, b = transposed ? row : x;
   return row < p.blocks && x < end && reads(p, i, b) ? weight(p, w, head, i, b) : 0.0f;
+}
+
+// The causal read-out's own-block keys for a CTA's tokens [c0, c0 +
+// kReadTokens) of a block of `count` tokens: [0, own_keys_end).
+MHLA_HD inline int own_keys_end(int c0, int count) {
+  return c0 + kReadTokens < count ? c0 + kReadTokens : count;
 }
 
 // The read-out's chunks of kReadTokens tokens per block (of the largest block).

@@ -252,6 +252,7 @@ class ForwardEmulation {
             for (int a = step; a < step + kFrag; ++a)
               acc[size_t(t)][size_t(e)] += operand_feature(p_.phi, qt.at(t, a)) * st.at(a, e);
     }
+    if (p_.causal) own_block<kColumnFragments>(block, int(c0), slice, acc, den);
     for (int warp = 0; warp < kReadWarps; ++warp)
       for (int n = 0; n < kColumnFragments; ++n)
         write_fragment(acc, warp * kFrag, n * kFrag, [&](const Segment& ls, const float (&y)[kSegment]) {
@@ -263,6 +264,64 @@ class ForwardEmulation {
             o.set(rows[size_t(t)] * p_.dv + e + u,
                   round_bf16(p_.normalize ? y[u] * inverse : float(p_.scale) * y[u]));
         });
+  }
+
+  // phi in place on rows [0, rows) of a staged tile, entries [0, Dk).
+  void map_features(SharedTile& tile, int rows) const {
+    if (p_.phi == FeatureMap::identity) return;
+    for (int r = 0; r < rows; ++r)
+      for (int d = 0; d < p_.dk; ++d) tile.replace(r, d, round_bf16(cuda::feature(p_.phi, tile.at(r, d))));
+  }
+
+  // Token-level causal: the CTA's tokens [c0, c0 + kReadTokens) against
+  // their block's own keys j <= t, kKeyChunk keys a step: each warp's scores
+  // masked, scaled by W[i, i] and rounded into its tile, then against V; each
+  // lane's part of its row's denominator, the even lane's first.
+  template <int kColumnFragments>
+  void own_block(int64_t block, int c0, const Slice& slice, std::vector<std::vector<float>>& acc,
+                 std::vector<float>& den) const {
+    constexpr int kKeySegments = kMaxDim / kSegment, kValueSegments = kColumnFragments * kFrag / kSegment;
+    const int threads = kReadWarps * 32;
+    const float w_ii = cuda::weight(p_, w_.data(), slice.head, block, block);
+    const auto stage = [&](SharedTile& tile, const std::vector<float>& source, int rows, int j0, int64_t width,
+                           auto segments) {
+      for_each_staged<decltype(segments)::value>(threads, rows, [&](const Segment& sg) {
+        tile.copy(sg, source, row_segment(block_token_row(p_, slice, block, j0 + sg.row), sg.column, width));
+      });
+    };
+    SharedTile qt(kReadTokens, kMaxDim + kPad);
+    stage(qt, q_, kReadTokens, c0, p_.dk, std::integral_constant<int, kKeySegments>());
+    map_features(qt, kReadTokens);
+    std::vector<float> parts(2 * kReadTokens);  // [token][lane of the pair]
+    for (int j0 = 0; j0 < own_keys_end(c0, int(count(block))); j0 += kKeyChunk) {
+      SharedTile kt(kKeyChunk, kMaxDim + kPad), vt(kKeyChunk, kColumnFragments * kFrag + kPad);
+      stage(kt, k_, kKeyChunk, j0, p_.dk, std::integral_constant<int, kKeySegments>());
+      stage(vt, v_, kKeyChunk, j0, p_.dv, std::integral_constant<int, kValueSegments>());
+      map_features(kt, kKeyChunk);
+      for (int warp = 0; warp < kReadWarps; ++warp) {
+        std::vector<std::vector<float>> scores(kFrag, std::vector<float>(kKeyChunk));
+        for (int step = 0; step < p_.dk; step += kFrag)
+          for (int r = 0; r < kFrag; ++r)
+            for (int j = 0; j < kKeyChunk; ++j)
+              for (int d = step; d < step + kFrag; ++d)
+                scores[size_t(r)][size_t(j)] += qt.at(warp * kFrag + r, d) * kt.at(j, d);
+        SharedTile st(kFrag, kKeyChunk + kPad);
+        for (int f = 0; f < kKeyChunk / kFrag; ++f)
+          write_fragment(scores, 0, f * kFrag, [&](const Segment& ls, const float (&x)[kSegment]) {
+            const int t = c0 + warp * kFrag + ls.row, j = j0 + f * kFrag + ls.column;
+            for (int u = 0; u < kSegment; ++u) {
+              const float y = j + u <= t ? w_ii * x[u] : 0.0f;
+              parts[size_t(2 * (warp * kFrag + ls.row) + ls.column / kSegment)] += y;
+              st.set(ls.row, f * kFrag + ls.column + u, round_bf16(y));
+            }
+          });
+        for (int r = 0; r < kFrag; ++r)
+          for (int e = 0; e < kColumnFragments * kFrag; ++e)
+            for (int j = 0; j < kKeyChunk; ++j)
+              acc[size_t(warp * kFrag + r)][size_t(e)] += st.at(r, j) * vt.at(j, e);
+      }
+    }
+    for (int t = 0; t < kReadTokens; ++t) den[size_t(t)] += parts[size_t(2 * t)] + parts[size_t(2 * t + 1)];
   }
 
   const KernelProblem& p_;

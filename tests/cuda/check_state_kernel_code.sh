@@ -37,7 +37,7 @@ check() {
     "$nvcc" "${flags[@]}" -arch=$arch -cubin -Xptxas -v "$file" -o "$work/state.cubin" 2>"$work/ptxas.txt"
     while read -r line; do
       case "$line" in
-        *"Compiling entry function"*) name=$(sed -E "s/.*function '([^']*)'.*/\1/" <<<"$line" | c++filt | sed -E 's/.*::([a-z_]+(<[0-9a-z]+>)?)\(.*/\1/'); kernels=$((kernels + 1)) ;;
+        *"Compiling entry function"*) name=$(sed -E "s/.*function '([^']*)'.*/\1/" <<<"$line" | c++filt | sed -E 's/.*::([a-z_]+(<[0-9a-z, ]+>)?)\(.*/\1/'); kernels=$((kernels + 1)) ;;
         *"bytes stack frame"*)
           read -r stack spill_stores spill_loads < <(sed -E 's/^([0-9]+) bytes stack frame, ([0-9]+) bytes spill stores, ([0-9]+) bytes spill loads.*/\1 \2 \3/' <<<"$line")
           [ "$stack" -eq 0 ] && [ "$spill_stores" -eq 0 ] && [ "$spill_loads" -eq 0 ] ||
@@ -54,7 +54,7 @@ check() {
   [ "$kernels" -ge "$expected" ] || fail "$1: ptxas reported $kernels kernels (expected $expected)"
 }
 
-check bf16_state_forward 4    # summaries and read-out, two widths each
+check bf16_state_forward 6    # summaries, read-out and causal read-out, two widths each
 check bf16_state_mix 4        # the mix both ways, the normalisers' mix, the weight gradient's two
 check bf16_state_backward 4   # query side and key and value side, two widths each
 [ "$failures" -eq 0 ] || exit 1
