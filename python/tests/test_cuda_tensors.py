@@ -161,6 +161,21 @@ def test_forward_and_backward_on_cuda_match_the_cpu(dtype, tolerance):
 
 
 @gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_forward_state_on_cuda_gives_the_saved_arrays_gradients(dtype):
+    q, k, v, w = operands(dtype, device="cuda")
+    o, saved, mixed = mhla.forward(q, k, v, w, layout=LAYOUT, save_summaries=True, save_mixed=True)
+    grad_o = torch.randn_like(o)
+    want = mhla.backward(q, k, v, w, o, grad_o, summaries=saved, mixed=mixed, layout=LAYOUT)
+    state = mhla.ForwardState()
+    o_kept, _ = mhla.forward(q, k, v, w, layout=LAYOUT, state=state)
+    assert torch.equal(o_kept, o)
+    got = mhla.backward(q, k, v, w, o_kept, grad_o, layout=LAYOUT, state=state)
+    for name, g, x in zip(["grad_q", "grad_k", "grad_v", "grad_w"], got, want):
+        assert g.is_cuda and torch.equal(g, x), name
+
+
+@gpu
 @pytest.mark.parametrize("given", [False, True], ids=["legacy-stream", "stream-given"])
 def test_work_pending_on_the_callers_stream_is_ordered_before_and_after_the_call(given):
     # The call on the legacy default stream (stream= not given), or on the side stream itself.
