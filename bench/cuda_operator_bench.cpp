@@ -135,8 +135,7 @@ int main(int argc, char** argv) try {
                      TensorView<float>{gw, w_shape, Device::cuda});
     };
     const double bf16_fwd_bwd = median_ms(repeats, run_bf16_forward_backward);
-    // The bfloat16-state kernels (src/cuda/bf16_state_{forward,backward}.cuh);
-    // token-level causal gradients stay on the split-operand kernels.
+    // The bfloat16-state kernels (src/cuda/bf16_state_{forward,backward}.cuh).
     setenv("MHLA_CUDA_BF16_STATE", "1", 1);
     const double state_fwd = median_ms(repeats, run_bf16_forward);
     const double state_fwd_bwd = median_ms(repeats, run_bf16_forward_backward);
@@ -163,9 +162,9 @@ int main(int argc, char** argv) try {
                 state_fwd,
                 state_fwd / (mhla::bench::total_bytes(budget.forward) / budget_rate),
                 state_fwd / bytes_floor, state_fwd / bf16_fwd);
-    std::printf("  bf16-state forward+backward%s %.3f ms: %.1fx the budget, %.1fx the bytes floor, "
+    std::printf("  bf16-state forward+backward %.3f ms: %.1fx the budget, %.1fx the bytes floor, "
                 "%.2fx the split-operand forward+backward\n",
-                float_kernels ? "" : " (the backward split-operand)", state_fwd_bwd,
+                state_fwd_bwd,
                 state_fwd_bwd / ((mhla::bench::total_bytes(budget.forward) +
                                   mhla::bench::total_bytes(budget.backward)) / budget_rate),
                 state_fwd_bwd / bytes_floor, state_fwd_bwd / bf16_fwd_bwd);

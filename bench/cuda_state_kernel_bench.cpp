@@ -1,5 +1,5 @@
 // The bfloat16-state kernels (src/cuda/bf16_state_*.cuh) one by one at the
-// shapes of the GPU targets (token-level causal: the forward's only): each
+// shapes of the GPU targets: each
 // kernel's median time from CUDA events beside its byte budget
 // (byte_budget.hpp) at 70% of the copy rate measured here, printed and
 // written as JSON (by hand: the GPU build has no JSON library, and the names
@@ -89,6 +89,12 @@ class StateKernelCall {
     owned_ = {block_arrays_, q_, k_, v_, grad_o_, o_, grad_q_, grad_k_, grad_v_, w_, grad_w_, flag_,
               scratch_};
     state_ = state_arrays(), grads_ = state_arrays();
+    // Token-level causal: the tokens' terms and W's diagonal part, after the
+    // weight gradient's scratch (as bf16_state_backward lays them out).
+    if (p_.causal) {
+      terms_ = scratch_ + mhla::cuda::bf16_state_weight_scratch(p_);
+      diagonal_ = terms_ + 2 * n_ * s.heads;
+    }
   }
   ~StateKernelCall() {
     for (void* x : owned_) cudaFree(x);
@@ -96,9 +102,9 @@ class StateKernelCall {
   StateKernelCall(const StateKernelCall&) = delete;
   StateKernelCall& operator=(const StateKernelCall&) = delete;
 
-  bool forward_fits() const { return mhla::cuda::bf16_state_forward_fits(p_, q_, k_, v_, o_); }
-  bool backward_fits() const {
-    return mhla::cuda::bf16_state_backward_fits(p_, q_, k_, v_, grad_o_, grad_q_, grad_k_, grad_v_);
+  bool fits() const {
+    return mhla::cuda::bf16_state_forward_fits(p_, q_, k_, v_, o_) &&
+           mhla::cuda::bf16_state_backward_fits(p_, q_, k_, v_, grad_o_, grad_q_, grad_k_, grad_v_);
   }
 
   // Each kernel the forward and the backward launch, by the budget's names
@@ -110,15 +116,22 @@ class StateKernelCall {
         {"mix", [this] { mix(false, state_, state_); }},
         {"read-out", [this] { bf16_state_read_out(p_, q_, k_, v_, w_, state_, o_, flag_, nullptr); }},
         {"query side",
-         [this] { bf16_state_query_side(p_, q_, grad_o_, state_, grads_, grad_q_, flag_, nullptr); }},
+         [this] {
+           bf16_state_query_side(p_, q_, k_, v_, w_, grad_o_, state_, grads_, grad_q_, terms_, flag_,
+                                 nullptr);
+         }},
         {"mix transpose", [this] { mix(true, grads_, grads_); }},
         {"weight gradient",
          [this] {
            bf16_state_weight_gradient(p_, grads_.mixed, grads_.mixed_normalisers, state_.summaries,
-                                      state_.normalisers, grad_w_, scratch_, flag_, nullptr);
+                                      state_.normalisers, diagonal_, grad_w_, scratch_, flag_,
+                                      nullptr);
          }},
         {"key and value side",
-         [this] { bf16_state_key_value_side(p_, k_, v_, grads_, grad_k_, grad_v_, flag_, nullptr); }},
+         [this] {
+           bf16_state_key_value_side(p_, q_, k_, v_, w_, grad_o_, grads_, terms_, grad_k_, grad_v_,
+                                     diagonal_, flag_, nullptr);
+         }},
     };
   }
 
@@ -160,7 +173,8 @@ class StateKernelCall {
   KernelProblem p_;
   uint16_t *q_ = nullptr, *k_ = nullptr, *v_ = nullptr, *grad_o_ = nullptr, *o_ = nullptr,
            *grad_q_ = nullptr, *grad_k_ = nullptr, *grad_v_ = nullptr;
-  float *w_ = nullptr, *grad_w_ = nullptr, *scratch_ = nullptr;
+  float *w_ = nullptr, *grad_w_ = nullptr, *scratch_ = nullptr, *terms_ = nullptr,
+        *diagonal_ = nullptr;
   int* flag_ = nullptr;
   Bf16State state_{}, grads_{};
   std::vector<void*> owned_;
@@ -191,13 +205,10 @@ int main(int argc, char** argv) try {
   const std::vector<BudgetShape> budget_shapes = mhla::bench::budget_shapes();
   bool first_shape = true;
   for (size_t i = 0; i < shapes.size(); ++i) {
-    // Token-level causal gradients run on the split-operand kernels.
-    const bool forward_only = shapes[i].masking == mhla::Masking::causal;
     if (budget_shapes[i].tokens != shapes[i].layout.num_tokens())
       throw std::runtime_error("the target shapes and the budget's are listed in different orders");
     StateKernelCall call(shapes[i], rng);
-    if (!call.forward_fits() || (!forward_only && !call.backward_fits()))
-      throw std::runtime_error(std::string("the state kernels refuse ") + shapes[i].name);
+    if (!call.fits()) throw std::runtime_error(std::string("the state kernels refuse ") + shapes[i].name);
     const Budget budget = byte_budget(budget_shapes[i]);
     std::printf("\n%s\n  %-20s %10s %10s %8s %12s\n", shapes[i].name, "kernel", "ms", "budget ms",
                 "ratio", "GB/s");
@@ -207,7 +218,6 @@ int main(int argc, char** argv) try {
     bool first_kernel = true;
     for (const auto& [name, launch] : call.kernels()) {
       const bool forward = name == "summaries" || name == "mix" || name == "read-out";
-      if (forward_only && !forward) continue;
       const KernelBudget& k = budget_of(budget, forward, name);
       const double ms = median_event_ms(repeats, launch), model = modeled_ms(k, budget_rate);
       // The backward recomputes the summaries and the mix: they count in both passes.
@@ -223,13 +233,6 @@ int main(int argc, char** argv) try {
       first_kernel = false;
     }
     const double floor_ms = budget.floor_bytes / copy_rate;
-    if (forward_only) {
-      std::printf("  kernels' sum: forward %.4f ms (%.1fx budget, %.1fx floor)\n", forward_ms,
-                  forward_ms / forward_budget, forward_ms / floor_ms);
-      std::fprintf(json, "], \"forward_ms\": %.5f, \"forward_backward_ms\": null, \"floor_ms\": %.5f}",
-                   forward_ms, floor_ms);
-      continue;
-    }
     std::printf("  kernels' sum: forward %.4f ms (%.1fx budget, %.1fx floor), forward+backward "
                 "%.4f ms (%.1fx budget, %.1fx floor)\n",
                 forward_ms, forward_ms / forward_budget, forward_ms / floor_ms,

@@ -20,20 +20,31 @@ bool bf16_state_backward_fits(const KernelProblem& p, const void* q, const void*
                               const void* grad_o, const void* grad_q, const void* grad_k,
                               const void* grad_v);
 
-// The floats of scratch the weight gradient needs (bf16_state_weight_scratch).
+// The floats of scratch the backward needs: the weight gradient's
+// (bf16_state_weight_scratch), and with token-level causal masking the
+// tokens' terms and W's diagonal part after it.
 int64_t bf16_state_backward_scratch(const KernelProblem& p);
 
-// The backward's two token kernels (bf16_state_backward runs them in order
-// with the recomputed state, the mix's transpose and the weight gradient
-// between them), for timing each: the query side (grad_q, and grad S~, grad
-// z~ into `grads`) and the key and value side (grad_k, grad_v from grad S,
-// grad z). Each sets *non_finite when a gradient it writes is not finite.
-void bf16_state_query_side(const KernelProblem& p, const uint16_t* q, const uint16_t* grad_o,
+// The backward's two token kernels (bf16_state_backward runs them with the
+// recomputed state, the mix's transpose and the weight gradient between
+// them), for timing each: the query side (grad_q, and grad S~, grad z~ into
+// `grads`) and the key and value side (grad_k, grad_v from grad S, grad z).
+// Each sets *non_finite when a gradient it writes is not finite. With
+// token-level causal masking both add their own block's terms: the query
+// side writes each token's 1 / (den + eps) and grad den to `terms` [B N H,
+// 2], which the key and value side reads, and that side writes the own
+// blocks' part of W's diagonal gradient to `diagonal` [B H, M]; both are
+// null otherwise, and q, w and grad_o (key and value side) or k, v and w
+// (query side) are read causal only.
+void bf16_state_query_side(const KernelProblem& p, const uint16_t* q, const uint16_t* k,
+                           const uint16_t* v, const float* w, const uint16_t* grad_o,
                            const Bf16State& state, const Bf16State& grads, uint16_t* grad_q,
-                           int* non_finite, cudaStream_t stream);
-void bf16_state_key_value_side(const KernelProblem& p, const uint16_t* k, const uint16_t* v,
-                               const Bf16State& grads, uint16_t* grad_k, uint16_t* grad_v,
-                               int* non_finite, cudaStream_t stream);
+                           float* terms, int* non_finite, cudaStream_t stream);
+void bf16_state_key_value_side(const KernelProblem& p, const uint16_t* q, const uint16_t* k,
+                               const uint16_t* v, const float* w, const uint16_t* grad_o,
+                               const Bf16State& grads, const float* terms, uint16_t* grad_k,
+                               uint16_t* grad_v, float* diagonal, int* non_finite,
+                               cudaStream_t stream);
 
 // grad_q, grad_k, grad_v (written for every token) and grad_w (added to,
 // unless null) of the operator at bfloat16 q, k, v [B, N, H, Dk or Dv], float

@@ -105,6 +105,20 @@ __device__ inline void apply_feature(FeatureMap phi, Fragment& f) {
     f.x[i] = __float2bfloat16_rn(feature(phi, __bfloat162float(f.x[i])));
 }
 
+// phi in place on every row of a staged tile, entries [0, Dk), where two
+// feature-mapped operands meet (the causal in-block scores): the zero-filled
+// entries past Dk stay zeros, so that the product adds nothing there, as
+// either operand mapped in registers alone would not (elu1 maps 0 to 1).
+template <int kRows, int kColumns>
+__device__ void map_features(bf16 (&tile)[kRows][kColumns], const KernelProblem& p) {
+  if (p.phi == FeatureMap::identity) return;
+  const int dk = int(p.dk);
+  for (int g = threadIdx.x; g < kRows * dk; g += blockDim.x) {
+    bf16& x = tile[g / dk][g % dk];
+    x = __float2bfloat16_rn(feature(p.phi, __bfloat162float(x)));
+  }
+}
+
 __device__ inline uint32_t pair(float a, float b) {
   return uint32_t(__bfloat16_as_ushort(__float2bfloat16_rn(a))) |
          uint32_t(__bfloat16_as_ushort(__float2bfloat16_rn(b))) << 16;

@@ -93,19 +93,6 @@ struct CausalReadShared {
   FragmentTile out[kReadWarps];
 };
 
-// phi in place on every row of a staged tile, entries [0, Dk): the
-// zero-filled entries past Dk stay zeros, so that a product of two mapped
-// tiles adds nothing there (elu1 maps 0 to 1).
-template <int kRows, int kColumns>
-__device__ void map_features(bf16 (&tile)[kRows][kColumns], const KernelProblem& p) {
-  if (p.phi == FeatureMap::identity) return;
-  const int dk = int(p.dk);
-  for (int g = threadIdx.x; g < kRows * dk; g += blockDim.x) {
-    bf16& x = tile[g / dk][g % dk];
-    x = __float2bfloat16_rn(feature(p.phi, __bfloat162float(x)));
-  }
-}
-
 // acc += phi(Q) S~_i over Dk, kInnerChunk entries a step, and the
 // denominators phi(q_t) . z~_i into denominators[t].
 template <int kColumnFragments, class Shared>

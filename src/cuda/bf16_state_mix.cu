@@ -162,15 +162,17 @@ __global__ void __launch_bounds__(kWeightWarps * 32)
 }
 
 // Per (copy, i, b): the splits' partial sums added in order, then the
-// normalisers' term over the copy's slices in order; kept in the copy's first
-// split (the dense gradient, which Toeplitz W sums further) and, for dense W,
-// added to the entries the operator uses. A CTA takes a kSumTile x kSumTile
+// normalisers' term over the copy's slices in order (token-level causal
+// W[i, i], which the mix does not read: its own-block parts over the slices
+// instead); kept in the copy's first split (the dense gradient, which
+// Toeplitz W sums further) and, for dense W, added to the entries the
+// operator uses. A CTA takes a kSumTile x kSumTile
 // tile of W and stages the tile's rows of grad z~ and z, kSumChunk entries of
 // Dk at a time; each thread adds its entry's products in the order of
 // (slice, d).
 __global__ void __launch_bounds__(kSumTile * kSumTile)
     weight_sum_kernel(KernelProblem p, WeightSplit split, const float* grad_mixed_z, const float* z,
-                      float* partials, float* grad_w, int* non_finite) {
+                      const float* diagonal, float* partials, float* grad_w, int* non_finite) {
   __shared__ float rows_gz[kSumTile][kSumChunk + 1], rows_z[kSumTile][kSumChunk + 1];
   const int64_t m = p.blocks, copy = blockIdx.z;
   const int64_t slices = p.per_head_mixing ? p.batch : p.batch * p.heads;
@@ -199,6 +201,11 @@ __global__ void __launch_bounds__(kSumTile * kSumTile)
     }
   }
   if (!inside) return;
+  if (p.causal && i == b) {
+    sum = 0;
+    for (int64_t slice = 0; slice < slices; ++slice)
+      sum += diagonal[(p.per_head_mixing ? slice * p.heads + copy : slice) * m + i];
+  }
   *first = sum;
   if (p.toeplitz || !uses(p, i, b)) return;
   float& entry = grad_w[(copy * p.w_stride + i) * p.w_stride + b];
@@ -230,8 +237,8 @@ int64_t bf16_state_weight_scratch(const KernelProblem& p) {
 
 void bf16_state_weight_gradient(const KernelProblem& p, const uint16_t* grad_mixed,
                                 const float* grad_mixed_z, const uint16_t* s, const float* z,
-                                float* grad_w, float* scratch, int* non_finite,
-                                cudaStream_t stream) {
+                                const float* diagonal, float* grad_w, float* scratch,
+                                int* non_finite, cudaStream_t stream) {
   const WeightSplit split = weight_split(p);
   const unsigned tiles = unsigned(ceil_div(p.blocks, kWeightTile));
   weight_partials_kernel<<<dim3(tiles, tiles, unsigned(split.copies * split.splits)),
@@ -239,7 +246,7 @@ void bf16_state_weight_gradient(const KernelProblem& p, const uint16_t* grad_mix
   check_launch("bf16-state weight gradient kernel");
   const unsigned sum_tiles = unsigned(ceil_div(p.blocks, kSumTile));
   weight_sum_kernel<<<dim3(sum_tiles, sum_tiles, unsigned(split.copies)), kSumTile * kSumTile, 0,
-                      stream>>>(p, split, grad_mixed_z, z, scratch, grad_w, non_finite);
+                      stream>>>(p, split, grad_mixed_z, z, diagonal, scratch, grad_w, non_finite);
   check_launch("bf16-state weight gradient sum kernel");
   if (p.toeplitz) bf16_toeplitz_weight_gradient(p, split.splits, scratch, grad_w, non_finite, stream);
 }

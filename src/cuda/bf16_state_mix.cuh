@@ -21,13 +21,14 @@ void bf16_state_mix(const KernelProblem& p, const float* w, bool transposed, con
 int64_t bf16_state_weight_scratch(const KernelProblem& p);
 
 // grad_w[i, b] += the sum over the slices of W's copy of grad_mixed[bh, i] .
-// s[bh, b] + grad_mixed_z[bh, i] . z[bh, b] where the operator uses W[i, b]
+// s[bh, b] + grad_mixed_z[bh, i] . z[bh, b] where the mix reads W[i, b], and
+// with token-level causal masking W[i, i]'s own-block part diagonal[bh, i]
 // (dense W), or its sums along the diagonals (Toeplitz W); partial sums per
 // split of the slices, then their sum in order, so repeated calls give the
 // same bits. Sets *non_finite when an entry of grad_w is not finite.
 void bf16_state_weight_gradient(const KernelProblem& p, const uint16_t* grad_mixed,
                                 const float* grad_mixed_z, const uint16_t* s, const float* z,
-                                float* grad_w, float* scratch, int* non_finite,
-                                cudaStream_t stream);
+                                const float* diagonal, float* grad_w, float* scratch,
+                                int* non_finite, cudaStream_t stream);
 
 }  // namespace mhla::cuda

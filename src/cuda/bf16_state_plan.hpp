@@ -50,9 +50,9 @@ MHLA_HD constexpr int column_fragments(int64_t columns) { return columns <= 64 ?
 // Warps of a summaries CTA: one per 16 rows of Dk.
 MHLA_HD constexpr int summaries_warps(int64_t dk) { return int(ceil_div(dk, kFrag)); }
 
-// Whether the forward's kernels take the problem (the caller checks 16-byte
-// alignment of the tensors): a whole sequence, Dk and Dv multiples of 8 up
-// to 128, and the grid limits.
+// Whether the kernels take the problem (the caller checks 16-byte alignment
+// of the tensors): a whole sequence, Dk and Dv multiples of 8 up to 128, and
+// the grid limits.
 MHLA_HD inline bool fits(const KernelProblem& p) {
   const int64_t slices = p.batch * p.heads;
   return p.dk > 0 && p.dv > 0 && p.dk % kSegment == 0 && p.dv % kSegment == 0 &&
@@ -61,11 +61,6 @@ MHLA_HD inline bool fits(const KernelProblem& p) {
          p.heads <= INT32_MAX && ceil_div(p.dk * p.dv, kMixColumns) <= kMaxGridYZ &&
          p.blocks * ceil_div(p.largest_block, kReadTokens) <= INT32_MAX;
 }
-
-// Whether the backward's kernels take it: the forward's problems without
-// token-level causal masking, whose gradients' in-block terms stay on the
-// split-operand kernels.
-MHLA_HD inline bool backward_fits(const KernelProblem& p) { return fits(p) && !p.causal; }
 
 // Segment g of a staged tile with kSegments segments a row: its row and its
 // first column. Thread t copies segments t, t + threads, ...

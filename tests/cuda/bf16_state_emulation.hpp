@@ -60,6 +60,14 @@ class SharedTile {
   std::vector<float> x_;
 };
 
+// phi in place on rows [0, rows) of a staged tile, entries [0, Dk) (the
+// kernels' map_features).
+inline void map_features(const KernelProblem& p, SharedTile& tile, int rows) {
+  if (p.phi == FeatureMap::identity) return;
+  for (int r = 0; r < rows; ++r)
+    for (int d = 0; d < p.dk; ++d) tile.replace(r, d, round_bf16(cuda::feature(p.phi, tile.at(r, d))));
+}
+
 // The kernels' staging loop: thread t of `threads` copies segments t, t + threads, ...
 template <int kSegments, class Copy>
 void for_each_staged(int threads, int rows, const Copy& copy) {
@@ -266,13 +274,6 @@ class ForwardEmulation {
         });
   }
 
-  // phi in place on rows [0, rows) of a staged tile, entries [0, Dk).
-  void map_features(SharedTile& tile, int rows) const {
-    if (p_.phi == FeatureMap::identity) return;
-    for (int r = 0; r < rows; ++r)
-      for (int d = 0; d < p_.dk; ++d) tile.replace(r, d, round_bf16(cuda::feature(p_.phi, tile.at(r, d))));
-  }
-
   // Token-level causal: the CTA's tokens [c0, c0 + kReadTokens) against
   // their block's own keys j <= t, kKeyChunk keys a step: each warp's scores
   // masked, scaled by W[i, i] and rounded into its tile, then against V; each
@@ -291,13 +292,13 @@ class ForwardEmulation {
     };
     SharedTile qt(kReadTokens, kMaxDim + kPad);
     stage(qt, q_, kReadTokens, c0, p_.dk, std::integral_constant<int, kKeySegments>());
-    map_features(qt, kReadTokens);
+    map_features(p_, qt, kReadTokens);
     std::vector<float> parts(2 * kReadTokens);  // [token][lane of the pair]
     for (int j0 = 0; j0 < own_keys_end(c0, int(count(block))); j0 += kKeyChunk) {
       SharedTile kt(kKeyChunk, kMaxDim + kPad), vt(kKeyChunk, kColumnFragments * kFrag + kPad);
       stage(kt, k_, kKeyChunk, j0, p_.dk, std::integral_constant<int, kKeySegments>());
       stage(vt, v_, kKeyChunk, j0, p_.dv, std::integral_constant<int, kValueSegments>());
-      map_features(kt, kKeyChunk);
+      map_features(p_, kt, kKeyChunk);
       for (int warp = 0; warp < kReadWarps; ++warp) {
         std::vector<std::vector<float>> scores(kFrag, std::vector<float>(kKeyChunk));
         for (int step = 0; step < p_.dk; step += kFrag)

@@ -56,6 +56,6 @@ check() {
 
 check bf16_state_forward 6    # summaries, read-out and causal read-out, two widths each
 check bf16_state_mix 4        # the mix both ways, the normalisers' mix, the weight gradient's two
-check bf16_state_backward 4   # query side and key and value side, two widths each
+check bf16_state_backward 8   # query side and key and value side, two widths, causal or not
 [ "$failures" -eq 0 ] || exit 1
 echo "bf16-state kernels pass the code checks"

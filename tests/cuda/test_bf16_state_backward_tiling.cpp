@@ -33,24 +33,29 @@ class BackwardEmulation {
     Written grad_q(tokens * p_.dk), grad_k(tokens * p_.dk), grad_v(tokens * p_.dv),
         grad_mixed(sizes.summaries), grad_mixed_z(sizes.normalisers), grad_s(sizes.summaries),
         grad_z(sizes.normalisers);
+    // Token-level causal: the tokens' terms and W's diagonal part between the two sides.
+    Written terms(p_.causal ? 2 * tokens : 0), diagonal(p_.causal ? p_.batch * p_.heads * p_.blocks : 0);
     const bool wide = column_fragments(p_.dv) == 8;
     for (int64_t bh = 0; bh < p_.batch * p_.heads; ++bh)
       for (int64_t b = 0; b < p_.blocks; ++b)
-        wide ? query_side<8>(b, bh, grad_q, grad_mixed, grad_mixed_z)
-             : query_side<4>(b, bh, grad_q, grad_mixed, grad_mixed_z);
+        wide ? query_side<8>(b, bh, grad_q, grad_mixed, grad_mixed_z, terms)
+             : query_side<4>(b, bh, grad_q, grad_mixed, grad_mixed_z, terms);
     emulate_mixes(p_, w_, true, grad_mixed.x, grad_mixed_z.x, grad_s, grad_z);
-    std::vector<float> grad_w(w_.size(), 0.0f);
-    weight_gradient(grad_mixed.x, grad_mixed_z.x, grad_w);
     for (int64_t bh = 0; bh < p_.batch * p_.heads; ++bh)
       for (int64_t b = 0; b < p_.blocks; ++b)
-        wide ? key_value_side<8>(b, bh, grad_s.x, grad_z.x, grad_k, grad_v)
-             : key_value_side<4>(b, bh, grad_s.x, grad_z.x, grad_k, grad_v);
+        wide ? key_value_side<8>(b, bh, grad_s.x, grad_z.x, terms.x, grad_k, grad_v, diagonal)
+             : key_value_side<4>(b, bh, grad_s.x, grad_z.x, terms.x, grad_k, grad_v, diagonal);
+    std::vector<float> grad_w(w_.size(), 0.0f);
+    weight_gradient(grad_mixed.x, grad_mixed_z.x, diagonal.x, grad_w);
     return {grad_q.x, grad_k.x, grad_v.x, grad_w};
   }
 
  private:
   int count(int64_t block) const { return int(p_.block_start[block + 1] - p_.block_start[block]); }
   float phi(float x) const { return cuda::feature(p_.phi, x); }
+  float diagonal_weight(const Slice& slice, int64_t block) const {
+    return cuda::weight(p_, w_.data(), slice.head, block, block);
+  }
 
   // A chunk of the block's token rows from `source` (width columns), staged.
   template <int kSegments>
@@ -72,7 +77,7 @@ class BackwardEmulation {
 
   template <int kColumnFragments>
   void query_side(int64_t block, int64_t bh, Written& grad_q, Written& grad_mixed,
-                  Written& grad_mixed_z) const {
+                  Written& grad_mixed_z, Written& terms) const {
     constexpr int kWidth = kColumnFragments * kFrag;
     const int warps = summaries_warps(p_.dk), threads = 32 * warps, rows = warps * kFrag;
     const Slice slice = slice_of(p_, unsigned(bh));
@@ -83,6 +88,10 @@ class BackwardEmulation {
     std::vector<std::vector<float>> acc(static_cast<size_t>(rows), std::vector<float>(kWidth));
     std::vector<std::vector<float>> u(kGradChunk, std::vector<float>(size_t(rows)));
     std::vector<float> grad_z(size_t(p_.dk)), inverse(kGradChunk), dden(kGradChunk);
+    // Causal: each token's normalisers, and the sums of phi(k) over the chunks before.
+    std::vector<std::vector<float>> own_z(kGradChunk, std::vector<float>(size_t(p_.dk)));
+    std::vector<float> running(size_t(p_.dk));
+    const auto z_of = [&](int t, int a) { return p_.causal ? own_z[size_t(t)][size_t(a)] : z[a]; };
     for (int c0 = 0; c0 < n; c0 += kGradChunk) {
       SharedTile qt(kGradChunk, kMaxDim + kPad), gt(kGradChunk, kWidth + kPad);
       stage_tokens<kMaxDim / kSegment>(qt, threads, block, slice, c0, q_, p_.dk);
@@ -94,14 +103,20 @@ class BackwardEmulation {
           for (int e = 0; e < kWidth; ++e) sum += gt.at(t, e) * mixed.at(d, e);
           u[size_t(t)][size_t(d)] = sum;
         }
+      if (p_.causal) own_keys<kColumnFragments>(block, slice, c0, valid, gt, u, running, z, own_z);
       for (int t = 0; t < valid && p_.normalize; ++t) {
         float den = 0, dot = 0;
         for (int a = 0; a < p_.dk; ++a) {
-          den += phi(qt.at(t, a)) * z[a];
+          den += phi(qt.at(t, a)) * z_of(t, a);
           dot += phi(qt.at(t, a)) * u[size_t(t)][size_t(a)];
         }
         inverse[size_t(t)] = 1.0f / (den + float(p_.eps));
         dden[size_t(t)] = -dot * inverse[size_t(t)] * inverse[size_t(t)];
+      }
+      for (int t = 0; t < valid && p_.causal; ++t) {
+        const int64_t row = block_token_row(p_, slice, block, c0 + t);
+        terms.set(2 * row, p_.normalize ? inverse[size_t(t)] : float(p_.scale));
+        terms.set(2 * row + 1, p_.normalize ? dden[size_t(t)] : 0.0f);
       }
       for_each_staged<kMaxDim / kSegment>(threads, kGradChunk, [&](const Segment& sg) {
         if (sg.row >= valid || sg.column >= p_.dk) return;
@@ -109,7 +124,7 @@ class BackwardEmulation {
         for (int x = 0; x < kSegment; ++x) {
           const int a = sg.column + x;
           const float du = u[size_t(sg.row)][size_t(a)];
-          const float grad_phi = p_.normalize ? du * inverse[size_t(sg.row)] + dden[size_t(sg.row)] * z[a]
+          const float grad_phi = p_.normalize ? du * inverse[size_t(sg.row)] + dden[size_t(sg.row)] * z_of(sg.row, a)
                                               : float(p_.scale) * du;
           grad_q.set(row * p_.dk + a, round_bf16(grad_phi * cuda::feature_derivative(p_.phi, qt.at(sg.row, a))));
         }
@@ -141,10 +156,44 @@ class BackwardEmulation {
     for (int d = 0; d < p_.dk; ++d) grad_mixed_z.set(normaliser_offset(p_, bh, block) + d, grad_z[size_t(d)]);
   }
 
+  // Token-level causal, the query side's own keys for the chunk [c0, c0 +
+  // valid): the scores grad_o_t . v_j masked to j <= t, scaled by W[i, i]
+  // and rounded, added to u against phi(k) a chunk of keys at a time, and the
+  // tokens' normalisers z~_i + W[i, i] sum_{j <= t} phi(k_j).
+  template <int kColumnFragments>
+  void own_keys(int64_t block, const Slice& slice, int c0, int valid, const SharedTile& gt,
+                std::vector<std::vector<float>>& u, std::vector<float>& running, const float* z,
+                std::vector<std::vector<float>>& own_z) const {
+    constexpr int kWidth = kColumnFragments * kFrag;
+    const int threads = 32 * summaries_warps(p_.dk), rows = summaries_warps(p_.dk) * kFrag;
+    const float w_ii = diagonal_weight(slice, block);
+    for (int j0 = 0; j0 <= c0; j0 += kGradChunk) {
+      SharedTile kt(kGradChunk, kMaxDim + kPad), vt(kGradChunk, kWidth + kPad), st(kGradChunk, kGradChunk + kPad);
+      stage_tokens<kMaxDim / kSegment>(kt, threads, block, slice, j0, k_, p_.dk);
+      stage_tokens<kWidth / kSegment>(vt, threads, block, slice, j0, v_, p_.dv);
+      for (int t = 0; t < kGradChunk; ++t)
+        for (int j = 0; j < kGradChunk; ++j) {
+          float sum = 0;
+          for (int e = 0; e < kWidth; ++e) sum += gt.at(t, e) * vt.at(j, e);
+          st.set(t, j, round_bf16(j0 + j <= c0 + t ? w_ii * sum : 0.0f));
+        }
+      for (int t = 0; t < valid; ++t)
+        for (int d = 0; d < rows; ++d)
+          for (int j = 0; j < kGradChunk; ++j)
+            u[size_t(t)][size_t(d)] += st.at(t, j) * operand_feature(p_.phi, kt.at(j, d));
+      if (j0 == c0)
+        for (int d = 0; d < p_.dk; ++d)
+          for (int t = 0; t < valid; ++t) {
+            running[size_t(d)] += phi(kt.at(t, d));
+            own_z[size_t(t)][size_t(d)] = z[d] + w_ii * running[size_t(d)];
+          }
+    }
+  }
+
   // The partial sums per (tile of W, copy, split), then their sum in order
   // with the normalisers' term, into grad_w as the operator uses W.
   void weight_gradient(const std::vector<float>& grad_mixed, const std::vector<float>& grad_mixed_z,
-                       std::vector<float>& grad_w) const {
+                       const std::vector<float>& diagonal, std::vector<float>& grad_w) const {
     constexpr int kSegments = kInnerChunk / kSegment;
     const WeightSplit split = weight_split(p_);
     const int64_t m = p_.blocks;
@@ -213,6 +262,11 @@ class BackwardEmulation {
           for (int t = 0; t < kSumTile * kSumTile; ++t) {
             const int64_t i = i0 + t / kSumTile, b = b0 + t % kSumTile;
             if (i >= m || b >= m) continue;
+            if (p_.causal && i == b) {  // W[i, i]'s own-block parts over the slices
+              sums[size_t(t)] = 0;
+              for (int64_t slice = 0; slice < slices; ++slice)
+                sums[size_t(t)] += diagonal[size_t((p_.per_head_mixing ? slice * p_.heads + copy : slice) * m + i)];
+            }
             dense[size_t((copy * m + i) * m + b)] = sums[size_t(t)];
             if (!p_.toeplitz && cuda::uses(p_, i, b))
               grad_w[size_t((copy * p_.w_stride + i) * p_.w_stride + b)] += sums[size_t(t)];
@@ -228,7 +282,8 @@ class BackwardEmulation {
 
   template <int kColumnFragments>
   void key_value_side(int64_t block, int64_t bh, const std::vector<float>& grad_s,
-                      const std::vector<float>& grad_z, Written& grad_k, Written& grad_v) const {
+                      const std::vector<float>& grad_z, const std::vector<float>& terms, Written& grad_k,
+                      Written& grad_v, Written& diagonal) const {
     constexpr int kWidth = kColumnFragments * kFrag;
     const int key_fragments = summaries_warps(p_.dk), threads = kKeyValueWarps * 32;
     const Slice slice = slice_of(p_, unsigned(bh));
@@ -236,11 +291,16 @@ class BackwardEmulation {
     SharedTile gs(kMaxDim, kWidth + kPad);
     stage_state<kWidth / kSegment>(gs, threads, key_fragments * kFrag, state_offset(p_, bh, block), grad_s);
     const float* gz = &grad_z[size_t(normaliser_offset(p_, bh, block))];
+    std::vector<float> weight_parts(threads);  // causal: each thread's part of W[i, i]'s gradient
     for (int c0 = 0; c0 < n; c0 += kGradChunk) {
       SharedTile kt(kGradChunk, kMaxDim + kPad), vt(kGradChunk, kWidth + kPad);
       stage_tokens<kMaxDim / kSegment>(kt, threads, block, slice, c0, k_, p_.dk);
       stage_tokens<kWidth / kSegment>(vt, threads, block, slice, c0, v_, p_.dv);
       const int valid = std::min(kGradChunk, n - c0);
+      std::vector<std::vector<float>> own_k(kGradChunk, std::vector<float>(size_t(key_fragments * kFrag))),
+          own_v(kGradChunk, std::vector<float>(kWidth));
+      if (p_.causal)
+        own_queries<kColumnFragments>(block, slice, c0, n, kt, vt, terms, own_k, own_v, weight_parts);
       std::vector<std::vector<float>> key(kGradChunk, std::vector<float>(size_t(key_fragments * kFrag))),
           value(kGradChunk, std::vector<float>(kWidth));
       for (int r = 0; r * kFrag < valid; ++r)
@@ -259,16 +319,78 @@ class BackwardEmulation {
             const int64_t row = block_token_row(p_, slice, block, c0 + j);
             for (int y = 0; y < kSegment; ++y)
               grad_k.set(row * p_.dk + column + y,
-                         round_bf16((x[y] + gz[column + y]) * cuda::feature_derivative(p_.phi, kt.at(j, column + y))));
+                         round_bf16((x[y] + gz[column + y] + own_k[size_t(j)][size_t(column + y)]) *
+                                    cuda::feature_derivative(p_.phi, kt.at(j, column + y))));
           });
         for (int f = 0; f < kColumnFragments; ++f)
           write_fragment(value, r * kFrag, f * kFrag, [&](const Segment& ls, const float (&x)[kSegment]) {
             const int j = r * kFrag + ls.row, column = f * kFrag + ls.column;
             if (j >= valid || column >= p_.dv) return;
             const int64_t row = block_token_row(p_, slice, block, c0 + j);
-            for (int y = 0; y < kSegment; ++y) grad_v.set(row * p_.dv + column + y, round_bf16(x[y]));
+            for (int y = 0; y < kSegment; ++y)
+              grad_v.set(row * p_.dv + column + y, round_bf16(x[y] + own_v[size_t(j)][size_t(column + y)]));
           });
       }
+    }
+    if (p_.causal) {
+      float sum = 0;
+      for (float part : weight_parts) sum += part;
+      diagonal.set(bh * p_.blocks + block, sum);
+    }
+  }
+
+  // Token-level causal, the key and value side's own queries for the key
+  // chunk [c0, c0 + kGradChunk): per chunk of queries from c0 on, the scores
+  // A = phi(k_j) . phi(q_t) and grad_o_t . v_j of the four warps' fragments,
+  // masked to t >= j; dA = W[i, i] (m_t grad_o_t . v_j + grad den_t) and
+  // W[i, i] A m_t rounded into tiles, then against phi(Q) and grad_o into
+  // own_k and own_v; each lane's part of W[i, i]'s gradient in its thread's slot.
+  template <int kColumnFragments>
+  void own_queries(int64_t block, const Slice& slice, int c0, int n, const SharedTile& kt, const SharedTile& vt,
+                   const std::vector<float>& terms, std::vector<std::vector<float>>& own_k,
+                   std::vector<std::vector<float>>& own_v, std::vector<float>& weight_parts) const {
+    constexpr int kWidth = kColumnFragments * kFrag;
+    const int key_fragments = summaries_warps(p_.dk), threads = kKeyValueWarps * 32;
+    const float w_ii = diagonal_weight(slice, block);
+    for (int t0 = c0; t0 < n; t0 += kGradChunk) {
+      SharedTile qt(kGradChunk, kMaxDim + kPad), gt(kGradChunk, kWidth + kPad);
+      stage_tokens<kMaxDim / kSegment>(qt, threads, block, slice, t0, q_, p_.dk);
+      stage_tokens<kWidth / kSegment>(gt, threads, block, slice, t0, grad_o_, p_.dv);
+      std::vector<float> m(kGradChunk), dd(kGradChunk);
+      for (int t = 0; t < kGradChunk; ++t) {
+        const int64_t row = block_token_row(p_, slice, block, t0 + t);
+        m[size_t(t)] = row >= 0 ? terms[size_t(2 * row)] : 0.0f;
+        dd[size_t(t)] = row >= 0 ? terms[size_t(2 * row + 1)] : 0.0f;
+      }
+      map_features(p_, qt, kGradChunk);
+      std::vector<std::vector<float>> scores(kGradChunk, std::vector<float>(kGradChunk)),
+          dots(kGradChunk, std::vector<float>(kGradChunk));
+      for (int j = 0; j < kGradChunk; ++j)
+        for (int t = 0; t < kGradChunk; ++t) {
+          for (int d = 0; d < key_fragments * kFrag; ++d)
+            scores[size_t(j)][size_t(t)] += operand_feature(p_.phi, kt.at(j, d)) * qt.at(t, d);
+          for (int e = 0; e < kWidth; ++e) dots[size_t(j)][size_t(t)] += vt.at(j, e) * gt.at(t, e);
+        }
+      SharedTile grad_scores(kGradChunk, kGradChunk + kPad), scaled(kGradChunk, kGradChunk + kPad);
+      for (int f = 0; f < kGradChunkFragments * kGradChunkFragments; ++f) {
+        const int r = f / kGradChunkFragments, nf = f % kGradChunkFragments;
+        write_fragment(dots, r * kFrag, nf * kFrag, [&](const Segment& ls, const float (&x)[kSegment]) {
+          const int lane = 2 * ls.row + ls.column / kSegment;
+          const int jl = r * kFrag + ls.row, tl = nf * kFrag + ls.column;
+          for (int y = 0; y < kSegment; ++y) {
+            const bool seen = t0 + tl + y >= c0 + jl && t0 + tl + y < n;
+            const float a = scores[size_t(jl)][size_t(tl + y)], pull = m[size_t(tl + y)] * x[y] + dd[size_t(tl + y)];
+            grad_scores.set(jl, tl + y, round_bf16(seen ? w_ii * pull : 0.0f));
+            scaled.set(jl, tl + y, round_bf16(seen ? w_ii * a * m[size_t(tl + y)] : 0.0f));
+            weight_parts[size_t(f * 32 + lane)] += seen ? a * pull : 0.0f;
+          }
+        });
+      }
+      for (int j = 0; j < kGradChunk; ++j)
+        for (int t = 0; t < kGradChunk; ++t) {
+          for (int d = 0; d < key_fragments * kFrag; ++d) own_k[size_t(j)][size_t(d)] += grad_scores.at(j, t) * qt.at(t, d);
+          for (int e = 0; e < kWidth; ++e) own_v[size_t(j)][size_t(e)] += scaled.at(j, t) * gt.at(t, e);
+        }
     }
   }
 
@@ -283,11 +405,7 @@ TEST_P(Bf16StateBackwardTiling, MatchesFloat64OnTheSameInputs) {
   const Case& c = GetParam();
   const EmulatedCase e(c, 31);
   const KernelProblem& p = e.problem();
-  if (c.masking == Masking::causal) {
-    EXPECT_FALSE(backward_fits(p)) << "token-level causal gradients stay on the split-operand kernels";
-    return;
-  }
-  ASSERT_TRUE(backward_fits(p));
+  ASSERT_TRUE(fits(p));
 
   const std::vector<float> qf = cast<float>(e.q), kf = cast<float>(e.k), vf = cast<float>(e.v),
                            gf = cast<float>(e.grad_o);
