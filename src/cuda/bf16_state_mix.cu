@@ -166,10 +166,9 @@ __global__ void __launch_bounds__(kWeightWarps * 32)
 // W[i, i], which the mix does not read: its own-block parts over the slices
 // instead); kept in the copy's first split (the dense gradient, which
 // Toeplitz W sums further) and, for dense W, added to the entries the
-// operator uses. A CTA takes a kSumTile x kSumTile
-// tile of W and stages the tile's rows of grad z~ and z, kSumChunk entries of
-// Dk at a time; each thread adds its entry's products in the order of
-// (slice, d).
+// operator uses. A CTA takes a kSumTile x kSumTile tile of W and stages the
+// tile's rows of grad z~ and z, kSumChunk entries of Dk at a time; each
+// thread adds its entry's products in the order of (slice, d).
 __global__ void __launch_bounds__(kSumTile * kSumTile)
     weight_sum_kernel(KernelProblem p, WeightSplit split, const float* grad_mixed_z, const float* z,
                       const float* diagonal, float* partials, float* grad_w, int* non_finite) {
