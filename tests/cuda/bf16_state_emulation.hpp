@@ -60,19 +60,30 @@ class SharedTile {
   std::vector<float> x_;
 };
 
+// The kernels' staging loop: thread t of `threads` copies segments t, t + threads, ...
+template <int kSegments, class Copy>
+void for_each_staged(int threads, int rows, const Copy& copy) {
+  for (int t = 0; t < threads; ++t)
+    for (int g = t; g < rows * kSegments; g += threads) copy(segment_of<kSegments>(g));
+}
+
+// The kernels' stage_block_rows: tokens [c0, c0 + rows) of block `block` of
+// slice `slice` of the token tensor `source` (`width` entries a row), rows
+// past the block and entries past the width zeros.
+template <int kSegments>
+void stage_block_rows(const KernelProblem& p, SharedTile& tile, int threads, int rows, int64_t block,
+                      const Slice& slice, int c0, const std::vector<float>& source, int64_t width) {
+  for_each_staged<kSegments>(threads, rows, [&](const Segment& sg) {
+    tile.copy(sg, source, row_segment(block_token_row(p, slice, block, c0 + sg.row), sg.column, width));
+  });
+}
+
 // phi in place on rows [0, rows) of a staged tile, entries [0, Dk) (the
 // kernels' map_features).
 inline void map_features(const KernelProblem& p, SharedTile& tile, int rows) {
   if (p.phi == FeatureMap::identity) return;
   for (int r = 0; r < rows; ++r)
     for (int d = 0; d < p.dk; ++d) tile.replace(r, d, round_bf16(cuda::feature(p.phi, tile.at(r, d))));
-}
-
-// The kernels' staging loop: thread t of `threads` copies segments t, t + threads, ...
-template <int kSegments, class Copy>
-void for_each_staged(int threads, int rows, const Copy& copy) {
-  for (int t = 0; t < threads; ++t)
-    for (int g = t; g < rows * kSegments; g += threads) copy(segment_of<kSegments>(g));
 }
 
 // A result array written once per entry, NaN until then.
@@ -201,12 +212,8 @@ class ForwardEmulation {
     std::vector<float> normaliser(size_t(p_.dk));
     for (int c0 = 0; c0 < n; c0 += kKeyChunk) {
       SharedTile kt(kKeyChunk, kMaxDim + kPad), vt(kKeyChunk, kColumnFragments * kFrag + kPad);
-      for_each_staged<kKeySegments>(threads, kKeyChunk, [&](const Segment& sg) {
-        kt.copy(sg, k_, row_segment(block_token_row(p_, slice, block, c0 + sg.row), sg.column, p_.dk));
-      });
-      for_each_staged<kValueSegments>(threads, kKeyChunk, [&](const Segment& sg) {
-        vt.copy(sg, v_, row_segment(block_token_row(p_, slice, block, c0 + sg.row), sg.column, p_.dv));
-      });
+      stage_block_rows<kKeySegments>(p_, kt, threads, kKeyChunk, block, slice, c0, k_, p_.dk);
+      stage_block_rows<kValueSegments>(p_, vt, threads, kKeyChunk, block, slice, c0, v_, p_.dv);
       const int valid = std::min(kKeyChunk, n - c0);
       for (int d = 0; d < p_.dk; ++d)
         for (int j = 0; j < valid; ++j) normaliser[size_t(d)] += cuda::feature(p_.phi, kt.at(j, d));
@@ -284,20 +291,14 @@ class ForwardEmulation {
     constexpr int kKeySegments = kMaxDim / kSegment, kValueSegments = kColumnFragments * kFrag / kSegment;
     const int threads = kReadWarps * 32;
     const float w_ii = cuda::weight(p_, w_.data(), slice.head, block, block);
-    const auto stage = [&](SharedTile& tile, const std::vector<float>& source, int rows, int j0, int64_t width,
-                           auto segments) {
-      for_each_staged<decltype(segments)::value>(threads, rows, [&](const Segment& sg) {
-        tile.copy(sg, source, row_segment(block_token_row(p_, slice, block, j0 + sg.row), sg.column, width));
-      });
-    };
     SharedTile qt(kReadTokens, kMaxDim + kPad);
-    stage(qt, q_, kReadTokens, c0, p_.dk, std::integral_constant<int, kKeySegments>());
+    stage_block_rows<kKeySegments>(p_, qt, threads, kReadTokens, block, slice, c0, q_, p_.dk);
     map_features(p_, qt, kReadTokens);
     std::vector<float> parts(2 * kReadTokens);  // [token][lane of the pair]
     for (int j0 = 0; j0 < own_keys_end(c0, int(count(block))); j0 += kKeyChunk) {
       SharedTile kt(kKeyChunk, kMaxDim + kPad), vt(kKeyChunk, kColumnFragments * kFrag + kPad);
-      stage(kt, k_, kKeyChunk, j0, p_.dk, std::integral_constant<int, kKeySegments>());
-      stage(vt, v_, kKeyChunk, j0, p_.dv, std::integral_constant<int, kValueSegments>());
+      stage_block_rows<kKeySegments>(p_, kt, threads, kKeyChunk, block, slice, j0, k_, p_.dk);
+      stage_block_rows<kValueSegments>(p_, vt, threads, kKeyChunk, block, slice, j0, v_, p_.dv);
       map_features(p_, kt, kKeyChunk);
       for (int warp = 0; warp < kReadWarps; ++warp) {
         std::vector<std::vector<float>> scores(kFrag, std::vector<float>(kKeyChunk));

@@ -57,14 +57,6 @@ class BackwardEmulation {
     return cuda::weight(p_, w_.data(), slice.head, block, block);
   }
 
-  // A chunk of the block's token rows from `source` (width columns), staged.
-  template <int kSegments>
-  void stage_tokens(SharedTile& tile, int threads, int64_t block, const Slice& slice, int c0,
-                    const std::vector<float>& source, int64_t width) const {
-    for_each_staged<kSegments>(threads, kGradChunk, [&](const Segment& sg) {
-      tile.copy(sg, source, row_segment(block_token_row(p_, slice, block, c0 + sg.row), sg.column, width));
-    });
-  }
   // A block's state rows [Dk, Dv] of `source`, staged (rows past Dk zero).
   template <int kSegments>
   void stage_state(SharedTile& tile, int threads, int rows, int64_t offset,
@@ -94,8 +86,8 @@ class BackwardEmulation {
     const auto z_of = [&](int t, int a) { return p_.causal ? own_z[size_t(t)][size_t(a)] : z[a]; };
     for (int c0 = 0; c0 < n; c0 += kGradChunk) {
       SharedTile qt(kGradChunk, kMaxDim + kPad), gt(kGradChunk, kWidth + kPad);
-      stage_tokens<kMaxDim / kSegment>(qt, threads, block, slice, c0, q_, p_.dk);
-      stage_tokens<kWidth / kSegment>(gt, threads, block, slice, c0, grad_o_, p_.dv);
+      stage_block_rows<kMaxDim / kSegment>(p_, qt, threads, kGradChunk, block, slice, c0, q_, p_.dk);
+      stage_block_rows<kWidth / kSegment>(p_, gt, threads, kGradChunk, block, slice, c0, grad_o_, p_.dv);
       const int valid = std::min(kGradChunk, n - c0);
       for (int t = 0; t < valid; ++t)  // whole fragments of tokens in the kernel; these are read
         for (int d = 0; d < rows; ++d) {
@@ -169,8 +161,8 @@ class BackwardEmulation {
     const float w_ii = diagonal_weight(slice, block);
     for (int j0 = 0; j0 <= c0; j0 += kGradChunk) {
       SharedTile kt(kGradChunk, kMaxDim + kPad), vt(kGradChunk, kWidth + kPad), st(kGradChunk, kGradChunk + kPad);
-      stage_tokens<kMaxDim / kSegment>(kt, threads, block, slice, j0, k_, p_.dk);
-      stage_tokens<kWidth / kSegment>(vt, threads, block, slice, j0, v_, p_.dv);
+      stage_block_rows<kMaxDim / kSegment>(p_, kt, threads, kGradChunk, block, slice, j0, k_, p_.dk);
+      stage_block_rows<kWidth / kSegment>(p_, vt, threads, kGradChunk, block, slice, j0, v_, p_.dv);
       for (int t = 0; t < kGradChunk; ++t)
         for (int j = 0; j < kGradChunk; ++j) {
           float sum = 0;
@@ -294,8 +286,8 @@ class BackwardEmulation {
     std::vector<float> weight_parts(threads);  // causal: each thread's part of W[i, i]'s gradient
     for (int c0 = 0; c0 < n; c0 += kGradChunk) {
       SharedTile kt(kGradChunk, kMaxDim + kPad), vt(kGradChunk, kWidth + kPad);
-      stage_tokens<kMaxDim / kSegment>(kt, threads, block, slice, c0, k_, p_.dk);
-      stage_tokens<kWidth / kSegment>(vt, threads, block, slice, c0, v_, p_.dv);
+      stage_block_rows<kMaxDim / kSegment>(p_, kt, threads, kGradChunk, block, slice, c0, k_, p_.dk);
+      stage_block_rows<kWidth / kSegment>(p_, vt, threads, kGradChunk, block, slice, c0, v_, p_.dv);
       const int valid = std::min(kGradChunk, n - c0);
       std::vector<std::vector<float>> own_k(kGradChunk, std::vector<float>(size_t(key_fragments * kFrag))),
           own_v(kGradChunk, std::vector<float>(kWidth));
@@ -354,8 +346,8 @@ class BackwardEmulation {
     const float w_ii = diagonal_weight(slice, block);
     for (int t0 = c0; t0 < n; t0 += kGradChunk) {
       SharedTile qt(kGradChunk, kMaxDim + kPad), gt(kGradChunk, kWidth + kPad);
-      stage_tokens<kMaxDim / kSegment>(qt, threads, block, slice, t0, q_, p_.dk);
-      stage_tokens<kWidth / kSegment>(gt, threads, block, slice, t0, grad_o_, p_.dv);
+      stage_block_rows<kMaxDim / kSegment>(p_, qt, threads, kGradChunk, block, slice, t0, q_, p_.dk);
+      stage_block_rows<kWidth / kSegment>(p_, gt, threads, kGradChunk, block, slice, t0, grad_o_, p_.dv);
       std::vector<float> m(kGradChunk), dd(kGradChunk);
       for (int t = 0; t < kGradChunk; ++t) {
         const int64_t row = block_token_row(p_, slice, block, t0 + t);
