@@ -163,6 +163,19 @@ inline std::vector<double> bfloat16_values(const std::vector<bfloat16>& x) {
   return out;
 }
 
+// The same for float16.
+inline std::vector<float16> rounded_to_float16(const std::vector<double>& x) {
+  std::vector<float16> out(x.size());
+  for (size_t i = 0; i < x.size(); ++i) out[i] = to_float16(float(x[i]));
+  return out;
+}
+
+inline std::vector<double> float16_values(const std::vector<float16>& x) {
+  std::vector<double> out(x.size());
+  for (size_t i = 0; i < x.size(); ++i) out[i] = to_float(x[i]);
+  return out;
+}
+
 // Each argument is evaluated once (got may be a call with side effects).
 #define EXPECT_CLOSE(got, want, tol, what)                                     \
   do {                                                                         \

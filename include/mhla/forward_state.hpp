@@ -23,8 +23,9 @@ struct ForwardStateAccess;
 // them, as a layer holding its activations does.
 //
 // S is the state's element type: T for float and double calls, float for
-// bfloat16 ones. A state is reused: the next forward() it is given keeps its
-// arrays when they are large enough. Move-only.
+// bfloat16 and float16 ones (a state is read only by a backward on the
+// forward's element type). A state is reused: the next forward() it is given
+// keeps its arrays when they are large enough. Move-only.
 template <typename S>
 class ForwardState {
  public:

@@ -9,7 +9,8 @@
 // b <= i is read and the upper triangle receives zero gradient.
 //
 // Both functions validate every argument and throw mhla::Error naming the
-// argument, the expected and the given value. Supported T: float, double.
+// argument, the expected and the given value. Supported T: float, double;
+// bfloat16 and float16 tokens have their own overloads below.
 //
 // Finite inputs never give silent NaN or infinity: if a result is not finite
 // although q, k, v (and w, o, grad_o) are, the call throws mhla::Error naming
@@ -19,6 +20,7 @@
 #include <string>
 
 #include "mhla/bfloat16.hpp"
+#include "mhla/float16.hpp"
 #include "mhla/forward_state.hpp"
 #include "mhla/options.hpp"
 #include "mhla/tensor.hpp"
@@ -83,6 +85,23 @@ void backward(const Options& options, TensorView<const bfloat16> q, TensorView<c
               TensorView<const float> saved_summaries = {},
               TensorView<const float> saved_mixed = {});
 
+// float16 q, k, v and o (and gradients), with w, grad_w and the saved arrays
+// in float32, as for bfloat16. On the CPU both compute in float32 on widened
+// copies (exact) and round each result once. On CUDA they run on the
+// bfloat16 operator's tensor-core kernels, which split every operand into
+// two bfloat16 halves (a float16 value is their exact sum). A result that is
+// finite in float32 but beyond float16's range (65504) is an mhla::Error
+// naming the entry, not an infinity. See docs/operator.md, "float16".
+void forward(const Options& options, TensorView<const float16> q, TensorView<const float16> k,
+             TensorView<const float16> v, TensorView<const float> w, TensorView<float16> o,
+             TensorView<float> saved_summaries = {}, TensorView<float> saved_mixed = {});
+void backward(const Options& options, TensorView<const float16> q, TensorView<const float16> k,
+              TensorView<const float16> v, TensorView<const float> w, TensorView<const float16> o,
+              TensorView<const float16> grad_o, TensorView<float16> grad_q,
+              TensorView<float16> grad_k, TensorView<float16> grad_v, TensorView<float> grad_w,
+              TensorView<const float> saved_summaries = {},
+              TensorView<const float> saved_mixed = {});
+
 // The same calls with a ForwardState (mhla/forward_state.hpp) in place of the
 // saved arrays: forward fills it, backward reads it after checking that it
 // was filled by a forward on these options, tensors and w's values. The
@@ -106,6 +125,14 @@ void backward(const Options& options, TensorView<const bfloat16> q, TensorView<c
               TensorView<const bfloat16> v, TensorView<const float> w, TensorView<const bfloat16> o,
               TensorView<const bfloat16> grad_o, TensorView<bfloat16> grad_q,
               TensorView<bfloat16> grad_k, TensorView<bfloat16> grad_v, TensorView<float> grad_w,
+              const ForwardState<float>& state);
+void forward(const Options& options, TensorView<const float16> q, TensorView<const float16> k,
+             TensorView<const float16> v, TensorView<const float> w, TensorView<float16> o,
+             ForwardState<float>& state);
+void backward(const Options& options, TensorView<const float16> q, TensorView<const float16> k,
+              TensorView<const float16> v, TensorView<const float> w, TensorView<const float16> o,
+              TensorView<const float16> grad_o, TensorView<float16> grad_q,
+              TensorView<float16> grad_k, TensorView<float16> grad_v, TensorView<float> grad_w,
               const ForwardState<float>& state);
 
 // [B, H, M, Dk, Dv + 1] for q [B, N, H, Dk] and v [B, N, H, Dv]: per block,

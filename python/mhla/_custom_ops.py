@@ -139,9 +139,9 @@ def _compute(q, *tensors):
 def mhla_attention(q, k, v, w, geometry, *, masking, feature_map, normalize, eps, scale, mixing):
     """``mhla.torch.mhla_attention`` through the custom op (CPU tensors, and CUDA tensors where the
     extension has the CUDA backend), options by name. As there,
-    bfloat16 q, k, v run on the operator's bfloat16 path (float32 w), float16 through float32
-    copies, and the result comes back in q's dtype."""
-    if q.dtype == torch.bfloat16 and k.dtype == v.dtype == q.dtype:
+    bfloat16 and float16 q, k, v run on the operator's own 16-bit paths (float32 w), and the result
+    comes back in q's dtype."""
+    if q.dtype in (torch.bfloat16, torch.float16) and k.dtype == v.dtype == q.dtype:
         operands = (q, k, v, w.to(torch.float32))
     else:
         operands = _compute(q, k, v, w)

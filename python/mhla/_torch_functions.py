@@ -62,15 +62,19 @@ def _option_names(**given):
     return values
 
 
-# Reduced-precision inputs the operator does not take (float16, and bfloat16
-# for the baselines and varlen) are widened to float32 (differentiably, so
-# their gradients come back in their own dtype), and the output is rounded back
-# to q's dtype, by the extension's (widen, narrow) pair for each reduced dtype.
-# mhla_attention hands bfloat16 to the operator itself.
+# Reduced-precision inputs the baselines and varlen do not take (bfloat16 and
+# float16) are widened to float32 (differentiably, so their gradients come
+# back in their own dtype), and the output is rounded back to q's dtype, by
+# the extension's (widen, narrow) pair for each reduced dtype. mhla_attention
+# hands both to the operator itself.
 _WIDENED = {
     torch.bfloat16: (_core.bfloat16_to_float32, _core.float32_to_bfloat16),
     torch.float16: (_core.float16_to_float32, _core.float32_to_float16),
 }
+
+
+# The dtypes the operator takes as they are, with float32 w.
+_SIXTEEN_BIT = (torch.bfloat16, torch.float16)
 
 
 class _Widen(torch.autograd.Function):
@@ -153,8 +157,8 @@ def mhla_attention(q, k, v, w, layout, *, masking=None, feature_map=None, normal
     if _pure_torch_path(backend, q, k, v, w):
         chunk.check_call(q, k, v, w, options)
         return chunk.mhla_attention(q, k, v, w, layout, **chunk.keywords(options))
-    if q.dtype == torch.bfloat16 and k.dtype == v.dtype == q.dtype:
-        # The operator's own bfloat16 path (float32 w and saved summaries).
+    if q.dtype in _SIXTEEN_BIT and k.dtype == v.dtype == q.dtype:
+        # The operator's own bfloat16 and float16 paths (float32 w and saved summaries).
         return _operators.MHLA(q, k, v, w.to(torch.float32), settings=options)
     return _to_dtype(_operators.MHLA(*_widened(q, k, v), w.to(compute_dtype(q.dtype)), settings=options), q.dtype)
 

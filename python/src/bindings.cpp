@@ -40,24 +40,46 @@ void compute(Fn&& fn) {
   fn();
 }
 
-// The operator's tensors: float32, float64 or bfloat16 (float16 has no
-// entry point: mhla.torch widens it to float32), on the CPU or on CUDA. The
-// results go to q's device; the library refuses a call whose tensors are on
-// different devices.
+// The operator's tensors: float32, float64, bfloat16 or float16, on the CPU
+// or on CUDA. The results go to q's device; the library refuses a call whose
+// tensors are on different devices.
 ImportedTensor operator_tensor(py::handle object, const char* name) {
-  ImportedTensor t(object, name, true, Devices::cpu_and_cuda);
-  if (t.dtype() == DType::float16)
-    throw py::type_error(std::string(name) +
-                         " has dtype float16; the operator takes float32, float64 or bfloat16 "
-                         "(mhla.torch widens float16 to float32)");
-  return t;
+  return ImportedTensor(object, name, true, Devices::cpu_and_cuda);
 }
 
-// With bfloat16 q, k, v (and o, grad_o), w and the saved arrays are float32.
-void check_float32(const ImportedTensor& t) {
+// With 16-bit q, k, v (and o, grad_o), w and the saved arrays are float32.
+void check_float32(const ImportedTensor& t, DType tokens) {
   if (t.dtype() != DType::float32)
-    throw py::type_error(std::string(t.name()) + " has dtype " + dtype_name(t.dtype()) +
-                         "; with bfloat16 q, k and v it must be float32");
+    throw py::type_error(std::string(t.name()) + " has dtype " + dtype_name(t.dtype()) + "; with " +
+                         dtype_name(tokens) + " q, k and v it must be float32");
+}
+
+// Runs fn.template operator()<X, S>() for the operator's dtypes: X the type
+// of q, k, v and o, S that of w, grad_w and the saved arrays (float32 with
+// 16-bit tokens, X otherwise).
+template <typename Fn>
+decltype(auto) dispatch_operator(DType tokens, Fn&& fn) {
+  switch (tokens) {
+    case DType::bfloat16:
+      return fn.template operator()<bfloat16, float>();
+    case DType::float16:
+      return fn.template operator()<float16, float>();
+    case DType::float32:
+      return fn.template operator()<float, float>();
+    default:
+      return fn.template operator()<double, double>();
+  }
+}
+
+// q, k, v (and the other token tensors) of one dtype, and w of the one that goes with it.
+void check_operator_dtypes(std::initializer_list<const ImportedTensor*> tokens,
+                           const ImportedTensor& w) {
+  check_same_dtype(tokens);
+  const ImportedTensor& q = **tokens.begin();
+  if (q.dtype() == DType::bfloat16 || q.dtype() == DType::float16)
+    check_float32(w, q.dtype());
+  else
+    check_same_dtype({&q, &w});
 }
 
 // An mhla_attention call's shapes and options checked as forward() checks
@@ -88,7 +110,7 @@ std::string non_finite_message(const std::string& function,
                                                                int64_t, double>>& entry,
                                const std::string& what,
                                const std::vector<std::pair<std::string, double>>& magnitudes,
-                               const Options& options, int64_t dk, bool single_precision) {
+                               const Options& options, int64_t dk, const std::string& type) {
   detail::Problem problem =
       detail::check_linear_options(function.c_str(), options, {1, 1, 1, dk, 1});
   std::string named = what.empty() ? "the read-out's denominator phi(q)^T z~ + eps" : what;
@@ -96,30 +118,33 @@ std::string non_finite_message(const std::string& function,
     const auto& [name, shape, flat, value] = *entry;
     named = detail::element_name(name.c_str(), shape, flat) + " = " + detail::format_number(value);
   }
-  return function + ": " + detail::non_finite_message(named, magnitudes, problem, single_precision);
+  return function + ": " + detail::non_finite_message(named, magnitudes, problem, type);
 }
 
-// mhla.ForwardState: the C++ ForwardState of a float32 or bfloat16 forward
-// (float state) or of a float64 one, whichever the last forward given it was.
+// mhla.ForwardState: the C++ ForwardState of the last forward given it (a
+// float state for float32, bfloat16 and float16 tensors, a double one for
+// float64), with the dtype of that forward's tensors.
 class PyForwardState {
  public:
   template <typename S>
-  ForwardState<S>& to_fill() {
+  ForwardState<S>& to_fill(DType dtype) {
     if (!std::holds_alternative<ForwardState<S>>(state_)) state_ = ForwardState<S>();
+    filled_by_ = dtype;
     return std::get<ForwardState<S>>(state_);
   }
-  // A state of another element type than the backward's is refused by name;
-  // an unfilled one reaches backward, which names it empty.
+  // A state filled by tensors of another dtype than the backward's is refused
+  // by name; an unfilled one reaches backward, which names it empty.
   template <typename S>
   const ForwardState<S>& to_read(DType dtype) const {
-    if (const auto* state = std::get_if<ForwardState<S>>(&state_)) return *state;
     if (std::holds_alternative<std::monostate>(state_)) {
       static const ForwardState<S> unfilled;
       return unfilled;
     }
-    detail::fail("mhla::backward", std::string("state was filled by a forward of ") +
-                                       (std::is_same_v<S, float> ? "float64" : "float32 or bfloat16") +
-                                       " tensors, and this backward's q is " + dtype_name(dtype));
+    if (filled_by_ != dtype)
+      detail::fail("mhla::backward", std::string("state was filled by a forward of ") +
+                                         dtype_name(filled_by_) +
+                                         " tensors, and this backward's q is " + dtype_name(dtype));
+    return std::get<ForwardState<S>>(state_);
   }
   bool empty() const {
     return std::visit(
@@ -134,6 +159,7 @@ class PyForwardState {
 
  private:
   std::variant<std::monostate, ForwardState<float>, ForwardState<double>> state_;
+  DType filled_by_ = DType::float32;
 };
 
 py::tuple mhla_forward(py::handle q_, py::handle k_, py::handle v_, py::handle w_,
@@ -142,12 +168,7 @@ py::tuple mhla_forward(py::handle q_, py::handle k_, py::handle v_, py::handle w
   ImportedTensor q = operator_tensor(q_, "q"), k = operator_tensor(k_, "k"),
                  v = operator_tensor(v_, "v");
   ImportedTensor w = operator_tensor(w_, "w");
-  const bool bf16 = q.dtype() == DType::bfloat16;
-  check_same_dtype({&q, &k, &v});
-  if (bf16)
-    check_float32(w);
-  else
-    check_same_dtype({&q, &w});
+  check_operator_dtypes({&q, &k, &v}, w);
   // The outputs are sized from these shapes, so they are checked first, as forward checks them
   // and under its name (forward then checks the devices and w's values).
   check_call(q.shape(), k.shape(), v.shape(), w.shape(), py::none(), options, "mhla::forward");
@@ -157,19 +178,12 @@ py::tuple mhla_forward(py::handle q_, py::handle k_, py::handle v_, py::handle w
       detail::fail("mhla::forward",
                    "state keeps the summaries itself: pass state, or save_summaries and "
                    "save_mixed, not both");
-    if (bf16) {
+    dispatch_operator(q.dtype(), [&]<typename X, typename S>() {
       compute([&] {
-        forward(options, q.view<bfloat16>(), k.view<bfloat16>(), v.view<bfloat16>(),
-                w.view<float>(), o.view<bfloat16>(), state->to_fill<float>());
+        forward(options, q.view<X>(), k.view<X>(), v.view<X>(), w.view<S>(), o.view<X>(),
+                state->to_fill<S>(q.dtype()));
       });
-    } else {
-      dispatch(q.dtype(), [&]<typename T>() {
-        compute([&] {
-          forward<T>(options, q.view<T>(), k.view<T>(), v.view<T>(), w.view<T>(), o.view<T>(),
-                     state->to_fill<T>());
-        });
-      });
-    }
+    });
     return py::make_tuple(std::move(o), py::none());
   }
   std::optional<Buffer> saved, mixed;
@@ -178,21 +192,12 @@ py::tuple mhla_forward(py::handle q_, py::handle k_, py::handle v_, py::handle w
     if (save_summaries) saved.emplace(w.dtype(), shape, q.place());
     if (save_mixed) mixed.emplace(w.dtype(), shape, q.place());
   }
-  if (bf16) {
+  dispatch_operator(q.dtype(), [&]<typename X, typename S>() {
     compute([&] {
-      forward(options, q.view<bfloat16>(), k.view<bfloat16>(), v.view<bfloat16>(), w.view<float>(),
-              o.view<bfloat16>(), saved ? saved->view<float>() : TensorView<float>{},
-              mixed ? mixed->view<float>() : TensorView<float>{});
+      forward(options, q.view<X>(), k.view<X>(), v.view<X>(), w.view<S>(), o.view<X>(),
+              saved ? saved->view<S>() : TensorView<S>{}, mixed ? mixed->view<S>() : TensorView<S>{});
     });
-  } else {
-    dispatch(q.dtype(), [&]<typename T>() {
-      compute([&] {
-        forward<T>(options, q.view<T>(), k.view<T>(), v.view<T>(), w.view<T>(), o.view<T>(),
-                   saved ? saved->view<T>() : TensorView<T>{},
-                   mixed ? mixed->view<T>() : TensorView<T>{});
-      });
-    });
-  }
+  });
   py::object summaries = saved ? py::cast(std::move(*saved)) : py::none();
   if (!save_mixed) return py::make_tuple(std::move(o), std::move(summaries));
   return py::make_tuple(std::move(o), std::move(summaries), py::cast(std::move(*mixed)));
@@ -206,21 +211,18 @@ py::tuple mhla_backward(py::handle q_, py::handle k_, py::handle v_, py::handle 
                  v = operator_tensor(v_, "v"), o = operator_tensor(o_, "o"),
                  grad_o = operator_tensor(grad_o_, "grad_o");
   ImportedTensor w = operator_tensor(w_, "w");
-  const bool bf16 = q.dtype() == DType::bfloat16;
-  check_same_dtype({&q, &k, &v, &o, &grad_o});
-  if (bf16)
-    check_float32(w);
-  else
-    check_same_dtype({&q, &w});
+  check_operator_dtypes({&q, &k, &v, &o, &grad_o}, w);
+  // The saved arrays have w's dtype (float32 with 16-bit tokens), q's otherwise.
+  const ImportedTensor& state_dtype = q.dtype() == w.dtype() ? q : w;
   std::optional<ImportedTensor> summaries;
   if (!summaries_.is_none()) {
     summaries.emplace(summaries_, "summaries", false, Devices::cpu_and_cuda);
-    check_same_dtype({bf16 ? &w : &q, &*summaries});
+    check_same_dtype({&state_dtype, &*summaries});
   }
   std::optional<ImportedTensor> mixed;
   if (!mixed_.is_none()) {
     mixed.emplace(mixed_, "mixed", false, Devices::cpu_and_cuda);
-    check_same_dtype({bf16 ? &w : &q, &*mixed});
+    check_same_dtype({&state_dtype, &*mixed});
   }
   Buffer gq(q.dtype(), q.shape(), q.place()), gk(q.dtype(), k.shape(), q.place()),
       gv(q.dtype(), v.shape(), q.place()), gw(w.dtype(), w.shape(), q.place());
@@ -228,49 +230,26 @@ py::tuple mhla_backward(py::handle q_, py::handle k_, py::handle v_, py::handle 
     if (summaries || mixed)
       detail::fail("mhla::backward",
                    "state holds the summaries: pass state, or summaries and mixed, not both");
-    if (bf16) {
-      const ForwardState<float>& kept = state->to_read<float>(q.dtype());
+    dispatch_operator(q.dtype(), [&]<typename X, typename S>() {
+      const ForwardState<S>& kept = state->to_read<S>(q.dtype());
       compute([&] {
-        backward(options, q.view<bfloat16>(), k.view<bfloat16>(), v.view<bfloat16>(),
-                 w.view<float>(), o.view<bfloat16>(), grad_o.view<bfloat16>(),
-                 gq.view<bfloat16>(), gk.view<bfloat16>(), gv.view<bfloat16>(), gw.view<float>(),
-                 kept);
+        backward(options, q.view<X>(), k.view<X>(), v.view<X>(), w.view<S>(), o.view<X>(),
+                 grad_o.view<X>(), gq.view<X>(), gk.view<X>(), gv.view<X>(), gw.view<S>(), kept);
       });
-    } else {
-      dispatch(q.dtype(), [&]<typename T>() {
-        const ForwardState<T>& kept = state->to_read<T>(q.dtype());
-        compute([&] {
-          backward<T>(options, q.view<T>(), k.view<T>(), v.view<T>(), w.view<T>(), o.view<T>(),
-                      grad_o.view<T>(), gq.view<T>(), gk.view<T>(), gv.view<T>(), gw.view<T>(),
-                      kept);
-        });
-      });
-    }
+    });
     return py::make_tuple(std::move(gq), std::move(gk), std::move(gv), std::move(gw));
   }
   // Only mhla.torch's autograd function holds its saved arrays privately.
   const auto saved_arrays =
       private_state ? detail::SavedArrays::private_to_caller : detail::SavedArrays::from_outside;
-  if (bf16) {
+  dispatch_operator(q.dtype(), [&]<typename X, typename S>() {
     compute([&] {
-      detail::backward(saved_arrays, options, q.view<bfloat16>(), k.view<bfloat16>(),
-                       v.view<bfloat16>(), w.view<float>(), o.view<bfloat16>(),
-                       grad_o.view<bfloat16>(), gq.view<bfloat16>(), gk.view<bfloat16>(),
-                       gv.view<bfloat16>(), gw.view<float>(),
-                       summaries ? summaries->view<float>() : TensorView<const float>{},
-                       mixed ? mixed->view<float>() : TensorView<const float>{});
+      detail::backward(saved_arrays, options, q.view<X>(), k.view<X>(), v.view<X>(), w.view<S>(),
+                       o.view<X>(), grad_o.view<X>(), gq.view<X>(), gk.view<X>(), gv.view<X>(),
+                       gw.view<S>(), summaries ? summaries->view<S>() : TensorView<const S>{},
+                       mixed ? mixed->view<S>() : TensorView<const S>{});
     });
-  } else {
-    dispatch(q.dtype(), [&]<typename T>() {
-      compute([&] {
-        detail::backward<T>(saved_arrays, options, q.view<T>(), k.view<T>(), v.view<T>(),
-                            w.view<T>(), o.view<T>(), grad_o.view<T>(), gq.view<T>(), gk.view<T>(),
-                            gv.view<T>(), gw.view<T>(),
-                            summaries ? summaries->view<T>() : TensorView<const T>{},
-                            mixed ? mixed->view<T>() : TensorView<const T>{});
-      });
-    });
-  }
+  });
   return py::make_tuple(std::move(gq), std::move(gk), std::move(gv), std::move(gw));
 }
 
@@ -453,7 +432,7 @@ void bind_operator(py::module_& m) {
         "w_values"_a, "options"_a, "function"_a = "mhla::forward",
         "Raises forward()'s error for these shapes and options (and w's values, given a CPU w).");
   m.def("_non_finite_message", &non_finite_message, "function"_a, "entry"_a, "what"_a,
-        "magnitudes"_a, "options"_a, "dk"_a, "single_precision"_a,
+        "magnitudes"_a, "options"_a, "dk"_a, "type"_a,
         "The operator's error text for a non-finite result of finite inputs.");
   m.def(
       "backward",

@@ -1,52 +1,17 @@
 #include "conversion_bindings.hpp"
 
-#include <bit>
-#include <cmath>
 #include <cstdint>
 #include <string>
 
 #include "dlpack_buffer.hpp"
 #include "dlpack_import.hpp"
 #include "mhla/bfloat16.hpp"
+#include "mhla/float16.hpp"
 
 namespace py = pybind11;
 
 namespace mhla::python {
 namespace {
-
-// IEEE float16 (1 sign, 5 exponent, 10 fraction bits), by hand: compilers'
-// _Float16 is missing on some (clang 14 on x86). Widening is exact.
-inline float widen_half(uint16_t h) {
-  const uint32_t sign = uint32_t(h & 0x8000u) << 16, exponent = (h >> 10) & 0x1fu,
-                 fraction = h & 0x3ffu;
-  // All three readings, then a choice, so that the loop vectorises (see
-  // python/CMakeLists.txt): the exponent rebiased from 15 to 127; infinity or
-  // NaN; zero or subnormal, in units of 2^-24 (exact in float, and never a
-  // float subnormal, which flush-to-zero modes would lose).
-  const uint32_t normal = ((exponent + 112) << 23) | (fraction << 13);
-  const uint32_t special = 0x7f800000u | (fraction << 13);
-  const uint32_t small = std::bit_cast<uint32_t>(float(fraction) * 0x1p-24f);
-  return std::bit_cast<float>(sign | (exponent == 0 ? small : exponent == 31 ? special : normal));
-}
-
-// Round to nearest, ties to even, as torch does: from 65520 up to infinity;
-// NaN stays NaN.
-inline uint16_t narrow_half(float f) {
-  const uint32_t u = std::bit_cast<uint32_t>(f);
-  const uint32_t sign = (u >> 16) & 0x8000u, magnitude = u & 0x7fffffffu;
-  if (magnitude > 0x7f800000u) return uint16_t(sign | 0x7e00u);
-  if (magnitude >= 0x477ff000u) return uint16_t(sign | 0x7c00u);
-  if (magnitude >= 0x38800000u) {
-    // Normal: rebias the exponent, then round away the 13 extra fraction bits
-    // (a carry into the exponent is the right result).
-    const uint32_t rebiased = magnitude - 0x38000000u;
-    return uint16_t(sign | ((rebiased + 0x0fffu + ((rebiased >> 13) & 1u)) >> 13));
-  }
-  // Subnormal or zero: the value in units of 2^-24 (exact), rounded to an
-  // integer; 1024 units is the smallest normal, whose encoding is 0x0400.
-  const float units = std::bit_cast<float>(magnitude) * 0x1p24f;
-  return uint16_t(sign | uint32_t(std::nearbyint(units)));
-}
 
 // x (of dtype `from`, read as From) converted element by element into a new
 // buffer of dtype `to`.
@@ -79,12 +44,12 @@ Buffer float32_to_bfloat16(py::handle x) {
 
 Buffer float16_to_float32(py::handle x) {
   return converted<uint16_t, float>(x, DType::float16, DType::float32,
-                                    [](uint16_t h) { return widen_half(h); });
+                                    [](uint16_t h) { return to_float(float16{h}); });
 }
 
 Buffer float32_to_float16(py::handle x) {
   return converted<float, uint16_t>(x, DType::float32, DType::float16,
-                                    [](float f) { return narrow_half(f); });
+                                    [](float f) { return to_float16(f).bits; });
 }
 
 }  // namespace

@@ -34,7 +34,8 @@ DType dtype_from(const char* name, DLDataType t, bool storage_types) {
       t.code < 6 ? codes[t.code] : "DLPack type code " + std::to_string(t.code);
   throw py::type_error(std::string(name) + " has dtype " + code + std::to_string(t.bits) +
                        (t.lanes == 1 ? "" : " x" + std::to_string(t.lanes)) +
-                       "; mhla computes in float32 or float64");
+                       (storage_types ? "; expected float32, float64, bfloat16 or float16"
+                                      : "; mhla computes in float32 or float64"));
 }
 
 // C order, where dimensions of extent 1 may carry any stride (frameworks

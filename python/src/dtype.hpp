@@ -7,9 +7,10 @@
 
 namespace mhla::python {
 
-// The operator computes in float32 and float64, and takes bfloat16 q, k, v
-// with float32 w (bindings.cpp); float16 is a storage type only, which the
-// conversion functions read and write (conversion_bindings.hpp).
+// The operator computes in float32 and float64, and takes bfloat16 and
+// float16 q, k, v with float32 w (bindings.cpp); the other entry points
+// compute in float32 and float64 only, and the conversion functions read and
+// write the 16-bit types (conversion_bindings.hpp).
 enum class DType { float32, float64, bfloat16, float16 };
 
 inline const char* dtype_name(DType dtype) {

@@ -18,8 +18,10 @@ def good(dtype=torch.float64):
 
 def test_wrong_dtype():
     q, k, v, w = good()
-    with pytest.raises(TypeError, match="q has dtype float16; the operator takes float32, float64 or bfloat16"):
+    with pytest.raises(TypeError, match="k has dtype float64 but q has float16; all tensors of one call share a dtype"):
         mhla.forward(q.half(), k, v, w, layout=LAYOUT)
+    with pytest.raises(TypeError, match="q has dtype int32; expected float32, float64, bfloat16 or float16"):
+        mhla.forward(q.int(), k.int(), v.int(), w, layout=LAYOUT)
     with pytest.raises(TypeError, match="q has dtype int64"):
         mhla.forward(q.long(), k, v, w, layout=LAYOUT)
     with pytest.raises(TypeError, match="k has dtype float32 but q has float64"):
@@ -162,10 +164,10 @@ def test_mixed_summaries_from_another_w_are_rejected():
         mhla.backward(q, k, v, w, o, g, mixed=mixed.float(), layout=LAYOUT)
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16])
 def test_a_forward_state_gives_the_saved_arrays_gradients(dtype):
     q, k, v, w = (t.to(dtype) for t in good())
-    w = w.float() if dtype == torch.bfloat16 else w
+    w = w.float() if dtype in (torch.bfloat16, torch.float16) else w
     g = torch.rand_like(v)
     o, saved, mixed = mhla.forward(q, k, v, w, layout=LAYOUT, save_summaries=True, save_mixed=True)
     want = mhla.backward(q, k, v, w, o, g, summaries=saved, mixed=mixed, layout=LAYOUT)

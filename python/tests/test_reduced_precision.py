@@ -210,10 +210,36 @@ def test_conversion_errors_are_named():
         mhla._core.float32_to_float16(torch.zeros(3, dtype=torch.float16))
     with pytest.raises(ValueError, match="not C order"):
         mhla._core.float32_to_bfloat16(torch.zeros(3, 4).t())
-    # The operator takes bfloat16 q, k, v with a float32 w; float16 goes through mhla.torch.
+    # The operator takes bfloat16 and float16 q, k, v with a float32 w.
     bf = torch.zeros(1, 4, 1, 2, dtype=torch.bfloat16)
     with pytest.raises(TypeError, match="w has dtype bfloat16; with bfloat16 q, k and v it must be float32"):
         mhla.forward(bf, bf, bf, torch.ones(1, 1, dtype=torch.bfloat16), layout=mhla.Layout.sequence(4, 4))
     half = bf.to(torch.float16)
-    with pytest.raises(TypeError, match="q has dtype float16; the operator takes float32, float64 or bfloat16"):
-        mhla.forward(half, half, half, torch.ones(1, 1), layout=mhla.Layout.sequence(4, 4))
+    with pytest.raises(TypeError, match="w has dtype float16; with float16 q, k and v it must be float32"):
+        mhla.forward(half, half, half, torch.ones(1, 1, dtype=torch.float16), layout=mhla.Layout.sequence(4, 4))
+
+
+def test_float16_through_the_operator_is_its_float32_result_rounded_once():
+    layout = mhla.Layout.sequence(64, 16)
+    q64, k64, v64, w64 = operands(layout)
+    q, k, v = (t.to(torch.float16) for t in (q64, k64, v64))
+    w = w64.float()
+    g = torch.randn(v.shape, generator=torch.Generator().manual_seed(3)).to(torch.float16)
+    o, _ = mhla.forward(q, k, v, w, layout=layout)
+    o32, _ = mhla.forward(q.float(), k.float(), v.float(), w, layout=layout)
+    assert o.dtype == torch.float16 and torch.equal(o, o32.to(torch.float16))
+    grads = mhla.backward(q, k, v, w, o, g, layout=layout)
+    grads32 = mhla.backward(q.float(), k.float(), v.float(), w, o32, g.float(), layout=layout)
+    for got, want in zip(grads[:3], grads32[:3]):
+        assert got.dtype == torch.float16 and torch.equal(got, want.to(torch.float16))
+    assert grads[3].dtype == torch.float32 and torch.equal(grads[3], grads32[3])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_float16_result_beyond_its_range_is_a_named_error(backend):
+    layout = mhla.Layout.sequence(48, 4)
+    q, k, v, w = (t.to(torch.float16) for t in operands(layout, heads=2, dim=8))
+    # The C++ operator names the float32 value that rounds to infinity, the torch path the infinity.
+    with pytest.raises(ValueError, match=r"mhla::forward: o\[.*float16.*; rescale q, k or v, or pass bfloat16 or "
+                                         r"float32 tensors"):
+        mt.mhla_attention(q, k, v, w, layout, normalize=False, scale=1e5, backend=backend)

@@ -6,6 +6,8 @@
 #include <array>
 #include <cstring>
 #include <string>
+#include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -36,6 +38,7 @@ struct ForwardRecord {
   std::array<const void*, 5> addresses{};
   std::array<std::vector<int64_t>, 5> shapes;
   std::vector<S> w_values;
+  const char* tokens = "";  // the element type of q, k, v and o
 
   S* summaries() const { return static_cast<S*>(storage.get()); }
   S* mixed() const { return summaries() + elements; }
@@ -54,6 +57,14 @@ struct ForwardStateAccess {
 };
 
 namespace {
+
+template <typename X>
+constexpr const char* element_type() {
+  if constexpr (std::is_same_v<X, bfloat16>) return "bfloat16";
+  if constexpr (std::is_same_v<X, float16>) return "float16";
+  if constexpr (std::is_same_v<X, float>) return "float32";
+  return "float64";
+}
 
 bool same_options(const Options& a, const Options& b) {
   return a.layout == b.layout && a.mixing == b.mixing && a.masking == b.masking &&
@@ -114,6 +125,7 @@ void fill_state(const Options& options, const TensorView<const X>& q,
   r.shapes = {q.shape, k.shape, v.shape, w.shape, o.shape};
   const HostCopy hw(w);
   r.w_values.assign(hw.data(), hw.data() + checked_product(w.shape, "w"));
+  r.tokens = element_type<X>();
   r.filled = true;
 }
 
@@ -128,6 +140,9 @@ const ForwardRecord<S>& checked_record(const Options& options, const TensorView<
   const ForwardRecord<S>* r = ForwardStateAccess::record(state);
   if (r == nullptr || !r->filled)
     fail(fn, "state is empty: no forward() has filled it, or the last one given it failed");
+  if (r->tokens != std::string_view(element_type<X>()))
+    fail(fn, std::string("state was filled by a forward of ") + r->tokens +
+                 " tensors, and this backward's q is " + element_type<X>());
   if (!same_options(r->options, options))
     fail(fn, "the options differ from those of the forward() that filled state");
   const std::array<const void*, 5> addresses{q.data, k.data, v.data, w.data, o.data};
@@ -180,6 +195,14 @@ void forward(const Options& options, TensorView<const bfloat16> q, TensorView<co
   });
 }
 
+void forward(const Options& options, TensorView<const float16> q, TensorView<const float16> k,
+             TensorView<const float16> v, TensorView<const float> w, TensorView<float16> o,
+             ForwardState<float>& state) {
+  detail::fill_state(options, q, k, v, w, o, state, [&](TensorView<float> s, TensorView<float> m) {
+    forward(options, q, k, v, w, o, s, m);
+  });
+}
+
 template <typename T>
 void backward(const Options& options, TensorView<const T> q, TensorView<const T> k,
               TensorView<const T> v, TensorView<const T> w, TensorView<const T> o,
@@ -195,6 +218,17 @@ void backward(const Options& options, TensorView<const bfloat16> q, TensorView<c
               TensorView<const bfloat16> v, TensorView<const float> w, TensorView<const bfloat16> o,
               TensorView<const bfloat16> grad_o, TensorView<bfloat16> grad_q,
               TensorView<bfloat16> grad_k, TensorView<bfloat16> grad_v, TensorView<float> grad_w,
+              const ForwardState<float>& state) {
+  const auto& r = detail::checked_record(options, q, k, v, w, o, state);
+  detail::backward(detail::SavedArrays::private_to_caller, options, q, k, v, w, o, grad_o, grad_q,
+                   grad_k, grad_v, grad_w, {r.summaries(), r.shape, r.device},
+                   {r.mixed(), r.shape, r.device});
+}
+
+void backward(const Options& options, TensorView<const float16> q, TensorView<const float16> k,
+              TensorView<const float16> v, TensorView<const float> w, TensorView<const float16> o,
+              TensorView<const float16> grad_o, TensorView<float16> grad_q,
+              TensorView<float16> grad_k, TensorView<float16> grad_v, TensorView<float> grad_w,
               const ForwardState<float>& state) {
   const auto& r = detail::checked_record(options, q, k, v, w, o, state);
   detail::backward(detail::SavedArrays::private_to_caller, options, q, k, v, w, o, grad_o, grad_q,

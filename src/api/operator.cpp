@@ -3,6 +3,7 @@
 // the options ask for.
 #include "mhla/operator.hpp"
 
+#include <type_traits>
 #include <utility>
 
 #include "api/private_state_backward.hpp"
@@ -100,14 +101,28 @@ int64_t elements(const TensorView<T>& t) {
   return detail::checked_product(t.shape, "buffer");
 }
 
-// A float copy of a bfloat16 tensor (exact) in the calling thread's scratch:
+// A float copy of a 16-bit tensor (exact) in the calling thread's scratch:
 // fresh buffers cost more in page faults than the copies.
-TensorView<const float> widened(const backend::Backend& device, const TensorView<const bfloat16>& x,
+template <typename H>
+TensorView<const float> widened(const backend::Backend& device, const TensorView<const H>& x,
                                 Scratch slot) {
   const int64_t n = elements(x);
   float* dst = backend::scratch<float>(device.memory(), slot, size_t(n));
   device.memory().widen(x.data, n, dst);
   return {dst, x.shape, x.device};
+}
+
+// `from` rounded into `to`. A float result beyond float16's range would
+// become infinity there: that is an mhla::Error naming the entry (read on
+// the host; on a GPU this path is the rare one past the kernels' limits).
+template <typename H>
+void narrowed(const char* fn, const char* name, const backend::Backend& device,
+              const TensorView<float>& from, const TensorView<H>& to, const char* remedy) {
+  if constexpr (std::is_same_v<H, float16>) {
+    const detail::HostCopy host(TensorView<const float>{from.data, from.shape, from.device});
+    detail::check_float16_range(fn, {name, host.data(), from.shape}, remedy);
+  }
+  device.memory().narrow(from.data, elements(to), to.data);
 }
 
 // What one rounding to bfloat16 adds to a term of a saved array's entries
@@ -187,12 +202,12 @@ void backward(SavedArrays saved, const Options& options, TensorView<const T> q,
                grad_k, grad_v, grad_w, summaries, mixed);
 }
 
-void backward(SavedArrays saved, const Options& options, TensorView<const bfloat16> q,
-              TensorView<const bfloat16> k, TensorView<const bfloat16> v, TensorView<const float> w,
-              TensorView<const bfloat16> o, TensorView<const bfloat16> grad_o,
-              TensorView<bfloat16> grad_q, TensorView<bfloat16> grad_k, TensorView<bfloat16> grad_v,
-              TensorView<float> grad_w, TensorView<const float> saved_summaries,
-              TensorView<const float> saved_mixed) {
+template <typename H>
+void half_backward(SavedArrays saved, const Options& options, TensorView<const H> q,
+                   TensorView<const H> k, TensorView<const H> v, TensorView<const float> w,
+                   TensorView<const H> o, TensorView<const H> grad_o, TensorView<H> grad_q,
+                   TensorView<H> grad_k, TensorView<H> grad_v, TensorView<float> grad_w,
+                   TensorView<const float> saved_summaries, TensorView<const float> saved_mixed) {
   const char* fn = "mhla::backward";
   const ValidatedCall call = checked_call(fn, options, q, k, v, w, o);
   const Problem& p = call.problem();
@@ -200,9 +215,9 @@ void backward(SavedArrays saved, const Options& options, TensorView<const bfloat
       check_backward(fn, p, saved, k, v, w, grad_o, grad_q, grad_k, grad_v, grad_w, saved_summaries,
                      saved_mixed, kBf16Rounding);
   const backend::Backend& device = backend::backend_for(fn, "q", q.device);
-  // The bfloat16 kernels read and write the bfloat16 tensors in place. A flag
-  // of non-finite results is checked, and reported, by the float path below.
-  if (const auto kernels = device.bf16_attention(p, w.data)) {
+  // The 16-bit kernels read and write the tensors in place. A flag of
+  // non-finite results is checked, and reported, by the float path below.
+  if (const auto kernels = device.half_attention(p, w.data, H{})) {
     device.memory().zero(grad_w.data, elements(grad_w));
     if (kernels->backward(q.data, k.data, v.data, grad_o.data, grad_q.data, grad_k.data,
                           grad_v.data, grad_w.data, summaries, mixed) &&
@@ -222,9 +237,30 @@ void backward(SavedArrays saved, const Options& options, TensorView<const bfloat
       fn, p, device, widened(device, q, Scratch::widened_q), widened(device, k, Scratch::widened_k),
       widened(device, v, Scratch::widened_v), w, widened(device, o, Scratch::widened_o),
       widened(device, grad_o, Scratch::widened_grad_o), gq, gk, gv, grad_w, summaries, mixed);
-  device.memory().narrow(gq.data, nq, grad_q.data);
-  device.memory().narrow(gk.data, nq, grad_k.data);
-  device.memory().narrow(gv.data, nv, grad_v.data);
+  const char* remedy = "scale grad_o down (a smaller loss scale)";
+  narrowed(fn, "grad_q", device, gq, grad_q, remedy);
+  narrowed(fn, "grad_k", device, gk, grad_k, remedy);
+  narrowed(fn, "grad_v", device, gv, grad_v, remedy);
+}
+
+void backward(SavedArrays saved, const Options& options, TensorView<const bfloat16> q,
+              TensorView<const bfloat16> k, TensorView<const bfloat16> v, TensorView<const float> w,
+              TensorView<const bfloat16> o, TensorView<const bfloat16> grad_o,
+              TensorView<bfloat16> grad_q, TensorView<bfloat16> grad_k, TensorView<bfloat16> grad_v,
+              TensorView<float> grad_w, TensorView<const float> saved_summaries,
+              TensorView<const float> saved_mixed) {
+  half_backward(saved, options, q, k, v, w, o, grad_o, grad_q, grad_k, grad_v, grad_w,
+                saved_summaries, saved_mixed);
+}
+
+void backward(SavedArrays saved, const Options& options, TensorView<const float16> q,
+              TensorView<const float16> k, TensorView<const float16> v, TensorView<const float> w,
+              TensorView<const float16> o, TensorView<const float16> grad_o,
+              TensorView<float16> grad_q, TensorView<float16> grad_k, TensorView<float16> grad_v,
+              TensorView<float> grad_w, TensorView<const float> saved_summaries,
+              TensorView<const float> saved_mixed) {
+  half_backward(saved, options, q, k, v, w, o, grad_o, grad_q, grad_k, grad_v, grad_w,
+                saved_summaries, saved_mixed);
 }
 
 }  // namespace detail
@@ -239,6 +275,37 @@ void backward(const Options& options, TensorView<const T> q, TensorView<const T>
                       grad_k, grad_v, grad_w, saved_summaries, saved_mixed);
 }
 
+namespace {
+
+template <typename H>
+void half_forward(const Options& options, TensorView<const H> q, TensorView<const H> k,
+                  TensorView<const H> v, TensorView<const float> w, TensorView<H> o,
+                  TensorView<float> saved_summaries, TensorView<float> saved_mixed) {
+  const char* fn = "mhla::forward";
+  const detail::ValidatedCall call = checked_call(fn, options, q, k, v, w, o);
+  const detail::Problem& p = call.problem();
+  float* summaries = check_saved(fn, "saved_summaries", p, q.device, saved_summaries);
+  float* mixed = check_saved(fn, "saved_mixed", p, q.device, saved_mixed);
+  const backend::Backend& device = backend::backend_for(fn, "q", q.device);
+  // Where the kernels raise their flag (rare), the float path below computes
+  // the call again and reports what is not finite or out of H's range.
+  if (const auto kernels = device.half_attention(p, w.data, H{}))
+    if (kernels->forward(q.data, k.data, v.data, o.data, summaries, mixed)) return;
+  // The float kernels on widened copies where the device has no 16-bit
+  // kernels for the problem (on the CPU: float16, causal masking, or no
+  // AVX512-BF16).
+  const TensorView<const float> qf = widened(device, q, Scratch::widened_q),
+                                kf = widened(device, k, Scratch::widened_k),
+                                vf = widened(device, v, Scratch::widened_v);
+  const TensorView<float> of{
+      backend::scratch<float>(device.memory(), Scratch::widened_o, size_t(elements(o))), o.shape, o.device};
+  if (!device.attention(p, w.data)->forward(qf.data, kf.data, vf.data, of.data, summaries, mixed))
+    report_output(fn, p, qf, kf, vf, of);
+  narrowed(fn, "o", device, of, o, "rescale q, k or v");
+}
+
+}  // namespace
+
 void backward(const Options& options, TensorView<const bfloat16> q, TensorView<const bfloat16> k,
               TensorView<const bfloat16> v, TensorView<const float> w, TensorView<const bfloat16> o,
               TensorView<const bfloat16> grad_o, TensorView<bfloat16> grad_q,
@@ -248,34 +315,25 @@ void backward(const Options& options, TensorView<const bfloat16> q, TensorView<c
                    grad_k, grad_v, grad_w, saved_summaries, saved_mixed);
 }
 
+void backward(const Options& options, TensorView<const float16> q, TensorView<const float16> k,
+              TensorView<const float16> v, TensorView<const float> w, TensorView<const float16> o,
+              TensorView<const float16> grad_o, TensorView<float16> grad_q,
+              TensorView<float16> grad_k, TensorView<float16> grad_v, TensorView<float> grad_w,
+              TensorView<const float> saved_summaries, TensorView<const float> saved_mixed) {
+  detail::backward(detail::SavedArrays::from_outside, options, q, k, v, w, o, grad_o, grad_q,
+                   grad_k, grad_v, grad_w, saved_summaries, saved_mixed);
+}
+
 void forward(const Options& options, TensorView<const bfloat16> q, TensorView<const bfloat16> k,
              TensorView<const bfloat16> v, TensorView<const float> w, TensorView<bfloat16> o,
              TensorView<float> saved_summaries, TensorView<float> saved_mixed) {
-  const char* fn = "mhla::forward";
-  const detail::ValidatedCall call = checked_call(fn, options, q, k, v, w, o);
-  const detail::Problem& p = call.problem();
-  float* summaries = check_saved(fn, "saved_summaries", p, q.device, saved_summaries);
-  float* mixed = check_saved(fn, "saved_mixed", p, q.device, saved_mixed);
-  const backend::Backend& device = backend::backend_for(fn, "q", q.device);
-  if (const auto kernels = device.bf16_attention(p, w.data)) {
-    if (kernels->forward(q.data, k.data, v.data, o.data, summaries, mixed)) return;
-    // Rare: the float report, on float copies.
-    const TensorView<const float> of = widened(device, o, Scratch::widened_o);
-    report_output(fn, p, widened(device, q, Scratch::widened_q),
-                  widened(device, k, Scratch::widened_k), widened(device, v, Scratch::widened_v),
-                  TensorView<float>{const_cast<float*>(of.data), o.shape, o.device});
-    return;
-  }
-  // The float kernels on widened copies where the device has no bfloat16
-  // kernels for the problem (on the CPU: causal masking, or no AVX512-BF16).
-  const TensorView<const float> qf = widened(device, q, Scratch::widened_q),
-                                kf = widened(device, k, Scratch::widened_k),
-                                vf = widened(device, v, Scratch::widened_v);
-  const TensorView<float> of{
-      backend::scratch<float>(device.memory(), Scratch::widened_o, size_t(elements(o))), o.shape, o.device};
-  if (!device.attention(p, w.data)->forward(qf.data, kf.data, vf.data, of.data, summaries, mixed))
-    report_output(fn, p, qf, kf, vf, of);
-  device.memory().narrow(of.data, elements(o), o.data);
+  half_forward(options, q, k, v, w, o, saved_summaries, saved_mixed);
+}
+
+void forward(const Options& options, TensorView<const float16> q, TensorView<const float16> k,
+             TensorView<const float16> v, TensorView<const float> w, TensorView<float16> o,
+             TensorView<float> saved_summaries, TensorView<float> saved_mixed) {
+  half_forward(options, q, k, v, w, o, saved_summaries, saved_mixed);
 }
 
 FlopCount mhla_flops(int64_t batch, int64_t tokens, int64_t heads, int64_t dk, int64_t dv,

@@ -28,4 +28,11 @@ void backward(SavedArrays saved, const Options& options, TensorView<const bfloat
               TensorView<float> grad_w, TensorView<const float> saved_summaries,
               TensorView<const float> saved_mixed);
 
+void backward(SavedArrays saved, const Options& options, TensorView<const float16> q,
+              TensorView<const float16> k, TensorView<const float16> v, TensorView<const float> w,
+              TensorView<const float16> o, TensorView<const float16> grad_o,
+              TensorView<float16> grad_q, TensorView<float16> grad_k, TensorView<float16> grad_v,
+              TensorView<float> grad_w, TensorView<const float> saved_summaries,
+              TensorView<const float> saved_mixed);
+
 }  // namespace mhla::detail

@@ -17,6 +17,7 @@
 #include "backend/memory.hpp"
 #include "core/validate.hpp"
 #include "mhla/bfloat16.hpp"
+#include "mhla/float16.hpp"
 #include "mhla/tensor.hpp"
 
 namespace mhla::backend {
@@ -57,18 +58,19 @@ class Attention {
                                    T* grad_v) const = 0;
 };
 
-// The operator on bfloat16 q, k, v, o and their gradients, with float w,
-// summaries and grad_w, summed in float. A backend without bfloat16 backward
-// kernels for the problem returns false from backward without writing; the
-// API then runs the float kernels on widened copies, as it does on any false.
-class Bf16Attention {
+// The operator on 16-bit q, k, v, o and their gradients (H: bfloat16 or
+// float16), with float w, summaries and grad_w, summed in float. A backend
+// without such backward kernels for the problem returns false from backward
+// without writing; the API then runs the float kernels on widened copies, as
+// it does on any false.
+template <typename H>
+class HalfAttention {
  public:
-  virtual ~Bf16Attention() = default;
-  virtual bool forward(const bfloat16* q, const bfloat16* k, const bfloat16* v, bfloat16* o,
-                       float* saved_summaries, float* saved_mixed) const = 0;
-  virtual bool backward(const bfloat16* q, const bfloat16* k, const bfloat16* v,
-                        const bfloat16* grad_o, bfloat16* grad_q, bfloat16* grad_k,
-                        bfloat16* grad_v, float* grad_w, const float* saved_summaries,
+  virtual ~HalfAttention() = default;
+  virtual bool forward(const H* q, const H* k, const H* v, H* o, float* saved_summaries,
+                       float* saved_mixed) const = 0;
+  virtual bool backward(const H* q, const H* k, const H* v, const H* grad_o, H* grad_q, H* grad_k,
+                        H* grad_v, float* grad_w, const float* saved_summaries,
                         const float* saved_mixed) const = 0;
 };
 
@@ -109,10 +111,15 @@ class Backend {
                                                       const float* w) const = 0;
   virtual std::unique_ptr<Attention<double>> attention(const detail::Problem& problem,
                                                        const double* w) const = 0;
-  // bfloat16 kernels for the problem, or nullptr where the device has none
-  // for it: the API then computes in float on widened copies.
-  virtual std::unique_ptr<Bf16Attention> bf16_attention(const detail::Problem& problem,
-                                                        const float* w) const = 0;
+  // 16-bit kernels for the problem (the last argument names the type), or
+  // nullptr where the device has none for it: the API then computes in float
+  // on widened copies.
+  virtual std::unique_ptr<HalfAttention<bfloat16>> half_attention(const detail::Problem& problem,
+                                                                  const float* w,
+                                                                  bfloat16) const = 0;
+  virtual std::unique_ptr<HalfAttention<float16>> half_attention(const detail::Problem& problem,
+                                                                 const float* w,
+                                                                 float16) const = 0;
 
   virtual std::unique_ptr<DecodeState> decode_state(int64_t dk, int64_t dv) const = 0;
 

@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "mhla/bfloat16.hpp"
+#include "mhla/float16.hpp"
 
 namespace mhla::backend {
 
@@ -15,7 +16,7 @@ namespace mhla::backend {
 // ask for: the summaries and mixed summaries a call does not keep, and the
 // summaries' gradient; the token_grad slots, O(B N H D), where the phase
 // functions' backward computes its gradients before adding them to the
-// caller's buffers; the widened slots, float copies of the bfloat16
+// caller's buffers; the widened slots, float copies of the 16-bit
 // operator's arguments where it computes in float. A backend keeps its
 // kernels' other arrays to itself (the CPU's: cpu/workspace.hpp).
 enum class Scratch {
@@ -45,8 +46,8 @@ class Memory {
   // arrays), aligned for any element type, freed with the last owner.
   virtual std::shared_ptr<void> allocate(size_t bytes) const = 0;
   // Element-wise work on the device's memory: to[i] += from[i]; to[i] =
-  // from[i]; to[i] = 0; bfloat16 widened to float (exact) and float rounded to
-  // bfloat16.
+  // from[i]; to[i] = 0; bfloat16 and float16 widened to float (exact), and
+  // float rounded to them (to nearest, ties to even).
   virtual void add(const float* from, int64_t n, float* to) const = 0;
   virtual void add(const double* from, int64_t n, double* to) const = 0;
   virtual void copy(const float* from, int64_t n, float* to) const = 0;
@@ -55,6 +56,8 @@ class Memory {
   virtual void zero(double* to, int64_t n) const = 0;
   virtual void widen(const bfloat16* from, int64_t n, float* to) const = 0;
   virtual void narrow(const float* from, int64_t n, bfloat16* to) const = 0;
+  virtual void widen(const float16* from, int64_t n, float* to) const = 0;
+  virtual void narrow(const float* from, int64_t n, float16* to) const = 0;
   // Copies `bytes` of the device's memory to host memory (for the checks and
   // reports that read values: core/host_copy.hpp).
   virtual void to_host(const void* from, size_t bytes, void* to) const = 0;

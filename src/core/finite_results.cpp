@@ -13,14 +13,17 @@ std::string element_name(const char* name, const std::vector<int64_t>& shape, in
   return text + "]";
 }
 
-std::string non_finite_reason(const Problem& problem, bool single_precision) {
+std::string non_finite_reason(const Problem& problem, const std::string& type) {
   const bool normalize = problem.normalize;
   const double eps = problem.eps;
   const FeatureMap phi = problem.phi;
-  const std::string type = single_precision ? "float32" : "float64";
+  // A wider type than the results': float16's range is the narrowest.
+  const std::string wider = type == "float64"   ? ""
+                            : type == "float16" ? "pass bfloat16 or float32 tensors"
+                                                : "compute in float64";
   if (!normalize)
     return "scale * phi(q)^T S~ exceeds the " + type + " range; rescale q, k or v" +
-           (single_precision ? ", or compute in float64" : "");
+           (wider.empty() ? "" : ", or " + wider);
   std::string zero_denominator;
   if (eps == 0) zero_denominator = "eps = 0 with all-zero features gives 0 / 0";
   if (phi == FeatureMap::identity)
@@ -29,21 +32,37 @@ std::string non_finite_reason(const Problem& problem, bool single_precision) {
   return "the normalized read-out phi(q)^T S~ / (phi(q)^T z~ + eps) has a zero denominator or "
          "overflows " +
          type + (zero_denominator.empty() ? "" : " (" + zero_denominator + ")") +
-         "; rescale q and k" + (single_precision ? ", compute in float64" : "") +
+         "; rescale q and k" + (wider.empty() ? "" : ", " + wider) +
          (phi == FeatureMap::identity ? ", use a positive feature map (relu, elu1)" : "") +
          (eps == 0 ? ", or use eps > 0" : "");
 }
 
 std::string non_finite_message(const std::string& what,
                                const std::vector<std::pair<std::string, double>>& magnitudes,
-                               const Problem& problem, bool single_precision) {
+                               const Problem& problem, const std::string& type) {
   std::string bounds;
   for (const auto& [name, largest] : magnitudes)
     bounds += (bounds.empty() ? "|" : ", |") + name + "| <= " + format_number(largest);
   // Without magnitudes (a check that saw only a flag) the parenthesis goes.
   return what + " is not finite although every input is finite" +
          (bounds.empty() ? "" : " (" + bounds + ")") + ": " +
-         non_finite_reason(problem, single_precision);
+         non_finite_reason(problem, type);
+}
+
+void check_float16_range(const char* fn, const NamedTensor<float>& result, const char* remedy) {
+  const int64_t n = checked_product(result.shape, result.name);
+  // From 65520 up a float rounds to float16's infinity (mhla/float16.hpp).
+  constexpr float kRoundsToInfinity = 65520.0f;
+  float largest = 0;
+#pragma omp simd reduction(max : largest)
+  for (int64_t i = 0; i < n; ++i)
+    largest = std::max(largest, std::isfinite(result.data[i]) ? std::abs(result.data[i]) : 0.0f);
+  if (largest < kRoundsToInfinity) return;
+  for (int64_t i = 0; i < n; ++i)
+    if (std::isfinite(result.data[i]) && std::abs(result.data[i]) >= kRoundsToInfinity)
+      fail(fn, element_name(result.name, result.shape, i) + " = " + format_number(result.data[i]) +
+                   " is beyond float16's range (largest finite 65504) and would be infinity; " +
+                   remedy + ", or pass bfloat16 or float32 tensors");
 }
 
 }  // namespace mhla::detail

@@ -58,15 +58,16 @@ double largest_magnitude(const T* x, int64_t n) {
 }
 
 // The causes of a non-finite MHLA or linear-attention result in this problem's
-// mode, with their remedies.
-std::string non_finite_reason(const Problem& problem, bool single_precision);
+// mode, with their remedies; `type` names the results' element type
+// ("float64", "float32", "bfloat16", "float16").
+std::string non_finite_reason(const Problem& problem, const std::string& type);
 
 // "<what> is not finite although every input is finite (|q| <= ..., ...): <causes>":
 // the words of every path's report (the kernels' below, and the plain-torch
 // path's through the Python extension), so that the paths cannot drift apart.
 std::string non_finite_message(const std::string& what,
                                const std::vector<std::pair<std::string, double>>& magnitudes,
-                               const Problem& problem, bool single_precision);
+                               const Problem& problem, const std::string& type);
 
 // What a kernel's "not all finite" flag covers.
 enum class FlagCovers {
@@ -100,7 +101,7 @@ void report_non_finite(const char* fn, const Problem& problem,
     if (first_non_finite(in.data, n) >= 0) return;  // NaN or inf in, NaN or inf out
     magnitudes.emplace_back(in.name, largest_magnitude(in.data, n));
   }
-  fail(fn, non_finite_message(what, magnitudes, problem, sizeof(T) == 4));
+  fail(fn, non_finite_message(what, magnitudes, problem, sizeof(T) == 4 ? "float32" : "float64"));
 }
 
 // The forward pass's report: o from q, k and v.
@@ -134,5 +135,11 @@ void report_non_finite_gradients(const char* fn, const Problem& problem,
                         {"grad_o", grad_o.data, grad_o.shape}},
                        FlagCovers::results_maybe_more);
 }
+
+// After a float result has been rounded to float16 (the float16 operator
+// computes in float): throws mhla::Error naming the first entry of `result`
+// (float values on the host) that is finite in float but beyond float16's
+// range, so that it would come back as infinity. `remedy` says what to change.
+void check_float16_range(const char* fn, const NamedTensor<float>& result, const char* remedy);
 
 }  // namespace mhla::detail

@@ -98,7 +98,7 @@ class CpuAttention final : public backend::Attention<T> {
 // The bfloat16 kernels: the forward's products on bfloat16 operands, the
 // backward's phases reading and writing the bfloat16 tensors in place. Not
 // in causal mode (its in-block products are float only).
-class CpuBf16Attention final : public backend::Bf16Attention {
+class CpuBf16Attention final : public backend::HalfAttention<bfloat16> {
  public:
   CpuBf16Attention(const detail::Problem& p, const float* w)
       : p_(p),
@@ -174,6 +174,14 @@ class CpuMemory final : public backend::Memory {
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < n; ++i) to[i] = to_bfloat16(from[i]);
   }
+  void widen(const float16* from, int64_t n, float* to) const override {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) to[i] = to_float(from[i]);
+  }
+  void narrow(const float* from, int64_t n, float16* to) const override {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) to[i] = to_float16(from[i]);
+  }
   void to_host(const void* from, size_t bytes, void* to) const override {
     std::memcpy(to, from, bytes);
   }
@@ -195,10 +203,18 @@ class CpuBackend final : public backend::Backend {
                                                         const double* w) const override {
     return std::make_unique<CpuAttention<double>>(p, w);
   }
-  std::unique_ptr<backend::Bf16Attention> bf16_attention(const detail::Problem& p,
-                                                         const float* w) const override {
+  std::unique_ptr<backend::HalfAttention<bfloat16>> half_attention(const detail::Problem& p,
+                                                                    const float* w,
+                                                                    bfloat16) const override {
     if (p.causal || !simd::bf16_products_available()) return nullptr;
     return std::make_unique<CpuBf16Attention>(p, w);
+  }
+  // float16 computes in float on widened copies (exact): the CPU's 16-bit
+  // products here are AVX512-BF16's, which take bfloat16 only.
+  std::unique_ptr<backend::HalfAttention<float16>> half_attention(const detail::Problem&,
+                                                                   const float*,
+                                                                   float16) const override {
+    return nullptr;
   }
 
   std::unique_ptr<backend::DecodeState> decode_state(int64_t dk, int64_t dv) const override {

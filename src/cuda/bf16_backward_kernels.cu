@@ -16,6 +16,7 @@ using namespace tiles;
 // writes grad_q a tile of Dk at a time: [inv_t g_t | dden_t] against the
 // mixed summaries (z as one more inner entry), plus (causal) the masked
 // W[i, i] (inv_t g_t . v_j + dden_t) against phi(k_j).
+template <typename Tok>
 __global__ void __launch_bounds__(kThreads)
     query_gradients_kernel(KernelProblem p, int64_t chunks, const uint16_t* q, const uint16_t* k,
                            const uint16_t* v, const uint16_t* grad_o, const float* w,
@@ -37,16 +38,16 @@ __global__ void __launch_bounds__(kThreads)
   const float* m = mixed + (bh * p.blocks + chunk.block) * p.dk * width;
   const float w_ii = p.causal ? weight(p, w, bh % p.heads, chunk.block, chunk.block) : 0.0f;
   const auto phi_q = [&](int t, int64_t a) {
-    return rows[t] >= 0 ? feature(p.phi, to_float(q[rows[t] * p.dk + a])) : 0.0f;
+    return rows[t] >= 0 ? feature(p.phi, Tok::value(q[rows[t] * p.dk + a])) : 0.0f;
   };
   const auto phi_k = [&](int j, int64_t a) {
-    return keys[j] >= 0 ? feature(p.phi, to_float(k[keys[j] * p.dk + a])) : 0.0f;
+    return keys[j] >= 0 ? feature(p.phi, Tok::value(k[keys[j] * p.dk + a])) : 0.0f;
   };
   const auto g = [&](int t, int64_t e) {
-    return rows[t] >= 0 ? to_float(grad_o[rows[t] * p.dv + e]) : 0.0f;
+    return rows[t] >= 0 ? Tok::value(grad_o[rows[t] * p.dv + e]) : 0.0f;
   };
   const auto value = [&](int j, int64_t e) {
-    return keys[j] >= 0 ? to_float(v[keys[j] * p.dv + e]) : 0.0f;
+    return keys[j] >= 0 ? Tok::value(v[keys[j] * p.dv + e]) : 0.0f;
   };
   // Key j of the chunk from position k0 is visible to the chunk's token t.
   const auto visible = [&](int t, int j, int64_t k0) { return k0 + j <= chunk.c0 + t; };
@@ -149,9 +150,8 @@ __global__ void __launch_bounds__(kThreads)
       const int r = e / kTile, a = e % kTile;
       if (rows[r] < 0 || dk0 + a >= p.dk) continue;
       const int64_t at = rows[r] * p.dk + dk0 + a;
-      const float gq = feature_derivative(p.phi, to_float(q[at])) * out[r][a];
-      if (!isfinite(gq)) atomicOr(non_finite, 1);
-      grad_q[at] = to_bits(gq);
+      const float gq = feature_derivative(p.phi, Tok::value(q[at])) * out[r][a];
+      if (!store_token<Tok>(gq, grad_q[at])) atomicOr(non_finite, 1);
     }
     __syncthreads();
   }
@@ -160,6 +160,7 @@ __global__ void __launch_bounds__(kThreads)
 // Grid (block b, slice bh, Dk tile x Dv tile): the tile of
 // grad_mixed_b = sum_t phi(q_t) [inv_t grad_o_t | dden_t], as the summaries
 // kernel sums phi(k_t) [v_t | 1].
+template <typename Tok>
 __global__ void __launch_bounds__(kThreads)
     mixed_gradients_kernel(KernelProblem p, const uint16_t* q, const uint16_t* grad_o,
                            const float* terms, float* grad_mixed) {
@@ -172,11 +173,11 @@ __global__ void __launch_bounds__(kThreads)
   clear(acc);
   float last = 0;  // sum of phi(q_t) dden_t over the block for Dk entry tile.dk0 + threadIdx.x
   tokens_product(
-      acc, stage, tile.count, [&](int64_t j, int d) { return tile.feature_of(q, j, d); },
+      acc, stage, tile.count, [&](int64_t j, int d) { return tile.template feature_of<Tok>(q, j, d); },
       [&](int64_t j, int e) {
         if (tile.dv0 + e >= p.dv) return 0.0f;
         const int64_t r = tile.row(j);
-        return terms[2 * r] * to_float(grad_o[r * p.dv + tile.dv0 + e]);
+        return terms[2 * r] * Tok::value(grad_o[r * p.dv + tile.dv0 + e]);
       },
       [&](const TokenStage& staged, int64_t c0) {
         if (threadIdx.x < kTile)
@@ -195,6 +196,7 @@ __global__ void __launch_bounds__(kThreads)
 // inner entry), or of grad_v, phi(K) dS; with token-level causal masking
 // plus the block's queries t >= j, a chunk of kTile at a time: W[i, i]
 // (inv_t g_t . v_j + dden_t) against phi(q_t), or W[i, i] s_tj inv_t against g_t.
+template <typename Tok>
 __global__ void __launch_bounds__(kThreads)
     key_value_gradients_kernel(KernelProblem p, int64_t chunks, const uint16_t* q,
                                const uint16_t* k, const uint16_t* v, const uint16_t* grad_o,
@@ -213,16 +215,16 @@ __global__ void __launch_bounds__(kThreads)
   const bool key_tile = int64_t(blockIdx.z) < dk_tiles;
   const int64_t col0 = (key_tile ? int64_t(blockIdx.z) : int64_t(blockIdx.z) - dk_tiles) * kTile;
   const auto phi_k = [&](int j, int64_t a) {
-    return rows[j] >= 0 ? feature(p.phi, to_float(k[rows[j] * p.dk + a])) : 0.0f;
+    return rows[j] >= 0 ? feature(p.phi, Tok::value(k[rows[j] * p.dk + a])) : 0.0f;
   };
   const auto value = [&](int j, int64_t e) {
-    return rows[j] >= 0 ? to_float(v[rows[j] * p.dv + e]) : 0.0f;
+    return rows[j] >= 0 ? Tok::value(v[rows[j] * p.dv + e]) : 0.0f;
   };
   const auto phi_q = [&](int t, int64_t a) {
-    return queries[t] >= 0 ? feature(p.phi, to_float(q[queries[t] * p.dk + a])) : 0.0f;
+    return queries[t] >= 0 ? feature(p.phi, Tok::value(q[queries[t] * p.dk + a])) : 0.0f;
   };
   const auto g = [&](int t, int64_t e) {
-    return queries[t] >= 0 ? to_float(grad_o[queries[t] * p.dv + e]) : 0.0f;
+    return queries[t] >= 0 ? Tok::value(grad_o[queries[t] * p.dv + e]) : 0.0f;
   };
 
   Accumulators acc;
@@ -278,14 +280,12 @@ __global__ void __launch_bounds__(kThreads)
     if (key_tile) {
       if (col0 + c >= p.dk) continue;
       const int64_t at = rows[r] * p.dk + col0 + c;
-      const float gk = feature_derivative(p.phi, to_float(k[at])) * out[r][c];
-      if (!isfinite(gk)) atomicOr(non_finite, 1);
-      grad_k[at] = to_bits(gk);
+      const float gk = feature_derivative(p.phi, Tok::value(k[at])) * out[r][c];
+      if (!store_token<Tok>(gk, grad_k[at])) atomicOr(non_finite, 1);
     } else {
       if (col0 + c >= p.dv) continue;
-      const float gv = out[r][c];
-      if (!isfinite(gv)) atomicOr(non_finite, 1);
-      grad_v[rows[r] * p.dv + col0 + c] = to_bits(gv);
+      if (!store_token<Tok>(out[r][c], grad_v[rows[r] * p.dv + col0 + c]))
+        atomicOr(non_finite, 1);
     }
   }
 }
@@ -298,8 +298,10 @@ void bf16_query_gradients(const KernelProblem& p, const uint16_t* q, const uint1
                           int* non_finite, cudaStream_t stream) {
   const int64_t chunks = tile_count(p.largest_block);
   const dim3 grid(unsigned(p.blocks * chunks), unsigned(p.batch * p.heads));
-  query_gradients_kernel<<<grid, kThreads, 0, stream>>>(p, chunks, q, k, v, grad_o, w, mixed,
-                                                        grad_q, terms, diagonal, non_finite);
+  with_token_format(p.token_format, [&](auto token) {
+    query_gradients_kernel<decltype(token)><<<grid, kThreads, 0, stream>>>(
+        p, chunks, q, k, v, grad_o, w, mixed, grad_q, terms, diagonal, non_finite);
+  });
   check_launch("bf16 query gradients kernel");
 }
 
@@ -311,7 +313,10 @@ void bf16_mixed_gradients(const KernelProblem& p, const uint16_t* q, const uint1
                           const float* terms, float* grad_mixed, cudaStream_t stream) {
   const dim3 grid(unsigned(p.blocks), unsigned(p.batch * p.heads),
                   unsigned(tile_count(p.dk) * tile_count(p.dv)));
-  mixed_gradients_kernel<<<grid, kThreads, 0, stream>>>(p, q, grad_o, terms, grad_mixed);
+  with_token_format(p.token_format, [&](auto token) {
+    mixed_gradients_kernel<decltype(token)>
+        <<<grid, kThreads, 0, stream>>>(p, q, grad_o, terms, grad_mixed);
+  });
   check_launch("bf16 mixed gradients kernel");
 }
 
@@ -322,8 +327,10 @@ void bf16_key_value_gradients(const KernelProblem& p, const uint16_t* q, const u
   const int64_t chunks = tile_count(p.largest_block);
   const dim3 grid(unsigned(p.blocks * chunks), unsigned(p.batch * p.heads),
                   unsigned(tile_count(p.dk) + tile_count(p.dv)));
-  key_value_gradients_kernel<<<grid, kThreads, 0, stream>>>(
-      p, chunks, q, k, v, grad_o, w, terms, grad_summaries, grad_k, grad_v, non_finite);
+  with_token_format(p.token_format, [&](auto token) {
+    key_value_gradients_kernel<decltype(token)><<<grid, kThreads, 0, stream>>>(
+        p, chunks, q, k, v, grad_o, w, terms, grad_summaries, grad_k, grad_v, non_finite);
+  });
   check_launch("bf16 key and value gradients kernel");
 }
 

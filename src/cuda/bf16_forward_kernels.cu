@@ -10,6 +10,7 @@ using namespace tiles;
 
 // Grid (block b, slice bh, Dk tile x Dv tile): the tile of
 // [S_b | z_b] = phi(K_b)^T [V_b | 1], staging kChunk of the block's tokens at a time.
+template <typename Tok>
 __global__ void __launch_bounds__(kThreads)
     summaries_kernel(KernelProblem p, const uint16_t* k, const uint16_t* v, float* s) {
   __shared__ __align__(32) TokenStage stage;
@@ -21,9 +22,9 @@ __global__ void __launch_bounds__(kThreads)
   clear(acc);
   float z = 0;  // sum of phi(k) over the block for Dk entry tile.dk0 + threadIdx.x
   tokens_product(
-      acc, stage, tile.count, [&](int64_t j, int d) { return tile.feature_of(k, j, d); },
+      acc, stage, tile.count, [&](int64_t j, int d) { return tile.template feature_of<Tok>(k, j, d); },
       [&](int64_t j, int e) {
-        return tile.dv0 + e < p.dv ? to_float(v[tile.row(j) * p.dv + tile.dv0 + e]) : 0.0f;
+        return tile.dv0 + e < p.dv ? Tok::value(v[tile.row(j) * p.dv + tile.dv0 + e]) : 0.0f;
       },
       [&](const TokenStage& staged, int64_t) {
         if (threadIdx.x < kTile)
@@ -40,6 +41,7 @@ __global__ void __launch_bounds__(kThreads)
 // chunk's tokens, phi(Q) times the block's mixed summaries (with token-level
 // causal masking, plus W[i, i] times the block's keys up to each token),
 // divided by the denominators as they are written.
+template <typename Tok>
 __global__ void __launch_bounds__(kThreads)
     outputs_kernel(KernelProblem p, int64_t chunks, const uint16_t* q, const uint16_t* k,
                    const uint16_t* v, const float* w, const float* mixed, uint16_t* o,
@@ -54,7 +56,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t bh = blockIdx.y, dv0 = int64_t(blockIdx.z) * kTile, width = p.dv + 1;
   const float* m = mixed + (bh * p.blocks + chunk.block) * p.dk * width;
   const auto phi_q = [&](int t, int64_t a) {
-    return rows[t] >= 0 ? feature(p.phi, to_float(q[rows[t] * p.dk + a])) : 0.0f;
+    return rows[t] >= 0 ? feature(p.phi, Tok::value(q[rows[t] * p.dk + a])) : 0.0f;
   };
 
   Accumulators acc;
@@ -76,7 +78,7 @@ __global__ void __launch_bounds__(kThreads)
     block_rows(p, chunk, k0, keys);
     __syncthreads();
     pair_products(stage, out, p.dk, phi_q, [&](int j, int64_t a) {
-      return keys[j] >= 0 ? feature(p.phi, to_float(k[keys[j] * p.dk + a])) : 0.0f;
+      return keys[j] >= 0 ? feature(p.phi, Tok::value(k[keys[j] * p.dk + a])) : 0.0f;
     });
     for (int e = threadIdx.x; e < kTile * kTile; e += kThreads) {
       const int t = e / kTile, j = e % kTile;
@@ -88,7 +90,7 @@ __global__ void __launch_bounds__(kThreads)
     rows_product<BLoad::by_column>(
         acc, stage, 0, kTile, [&](int t, int64_t j) { return out[t][j]; },
         [&](int64_t j, int e) {
-          return keys[j] >= 0 && dv0 + e < p.dv ? to_float(v[keys[j] * p.dv + dv0 + e]) : 0.0f;
+          return keys[j] >= 0 && dv0 + e < p.dv ? Tok::value(v[keys[j] * p.dv + dv0 + e]) : 0.0f;
         },
         NothingPerStage{});
   }
@@ -101,8 +103,9 @@ __global__ void __launch_bounds__(kThreads)
     if (rows[t] < 0 || dv0 + j >= p.dv) continue;
     const float y = out[t][j];
     const float r = p.normalize ? y / (denominator[t] + float(p.eps)) : float(p.scale) * y;
-    if (!isfinite(r) || (p.normalize && !isfinite(denominator[t]))) atomicOr(non_finite, 1);
-    o[rows[t] * p.dv + dv0 + j] = to_bits(r);
+    if (!store_token<Tok>(r, o[rows[t] * p.dv + dv0 + j]) ||
+        (p.normalize && !isfinite(denominator[t])))
+      atomicOr(non_finite, 1);
   }
 }
 
@@ -121,7 +124,9 @@ void bf16_summaries(const KernelProblem& p, const uint16_t* k, const uint16_t* v
                     cudaStream_t stream) {
   const dim3 grid(unsigned(p.blocks), unsigned(p.batch * p.heads),
                   unsigned(tile_count(p.dk) * tile_count(p.dv)));
-  summaries_kernel<<<grid, kThreads, 0, stream>>>(p, k, v, summaries);
+  with_token_format(p.token_format, [&](auto token) {
+    summaries_kernel<decltype(token)><<<grid, kThreads, 0, stream>>>(p, k, v, summaries);
+  });
   check_launch("bf16 summaries kernel");
 }
 
@@ -131,7 +136,10 @@ void bf16_outputs(const KernelProblem& p, const uint16_t* q, const uint16_t* k, 
   const int64_t chunks = tile_count(p.largest_block);
   const dim3 grid(unsigned(p.blocks * chunks), unsigned(p.batch * p.heads),
                   unsigned(tile_count(p.dv)));
-  outputs_kernel<<<grid, kThreads, 0, stream>>>(p, chunks, q, k, v, w, mixed, o, non_finite);
+  with_token_format(p.token_format, [&](auto token) {
+    outputs_kernel<decltype(token)>
+        <<<grid, kThreads, 0, stream>>>(p, chunks, q, k, v, w, mixed, o, non_finite);
+  });
   check_launch("bf16 outputs kernel");
 }
 

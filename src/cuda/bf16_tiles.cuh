@@ -16,6 +16,7 @@
 // one element, called only inside the problem) so that each kernel says what
 // it multiplies and the staging is written once.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <mma.h>
 
 #include <cstdint>
@@ -48,9 +49,41 @@ __host__ __device__ inline int64_t tile_count(int64_t extent) {
   return (extent + kTile - 1) / kTile;
 }
 
-__device__ inline float to_float(uint16_t bits) { return __uint_as_float(uint32_t(bits) << 16); }
+// A token of format F: its 16-bit pattern read as float (exact) and a float
+// written as one (to nearest, ties to even). A float16 token splits into
+// two bfloat16 halves exactly (11 significant bits in 8 + 8), so both
+// formats run the same split products.
+template <TokenFormat F>
+struct Token;
+template <>
+struct Token<TokenFormat::bfloat16> {
+  __device__ static float value(uint16_t bits) { return __uint_as_float(uint32_t(bits) << 16); }
+  __device__ static uint16_t bits(float x) { return __bfloat16_as_ushort(__float2bfloat16_rn(x)); }
+};
+template <>
+struct Token<TokenFormat::float16> {
+  __device__ static float value(uint16_t bits) { return __half2float(__ushort_as_half(bits)); }
+  __device__ static uint16_t bits(float x) { return __half_as_ushort(__float2half_rn(x)); }
+};
 
-__device__ inline uint16_t to_bits(float x) { return __bfloat16_as_ushort(__float2bfloat16_rn(x)); }
+// Writes x as a token of Tok's format; whether the token is finite (a finite
+// float beyond float16's range is not).
+template <typename Tok>
+__device__ inline bool store_token(float x, uint16_t& to) {
+  const uint16_t bits = Tok::bits(x);
+  to = bits;
+  return isfinite(Tok::value(bits));
+}
+
+// Calls launch(Token<F>{}) for the problem's token format F: the host side
+// of a kernel templated on it.
+template <typename Launch>
+void with_token_format(TokenFormat format, Launch&& launch) {
+  if (format == TokenFormat::float16)
+    launch(Token<TokenFormat::float16>{});
+  else
+    launch(Token<TokenFormat::bfloat16>{});
+}
 
 // x as hi + lo, both bfloat16.
 __device__ inline void split(float x, bf16& hi, bf16& lo) {
@@ -262,8 +295,9 @@ struct BlockSumTile {
     return token_row(p, batch_entry, p.block_tokens[first + j], head);
   }
   // phi of entry dk0 + d of token j's row in a [B, N, H, Dk] tensor (0 past Dk).
+  template <typename Tok>
   __device__ float feature_of(const uint16_t* x, int64_t j, int d) const {
-    return dk0 + d < p.dk ? feature(p.phi, to_float(x[row(j) * p.dk + dk0 + d])) : 0.0f;
+    return dk0 + d < p.dk ? feature(p.phi, Tok::value(x[row(j) * p.dk + dk0 + d])) : 0.0f;
   }
   // This block's [Dk, Dv + 1] array in a [B*H, M, Dk, Dv + 1] one.
   __device__ float* in(float* array) const {

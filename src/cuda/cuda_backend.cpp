@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -166,10 +167,12 @@ thread_local BlockArrayCache block_arrays;
 // kernels' view of the problem.
 class Geometry {
  public:
-  explicit Geometry(const detail::Problem& p)
+  explicit Geometry(const detail::Problem& p, TokenFormat token_format = TokenFormat::bfloat16)
       : arrays_(block_arrays.get(p.table, p.tokens)),
         problem_(kernel_problem(p, static_cast<const int64_t*>(arrays_->arrays.data()),
-                                arrays_->largest_block)) {}
+                                arrays_->largest_block)) {
+    problem_.token_format = token_format;
+  }
   const KernelProblem& problem() const { return problem_; }
   // The elements of the summaries and of the mixed summaries, [B*H, M, Dk, Dv + 1].
   int64_t summary_elements() const {
@@ -186,7 +189,7 @@ class Geometry {
 int64_t tokens(const KernelProblem& p) { return p.batch * p.tokens * p.heads; }
 template <typename T>
 CheckedInputs<T> forward_inputs(const KernelProblem& p, const T* q, const T* k, const T* v) {
-  return {{{q, tokens(p) * p.dk}, {k, tokens(p) * p.dk}, {v, tokens(p) * p.dv}}, 3};
+  return {{{q, tokens(p) * p.dk}, {k, tokens(p) * p.dk}, {v, tokens(p) * p.dv}}, 3, p.token_format};
 }
 template <typename T>
 CheckedInputs<T> backward_inputs(const KernelProblem& p, const T* q, const T* k, const T* v,
@@ -295,23 +298,27 @@ class CudaAttention final : public backend::Attention<T> {
   const T* w_;
 };
 
-// The bfloat16 operator on tensor cores: the forward's summaries, mix and
-// outputs; the backward's query gradients (with the per-token terms), the
-// mixed summaries' gradient, the mix's backward and the key and value gradients.
-class CudaBf16Attention final : public backend::Bf16Attention {
+// The 16-bit operator on tensor cores (H: bfloat16 or float16): the forward's
+// summaries, mix and outputs; the backward's query gradients (with the
+// per-token terms), the mixed summaries' gradient, the mix's backward and the
+// key and value gradients. The bfloat16-state kernels take bfloat16 only.
+template <typename H>
+class CudaHalfAttention final : public backend::HalfAttention<H> {
  public:
-  CudaBf16Attention(const detail::Problem& p, const float* w) : problem_(p), geometry_(p), w_(w) {}
+  static constexpr bool kBf16 = std::is_same_v<H, bfloat16>;
+  CudaHalfAttention(const detail::Problem& p, const float* w)
+      : problem_(p), geometry_(p, kBf16 ? TokenFormat::bfloat16 : TokenFormat::float16), w_(w) {}
   bool fits() const { return bf16_kernels_fit(geometry_.problem()); }
 
-  bool forward(const bfloat16* q, const bfloat16* k, const bfloat16* v, bfloat16* o,
-               float* saved_summaries, float* saved_mixed) const override {
+  bool forward(const H* q, const H* k, const H* v, H* o, float* saved_summaries,
+               float* saved_mixed) const override {
     const KernelProblem& p = geometry_.problem();
     const cudaStream_t stream = current_stream();
     CallStatus status = call_status("mhla::forward", problem_, p, w_);
     // The bfloat16-state kernels keep their state to themselves, so a call
     // that saves the float state for a backward stays on these.
-    if (saved_summaries == nullptr && saved_mixed == nullptr && cuda_bf16_state_kernels() &&
-        bf16_state_forward_fits(p, q, k, v, o)) {
+    if (kBf16 && saved_summaries == nullptr && saved_mixed == nullptr &&
+        cuda_bf16_state_kernels() && bf16_state_forward_fits(p, q, k, v, o)) {
       bf16_state_forward(p, bits(q), bits(k), bits(v), w_, bits(o), bf16_state(p, Own::bf16_state),
                          status.non_finite(), stream);
     } else {
@@ -324,15 +331,16 @@ class CudaBf16Attention final : public backend::Bf16Attention {
     }
     return !status.raised(forward_inputs(p, bits(q), bits(k), bits(v)));
   }
-  bool backward(const bfloat16* q, const bfloat16* k, const bfloat16* v, const bfloat16* grad_o,
-                bfloat16* grad_q, bfloat16* grad_k, bfloat16* grad_v, float* grad_w,
-                const float* saved_summaries, const float* saved_mixed) const override {
+  bool backward(const H* q, const H* k, const H* v, const H* grad_o, H* grad_q, H* grad_k,
+                H* grad_v, float* grad_w, const float* saved_summaries,
+                const float* saved_mixed) const override {
     const KernelProblem& p = geometry_.problem();
     const cudaStream_t stream = current_stream();
     CallStatus status = call_status("mhla::backward", problem_, p, w_);
     // Saved float state is read by these kernels only; without it the
     // bfloat16-state kernels recompute their own.
-    if (saved_summaries == nullptr && saved_mixed == nullptr && cuda_bf16_state_kernels() &&
+    if (kBf16 && saved_summaries == nullptr && saved_mixed == nullptr &&
+        cuda_bf16_state_kernels() &&
         bf16_state_backward_fits(p, q, k, v, grad_o, grad_q, grad_k, grad_v)) {
       bf16_state_backward(p, bits(q), bits(k), bits(v), w_, bits(grad_o), bits(grad_q),
                           bits(grad_k), bits(grad_v), grad_w, bf16_state(p, Own::bf16_state),
@@ -380,8 +388,8 @@ class CudaBf16Attention final : public backend::Bf16Attention {
     auto* rows = reinterpret_cast<uint16_t*>(floats + 2 * sizes.normalisers);
     return {rows, floats, rows + sizes.summaries, floats + sizes.normalisers};
   }
-  static const uint16_t* bits(const bfloat16* x) { return reinterpret_cast<const uint16_t*>(x); }
-  static uint16_t* bits(bfloat16* x) { return reinterpret_cast<uint16_t*>(x); }
+  static const uint16_t* bits(const H* x) { return reinterpret_cast<const uint16_t*>(x); }
+  static uint16_t* bits(H* x) { return reinterpret_cast<uint16_t*>(x); }
 
   const detail::Problem& problem_;
   const Geometry geometry_;
@@ -421,6 +429,12 @@ class CudaMemory final : public backend::Memory {
   void narrow(const float* from, int64_t n, bfloat16* to) const override {
     cuda::narrow(from, n, reinterpret_cast<uint16_t*>(to), current_stream());
   }
+  void widen(const float16* from, int64_t n, float* to) const override {
+    cuda::widen_f16(reinterpret_cast<const uint16_t*>(from), n, to, current_stream());
+  }
+  void narrow(const float* from, int64_t n, float16* to) const override {
+    cuda::narrow_f16(from, n, reinterpret_cast<uint16_t*>(to), current_stream());
+  }
   // In the order of the calls' stream, which may not wait for the legacy one.
   void to_host(const void* from, size_t bytes, void* to) const override {
     const cudaStream_t stream = current_stream();
@@ -452,13 +466,15 @@ class CudaBackend final : public backend::Backend {
                                                         const double* w) const override {
     return make_attention(p, w);
   }
-  std::unique_ptr<backend::Bf16Attention> bf16_attention(const detail::Problem& p,
-                                                         const float* w) const override {
-    // Where the bfloat16 kernels do not apply, the API refuses the problem or
-    // runs it in float on widened copies (make_attention says which).
-    auto kernels = std::make_unique<CudaBf16Attention>(p, w);
-    if (!kernels->fits()) return nullptr;
-    return kernels;
+  std::unique_ptr<backend::HalfAttention<bfloat16>> half_attention(const detail::Problem& p,
+                                                                    const float* w,
+                                                                    bfloat16) const override {
+    return make_half_attention<bfloat16>(p, w);
+  }
+  std::unique_ptr<backend::HalfAttention<float16>> half_attention(const detail::Problem& p,
+                                                                   const float* w,
+                                                                   float16) const override {
+    return make_half_attention<float16>(p, w);
   }
   std::unique_ptr<backend::DecodeState> decode_state(int64_t, int64_t) const override {
     unsupported("the streaming decoder");
@@ -495,6 +511,15 @@ class CudaBackend final : public backend::Backend {
     if (p.first_block != 0 || p.mixing_blocks != p.blocks)
       unsupported("a piece of a longer sequence (forward_piece, packed batches)");
     return std::make_unique<CudaAttention<T>>(p, w);
+  }
+  // Where the 16-bit kernels do not apply, the API refuses the problem or
+  // runs it in float on widened copies (make_attention says which).
+  template <typename H>
+  static std::unique_ptr<backend::HalfAttention<H>> make_half_attention(const detail::Problem& p,
+                                                                        const float* w) {
+    auto kernels = std::make_unique<CudaHalfAttention<H>>(p, w);
+    if (!kernels->fits()) return nullptr;
+    return kernels;
   }
 
   CudaMemory memory_;

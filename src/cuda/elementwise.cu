@@ -1,3 +1,5 @@
+#include <cuda_fp16.h>
+
 #include "cuda/cuda_check.hpp"
 #include "cuda/launch.cuh"
 #include "cuda/elementwise.cuh"
@@ -22,6 +24,14 @@ __global__ void narrow_kernel(const float* from, int64_t n, uint16_t* to) {
   }
 }
 
+__global__ void widen_f16_kernel(const uint16_t* from, int64_t n, float* to) {
+  MHLA_GRID_STRIDE(i, n) to[i] = __half2float(__ushort_as_half(from[i]));
+}
+
+__global__ void narrow_f16_kernel(const float* from, int64_t n, uint16_t* to) {
+  MHLA_GRID_STRIDE(i, n) to[i] = __half_as_ushort(__float2half_rn(from[i]));
+}
+
 }  // namespace
 
 template <typename T>
@@ -43,6 +53,18 @@ void narrow(const float* from, int64_t n, uint16_t* to, cudaStream_t stream) {
   if (n == 0) return;
   narrow_kernel<<<grid_for(n), kThreads, 0, stream>>>(from, n, to);
   check_launch("narrow_kernel");
+}
+
+void widen_f16(const uint16_t* from, int64_t n, float* to, cudaStream_t stream) {
+  if (n == 0) return;
+  widen_f16_kernel<<<grid_for(n), kThreads, 0, stream>>>(from, n, to);
+  check_launch("widen_f16_kernel");
+}
+
+void narrow_f16(const float* from, int64_t n, uint16_t* to, cudaStream_t stream) {
+  if (n == 0) return;
+  narrow_f16_kernel<<<grid_for(n), kThreads, 0, stream>>>(from, n, to);
+  check_launch("narrow_f16_kernel");
 }
 
 }  // namespace mhla::cuda

@@ -31,16 +31,20 @@ __global__ void record_bad_weight_kernel(const T* w, DeviceStatus* status) {
     status->bad_weight_value = double(w[status->first_bad_weight]);
 }
 
-__device__ inline bool finite(uint16_t bf16) { return (bf16 & 0x7f80u) != 0x7f80u; }
-__device__ inline bool finite(float x) { return isfinite(x); }
-__device__ inline bool finite(double x) { return isfinite(x); }
+// A 16-bit token is not finite where its exponent bits are all set.
+__device__ inline bool finite(uint16_t bits, TokenFormat format) {
+  const uint16_t exponent = format == TokenFormat::float16 ? 0x7c00u : 0x7f80u;
+  return (bits & exponent) != exponent;
+}
+__device__ inline bool finite(float x, TokenFormat) { return isfinite(x); }
+__device__ inline bool finite(double x, TokenFormat) { return isfinite(x); }
 
 template <typename T>
 __global__ void check_inputs_kernel(CheckedInputs<T> in, DeviceStatus* status) {
   if (status->non_finite == 0) return;  // the common case: nothing to explain
   for (int a = 0; a < in.count; ++a) {
     MHLA_GRID_STRIDE(i, in.x[a].n) {
-      if (!finite(in.x[a].data[i])) status->inputs_finite = 0;
+      if (!finite(in.x[a].data[i], in.format)) status->inputs_finite = 0;
     }
   }
 }

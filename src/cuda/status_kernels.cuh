@@ -47,6 +47,7 @@ struct CheckedInputs {
   };
   Array x[kMaxCheckedInputs];
   int count = 0;
+  TokenFormat format = TokenFormat::bfloat16;  // how 16-bit entries are read
 };
 
 // Where status->non_finite is raised: clears status->inputs_finite when an
@@ -54,7 +55,7 @@ struct CheckedInputs {
 // propagates without an error. Where it is not raised the kernel returns at
 // once.
 void check_inputs_finite(const CheckedInputs<uint16_t>& inputs, DeviceStatus* status,
-                         cudaStream_t stream);  // bfloat16 bit patterns
+                         cudaStream_t stream);  // 16-bit tokens of inputs.format
 void check_inputs_finite(const CheckedInputs<float>& inputs, DeviceStatus* status,
                          cudaStream_t stream);
 void check_inputs_finite(const CheckedInputs<double>& inputs, DeviceStatus* status,

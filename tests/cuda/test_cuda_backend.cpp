@@ -284,6 +284,77 @@ TEST_P(CudaBf16Backward, MatchesFloat64OnTheSameInputs) {
 
 INSTANTIATE_TEST_SUITE_P(AllModes, CudaBf16Backward, testing::ValuesIn(bf16_cases()), case_name);
 
+// float16 tokens on the same tensor-core kernels (each float16 splits into
+// two bfloat16 halves exactly) against float64 on the same float16 inputs:
+// forward and backward, saved arrays and recomputed, results poisoned first.
+class CudaFloat16 : public CudaBf16Forward {};
+
+TEST_P(CudaFloat16, MatchesFloat64OnTheSameInputs) {
+  SKIP_WITHOUT_DEVICE();
+  const Case& c = GetParam();
+  const Inputs in = make_inputs(c, 19);
+  const auto q = rounded_to_float16(in.q), k = rounded_to_float16(in.k),
+             v = rounded_to_float16(in.v), g = rounded_to_float16(in.grad_o);
+  const std::vector<float> w(in.w.begin(), in.w.end());
+  const std::vector<int64_t> s_shape = saved_summaries_shape(c.options(), c.q_shape(), c.v_shape());
+  const size_t n = size_t(numel(s_shape));
+  const float16 nan = to_float16(std::numeric_limits<float>::quiet_NaN());
+  const DeviceArray<float16> dq(q), dk(k), dv(v), dg(g);
+  const DeviceArray<float> dw(w);
+  DeviceArray<float16> o(std::vector<float16>(v.size(), nan));
+  DeviceArray<float> s(n), m(n);
+  forward(c.options(), dq.cview(c.q_shape()), dk.cview(c.q_shape()), dv.cview(c.v_shape()),
+          dw.cview(c.w_shape()), o.view(c.v_shape()), s.view(s_shape), m.view(s_shape));
+
+  const std::vector<double> q64 = float16_values(q), k64 = float16_values(k),
+                            v64 = float16_values(v), g64 = float16_values(g), w64 = widened(w);
+  std::vector<double> o64(v.size());
+  forward<double>(c.options(), view(q64, c.q_shape()), view(k64, c.q_shape()),
+                  view(v64, c.v_shape()), view(w64, c.w_shape()), view(o64, c.v_shape()));
+  // o within its one rounding to float16 (2^-12) after sums near float32.
+  EXPECT_CLOSE(float16_values(o.host()), o64, 1e-3, "o");
+  const auto [gq64, gk64, gv64, gw64] = float64_gradients(c, q64, k64, v64, w64, g64);
+  for (const bool saved : {true, false}) {
+    const std::string how = saved ? " (saved arrays)" : " (recomputed)";
+    DeviceArray<float16> gq(std::vector<float16>(q.size(), nan)),
+        gk(std::vector<float16>(k.size(), nan)), gv(std::vector<float16>(v.size(), nan));
+    DeviceArray<float> gw(std::vector<float>(w.size(), std::numeric_limits<float>::quiet_NaN()));
+    backward(c.options(), dq.cview(c.q_shape()), dk.cview(c.q_shape()), dv.cview(c.v_shape()),
+             dw.cview(c.w_shape()), o.cview(c.v_shape()), dg.cview(c.v_shape()),
+             gq.view(c.q_shape()), gk.view(c.q_shape()), gv.view(c.v_shape()), gw.view(c.w_shape()),
+             saved ? s.cview(s_shape) : TensorView<const float>{},
+             saved ? m.cview(s_shape) : TensorView<const float>{});
+    // The bfloat16 kernels' bounds (the gradients' cancellations set them,
+    // not the rounding of the result).
+    EXPECT_CLOSE(float16_values(gq.host()), gq64, 1e-2, "grad q" + how);
+    EXPECT_CLOSE(float16_values(gk.host()), gk64, 1e-2, "grad k" + how);
+    EXPECT_CLOSE(float16_values(gv.host()), gv64, 1e-2, "grad v" + how);
+    EXPECT_CLOSE(gw.host(), gw64, 1e-3, "grad w" + how);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllModes, CudaFloat16, testing::ValuesIn(bf16_cases()), case_name);
+
+// An o finite in float32 but beyond float16's range is named, not returned
+// as infinity: the kernels flag the rounded value, and the float path names it.
+TEST(CudaBackend, Float16OverflowIsANamedError) {
+  SKIP_WITHOUT_DEVICE();
+  Case c{"range", 1, 2, 8, 8, TokenLayout::sequence(48, 4)};
+  c.normalize = false;
+  Options options = c.options();
+  options.scale = 1e5;
+  const Inputs in = make_inputs(c, 6);
+  const DeviceArray<float16> q(rounded_to_float16(in.q)), k(rounded_to_float16(in.k)),
+      v(rounded_to_float16(in.v));
+  const DeviceArray<float> w(std::vector<float>(in.w.begin(), in.w.end()));
+  DeviceArray<float16> o(in.v.size());
+  EXPECT_THAT([&] {
+    forward(options, q.cview(c.q_shape()), k.cview(c.q_shape()), v.cview(c.v_shape()),
+            w.cview(c.w_shape()), o.view(c.v_shape()));
+  },
+              ThrowsMessage<Error>(HasSubstr("beyond float16's range (largest finite 65504)")));
+}
+
 // The bfloat16-state forward (MHLA_CUDA_BF16_STATE=1; a forward that saves
 // no arrays) against float64 on the same bfloat16 inputs, o poisoned first,
 // the same bits from a second call; the tiling emulation holds its tiles to

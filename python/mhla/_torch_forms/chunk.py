@@ -204,12 +204,17 @@ def _diagonal(w, mixing, blocks):
     return torch.diagonal(w, dim1=-2, dim2=-1)
 
 
+# The range a result of each dtype overflows, as the C++ operator names it: bfloat16 has float32's.
+_RANGE_OF = {torch.float64: "float64", torch.float32: "float32", torch.bfloat16: "float32",
+             torch.float16: "float16"}
+
+
 def _non_finite_message(function, feature_map, normalize, eps, dk, dtype):
     """``_finite_results``' message for this call: the C++ operator's words, built on failure only."""
     def message(entry, what, magnitudes):
         options = _core.Options(_core.Layout.sequence(1, 1), feature_map=feature_map, normalize=normalize,
                                 eps=eps)
-        return _core._non_finite_message(function, entry, what, magnitudes, options, dk, dtype != torch.float64)
+        return _core._non_finite_message(function, entry, what, magnitudes, options, dk, _RANGE_OF[dtype])
     return message
 
 
