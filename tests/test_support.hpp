@@ -176,6 +176,43 @@ inline std::vector<double> float16_values(const std::vector<float16>& x) {
   return out;
 }
 
+// The 16-bit operator's results (H: bfloat16 or float16), bit for bit.
+template <typename H>
+struct HalfResults {
+  std::vector<H> o, gq, gk, gv;
+  std::vector<float> gw;
+  bool operator==(const HalfResults& r) const {
+    auto same = [](const auto& a, const auto& b) {
+      return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0;
+    };
+    return same(o, r.o) && same(gq, r.gq) && same(gk, r.gk) && same(gv, r.gv) && same(gw, r.gw);
+  }
+};
+
+// The 16-bit forward (keeping the summaries and mixed summaries when `save`)
+// then backward, on the inputs rounded by `round` and a float32 w.
+template <typename H, typename Round>
+HalfResults<H> run_half(const Case& c, const Inputs& in, Round round, bool save) {
+  const std::vector<H> q = round(in.q), k = round(in.k), v = round(in.v), g = round(in.grad_o);
+  const std::vector<float> w(in.w.begin(), in.w.end());
+  HalfResults<H> r{std::vector<H>(v.size()), std::vector<H>(q.size()), std::vector<H>(k.size()),
+                   std::vector<H>(v.size()), std::vector<float>(w.size())};
+  const auto shape = saved_summaries_shape(c.options(), c.q_shape(), c.v_shape());
+  std::vector<float> summaries(save ? size_t(numel(shape)) : 0), mixed(summaries.size());
+  const TensorView<const H> qv{q.data(), c.q_shape()}, kv{k.data(), c.q_shape()},
+      vv{v.data(), c.v_shape()}, gv{g.data(), c.v_shape()};
+  const TensorView<const float> wv{w.data(), c.w_shape()};
+  forward(c.options(), qv, kv, vv, wv, TensorView<H>{r.o.data(), c.v_shape()},
+          save ? TensorView<float>{summaries.data(), shape} : TensorView<float>{},
+          save ? TensorView<float>{mixed.data(), shape} : TensorView<float>{});
+  backward(c.options(), qv, kv, vv, wv, TensorView<const H>{r.o.data(), c.v_shape()}, gv,
+           TensorView<H>{r.gq.data(), c.q_shape()}, TensorView<H>{r.gk.data(), c.q_shape()},
+           TensorView<H>{r.gv.data(), c.v_shape()}, TensorView<float>{r.gw.data(), c.w_shape()},
+           save ? TensorView<const float>{summaries.data(), shape} : TensorView<const float>{},
+           save ? TensorView<const float>{mixed.data(), shape} : TensorView<const float>{});
+  return r;
+}
+
 // Each argument is evaluated once (got may be a call with side effects).
 #define EXPECT_CLOSE(got, want, tol, what)                                     \
   do {                                                                         \

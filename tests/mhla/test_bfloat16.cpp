@@ -17,39 +17,13 @@
 namespace mhla::test {
 namespace {
 
-struct Bf16Results {
-  std::vector<bfloat16> o, gq, gk, gv;
-  std::vector<float> gw;
-  bool operator==(const Bf16Results& r) const {
-    auto same = [](const auto& a, const auto& b) {
-      return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0;
-    };
-    return same(o, r.o) && same(gq, r.gq) && same(gk, r.gk) && same(gv, r.gv) && same(gw, r.gw);
-  }
-};
+using Bf16Results = HalfResults<bfloat16>;
 
 // forward (keeping the summaries when `save`) then backward, on `threads` threads.
 Bf16Results run_bf16(const Case& c, const Inputs& in, int threads, bool save = true) {
   const int before = omp_get_max_threads();
   omp_set_num_threads(threads);
-  const auto q = rounded_to_bfloat16(in.q), k = rounded_to_bfloat16(in.k),
-             v = rounded_to_bfloat16(in.v), g = rounded_to_bfloat16(in.grad_o);
-  const auto w = cast<float>(in.w);
-  Bf16Results r{std::vector<bfloat16>(v.size()), std::vector<bfloat16>(q.size()),
-                std::vector<bfloat16>(k.size()), std::vector<bfloat16>(v.size()),
-                std::vector<float>(w.size())};
-  const auto shape = saved_summaries_shape(c.options(), c.q_shape(), c.v_shape());
-  std::vector<float> summaries(save ? size_t(numel(shape)) : 0), mixed(summaries.size());
-  forward(c.options(), view(q, c.q_shape()), view(k, c.q_shape()), view(v, c.v_shape()),
-          view(w, c.w_shape()), view(r.o, c.v_shape()),
-          save ? view(summaries, shape) : TensorView<float>{},
-          save ? view(mixed, shape) : TensorView<float>{});
-  backward(c.options(), view(q, c.q_shape()), view(k, c.q_shape()), view(v, c.v_shape()),
-           view(w, c.w_shape()), view(std::as_const(r.o), c.v_shape()), view(g, c.v_shape()),
-           view(r.gq, c.q_shape()), view(r.gk, c.q_shape()), view(r.gv, c.v_shape()),
-           view(r.gw, c.w_shape()),
-           save ? view(std::as_const(summaries), shape) : TensorView<const float>{},
-           save ? view(std::as_const(mixed), shape) : TensorView<const float>{});
+  Bf16Results r = run_half<bfloat16>(c, in, rounded_to_bfloat16, save);
   omp_set_num_threads(before);
   return r;
 }

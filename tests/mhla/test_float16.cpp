@@ -7,7 +7,6 @@
 
 #include <cmath>
 #include <cstring>
-#include <functional>
 #include <string>
 #include <utility>
 
@@ -15,6 +14,10 @@
 
 namespace mhla::test {
 namespace {
+
+using testing::AllOf;
+using testing::HasSubstr;
+using testing::ThrowsMessage;
 
 TEST(Float16, EveryValueWidensExactlyAndNarrowsBackToItself) {
   for (uint32_t bits = 0; bits <= 0xffffu; ++bits) {
@@ -67,32 +70,8 @@ bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
 }
 
-struct HalfResults {
-  std::vector<float16> o, gq, gk, gv;
-  std::vector<float> gw;
-};
-
-// The float16 forward (saving its arrays when `save`) and backward.
-HalfResults run_float16(const Case& c, const Inputs& in, bool save) {
-  const auto q = rounded_to_float16(in.q), k = rounded_to_float16(in.k),
-             v = rounded_to_float16(in.v), g = rounded_to_float16(in.grad_o);
-  const auto w = cast<float>(in.w);
-  HalfResults r{std::vector<float16>(v.size()), std::vector<float16>(q.size()),
-                std::vector<float16>(k.size()), std::vector<float16>(v.size()),
-                std::vector<float>(w.size())};
-  const auto shape = saved_summaries_shape(c.options(), c.q_shape(), c.v_shape());
-  std::vector<float> summaries(save ? size_t(numel(shape)) : 0), mixed(summaries.size());
-  forward(c.options(), view(q, c.q_shape()), view(k, c.q_shape()), view(v, c.v_shape()),
-          view(w, c.w_shape()), view(r.o, c.v_shape()),
-          save ? view(summaries, shape) : TensorView<float>{},
-          save ? view(mixed, shape) : TensorView<float>{});
-  backward(c.options(), view(q, c.q_shape()), view(k, c.q_shape()), view(v, c.v_shape()),
-           view(w, c.w_shape()), view(std::as_const(r.o), c.v_shape()), view(g, c.v_shape()),
-           view(r.gq, c.q_shape()), view(r.gk, c.q_shape()), view(r.gv, c.v_shape()),
-           view(r.gw, c.w_shape()),
-           save ? view(std::as_const(summaries), shape) : TensorView<const float>{},
-           save ? view(std::as_const(mixed), shape) : TensorView<const float>{});
-  return r;
+HalfResults<float16> run_float16(const Case& c, const Inputs& in, bool save) {
+  return run_half<float16>(c, in, rounded_to_float16, save);
 }
 
 // The float32 operator on the float16 inputs, widened.
@@ -119,7 +98,7 @@ TEST(Float16, IsTheFloatOperatorOnWidenedInputsRoundedOnce) {
     const OperatorResults<float> want = run_widened(c, in);
     for (bool save : {true, false}) {
       SCOPED_TRACE(save ? "summaries saved" : "summaries recomputed");
-      const HalfResults got = run_float16(c, in, save);
+      const HalfResults<float16> got = run_float16(c, in, save);
       EXPECT_TRUE(same_bits(got.o, rounded(want.o))) << "o";
       EXPECT_TRUE(same_bits(got.gq, rounded(want.gq))) << "grad_q";
       EXPECT_TRUE(same_bits(got.gk, rounded(want.gk))) << "grad_k";
@@ -137,15 +116,6 @@ Case unnormalized_case() {
   return c;
 }
 
-std::string error_of(const std::function<void()>& call) {
-  try {
-    call();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
 TEST(Float16, AnOutputBeyondItsRangeIsANamedError) {
   Case c = unnormalized_case();
   Options options = c.options();
@@ -155,14 +125,14 @@ TEST(Float16, AnOutputBeyondItsRangeIsANamedError) {
              v = rounded_to_float16(in.v);
   const auto w = cast<float>(in.w);
   std::vector<float16> o(v.size());
-  const std::string message = error_of([&] {
-    forward(options, view(q, c.q_shape()), view(k, c.q_shape()), view(v, c.v_shape()),
-            view(w, c.w_shape()), view(o, c.v_shape()));
-  });
-  EXPECT_NE(message.find("mhla::forward: o["), std::string::npos) << message;
-  EXPECT_NE(message.find("beyond float16's range (largest finite 65504)"), std::string::npos)
-      << message;
-  EXPECT_NE(message.find("pass bfloat16 or float32 tensors"), std::string::npos) << message;
+  EXPECT_THAT(
+      [&] {
+        forward(options, view(q, c.q_shape()), view(k, c.q_shape()), view(v, c.v_shape()),
+                view(w, c.w_shape()), view(o, c.v_shape()));
+      },
+      ThrowsMessage<Error>(AllOf(HasSubstr("mhla::forward: o["),
+                                 HasSubstr("beyond float16's range (largest finite 65504)"),
+                                 HasSubstr("pass bfloat16 or float32 tensors"))));
 }
 
 TEST(Float16, AGradientBeyondItsRangeIsANamedError) {
@@ -176,21 +146,22 @@ TEST(Float16, AGradientBeyondItsRangeIsANamedError) {
   std::vector<float> gw(w.size());
   forward(c.options(), view(q, c.q_shape()), view(k, c.q_shape()), view(v, c.v_shape()),
           view(w, c.w_shape()), view(o, c.v_shape()));
-  const std::string message = error_of([&] {
-    backward(c.options(), view(q, c.q_shape()), view(k, c.q_shape()), view(v, c.v_shape()),
-             view(w, c.w_shape()), view(std::as_const(o), c.v_shape()), view(g, c.v_shape()),
-             view(gq, c.q_shape()), view(gk, c.q_shape()), view(gv, c.v_shape()),
-             view(gw, c.w_shape()));
-  });
-  EXPECT_NE(message.find("mhla::backward: grad_"), std::string::npos) << message;
-  EXPECT_NE(message.find("beyond float16's range"), std::string::npos) << message;
-  EXPECT_NE(message.find("a smaller loss scale"), std::string::npos) << message;
+  EXPECT_THAT(
+      [&] {
+        backward(c.options(), view(q, c.q_shape()), view(k, c.q_shape()), view(v, c.v_shape()),
+                 view(w, c.w_shape()), view(std::as_const(o), c.v_shape()), view(g, c.v_shape()),
+                 view(gq, c.q_shape()), view(gk, c.q_shape()), view(gv, c.v_shape()),
+                 view(gw, c.w_shape()));
+      },
+      ThrowsMessage<Error>(AllOf(HasSubstr("mhla::backward: grad_"),
+                                 HasSubstr("beyond float16's range"),
+                                 HasSubstr("a smaller loss scale"))));
 }
 
 TEST(Float16, AForwardStateGivesTheSavedArraysGradients) {
   const Case c{"state", 2, 2, 8, 6, TokenLayout::sequence(40, 5), Masking::block_causal};
   const Inputs in = make_inputs(c, 8);
-  const HalfResults saved = run_float16(c, in, true);
+  const HalfResults<float16> saved = run_float16(c, in, true);
   const auto q = rounded_to_float16(in.q), k = rounded_to_float16(in.k),
              v = rounded_to_float16(in.v), g = rounded_to_float16(in.grad_o);
   const auto w = cast<float>(in.w);
@@ -216,16 +187,16 @@ TEST(Float16, AForwardStateGivesTheSavedArraysGradients) {
   const auto as_bf16_out = [&](std::vector<float16>& x, const std::vector<int64_t>& shape) {
     return TensorView<bfloat16>{reinterpret_cast<bfloat16*>(x.data()), shape};
   };
-  const std::string message = error_of([&] {
-    backward(c.options(), as_bf16(q, c.q_shape()), as_bf16(k, c.q_shape()),
-             as_bf16(v, c.v_shape()), view(w, c.w_shape()), as_bf16(o, c.v_shape()),
-             as_bf16(g, c.v_shape()), as_bf16_out(gq, c.q_shape()), as_bf16_out(gk, c.q_shape()),
-             as_bf16_out(gv, c.v_shape()), view(gw, c.w_shape()), state);
-  });
-  EXPECT_NE(message.find("state was filled by a forward of float16 tensors, and this backward's q "
-                         "is bfloat16"),
-            std::string::npos)
-      << message;
+  EXPECT_THAT(
+      [&] {
+        backward(c.options(), as_bf16(q, c.q_shape()), as_bf16(k, c.q_shape()),
+                 as_bf16(v, c.v_shape()), view(w, c.w_shape()), as_bf16(o, c.v_shape()),
+                 as_bf16(g, c.v_shape()), as_bf16_out(gq, c.q_shape()),
+                 as_bf16_out(gk, c.q_shape()), as_bf16_out(gv, c.v_shape()), view(gw, c.w_shape()),
+                 state);
+      },
+      ThrowsMessage<Error>(HasSubstr(
+          "state was filled by a forward of float16 tensors, and this backward's q is bfloat16")));
 }
 
 }  // namespace
