@@ -11,6 +11,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "mhla/mhla.hpp"
@@ -175,6 +176,18 @@ inline std::vector<double> float16_values(const std::vector<float16>& x) {
   for (size_t i = 0; i < x.size(); ++i) out[i] = to_float(x[i]);
   return out;
 }
+
+// x rounded to the 16-bit type H, and H's values back as doubles: for tests
+// run on both bfloat16 and float16.
+template <typename H>
+std::vector<H> rounded_to(const std::vector<double>& x) {
+  if constexpr (std::is_same_v<H, bfloat16>)
+    return rounded_to_bfloat16(x);
+  else
+    return rounded_to_float16(x);
+}
+inline std::vector<double> values_of(const std::vector<bfloat16>& x) { return bfloat16_values(x); }
+inline std::vector<double> values_of(const std::vector<float16>& x) { return float16_values(x); }
 
 // The 16-bit operator's results (H: bfloat16 or float16), bit for bit.
 template <typename H>

@@ -221,7 +221,9 @@ __global__ void __launch_bounds__(kMaxDim / kFrag * 32)
         r[u] = grad_phi * feature_derivative(p.phi, x[u]);
         bad = bad || !isfinite(r[u]);
       }
-      store_rounded(grad_q + block_token_row(p, slice, block, c0 + sg.row) * p.dk + sg.column, r);
+      bad = !store_tokens(p, grad_q + block_token_row(p, slice, block, c0 + sg.row) * p.dk + sg.column,
+                          r) ||
+            bad;
     }
     if (p.normalize) {
       if (t < p.dk)
@@ -486,7 +488,9 @@ __global__ void __launch_bounds__(kKeyValueWarps * 32)
         }
 #pragma unroll
         for (int u = 0; u < kSegment; ++u) bad = bad || !isfinite(out[u]);
-        store_rounded(key ? grad_k + row * p.dk + column : grad_v + row * p.dv + column, out);
+        bad = !store_tokens(p, key ? grad_k + row * p.dk + column : grad_v + row * p.dv + column,
+                            out) ||
+              bad;
       });
     }
   });

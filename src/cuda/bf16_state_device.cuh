@@ -2,9 +2,11 @@
 // The device machinery every bfloat16-state kernel shares (the forward's in
 // bf16_state_forward.cu, the mix's in bf16_state_mix.cu, the backward's in
 // bf16_state_backward.cu): 16-byte asynchronous copies into a double-buffered
-// main loop, phi on operand fragments in registers, and results leaving a
-// warp's fragment as 16-byte rows.
+// main loop (float16 tokens rounded to bfloat16 as they are staged), phi on
+// operand fragments in registers, and results leaving a warp's fragment as
+// 16-byte rows.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <mma.h>
 
 #include "cuda/bf16_state_plan.hpp"
@@ -66,6 +68,33 @@ __device__ inline void stage_segment(bf16* to, const uint16_t* base, int64_t off
   copy_async(to, offset >= 0 ? base + offset : base, offset >= 0);
 }
 
+// 8 float16 (16 bytes) rounded to 8 bfloat16, to nearest even.
+__device__ inline uint4 float16_as_bfloat16(uint4 raw) {
+  uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&words[u]));
+    const __nv_bfloat162 b = __float22bfloat162_rn(f);
+    words[u] = *reinterpret_cast<const uint32_t*>(&b);
+  }
+  return make_uint4(words[0], words[1], words[2], words[3]);
+}
+
+// One staged segment of a token tensor: bfloat16 tokens by an asynchronous
+// copy; float16 tokens through registers, rounded to bfloat16 on the way, so
+// that every product and staged read after it is the same for both formats
+// (a plain store, made visible by the same barriers as the copies).
+__device__ inline void stage_token_segment(const KernelProblem& p, bf16* to, const uint16_t* base,
+                                           int64_t offset) {
+  if (p.token_format == TokenFormat::bfloat16) {
+    stage_segment(to, base, offset);
+    return;
+  }
+  const uint4 raw = offset >= 0 ? *reinterpret_cast<const uint4*>(base + offset)
+                                : make_uint4(0u, 0u, 0u, 0u);
+  *reinterpret_cast<uint4*>(to) = float16_as_bfloat16(raw);
+}
+
 // Tokens [c0, c0 + kRows) of block `block` of slice `slice` of the token
 // tensor `source` (`width` entries a row) into `tile`, a 16-byte segment a
 // copy, thread t copying segments t, t + threads, ...; rows past the block
@@ -77,8 +106,8 @@ __device__ inline void stage_block_rows(bf16 (&tile)[kRows][kColumns], const uin
   constexpr int kSegments = (kColumns - kPad) / kSegment;
   for (int g = threadIdx.x; g < kRows * kSegments; g += blockDim.x) {
     const Segment sg = segment_of<kSegments>(g);
-    stage_segment(&tile[sg.row][sg.column], source,
-                  row_segment(block_token_row(p, slice, block, c0 + sg.row), sg.column, width));
+    stage_token_segment(p, &tile[sg.row][sg.column], source,
+                        row_segment(block_token_row(p, slice, block, c0 + sg.row), sg.column, width));
   }
 }
 
@@ -127,6 +156,25 @@ __device__ inline uint32_t pair(float a, float b) {
 __device__ inline void store_rounded(uint16_t* to, const float (&x)[kSegment]) {
   *reinterpret_cast<uint4*>(to) =
       make_uint4(pair(x[0], x[1]), pair(x[2], x[3]), pair(x[4], x[5]), pair(x[6], x[7]));
+}
+// 8 floats as 8 tokens of the problem's format (a 16-byte store); whether
+// all 8 tokens are finite (a float16 overflows from 65520).
+__device__ inline bool store_tokens(const KernelProblem& p, uint16_t* to,
+                                    const float (&x)[kSegment]) {
+  if (p.token_format == TokenFormat::bfloat16) {
+    store_rounded(to, x);
+    return true;  // bfloat16 has float32's range: the caller checked x
+  }
+  uint32_t words[4];
+  bool finite = true;
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    const __half2 h = __floats2half2_rn(x[2 * u], x[2 * u + 1]);
+    finite = finite && !__hisinf(__low2half(h)) && !__hisinf(__high2half(h));
+    words[u] = *reinterpret_cast<const uint32_t*>(&h);
+  }
+  *reinterpret_cast<uint4*>(to) = make_uint4(words[0], words[1], words[2], words[3]);
+  return finite;
 }
 // 8 staged bfloat16 entries as floats, from one 16-byte shared load.
 __device__ inline void load_staged(const bf16* from, float (&x)[kSegment]) {

@@ -107,7 +107,8 @@ __device__ void read_mixed(const KernelProblem& p, const int64_t* rows, const ui
     const int64_t a0 = int64_t(c) * kInnerChunk;
     for (int g = threadIdx.x; g < kReadTokens * kQuerySegments; g += blockDim.x) {
       const Segment sg = segment_of<kQuerySegments>(g);
-      stage_segment(&st.q[sg.row][sg.column], q, row_segment(rows[sg.row], a0 + sg.column, p.dk));
+      stage_token_segment(p, &st.q[sg.row][sg.column], q,
+                          row_segment(rows[sg.row], a0 + sg.column, p.dk));
     }
     for (int g = threadIdx.x; g < kInnerChunk * kStateSegments; g += blockDim.x) {
       const Segment sg = segment_of<kStateSegments>(g);
@@ -241,7 +242,7 @@ __device__ void write_outputs(const KernelProblem& p, const int64_t* rows,
         bad = bad || !isfinite(r[u]);
       }
       bad = bad || (p.normalize && !isfinite(d));
-      store_rounded(o + rows[t] * p.dv + e, r);
+      bad = !store_tokens(p, o + rows[t] * p.dv + e, r) || bad;
     });
   if (__any_sync(0xffffffffu, bad) && threadIdx.x % 32 == 0) atomicOr(non_finite, 1);
 }

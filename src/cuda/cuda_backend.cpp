@@ -301,13 +301,14 @@ class CudaAttention final : public backend::Attention<T> {
 // The 16-bit operator on tensor cores (H: bfloat16 or float16): the forward's
 // summaries, mix and outputs; the backward's query gradients (with the
 // per-token terms), the mixed summaries' gradient, the mix's backward and the
-// key and value gradients. The bfloat16-state kernels take bfloat16 only.
+// key and value gradients; or, switched on, the bfloat16-state kernels.
 template <typename H>
 class CudaHalfAttention final : public backend::HalfAttention<H> {
  public:
-  static constexpr bool kBf16 = std::is_same_v<H, bfloat16>;
   CudaHalfAttention(const detail::Problem& p, const float* w)
-      : problem_(p), geometry_(p, kBf16 ? TokenFormat::bfloat16 : TokenFormat::float16), w_(w) {}
+      : problem_(p),
+        geometry_(p, std::is_same_v<H, float16> ? TokenFormat::float16 : TokenFormat::bfloat16),
+        w_(w) {}
   bool fits() const { return bf16_kernels_fit(geometry_.problem()); }
 
   bool forward(const H* q, const H* k, const H* v, H* o, float* saved_summaries,
@@ -317,8 +318,8 @@ class CudaHalfAttention final : public backend::HalfAttention<H> {
     CallStatus status = call_status("mhla::forward", problem_, p, w_);
     // The bfloat16-state kernels keep their state to themselves, so a call
     // that saves the float state for a backward stays on these.
-    if (kBf16 && saved_summaries == nullptr && saved_mixed == nullptr &&
-        cuda_bf16_state_kernels() && bf16_state_forward_fits(p, q, k, v, o)) {
+    if (saved_summaries == nullptr && saved_mixed == nullptr && cuda_bf16_state_kernels() &&
+        bf16_state_forward_fits(p, q, k, v, o)) {
       bf16_state_forward(p, bits(q), bits(k), bits(v), w_, bits(o), bf16_state(p, Own::bf16_state),
                          status.non_finite(), stream);
     } else {
@@ -339,8 +340,7 @@ class CudaHalfAttention final : public backend::HalfAttention<H> {
     CallStatus status = call_status("mhla::backward", problem_, p, w_);
     // Saved float state is read by these kernels only; without it the
     // bfloat16-state kernels recompute their own.
-    if (kBf16 && saved_summaries == nullptr && saved_mixed == nullptr &&
-        cuda_bf16_state_kernels() &&
+    if (saved_summaries == nullptr && saved_mixed == nullptr && cuda_bf16_state_kernels() &&
         bf16_state_backward_fits(p, q, k, v, grad_o, grad_q, grad_k, grad_v)) {
       bf16_state_backward(p, bits(q), bits(k), bits(v), w_, bits(grad_o), bits(grad_q),
                           bits(grad_k), bits(grad_v), grad_w, bf16_state(p, Own::bf16_state),

@@ -20,6 +20,12 @@ namespace mhla::test {
 // (grad w 0.054, tests/mhla/test_bfloat16.cpp).
 constexpr double kStateGradientTolerance = 1e-2;
 constexpr double kStateWeightGradientTolerance = 0.06;
+// float16 tokens are rounded to bfloat16 as they are staged, so against
+// float64 on the float16 inputs the same cancelling sums move further: grad w
+// 0.121 at worst (one block-causal case with the identity map), the rest of
+// the catalogue as for bfloat16; against float64 on the inputs as staged,
+// every case meets the bfloat16 tolerances.
+constexpr double kFloat16StateWeightGradientTolerance = 0.15;
 
 inline std::vector<Case> bf16_state_cases() {
   return with_all_modes({
@@ -28,6 +34,17 @@ inline std::vector<Case> bf16_state_cases() {
       {"1d-many-blocks", 1, 1, 16, 8, TokenLayout::sequence(280, 4)},
       {"2d-ragged-wide", 1, 2, 40, 120, TokenLayout::grid2d(11, 9, 4, 3)},
       {"3d-ragged-full", 1, 1, 128, 128, TokenLayout::grid3d(3, 9, 10, 2, 4, 6)},
+  });
+}
+
+// float16 tokens on the same kernels: a ragged 1D shape (every mode, causal
+// included) and a ragged 2D one on the wider CTA, enough to show the
+// staging's rounding and the float16 writes; their tiling is the bfloat16
+// catalogue's.
+inline std::vector<Case> float16_state_cases() {
+  return with_all_modes({
+      {"1d-ragged-narrow", 2, 3, 8, 16, TokenLayout::sequence(37, 8)},
+      {"2d-ragged-wide", 1, 2, 40, 120, TokenLayout::grid2d(11, 9, 4, 3)},
   });
 }
 

@@ -29,6 +29,11 @@ constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
 inline float round_bf16(float x) { return to_float(to_bfloat16(x)); }
 
+// A result token as the kernels write it, rounded to the problem's format.
+inline float round_token(const KernelProblem& p, float x) {
+  return p.token_format == cuda::TokenFormat::float16 ? to_float(to_float16(x)) : round_bf16(x);
+}
+
 // phi as an operand fragment holds it: rounded to bfloat16 (identity untouched).
 inline float operand_feature(FeatureMap phi, float x) {
   return phi == FeatureMap::identity ? x : round_bf16(cuda::feature(phi, x));
@@ -42,6 +47,12 @@ class SharedTile {
   // One 16-byte copy: source[offset ..] or zeros where offset is -1.
   void copy(const Segment& s, const std::vector<float>& source, int64_t offset) {
     for (int u = 0; u < kSegment; ++u) set(s.row, s.column + u, offset >= 0 ? source[size_t(offset + u)] : 0.0f);
+  }
+  // One 16-byte copy of a token tensor: float16 tokens are rounded to
+  // bfloat16 as the kernels stage them (bfloat16 tokens stay as they are).
+  void copy_tokens(const Segment& s, const std::vector<float>& source, int64_t offset) {
+    for (int u = 0; u < kSegment; ++u)
+      set(s.row, s.column + u, offset >= 0 ? round_bf16(source[size_t(offset + u)]) : 0.0f);
   }
   void set(int r, int c, float value) {
     float& e = x_[size_t(r) * size_t(columns_) + size_t(c)];
@@ -74,7 +85,7 @@ template <int kSegments>
 void stage_block_rows(const KernelProblem& p, SharedTile& tile, int threads, int rows, int64_t block,
                       const Slice& slice, int c0, const std::vector<float>& source, int64_t width) {
   for_each_staged<kSegments>(threads, rows, [&](const Segment& sg) {
-    tile.copy(sg, source, row_segment(block_token_row(p, slice, block, c0 + sg.row), sg.column, width));
+    tile.copy_tokens(sg, source, row_segment(block_token_row(p, slice, block, c0 + sg.row), sg.column, width));
   });
 }
 
@@ -250,7 +261,7 @@ class ForwardEmulation {
     for (int a0 = 0; a0 < p_.dk; a0 += kInnerChunk) {
       SharedTile qt(kReadTokens, kInnerChunk + kPad), st(kInnerChunk, kColumnFragments * kFrag + kPad);
       for_each_staged<kQuerySegments>(threads, kReadTokens, [&](const Segment& sg) {
-        qt.copy(sg, q_, row_segment(rows[size_t(sg.row)], a0 + sg.column, p_.dk));
+        qt.copy_tokens(sg, q_, row_segment(rows[size_t(sg.row)], a0 + sg.column, p_.dk));
       });
       for_each_staged<kStateSegments>(threads, kInnerChunk, [&](const Segment& sg) {
         const int64_t a = a0 + sg.row;
@@ -277,7 +288,7 @@ class ForwardEmulation {
           const float inverse = 1.0f / (den[size_t(t)] + float(p_.eps));
           for (int u = 0; u < kSegment; ++u)
             o.set(rows[size_t(t)] * p_.dv + e + u,
-                  round_bf16(p_.normalize ? y[u] * inverse : float(p_.scale) * y[u]));
+                  round_token(p_, p_.normalize ? y[u] * inverse : float(p_.scale) * y[u]));
         });
   }
 
@@ -330,20 +341,23 @@ class ForwardEmulation {
   const std::vector<float>&q_, &k_, &v_, &w_;
 };
 
-// A case as the emulations take it: its inputs rounded to bfloat16 (held as
-// doubles, exactly), W in float, and the kernels' view of its validated
+// A case as the emulations take it: its inputs rounded to its token format,
+// bfloat16 or float16 (held as doubles, exactly), W in float, and the kernels' view of its validated
 // problem (which points into the block arrays held here).
 class EmulatedCase {
  public:
-  EmulatedCase(const Case& c, uint64_t seed) : EmulatedCase(c, make_inputs(c, seed)) {}
+  EmulatedCase(const Case& c, uint64_t seed,
+               cuda::TokenFormat format = cuda::TokenFormat::bfloat16)
+      : EmulatedCase(c, make_inputs(c, seed), format) {}
 
   std::vector<double> q, k, v, grad_o, w64;
   std::vector<float> w;
   Options options;
 
  private:
-  EmulatedCase(const Case& c, const Inputs& in)
-      : q(rounded(in.q)), k(rounded(in.k)), v(rounded(in.v)), grad_o(rounded(in.grad_o)),
+  EmulatedCase(const Case& c, const Inputs& in, cuda::TokenFormat format)
+      : q(rounded(in.q, format)), k(rounded(in.k, format)), v(rounded(in.v, format)),
+        grad_o(rounded(in.grad_o, format)),
         w64(widened_floats(in.w)), w(in.w.begin(), in.w.end()), options(c.options()),
         call_(detail::validate_mhla("emulation", options, view(std::as_const(q), c.q_shape()),
                                     view(std::as_const(k), c.q_shape()),
@@ -351,9 +365,12 @@ class EmulatedCase {
                                     view(std::as_const(w64), c.w_shape())),
               options.layout),
         arrays_(cuda::block_arrays(call_.problem().table, c.tokens())),
-        problem_(cuda::kernel_problem(call_.problem(), arrays_.values.data(), arrays_.largest_block)) {}
-  static std::vector<double> rounded(const std::vector<double>& x) {
-    return bfloat16_values(rounded_to_bfloat16(x));
+        problem_(cuda::kernel_problem(call_.problem(), arrays_.values.data(), arrays_.largest_block)) {
+    problem_.token_format = format;
+  }
+  static std::vector<double> rounded(const std::vector<double>& x, cuda::TokenFormat format) {
+    return format == cuda::TokenFormat::float16 ? float16_values(rounded_to_float16(x))
+                                                : bfloat16_values(rounded_to_bfloat16(x));
   }
   // W as the kernels read it: float.
   static std::vector<double> widened_floats(const std::vector<double>& x) {

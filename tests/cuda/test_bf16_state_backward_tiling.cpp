@@ -118,7 +118,7 @@ class BackwardEmulation {
           const float du = u[size_t(sg.row)][size_t(a)];
           const float grad_phi = p_.normalize ? du * inverse[size_t(sg.row)] + dden[size_t(sg.row)] * z_of(sg.row, a)
                                               : float(p_.scale) * du;
-          grad_q.set(row * p_.dk + a, round_bf16(grad_phi * cuda::feature_derivative(p_.phi, qt.at(sg.row, a))));
+          grad_q.set(row * p_.dk + a, round_token(p_, grad_phi * cuda::feature_derivative(p_.phi, qt.at(sg.row, a))));
         }
       });
       if (p_.normalize) {
@@ -311,7 +311,7 @@ class BackwardEmulation {
             const int64_t row = block_token_row(p_, slice, block, c0 + j);
             for (int y = 0; y < kSegment; ++y)
               grad_k.set(row * p_.dk + column + y,
-                         round_bf16((x[y] + gz[column + y] + own_k[size_t(j)][size_t(column + y)]) *
+                         round_token(p_, (x[y] + gz[column + y] + own_k[size_t(j)][size_t(column + y)]) *
                                     cuda::feature_derivative(p_.phi, kt.at(j, column + y))));
           });
         for (int f = 0; f < kColumnFragments; ++f)
@@ -320,7 +320,7 @@ class BackwardEmulation {
             if (j >= valid || column >= p_.dv) return;
             const int64_t row = block_token_row(p_, slice, block, c0 + j);
             for (int y = 0; y < kSegment; ++y)
-              grad_v.set(row * p_.dv + column + y, round_bf16(x[y] + own_v[size_t(j)][size_t(column + y)]));
+              grad_v.set(row * p_.dv + column + y, round_token(p_, x[y] + own_v[size_t(j)][size_t(column + y)]));
           });
       }
     }
@@ -391,11 +391,10 @@ class BackwardEmulation {
   const EmulatedForward& state_;
 };
 
-class Bf16StateBackwardTiling : public testing::TestWithParam<Case> {};
-
-TEST_P(Bf16StateBackwardTiling, MatchesFloat64OnTheSameInputs) {
-  const Case& c = GetParam();
-  const EmulatedCase e(c, 31);
+// The emulated backward against the float64 backward on the same inputs,
+// given as tokens of `format`.
+void check_backward(const Case& c, cuda::TokenFormat format) {
+  const EmulatedCase e(c, 31, format);
   const KernelProblem& p = e.problem();
   ASSERT_TRUE(fits(p));
 
@@ -415,11 +414,30 @@ TEST_P(Bf16StateBackwardTiling, MatchesFloat64OnTheSameInputs) {
   EXPECT_CLOSE(got.grad_q, dq, kStateGradientTolerance, "grad q");
   EXPECT_CLOSE(got.grad_k, dk, kStateGradientTolerance, "grad k");
   EXPECT_CLOSE(got.grad_v, dv, kStateGradientTolerance, "grad v");
-  EXPECT_CLOSE(got.grad_w, dw, kStateWeightGradientTolerance, "grad w");
+  EXPECT_CLOSE(got.grad_w, dw,
+               format == cuda::TokenFormat::float16 ? kFloat16StateWeightGradientTolerance
+                                                    : kStateWeightGradientTolerance,
+               "grad w");
+}
+
+class Bf16StateBackwardTiling : public testing::TestWithParam<Case> {};
+
+TEST_P(Bf16StateBackwardTiling, MatchesFloat64OnTheSameInputs) {
+  check_backward(GetParam(), cuda::TokenFormat::bfloat16);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllModes, Bf16StateBackwardTiling, testing::ValuesIn(bf16_state_cases()),
                          case_name);
+
+// float16 tokens, rounded to bfloat16 as they are staged and written as float16.
+class Float16StateBackwardTiling : public testing::TestWithParam<Case> {};
+
+TEST_P(Float16StateBackwardTiling, MatchesFloat64OnTheSameInputs) {
+  check_backward(GetParam(), cuda::TokenFormat::float16);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllModes, Float16StateBackwardTiling,
+                         testing::ValuesIn(float16_state_cases()), case_name);
 
 }  // namespace
 }  // namespace mhla::test

@@ -365,66 +365,79 @@ class StateKernelsOn {
   ~StateKernelsOn() { unsetenv("MHLA_CUDA_BF16_STATE"); }
 };
 
-class CudaBf16StateForward : public testing::TestWithParam<Case> {};
-
-TEST_P(CudaBf16StateForward, MatchesFloat64OnTheSameInputs) {
-  SKIP_WITHOUT_DEVICE();
-  const Case& c = GetParam();
+// The forward on tokens of type H, checked as above.
+template <typename H>
+void check_state_forward(const Case& c) {
   const StateKernelsOn on;
   const Inputs in = make_inputs(c, 29);
-  const auto q = rounded_to_bfloat16(in.q), k = rounded_to_bfloat16(in.k),
-             v = rounded_to_bfloat16(in.v);
+  const auto q = rounded_to<H>(in.q), k = rounded_to<H>(in.k), v = rounded_to<H>(in.v);
   const std::vector<float> w(in.w.begin(), in.w.end());
-  const bfloat16 nan = to_bfloat16(std::numeric_limits<float>::quiet_NaN());
-  const DeviceArray<bfloat16> dq(q), dk(k), dv(v);
+  const DeviceArray<H> dq(q), dk(k), dv(v);
   const DeviceArray<float> dw(w);
-  DeviceArray<bfloat16> o(std::vector<bfloat16>(v.size(), nan)), again(v.size());
-  const auto run = [&](DeviceArray<bfloat16>& out) {
+  DeviceArray<H> o(rounded_to<H>(std::vector<double>(v.size(), std::nan("")))), again(v.size());
+  const auto run = [&](DeviceArray<H>& out) {
     forward(c.options(), dq.cview(c.q_shape()), dk.cview(c.q_shape()), dv.cview(c.v_shape()),
             dw.cview(c.w_shape()), out.view(c.v_shape()));
   };
   run(o);
   run(again);
-  const std::vector<double> q64 = bfloat16_values(q), k64 = bfloat16_values(k),
-                            v64 = bfloat16_values(v), w64 = widened(w);
+  const std::vector<double> q64 = values_of(q), k64 = values_of(k), v64 = values_of(v),
+                            w64 = widened(w);
   std::vector<double> o64(v.size());
   forward<double>(c.options(), view(q64, c.q_shape()), view(k64, c.q_shape()),
                   view(v64, c.v_shape()), view(w64, c.w_shape()), view(o64, c.v_shape()));
-  EXPECT_CLOSE(bfloat16_values(o.host()), o64, 1e-2, "o");
-  const std::vector<bfloat16> first = o.host(), second = again.host();
-  EXPECT_EQ(0, std::memcmp(first.data(), second.data(), first.size() * sizeof(bfloat16)))
+  EXPECT_CLOSE(values_of(o.host()), o64, 1e-2, "o");
+  const std::vector<H> first = o.host(), second = again.host();
+  EXPECT_EQ(0, std::memcmp(first.data(), second.data(), first.size() * sizeof(H)))
       << "a second call gave other bits";
+}
+
+class CudaBf16StateForward : public testing::TestWithParam<Case> {};
+
+TEST_P(CudaBf16StateForward, MatchesFloat64OnTheSameInputs) {
+  SKIP_WITHOUT_DEVICE();
+  check_state_forward<bfloat16>(GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(AllModes, CudaBf16StateForward, testing::ValuesIn(bf16_state_cases()),
                          case_name);
 
-// The bfloat16-state backward (MHLA_CUDA_BF16_STATE=1, no saved arrays)
-// against float64 on the same bfloat16 inputs, at the tolerances its tiling
-// emulation meets (bf16_state_cases.hpp), and the same bits from a second call.
-class CudaBf16StateBackward : public testing::TestWithParam<Case> {};
+// float16 tokens on the same kernels (rounded to bfloat16 as they are staged).
+class CudaFloat16StateForward : public testing::TestWithParam<Case> {};
 
-TEST_P(CudaBf16StateBackward, MatchesFloat64OnTheSameInputs) {
+TEST_P(CudaFloat16StateForward, MatchesFloat64OnTheSameInputs) {
   SKIP_WITHOUT_DEVICE();
-  const Case& c = GetParam();
+  check_state_forward<float16>(GetParam());
+}
+
+INSTANTIATE_TEST_SUITE_P(AllModes, CudaFloat16StateForward,
+                         testing::ValuesIn(float16_state_cases()), case_name);
+
+// The bfloat16-state backward (MHLA_CUDA_BF16_STATE=1, no saved arrays) on
+// tokens of type H against float64 on the same inputs, at the tolerances its
+// tiling emulation meets (bf16_state_cases.hpp), and the same bits from a
+// second call.
+template <typename H>
+void check_state_backward(const Case& c, double weight_tolerance) {
   const StateKernelsOn on;
   const Inputs in = make_inputs(c, 31);
-  const auto q = rounded_to_bfloat16(in.q), k = rounded_to_bfloat16(in.k),
-             v = rounded_to_bfloat16(in.v), g = rounded_to_bfloat16(in.grad_o);
+  const auto q = rounded_to<H>(in.q), k = rounded_to<H>(in.k), v = rounded_to<H>(in.v),
+             g = rounded_to<H>(in.grad_o);
   const std::vector<float> w(in.w.begin(), in.w.end());
-  const DeviceArray<bfloat16> dq(q), dk(k), dv(v), dg(g);
+  const DeviceArray<H> dq(q), dk(k), dv(v), dg(g);
   const DeviceArray<float> dw(w);
-  DeviceArray<bfloat16> o(v.size());
+  DeviceArray<H> o(v.size());
   forward(c.options(), dq.cview(c.q_shape()), dk.cview(c.q_shape()), dv.cview(c.v_shape()),
           dw.cview(c.w_shape()), o.view(c.v_shape()));
-  const bfloat16 nan = to_bfloat16(std::numeric_limits<float>::quiet_NaN());
   struct Gradients {
-    std::vector<bfloat16> q, k, v;
+    std::vector<H> q, k, v;
     std::vector<float> w;
   };
+  const auto poisoned = [](size_t n) {
+    return DeviceArray<H>(rounded_to<H>(std::vector<double>(n, std::nan(""))));
+  };
   const auto run = [&] {
-    DeviceArray<bfloat16> gq(std::vector<bfloat16>(q.size(), nan)),
-        gk(std::vector<bfloat16>(k.size(), nan)), gv(std::vector<bfloat16>(v.size(), nan));
+    DeviceArray<H> gq = poisoned(q.size()), gk = poisoned(k.size()), gv = poisoned(v.size());
     DeviceArray<float> gw(std::vector<float>(w.size(), std::numeric_limits<float>::quiet_NaN()));
     backward(c.options(), dq.cview(c.q_shape()), dk.cview(c.q_shape()), dv.cview(c.v_shape()),
              dw.cview(c.w_shape()), o.cview(c.v_shape()), dg.cview(c.v_shape()),
@@ -433,13 +446,13 @@ TEST_P(CudaBf16StateBackward, MatchesFloat64OnTheSameInputs) {
   };
   const Gradients got = run(), again = run();
 
-  const std::vector<double> q64 = bfloat16_values(q), k64 = bfloat16_values(k),
-                            v64 = bfloat16_values(v), g64 = bfloat16_values(g), w64 = widened(w);
+  const std::vector<double> q64 = values_of(q), k64 = values_of(k), v64 = values_of(v),
+                            g64 = values_of(g), w64 = widened(w);
   const auto [gq64, gk64, gv64, gw64] = float64_gradients(c, q64, k64, v64, w64, g64);
-  EXPECT_CLOSE(bfloat16_values(got.q), gq64, kStateGradientTolerance, "grad q");
-  EXPECT_CLOSE(bfloat16_values(got.k), gk64, kStateGradientTolerance, "grad k");
-  EXPECT_CLOSE(bfloat16_values(got.v), gv64, kStateGradientTolerance, "grad v");
-  EXPECT_CLOSE(got.w, gw64, kStateWeightGradientTolerance, "grad w");
+  EXPECT_CLOSE(values_of(got.q), gq64, kStateGradientTolerance, "grad q");
+  EXPECT_CLOSE(values_of(got.k), gk64, kStateGradientTolerance, "grad k");
+  EXPECT_CLOSE(values_of(got.v), gv64, kStateGradientTolerance, "grad v");
+  EXPECT_CLOSE(got.w, gw64, weight_tolerance, "grad w");
   const auto same_bits = [](const auto& a, const auto& b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0;
   };
@@ -448,8 +461,25 @@ TEST_P(CudaBf16StateBackward, MatchesFloat64OnTheSameInputs) {
       << "a second call gave other bits";
 }
 
+class CudaBf16StateBackward : public testing::TestWithParam<Case> {};
+
+TEST_P(CudaBf16StateBackward, MatchesFloat64OnTheSameInputs) {
+  SKIP_WITHOUT_DEVICE();
+  check_state_backward<bfloat16>(GetParam(), kStateWeightGradientTolerance);
+}
+
 INSTANTIATE_TEST_SUITE_P(AllModes, CudaBf16StateBackward, testing::ValuesIn(bf16_state_cases()),
                          case_name);
+
+class CudaFloat16StateBackward : public testing::TestWithParam<Case> {};
+
+TEST_P(CudaFloat16StateBackward, MatchesFloat64OnTheSameInputs) {
+  SKIP_WITHOUT_DEVICE();
+  check_state_backward<float16>(GetParam(), kFloat16StateWeightGradientTolerance);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllModes, CudaFloat16StateBackward,
+                         testing::ValuesIn(float16_state_cases()), case_name);
 
 // An overflow on the bfloat16-state kernels is reported as on the others.
 TEST(CudaBackend, Bf16StateOverflowIsReported) {
