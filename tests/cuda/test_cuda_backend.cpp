@@ -167,37 +167,42 @@ std::vector<Case> bf16_cases() {
   return with_all_modes(cases);
 }
 
-class CudaBf16Forward : public testing::TestWithParam<Case> {};
-
-TEST_P(CudaBf16Forward, MatchesFloat64OnTheSameInputs) {
-  SKIP_WITHOUT_DEVICE();
-  const Case& c = GetParam();
+// The forward on tokens of type H; o within `o_tolerance` (its one rounding).
+template <typename H>
+void check_split_forward(const Case& c, double o_tolerance) {
   const Inputs in = make_inputs(c, 13);
-  const auto q = rounded_to_bfloat16(in.q), k = rounded_to_bfloat16(in.k),
-             v = rounded_to_bfloat16(in.v);
+  const auto q = rounded_to<H>(in.q), k = rounded_to<H>(in.k), v = rounded_to<H>(in.v);
   const std::vector<float> w(in.w.begin(), in.w.end());
   const std::vector<int64_t> s_shape = saved_summaries_shape(c.options(), c.q_shape(), c.v_shape());
   const size_t n = size_t(numel(s_shape));
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  const DeviceArray<bfloat16> dq(q), dk(k), dv(v);
+  const DeviceArray<H> dq(q), dk(k), dv(v);
   const DeviceArray<float> dw(w);
-  DeviceArray<bfloat16> o(std::vector<bfloat16>(v.size(), to_bfloat16(nan)));
+  DeviceArray<H> o(rounded_to<H>(std::vector<double>(v.size(), nan)));
   DeviceArray<float> s(std::vector<float>(n, nan)), m(std::vector<float>(n, nan));
   forward(c.options(), dq.cview(c.q_shape()), dk.cview(c.q_shape()), dv.cview(c.v_shape()),
           dw.cview(c.w_shape()), o.view(c.v_shape()), s.view(s_shape), m.view(s_shape));
 
-  const std::vector<double> q64 = bfloat16_values(q), k64 = bfloat16_values(k),
-                            v64 = bfloat16_values(v), w64 = widened(w);
+  const std::vector<double> q64 = values_of(q), k64 = values_of(k), v64 = values_of(v),
+                            w64 = widened(w);
   std::vector<double> o64(v.size()), s64(n), m64(n);
   forward<double>(c.options(), view(q64, c.q_shape()), view(k64, c.q_shape()),
                   view(v64, c.v_shape()), view(w64, c.w_shape()), view(o64, c.v_shape()),
                   view(s64, s_shape), view(m64, s_shape));
   // Split bfloat16 operands keep the sums near float32: the summaries and the
-  // mix far inside 1e-4, o within its one rounding to bfloat16 (2^-9).
+  // mix far inside 1e-4, o within its one rounding.
   EXPECT_CLOSE(s.host(), s64, 1e-4, "summaries");
   EXPECT_CLOSE(m.host(), m64, 1e-4, "mixed summaries");
-  EXPECT_CLOSE(bfloat16_values(o.host()), o64, 4e-3, "o");
+  EXPECT_CLOSE(values_of(o.host()), o64, o_tolerance, "o");
 }
+
+class CudaBf16Forward : public testing::TestWithParam<Case> {};
+
+TEST_P(CudaBf16Forward, MatchesFloat64OnTheSameInputs) {
+  SKIP_WITHOUT_DEVICE();
+  check_split_forward<bfloat16>(GetParam(), 4e-3);  // bfloat16's half step: 2^-9
+}
+
 
 INSTANTIATE_TEST_SUITE_P(AllModes, CudaBf16Forward, testing::ValuesIn(bf16_cases()), case_name);
 
@@ -224,36 +229,34 @@ Float64Gradients float64_gradients(const Case& c, const std::vector<double>& q,
 // bfloat16 inputs, with the forward's saved arrays and without them (the
 // kernels recompute them), gradients poisoned first; a second call must give
 // the same bits (the weight gradient is summed in a fixed order).
-class CudaBf16Backward : public CudaBf16Forward {};
-
-TEST_P(CudaBf16Backward, MatchesFloat64OnTheSameInputs) {
-  SKIP_WITHOUT_DEVICE();
-  const Case& c = GetParam();
+template <typename H>
+void check_split_backward(const Case& c) {
   const Inputs in = make_inputs(c, 17);
-  const auto q = rounded_to_bfloat16(in.q), k = rounded_to_bfloat16(in.k),
-             v = rounded_to_bfloat16(in.v), g = rounded_to_bfloat16(in.grad_o);
+  const auto q = rounded_to<H>(in.q), k = rounded_to<H>(in.k), v = rounded_to<H>(in.v),
+             g = rounded_to<H>(in.grad_o);
   const std::vector<float> w(in.w.begin(), in.w.end());
   const std::vector<int64_t> s_shape = saved_summaries_shape(c.options(), c.q_shape(), c.v_shape());
   const size_t n = size_t(numel(s_shape));
-  const DeviceArray<bfloat16> dq(q), dk(k), dv(v), dg(g);
+  const DeviceArray<H> dq(q), dk(k), dv(v), dg(g);
   const DeviceArray<float> dw(w);
-  DeviceArray<bfloat16> o(v.size());
+  DeviceArray<H> o(v.size());
   DeviceArray<float> s(n), m(n);
   forward(c.options(), dq.cview(c.q_shape()), dk.cview(c.q_shape()), dv.cview(c.v_shape()),
           dw.cview(c.w_shape()), o.view(c.v_shape()), s.view(s_shape), m.view(s_shape));
 
-  const std::vector<double> q64 = bfloat16_values(q), k64 = bfloat16_values(k),
-                            v64 = bfloat16_values(v), g64 = bfloat16_values(g), w64 = widened(w);
+  const std::vector<double> q64 = values_of(q), k64 = values_of(k), v64 = values_of(v),
+                            g64 = values_of(g), w64 = widened(w);
   const auto [gq64, gk64, gv64, gw64] = float64_gradients(c, q64, k64, v64, w64, g64);
 
-  const bfloat16 nan = to_bfloat16(std::numeric_limits<float>::quiet_NaN());
+  const auto poisoned = [](size_t n) {
+    return DeviceArray<H>(rounded_to<H>(std::vector<double>(n, std::nan(""))));
+  };
   struct Gradients {
-    std::vector<bfloat16> q, k, v;
+    std::vector<H> q, k, v;
     std::vector<float> w;
   };
   const auto run = [&](bool saved) {
-    DeviceArray<bfloat16> gq(std::vector<bfloat16>(q.size(), nan)),
-        gk(std::vector<bfloat16>(k.size(), nan)), gv(std::vector<bfloat16>(v.size(), nan));
+    DeviceArray<H> gq = poisoned(q.size()), gk = poisoned(k.size()), gv = poisoned(v.size());
     DeviceArray<float> gw(std::vector<float>(w.size(), std::numeric_limits<float>::quiet_NaN()));
     backward(c.options(), dq.cview(c.q_shape()), dk.cview(c.q_shape()), dv.cview(c.v_shape()),
              dw.cview(c.w_shape()), o.cview(c.v_shape()), dg.cview(c.v_shape()),
@@ -265,11 +268,11 @@ TEST_P(CudaBf16Backward, MatchesFloat64OnTheSameInputs) {
   for (const bool saved : {true, false}) {
     const std::string how = saved ? " (saved arrays)" : " (recomputed)";
     const Gradients got = run(saved);
-    // Each gradient is rounded once to bfloat16 (2^-9 relative) after sums
+    // Each gradient is rounded once (bfloat16: 2^-9 relative) after sums
     // near float32; grad w stays float.
-    EXPECT_CLOSE(bfloat16_values(got.q), gq64, 1e-2, "grad q" + how);
-    EXPECT_CLOSE(bfloat16_values(got.k), gk64, 1e-2, "grad k" + how);
-    EXPECT_CLOSE(bfloat16_values(got.v), gv64, 1e-2, "grad v" + how);
+    EXPECT_CLOSE(values_of(got.q), gq64, 1e-2, "grad q" + how);
+    EXPECT_CLOSE(values_of(got.k), gk64, 1e-2, "grad k" + how);
+    EXPECT_CLOSE(values_of(got.v), gv64, 1e-2, "grad v" + how);
     EXPECT_CLOSE(got.w, gw64, 1e-3, "grad w" + how);
     if (!saved) continue;
     const Gradients again = run(saved);
@@ -282,55 +285,27 @@ TEST_P(CudaBf16Backward, MatchesFloat64OnTheSameInputs) {
   }
 }
 
+class CudaBf16Backward : public CudaBf16Forward {};
+
+TEST_P(CudaBf16Backward, MatchesFloat64OnTheSameInputs) {
+  SKIP_WITHOUT_DEVICE();
+  check_split_backward<bfloat16>(GetParam());
+}
+
 INSTANTIATE_TEST_SUITE_P(AllModes, CudaBf16Backward, testing::ValuesIn(bf16_cases()), case_name);
 
 // float16 tokens on the same tensor-core kernels (each float16 splits into
-// two bfloat16 halves exactly) against float64 on the same float16 inputs:
-// forward and backward, saved arrays and recomputed, results poisoned first.
+// two bfloat16 halves exactly): o within its one rounding to float16 (2^-12).
 class CudaFloat16 : public CudaBf16Forward {};
 
-TEST_P(CudaFloat16, MatchesFloat64OnTheSameInputs) {
+TEST_P(CudaFloat16, ForwardMatchesFloat64OnTheSameInputs) {
   SKIP_WITHOUT_DEVICE();
-  const Case& c = GetParam();
-  const Inputs in = make_inputs(c, 19);
-  const auto q = rounded_to_float16(in.q), k = rounded_to_float16(in.k),
-             v = rounded_to_float16(in.v), g = rounded_to_float16(in.grad_o);
-  const std::vector<float> w(in.w.begin(), in.w.end());
-  const std::vector<int64_t> s_shape = saved_summaries_shape(c.options(), c.q_shape(), c.v_shape());
-  const size_t n = size_t(numel(s_shape));
-  const float16 nan = to_float16(std::numeric_limits<float>::quiet_NaN());
-  const DeviceArray<float16> dq(q), dk(k), dv(v), dg(g);
-  const DeviceArray<float> dw(w);
-  DeviceArray<float16> o(std::vector<float16>(v.size(), nan));
-  DeviceArray<float> s(n), m(n);
-  forward(c.options(), dq.cview(c.q_shape()), dk.cview(c.q_shape()), dv.cview(c.v_shape()),
-          dw.cview(c.w_shape()), o.view(c.v_shape()), s.view(s_shape), m.view(s_shape));
+  check_split_forward<float16>(GetParam(), 1e-3);
+}
 
-  const std::vector<double> q64 = float16_values(q), k64 = float16_values(k),
-                            v64 = float16_values(v), g64 = float16_values(g), w64 = widened(w);
-  std::vector<double> o64(v.size());
-  forward<double>(c.options(), view(q64, c.q_shape()), view(k64, c.q_shape()),
-                  view(v64, c.v_shape()), view(w64, c.w_shape()), view(o64, c.v_shape()));
-  // o within its one rounding to float16 (2^-12) after sums near float32.
-  EXPECT_CLOSE(float16_values(o.host()), o64, 1e-3, "o");
-  const auto [gq64, gk64, gv64, gw64] = float64_gradients(c, q64, k64, v64, w64, g64);
-  for (const bool saved : {true, false}) {
-    const std::string how = saved ? " (saved arrays)" : " (recomputed)";
-    DeviceArray<float16> gq(std::vector<float16>(q.size(), nan)),
-        gk(std::vector<float16>(k.size(), nan)), gv(std::vector<float16>(v.size(), nan));
-    DeviceArray<float> gw(std::vector<float>(w.size(), std::numeric_limits<float>::quiet_NaN()));
-    backward(c.options(), dq.cview(c.q_shape()), dk.cview(c.q_shape()), dv.cview(c.v_shape()),
-             dw.cview(c.w_shape()), o.cview(c.v_shape()), dg.cview(c.v_shape()),
-             gq.view(c.q_shape()), gk.view(c.q_shape()), gv.view(c.v_shape()), gw.view(c.w_shape()),
-             saved ? s.cview(s_shape) : TensorView<const float>{},
-             saved ? m.cview(s_shape) : TensorView<const float>{});
-    // The bfloat16 kernels' bounds (the gradients' cancellations set them,
-    // not the rounding of the result).
-    EXPECT_CLOSE(float16_values(gq.host()), gq64, 1e-2, "grad q" + how);
-    EXPECT_CLOSE(float16_values(gk.host()), gk64, 1e-2, "grad k" + how);
-    EXPECT_CLOSE(float16_values(gv.host()), gv64, 1e-2, "grad v" + how);
-    EXPECT_CLOSE(gw.host(), gw64, 1e-3, "grad w" + how);
-  }
+TEST_P(CudaFloat16, BackwardMatchesFloat64OnTheSameInputs) {
+  SKIP_WITHOUT_DEVICE();
+  check_split_backward<float16>(GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(AllModes, CudaFloat16, testing::ValuesIn(bf16_cases()), case_name);
