@@ -68,6 +68,12 @@ inline std::vector<mhla::bfloat16> rounded(const std::vector<float>& x) {
   return out;
 }
 
+inline std::vector<mhla::float16> rounded_to_float16(const std::vector<float>& x) {
+  std::vector<mhla::float16> out(x.size());
+  for (size_t i = 0; i < x.size(); ++i) out[i] = mhla::to_float16(x[i]);
+  return out;
+}
+
 // Bytes read plus bytes written per ms by the fastest of 5 device-to-device
 // copies of 1 GiB.
 inline double copy_bytes_per_ms() {

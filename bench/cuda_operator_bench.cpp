@@ -1,6 +1,6 @@
 // The CUDA backend's operator at the shapes of the GPU anchors (docs/cuda.md):
 // median forward and forward+backward times in float, and in bfloat16 (on
-// tensor cores), next to the two floors
+// tensor cores; float16 on the same kernels below each row), next to the two floors
 // of each shape: the bytes the forward must move (read q, k, v; write o) over
 // the card's copy rate, and its FLOPs over the card's dense bf16 rate.
 //
@@ -140,6 +140,35 @@ int main(int argc, char** argv) try {
     const double state_fwd = median_ms(repeats, run_bf16_forward);
     const double state_fwd_bwd = median_ms(repeats, run_bf16_forward_backward);
     unsetenv("MHLA_CUDA_BF16_STATE");
+    // float16 tokens on the same kernels (MHLA_CUDA_FLOAT16=1), saving no arrays.
+    setenv("MHLA_CUDA_FLOAT16", "1", 1);
+    const auto f16_array = [&](const std::vector<float>& x) { return to_device(rounded_to_float16(x)); };
+    mhla::float16 *hq16 = f16_array(hq), *hk16 = f16_array(hk), *hv16 = f16_array(hv),
+                  *ho16 = f16_array(hv), *hgo16 = f16_array(hq), *hgq16 = f16_array(hq),
+                  *hgk16 = f16_array(hq), *hgv16 = f16_array(hq);
+    const auto f16 = [&](mhla::float16* x) {
+      return TensorView<const mhla::float16>{x, shape, Device::cuda};
+    };
+    const auto run_f16_forward = [&] {
+      mhla::forward(options, f16(hq16), f16(hk16), f16(hv16), cw,
+                    TensorView<mhla::float16>{ho16, shape, Device::cuda});
+    };
+    const auto run_f16_forward_backward = [&] {
+      run_f16_forward();
+      mhla::backward(options, f16(hq16), f16(hk16), f16(hv16), cw, f16(ho16), f16(hgo16),
+                     TensorView<mhla::float16>{hgq16, shape, Device::cuda},
+                     TensorView<mhla::float16>{hgk16, shape, Device::cuda},
+                     TensorView<mhla::float16>{hgv16, shape, Device::cuda},
+                     TensorView<float>{gw, w_shape, Device::cuda});
+    };
+    const double f16_fwd = median_ms(repeats, run_f16_forward);
+    const double f16_fwd_bwd = median_ms(repeats, run_f16_forward_backward);
+    setenv("MHLA_CUDA_BF16_STATE", "1", 1);
+    const double f16_state_fwd = median_ms(repeats, run_f16_forward);
+    const double f16_state_fwd_bwd = median_ms(repeats, run_f16_forward_backward);
+    unsetenv("MHLA_CUDA_BF16_STATE");
+    unsetenv("MHLA_CUDA_FLOAT16");
+    for (mhla::float16* p : {hq16, hk16, hv16, ho16, hgo16, hgq16, hgk16, hgv16}) cudaFree(p);
     // bf16 tokens: 2 bytes each of q, k, v read and o written.
     const double bytes_floor = 4.0 * double(elements) * 2.0 / copy_rate;
     const mhla::FlopCount flops = mhla::mhla_flops(1, n, s.heads, s.d, s.d, m, s.masking, n / m);
@@ -168,6 +197,12 @@ int main(int argc, char** argv) try {
                 state_fwd_bwd / ((mhla::bench::total_bytes(budget.forward) +
                                   mhla::bench::total_bytes(budget.backward)) / budget_rate),
                 state_fwd_bwd / bytes_floor, state_fwd_bwd / bf16_fwd_bwd);
+    std::printf("  float16 on the split-operand kernels: forward %.3f ms, forward+backward %.3f ms "
+                "(%.2fx, %.2fx bf16's); on the bf16-state kernels: %.3f ms, %.3f ms (%.2fx, "
+                "%.2fx bf16's)\n",
+                f16_fwd, f16_fwd_bwd, f16_fwd / bf16_fwd, f16_fwd_bwd / bf16_fwd_bwd,
+                f16_state_fwd, f16_state_fwd_bwd, f16_state_fwd / state_fwd,
+                f16_state_fwd_bwd / state_fwd_bwd);
     for (float* p : {q, k, v, grad_o, w, o, gq, gk, gv, gw}) cudaFree(p);
     for (mhla::bfloat16* p : {bq, bk, bv, bo, bgo, bgq, bgk, bgv}) cudaFree(p);
   }

@@ -86,10 +86,11 @@ void backward(const Options& options, TensorView<const bfloat16> q, TensorView<c
               TensorView<const float> saved_mixed = {});
 
 // float16 q, k, v and o (and gradients), with w, grad_w and the saved arrays
-// in float32, as for bfloat16. On the CPU both compute in float32 on widened
-// copies (exact) and round each result once. On CUDA they run on the
-// bfloat16 operator's tensor-core kernels, which split every operand into
-// two bfloat16 halves (a float16 value is their exact sum). A result that is
+// in float32, as for bfloat16. Both compute in float32 on widened copies
+// (exact) and round each result once; on CUDA, where cuda_float16_kernels()
+// (mhla/device_execution.hpp) is true, they run on the bfloat16 operator's
+// tensor-core kernels instead, which split every operand into two bfloat16
+// halves (a float16 value is their exact sum). A result that is
 // finite in float32 but beyond float16's range (65504) is an mhla::Error
 // naming the entry, not an infinity. See docs/operator.md, "float16".
 void forward(const Options& options, TensorView<const float16> q, TensorView<const float16> k,

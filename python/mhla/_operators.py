@@ -64,11 +64,12 @@ class _Eager(torch.autograd.Function):
 
 def keeps_state(q):
     """Whether a forward that will be differentiated keeps its summaries and mixed summaries for
-    the backward. Not for bfloat16 and float16 CUDA tensors where the library runs its
-    bfloat16-state kernels (``_core.cuda_bf16_state_kernels()``): their backward recomputes its
-    state and reads none."""
-    return not (q.device.type == "cuda" and q.dtype in (torch.bfloat16, torch.float16)
-                and _core.cuda_bf16_state_kernels())
+    the backward. Not for bfloat16 CUDA tensors where the library runs its bfloat16-state kernels
+    (``_core.cuda_bf16_state_kernels()``), nor for float16 ones where it also runs float16 on its
+    tensor-core kernels (``_core.cuda_float16_kernels()``): their backward recomputes its state
+    and reads none."""
+    on_state_kernels = q.dtype == torch.bfloat16 or (q.dtype == torch.float16 and _core.cuda_float16_kernels())
+    return not (q.device.type == "cuda" and on_state_kernels and _core.cuda_bf16_state_kernels())
 
 
 def _mhla_run(inputs, options, save):

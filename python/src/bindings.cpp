@@ -546,6 +546,9 @@ PYBIND11_MODULE(_core, m) {
   m.def("cuda_bf16_state_kernels", &mhla::cuda_bf16_state_kernels,
         "Whether bfloat16 calls on CUDA tensors may run on the bfloat16-state kernels "
         "(MHLA_CUDA_BF16_STATE=1 in a CUDA build), whose backward reads no saved arrays.");
+  m.def("cuda_float16_kernels", &mhla::cuda_float16_kernels,
+        "Whether float16 calls on CUDA tensors run on the tensor-core kernels (MHLA_CUDA_FLOAT16=1; "
+        "otherwise they compute in float32 on widened copies).");
   bind_memory(m);
   bind_layout(m);
   bind_options(m);

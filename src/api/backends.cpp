@@ -30,14 +30,25 @@ void check_device_results() {
 #endif
 }
 
-bool cuda_bf16_state_kernels() {
+namespace {
+
+// Whether the environment variable `name` is "1" (never in a build without
+// the CUDA backend).
+bool switched_on(const char* name) {
 #if MHLA_WITH_CUDA
-  const char* value = std::getenv("MHLA_CUDA_BF16_STATE");
+  const char* value = std::getenv(name);
   return value != nullptr && std::strcmp(value, "1") == 0;
 #else
+  (void)name;
   return false;
 #endif
 }
+
+}  // namespace
+
+bool cuda_bf16_state_kernels() { return switched_on("MHLA_CUDA_BF16_STATE"); }
+
+bool cuda_float16_kernels() { return switched_on("MHLA_CUDA_FLOAT16"); }
 
 // Every backend of this build frees the calling thread's arrays.
 void release_scratch() {

@@ -113,16 +113,18 @@ TensorView<const float> widened(const backend::Backend& device, const TensorView
 }
 
 // `from` rounded into `to`. A float result beyond float16's range would
-// become infinity there: that is an mhla::Error naming the entry (read on
-// the host; on a GPU this path is the rare one past the kernels' limits).
+// become infinity there: that is an mhla::Error naming the entry, found on
+// the host once the narrowing has seen one.
 template <typename H>
 void narrowed(const char* fn, const char* name, const backend::Backend& device,
               const TensorView<float>& from, const TensorView<H>& to, const char* remedy) {
   if constexpr (std::is_same_v<H, float16>) {
+    if (device.memory().narrow(from.data, elements(to), to.data)) return;
     const detail::HostCopy host(TensorView<const float>{from.data, from.shape, from.device});
     detail::check_float16_range(fn, {name, host.data(), from.shape}, remedy);
+  } else {
+    device.memory().narrow(from.data, elements(to), to.data);
   }
-  device.memory().narrow(from.data, elements(to), to.data);
 }
 
 // What one rounding to bfloat16 adds to a term of a saved array's entries

@@ -31,6 +31,7 @@ enum class Scratch {
   widened_v,
   widened_o,
   widened_grad_o,
+  range_flag,  // a device's flag of float16 narrowing out of range
   count
 };
 
@@ -57,7 +58,9 @@ class Memory {
   virtual void widen(const bfloat16* from, int64_t n, float* to) const = 0;
   virtual void narrow(const float* from, int64_t n, bfloat16* to) const = 0;
   virtual void widen(const float16* from, int64_t n, float* to) const = 0;
-  virtual void narrow(const float* from, int64_t n, float16* to) const = 0;
+  // Returns whether every finite value stayed finite (float16's range ends
+  // at 65504); the caller then names the first that did not.
+  virtual bool narrow(const float* from, int64_t n, float16* to) const = 0;
   // Copies `bytes` of the device's memory to host memory (for the checks and
   // reports that read values: core/host_copy.hpp).
   virtual void to_host(const void* from, size_t bytes, void* to) const = 0;

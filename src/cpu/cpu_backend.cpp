@@ -3,6 +3,7 @@
 // AVX512-BF16, the tiled softmax baseline, the decoder's SIMD step, and
 // per-thread scratch arrays.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <new>
@@ -178,9 +179,14 @@ class CpuMemory final : public backend::Memory {
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < n; ++i) to[i] = to_float(from[i]);
   }
-  void narrow(const float* from, int64_t n, float16* to) const override {
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) to[i] = to_float16(from[i]);
+  bool narrow(const float* from, int64_t n, float16* to) const override {
+    int overflowed = 0;
+#pragma omp parallel for schedule(static) reduction(| : overflowed)
+    for (int64_t i = 0; i < n; ++i) {
+      to[i] = to_float16(from[i]);
+      overflowed |= int(std::isfinite(from[i]) && (to[i].bits & 0x7c00u) == 0x7c00u);
+    }
+    return overflowed == 0;
   }
   void to_host(const void* from, size_t bytes, void* to) const override {
     std::memcpy(to, from, bytes);

@@ -432,8 +432,16 @@ class CudaMemory final : public backend::Memory {
   void widen(const float16* from, int64_t n, float* to) const override {
     cuda::widen_f16(reinterpret_cast<const uint16_t*>(from), n, to, current_stream());
   }
-  void narrow(const float* from, int64_t n, float16* to) const override {
-    cuda::narrow_f16(from, n, reinterpret_cast<uint16_t*>(to), current_stream());
+  // One flag read back a call: the float16 path past the tensor-core kernels
+  // waits for it, as a sync call waits for its checks.
+  bool narrow(const float* from, int64_t n, float16* to) const override {
+    const cudaStream_t stream = current_stream();
+    int* flag = static_cast<int*>(scratch(Scratch::range_flag, sizeof(int)));
+    check(cudaMemsetAsync(flag, 0, sizeof(int), stream), "cudaMemsetAsync");
+    cuda::narrow_f16(from, n, reinterpret_cast<uint16_t*>(to), flag, stream);
+    int overflowed = 0;
+    to_host(flag, sizeof(int), &overflowed);
+    return overflowed == 0;
   }
   // In the order of the calls' stream, which may not wait for the legacy one.
   void to_host(const void* from, size_t bytes, void* to) const override {
@@ -471,9 +479,12 @@ class CudaBackend final : public backend::Backend {
                                                                     bfloat16) const override {
     return make_half_attention<bfloat16>(p, w);
   }
+  // float16 on the tensor-core kernels only where switched on (until they
+  // have run on a GPU); otherwise the API's float path on widened copies.
   std::unique_ptr<backend::HalfAttention<float16>> half_attention(const detail::Problem& p,
                                                                    const float* w,
                                                                    float16) const override {
+    if (!cuda_float16_kernels()) return nullptr;
     return make_half_attention<float16>(p, w);
   }
   std::unique_ptr<backend::DecodeState> decode_state(int64_t, int64_t) const override {

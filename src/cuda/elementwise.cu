@@ -28,8 +28,12 @@ __global__ void widen_f16_kernel(const uint16_t* from, int64_t n, float* to) {
   MHLA_GRID_STRIDE(i, n) to[i] = __half2float(__ushort_as_half(from[i]));
 }
 
-__global__ void narrow_f16_kernel(const float* from, int64_t n, uint16_t* to) {
-  MHLA_GRID_STRIDE(i, n) to[i] = __half_as_ushort(__float2half_rn(from[i]));
+__global__ void narrow_f16_kernel(const float* from, int64_t n, uint16_t* to, int* overflowed) {
+  MHLA_GRID_STRIDE(i, n) {
+    const __half h = __float2half_rn(from[i]);
+    to[i] = __half_as_ushort(h);
+    if (isfinite(from[i]) && __hisinf(h)) atomicOr(overflowed, 1);
+  }
 }
 
 }  // namespace
@@ -61,9 +65,10 @@ void widen_f16(const uint16_t* from, int64_t n, float* to, cudaStream_t stream) 
   check_launch("widen_f16_kernel");
 }
 
-void narrow_f16(const float* from, int64_t n, uint16_t* to, cudaStream_t stream) {
+void narrow_f16(const float* from, int64_t n, uint16_t* to, int* overflowed,
+                cudaStream_t stream) {
   if (n == 0) return;
-  narrow_f16_kernel<<<grid_for(n), kThreads, 0, stream>>>(from, n, to);
+  narrow_f16_kernel<<<grid_for(n), kThreads, 0, stream>>>(from, n, to, overflowed);
   check_launch("narrow_f16_kernel");
 }
 

@@ -17,8 +17,10 @@ void widen(const uint16_t* from, int64_t n, float* to, cudaStream_t stream);
 // NaN (the rounding of mhla/bfloat16.hpp)
 void narrow(const float* from, int64_t n, uint16_t* to, cudaStream_t stream);
 // The same for float16 bit patterns (__float2half_rn: the rounding of
-// mhla/float16.hpp).
+// mhla/float16.hpp); narrowing sets *overflowed where a finite value becomes
+// infinite (beyond 65504).
 void widen_f16(const uint16_t* from, int64_t n, float* to, cudaStream_t stream);
-void narrow_f16(const float* from, int64_t n, uint16_t* to, cudaStream_t stream);
+void narrow_f16(const float* from, int64_t n, uint16_t* to, int* overflowed,
+                cudaStream_t stream);
 
 }  // namespace mhla::cuda

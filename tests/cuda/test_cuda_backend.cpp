@@ -294,17 +294,40 @@ TEST_P(CudaBf16Backward, MatchesFloat64OnTheSameInputs) {
 
 INSTANTIATE_TEST_SUITE_P(AllModes, CudaBf16Backward, testing::ValuesIn(bf16_cases()), case_name);
 
+// A switch of the environment (MHLA_CUDA_FLOAT16, MHLA_CUDA_BF16_STATE) set
+// to 1 for one scope.
+class SwitchedOn {
+ public:
+  explicit SwitchedOn(const char* name) : name_(name) { setenv(name, "1", 1); }
+  SwitchedOn(const SwitchedOn&) = delete;
+  SwitchedOn& operator=(const SwitchedOn&) = delete;
+  ~SwitchedOn() { unsetenv(name_); }
+
+ private:
+  const char* name_;
+};
+
+// float16 calls on the tensor-core kernels.
+struct Float16KernelsOn : SwitchedOn {
+  Float16KernelsOn() : SwitchedOn("MHLA_CUDA_FLOAT16") {}
+};
+
 // float16 tokens on the same tensor-core kernels (each float16 splits into
-// two bfloat16 halves exactly): o within its one rounding to float16 (2^-12).
+// two bfloat16 halves exactly): o within its one rounding to float16 (2^-12);
+// and, switched off, on the float kernels over widened copies.
 class CudaFloat16 : public CudaBf16Forward {};
 
 TEST_P(CudaFloat16, ForwardMatchesFloat64OnTheSameInputs) {
   SKIP_WITHOUT_DEVICE();
+  check_split_forward<float16>(GetParam(), 1e-3);  // the float kernels, on widened copies
+  const Float16KernelsOn on;
   check_split_forward<float16>(GetParam(), 1e-3);
 }
 
 TEST_P(CudaFloat16, BackwardMatchesFloat64OnTheSameInputs) {
   SKIP_WITHOUT_DEVICE();
+  check_split_backward<float16>(GetParam());
+  const Float16KernelsOn on;
   check_split_backward<float16>(GetParam());
 }
 
@@ -323,21 +346,22 @@ TEST(CudaBackend, Float16OverflowIsANamedError) {
       v(rounded_to_float16(in.v));
   const DeviceArray<float> w(std::vector<float>(in.w.begin(), in.w.end()));
   DeviceArray<float16> o(in.v.size());
-  EXPECT_THAT([&] {
+  const auto call = [&] {
     forward(options, q.cview(c.q_shape()), k.cview(c.q_shape()), v.cview(c.v_shape()),
             w.cview(c.w_shape()), o.view(c.v_shape()));
-  },
-              ThrowsMessage<Error>(HasSubstr("beyond float16's range (largest finite 65504)")));
+  };
+  const auto named = ThrowsMessage<Error>(HasSubstr("beyond float16's range (largest finite 65504)"));
+  EXPECT_THAT(call, named) << "on the float kernels over widened copies";
+  const Float16KernelsOn on;
+  EXPECT_THAT(call, named) << "on the tensor-core kernels";
 }
 
 // The bfloat16-state forward (MHLA_CUDA_BF16_STATE=1; a forward that saves
 // no arrays) against float64 on the same bfloat16 inputs, o poisoned first,
 // the same bits from a second call; the tiling emulation holds its tiles to
 // the same bound without a GPU (test_bf16_state_tiling.cpp).
-class StateKernelsOn {
- public:
-  StateKernelsOn() { setenv("MHLA_CUDA_BF16_STATE", "1", 1); }
-  ~StateKernelsOn() { unsetenv("MHLA_CUDA_BF16_STATE"); }
+struct StateKernelsOn : SwitchedOn {
+  StateKernelsOn() : SwitchedOn("MHLA_CUDA_BF16_STATE") {}
 };
 
 // The forward on tokens of type H, checked as above.
@@ -382,6 +406,7 @@ class CudaFloat16StateForward : public testing::TestWithParam<Case> {};
 
 TEST_P(CudaFloat16StateForward, MatchesFloat64OnTheSameInputs) {
   SKIP_WITHOUT_DEVICE();
+  const Float16KernelsOn on;
   check_state_forward<float16>(GetParam());
 }
 
@@ -450,6 +475,7 @@ class CudaFloat16StateBackward : public testing::TestWithParam<Case> {};
 
 TEST_P(CudaFloat16StateBackward, MatchesFloat64OnTheSameInputs) {
   SKIP_WITHOUT_DEVICE();
+  const Float16KernelsOn on;
   check_state_backward<float16>(GetParam(), kFloat16StateWeightGradientTolerance);
 }
 
