@@ -1,6 +1,7 @@
 // The CUDA backend's operator at the shapes of the GPU anchors (docs/cuda.md):
 // median forward and forward+backward times in float, and in bfloat16 (on
-// tensor cores; float16 on the same kernels below each row), next to the two floors
+// tensor cores; float32 and float16 on the same kernels below each row),
+// next to the two floors
 // of each shape: the bytes the forward must move (read q, k, v; write o) over
 // the card's copy rate, and its FLOPs over the card's dense bf16 rate.
 //
@@ -109,13 +110,19 @@ int main(int argc, char** argv) try {
     const auto run_forward = [&] {
       mhla::forward<float>(options, cq, ck, cv, cw, {o, shape, Device::cuda});
     };
-    const double fwd = float_kernels ? median_ms(repeats, run_forward) : NAN;
-    const double fwd_bwd = !float_kernels ? NAN : median_ms(repeats, [&] {
+    const auto run_forward_backward = [&] {
       run_forward();
       mhla::backward<float>(options, cq, ck, cv, cw, co, cg, {gq, shape, Device::cuda},
                             {gk, shape, Device::cuda}, {gv, shape, Device::cuda},
                             {gw, w_shape, Device::cuda});
-    });
+    };
+    const double fwd = float_kernels ? median_ms(repeats, run_forward) : NAN;
+    const double fwd_bwd = float_kernels ? median_ms(repeats, run_forward_backward) : NAN;
+    // float32 on the tensor-core kernels (operands split into bfloat16 halves).
+    setenv("MHLA_CUDA_FLOAT32_TENSOR_CORES", "1", 1);
+    const double split_fwd = median_ms(repeats, run_forward);
+    const double split_fwd_bwd = median_ms(repeats, run_forward_backward);
+    unsetenv("MHLA_CUDA_FLOAT32_TENSOR_CORES");
     const auto bf16 = [&](mhla::bfloat16* x) {
       return TensorView<const mhla::bfloat16>{x, shape, Device::cuda};
     };
@@ -197,6 +204,9 @@ int main(int argc, char** argv) try {
                 state_fwd_bwd / ((mhla::bench::total_bytes(budget.forward) +
                                   mhla::bench::total_bytes(budget.backward)) / budget_rate),
                 state_fwd_bwd / bytes_floor, state_fwd_bwd / bf16_fwd_bwd);
+    std::printf("  float32 on the tensor-core kernels: forward %.3f ms, forward+backward %.3f ms "
+                "(one thread per result: %s, %s)\n",
+                split_fwd, split_fwd_bwd, cell(fwd).c_str(), cell(fwd_bwd).c_str());
     std::printf("  float16 on the split-operand kernels: forward %.3f ms, forward+backward %.3f ms "
                 "(%.2fx, %.2fx bf16's); on the bf16-state kernels: %.3f ms, %.3f ms (%.2fx, "
                 "%.2fx bf16's)\n",

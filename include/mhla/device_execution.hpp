@@ -50,4 +50,13 @@ bool cuda_bf16_state_kernels();
 // widened copies with the float kernels. Always false without the CUDA backend.
 bool cuda_float16_kernels();
 
+// Whether float32 calls of forward() and backward() on CUDA tensors run on
+// the tensor-core kernels (docs/cuda.md): every operand split into two
+// bfloat16 halves, 16 of float32's 24 significant bits (about 1e-5 relative
+// where the float kernels are exact to float32), sums in float, token-level
+// causal masking included. Set by MHLA_CUDA_FLOAT32_TENSOR_CORES=1, off by
+// default until they have run on a GPU; otherwise float32 calls run one
+// thread per result. Always false without the CUDA backend.
+bool cuda_float32_tensor_cores();
+
 }  // namespace mhla

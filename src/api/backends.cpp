@@ -50,6 +50,8 @@ bool cuda_bf16_state_kernels() { return switched_on("MHLA_CUDA_BF16_STATE"); }
 
 bool cuda_float16_kernels() { return switched_on("MHLA_CUDA_FLOAT16"); }
 
+bool cuda_float32_tensor_cores() { return switched_on("MHLA_CUDA_FLOAT32_TENSOR_CORES"); }
+
 // Every backend of this build frees the calling thread's arrays.
 void release_scratch() {
   backend::cpu_backend().memory().release_scratch();

@@ -18,9 +18,9 @@ using namespace tiles;
 // W[i, i] (inv_t g_t . v_j + dden_t) against phi(k_j).
 template <typename Tok>
 __global__ void __launch_bounds__(kThreads)
-    query_gradients_kernel(KernelProblem p, int64_t chunks, const uint16_t* q, const uint16_t* k,
-                           const uint16_t* v, const uint16_t* grad_o, const float* w,
-                           const float* mixed, uint16_t* grad_q, float* terms, float* diagonal,
+    query_gradients_kernel(KernelProblem p, int64_t chunks, TokensIn<Tok> q, TokensIn<Tok> k,
+                           TokensIn<Tok> v, TokensIn<Tok> grad_o, const float* w,
+                           const float* mixed, TokensOut<Tok> grad_q, float* terms, float* diagonal,
                            int* non_finite) {
   __shared__ __align__(32) StageOrTile scratch;
   __shared__ __align__(32) OutTile out;
@@ -162,7 +162,7 @@ __global__ void __launch_bounds__(kThreads)
 // kernel sums phi(k_t) [v_t | 1].
 template <typename Tok>
 __global__ void __launch_bounds__(kThreads)
-    mixed_gradients_kernel(KernelProblem p, const uint16_t* q, const uint16_t* grad_o,
+    mixed_gradients_kernel(KernelProblem p, TokensIn<Tok> q, TokensIn<Tok> grad_o,
                            const float* terms, float* grad_mixed) {
   __shared__ __align__(32) TokenStage stage;
   __shared__ __align__(32) OutTile out;
@@ -198,10 +198,10 @@ __global__ void __launch_bounds__(kThreads)
 // (inv_t g_t . v_j + dden_t) against phi(q_t), or W[i, i] s_tj inv_t against g_t.
 template <typename Tok>
 __global__ void __launch_bounds__(kThreads)
-    key_value_gradients_kernel(KernelProblem p, int64_t chunks, const uint16_t* q,
-                               const uint16_t* k, const uint16_t* v, const uint16_t* grad_o,
-                               const float* w, const float* terms, const float* grad_s,
-                               uint16_t* grad_k, uint16_t* grad_v, int* non_finite) {
+    key_value_gradients_kernel(KernelProblem p, int64_t chunks, TokensIn<Tok> q, TokensIn<Tok> k,
+                               TokensIn<Tok> v, TokensIn<Tok> grad_o, const float* w,
+                               const float* terms, const float* grad_s, TokensOut<Tok> grad_k,
+                               TokensOut<Tok> grad_v, int* non_finite) {
   __shared__ __align__(32) RowStage stage;
   __shared__ __align__(32) OutTile out;
   __shared__ int64_t rows[kTile], queries[kTile];
@@ -292,15 +292,17 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
-void bf16_query_gradients(const KernelProblem& p, const uint16_t* q, const uint16_t* k,
-                          const uint16_t* v, const uint16_t* grad_o, const float* w,
-                          const float* mixed, uint16_t* grad_q, float* terms, float* diagonal,
-                          int* non_finite, cudaStream_t stream) {
+void bf16_query_gradients(const KernelProblem& p, const void* q, const void* k, const void* v,
+                          const void* grad_o, const float* w, const float* mixed, void* grad_q,
+                          float* terms, float* diagonal, int* non_finite, cudaStream_t stream) {
   const int64_t chunks = tile_count(p.largest_block);
   const dim3 grid(unsigned(p.blocks * chunks), unsigned(p.batch * p.heads));
   with_token_format(p.token_format, [&](auto token) {
-    query_gradients_kernel<decltype(token)><<<grid, kThreads, 0, stream>>>(
-        p, chunks, q, k, v, grad_o, w, mixed, grad_q, terms, diagonal, non_finite);
+    using Tok = decltype(token);
+    query_gradients_kernel<Tok><<<grid, kThreads, 0, stream>>>(
+        p, chunks, static_cast<TokensIn<Tok>>(q), static_cast<TokensIn<Tok>>(k),
+        static_cast<TokensIn<Tok>>(v), static_cast<TokensIn<Tok>>(grad_o), w, mixed,
+        static_cast<TokensOut<Tok>>(grad_q), terms, diagonal, non_finite);
   });
   check_launch("bf16 query gradients kernel");
 }
@@ -309,27 +311,31 @@ int64_t bf16_diagonal_terms(const KernelProblem& p) {
   return p.batch * p.heads * p.blocks * tile_count(p.largest_block);
 }
 
-void bf16_mixed_gradients(const KernelProblem& p, const uint16_t* q, const uint16_t* grad_o,
+void bf16_mixed_gradients(const KernelProblem& p, const void* q, const void* grad_o,
                           const float* terms, float* grad_mixed, cudaStream_t stream) {
   const dim3 grid(unsigned(p.blocks), unsigned(p.batch * p.heads),
                   unsigned(tile_count(p.dk) * tile_count(p.dv)));
   with_token_format(p.token_format, [&](auto token) {
-    mixed_gradients_kernel<decltype(token)>
-        <<<grid, kThreads, 0, stream>>>(p, q, grad_o, terms, grad_mixed);
+    using Tok = decltype(token);
+    mixed_gradients_kernel<Tok><<<grid, kThreads, 0, stream>>>(
+        p, static_cast<TokensIn<Tok>>(q), static_cast<TokensIn<Tok>>(grad_o), terms, grad_mixed);
   });
   check_launch("bf16 mixed gradients kernel");
 }
 
-void bf16_key_value_gradients(const KernelProblem& p, const uint16_t* q, const uint16_t* k,
-                              const uint16_t* v, const uint16_t* grad_o, const float* w,
-                              const float* terms, const float* grad_summaries, uint16_t* grad_k,
-                              uint16_t* grad_v, int* non_finite, cudaStream_t stream) {
+void bf16_key_value_gradients(const KernelProblem& p, const void* q, const void* k, const void* v,
+                              const void* grad_o, const float* w, const float* terms,
+                              const float* grad_summaries, void* grad_k, void* grad_v,
+                              int* non_finite, cudaStream_t stream) {
   const int64_t chunks = tile_count(p.largest_block);
   const dim3 grid(unsigned(p.blocks * chunks), unsigned(p.batch * p.heads),
                   unsigned(tile_count(p.dk) + tile_count(p.dv)));
   with_token_format(p.token_format, [&](auto token) {
-    key_value_gradients_kernel<decltype(token)><<<grid, kThreads, 0, stream>>>(
-        p, chunks, q, k, v, grad_o, w, terms, grad_summaries, grad_k, grad_v, non_finite);
+    using Tok = decltype(token);
+    key_value_gradients_kernel<Tok><<<grid, kThreads, 0, stream>>>(
+        p, chunks, static_cast<TokensIn<Tok>>(q), static_cast<TokensIn<Tok>>(k),
+        static_cast<TokensIn<Tok>>(v), static_cast<TokensIn<Tok>>(grad_o), w, terms, grad_summaries,
+        static_cast<TokensOut<Tok>>(grad_k), static_cast<TokensOut<Tok>>(grad_v), non_finite);
   });
   check_launch("bf16 key and value gradients kernel");
 }

@@ -1,7 +1,7 @@
 #pragma once
 // The bfloat16 backward on tensor cores (bf16_tiles.cuh), around the mix's
-// backward (bf16_mix_kernels.cuh): bfloat16 q, k, v, grad_o and gradients,
-// float summaries, mixed summaries, their gradients and per-token terms.
+// backward (bf16_mix_kernels.cuh): q, k, v, grad_o and gradients in
+// p.token_format (void pointers, as for the forward), float summaries, mixed summaries, their gradients and per-token terms.
 // Arrays as in thread_per_result_kernels.cuh. The problem is a whole sequence
 // (bf16_kernels_fit).
 //
@@ -29,23 +29,22 @@ namespace mhla::cuda {
 // with token-level causal masking, diagonal [B*H, M, chunks of 64 tokens]:
 // each chunk's part of W[i, i]'s gradient. Sets *non_finite when a gradient
 // or a term is not finite.
-void bf16_query_gradients(const KernelProblem& p, const uint16_t* q, const uint16_t* k,
-                          const uint16_t* v, const uint16_t* grad_o, const float* w,
-                          const float* mixed, uint16_t* grad_q, float* terms, float* diagonal,
-                          int* non_finite, cudaStream_t stream);
+void bf16_query_gradients(const KernelProblem& p, const void* q, const void* k, const void* v,
+                          const void* grad_o, const float* w, const float* mixed, void* grad_q,
+                          float* terms, float* diagonal, int* non_finite, cudaStream_t stream);
 
 // The floats of bf16_query_gradients' diagonal.
 int64_t bf16_diagonal_terms(const KernelProblem& p);
 
 // grad_mixed (written) from the terms of bf16_query_gradients.
-void bf16_mixed_gradients(const KernelProblem& p, const uint16_t* q, const uint16_t* grad_o,
+void bf16_mixed_gradients(const KernelProblem& p, const void* q, const void* grad_o,
                           const float* terms, float* grad_mixed, cudaStream_t stream);
 
 // grad_k and grad_v (written) from the summaries' gradient (and, causal, the
 // terms). Sets *non_finite when a gradient is not finite.
-void bf16_key_value_gradients(const KernelProblem& p, const uint16_t* q, const uint16_t* k,
-                              const uint16_t* v, const uint16_t* grad_o, const float* w,
-                              const float* terms, const float* grad_summaries, uint16_t* grad_k,
-                              uint16_t* grad_v, int* non_finite, cudaStream_t stream);
+void bf16_key_value_gradients(const KernelProblem& p, const void* q, const void* k, const void* v,
+                              const void* grad_o, const float* w, const float* terms,
+                              const float* grad_summaries, void* grad_k, void* grad_v,
+                              int* non_finite, cudaStream_t stream);
 
 }  // namespace mhla::cuda

@@ -12,7 +12,7 @@ using namespace tiles;
 // [S_b | z_b] = phi(K_b)^T [V_b | 1], staging kChunk of the block's tokens at a time.
 template <typename Tok>
 __global__ void __launch_bounds__(kThreads)
-    summaries_kernel(KernelProblem p, const uint16_t* k, const uint16_t* v, float* s) {
+    summaries_kernel(KernelProblem p, TokensIn<Tok> k, TokensIn<Tok> v, float* s) {
   __shared__ __align__(32) TokenStage stage;
   __shared__ __align__(32) OutTile out;
 
@@ -43,8 +43,8 @@ __global__ void __launch_bounds__(kThreads)
 // divided by the denominators as they are written.
 template <typename Tok>
 __global__ void __launch_bounds__(kThreads)
-    outputs_kernel(KernelProblem p, int64_t chunks, const uint16_t* q, const uint16_t* k,
-                   const uint16_t* v, const float* w, const float* mixed, uint16_t* o,
+    outputs_kernel(KernelProblem p, int64_t chunks, TokensIn<Tok> q, TokensIn<Tok> k,
+                   TokensIn<Tok> v, const float* w, const float* mixed, TokensOut<Tok> o,
                    int* non_finite) {
   __shared__ __align__(32) RowStage stage;
   __shared__ __align__(32) OutTile out;
@@ -120,25 +120,29 @@ bool bf16_kernels_fit(const KernelProblem& p) {
          p.mixing_blocks == p.blocks;
 }
 
-void bf16_summaries(const KernelProblem& p, const uint16_t* k, const uint16_t* v, float* summaries,
+void bf16_summaries(const KernelProblem& p, const void* k, const void* v, float* summaries,
                     cudaStream_t stream) {
   const dim3 grid(unsigned(p.blocks), unsigned(p.batch * p.heads),
                   unsigned(tile_count(p.dk) * tile_count(p.dv)));
   with_token_format(p.token_format, [&](auto token) {
-    summaries_kernel<decltype(token)><<<grid, kThreads, 0, stream>>>(p, k, v, summaries);
+    using Tok = decltype(token);
+    summaries_kernel<Tok><<<grid, kThreads, 0, stream>>>(p, static_cast<TokensIn<Tok>>(k),
+                                                         static_cast<TokensIn<Tok>>(v), summaries);
   });
   check_launch("bf16 summaries kernel");
 }
 
-void bf16_outputs(const KernelProblem& p, const uint16_t* q, const uint16_t* k, const uint16_t* v,
-                  const float* w, const float* mixed, uint16_t* o, int* non_finite,
+void bf16_outputs(const KernelProblem& p, const void* q, const void* k, const void* v,
+                  const float* w, const float* mixed, void* o, int* non_finite,
                   cudaStream_t stream) {
   const int64_t chunks = tile_count(p.largest_block);
   const dim3 grid(unsigned(p.blocks * chunks), unsigned(p.batch * p.heads),
                   unsigned(tile_count(p.dv)));
   with_token_format(p.token_format, [&](auto token) {
-    outputs_kernel<decltype(token)>
-        <<<grid, kThreads, 0, stream>>>(p, chunks, q, k, v, w, mixed, o, non_finite);
+    using Tok = decltype(token);
+    outputs_kernel<Tok><<<grid, kThreads, 0, stream>>>(
+        p, chunks, static_cast<TokensIn<Tok>>(q), static_cast<TokensIn<Tok>>(k),
+        static_cast<TokensIn<Tok>>(v), w, mixed, static_cast<TokensOut<Tok>>(o), non_finite);
   });
   check_launch("bf16 outputs kernel");
 }

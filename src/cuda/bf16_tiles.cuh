@@ -49,38 +49,57 @@ __host__ __device__ inline int64_t tile_count(int64_t extent) {
   return (extent + kTile - 1) / kTile;
 }
 
-// A token of format F: its 16-bit pattern read as float (exact) and a float
+// A token of format F: its stored value read as float (exact) and a float
 // written as one (to nearest, ties to even). A float16 token splits into
-// two bfloat16 halves exactly (11 significant bits in 8 + 8), so both
-// formats run the same split products.
+// two bfloat16 halves exactly (11 significant bits in 8 + 8), so both 16-bit
+// formats run the same split products; a float32 token keeps 16 of its 24
+// significant bits in them (2^-17 relative).
 template <TokenFormat F>
 struct Token;
 template <>
 struct Token<TokenFormat::bfloat16> {
+  using Storage = uint16_t;
   __device__ static float value(uint16_t bits) { return __uint_as_float(uint32_t(bits) << 16); }
-  __device__ static uint16_t bits(float x) { return __bfloat16_as_ushort(__float2bfloat16_rn(x)); }
+  __device__ static uint16_t stored(float x) { return __bfloat16_as_ushort(__float2bfloat16_rn(x)); }
 };
 template <>
 struct Token<TokenFormat::float16> {
+  using Storage = uint16_t;
   __device__ static float value(uint16_t bits) { return __half2float(__ushort_as_half(bits)); }
-  __device__ static uint16_t bits(float x) { return __half_as_ushort(__float2half_rn(x)); }
+  __device__ static uint16_t stored(float x) { return __half_as_ushort(__float2half_rn(x)); }
 };
+template <>
+struct Token<TokenFormat::float32> {
+  using Storage = float;
+  __device__ static float value(float x) { return x; }
+  __device__ static float stored(float x) { return x; }
+};
+
+// A kernel's token arrays, of Tok's storage type (the host passes them as
+// void pointers: with_token_format).
+template <typename Tok>
+using TokensIn = const typename Tok::Storage*;
+template <typename Tok>
+using TokensOut = typename Tok::Storage*;
 
 // Writes x as a token of Tok's format; whether the token is finite (a finite
 // float beyond float16's range is not).
 template <typename Tok>
-__device__ inline bool store_token(float x, uint16_t& to) {
-  const uint16_t bits = Tok::bits(x);
-  to = bits;
-  return isfinite(Tok::value(bits));
+__device__ inline bool store_token(float x, typename Tok::Storage& to) {
+  const typename Tok::Storage stored = Tok::stored(x);
+  to = stored;
+  return isfinite(Tok::value(stored));
 }
 
 // Calls launch(Token<F>{}) for the problem's token format F: the host side
-// of a kernel templated on it.
+// of a kernel templated on it, whose token pointers arrive as void and are
+// cast to Token<F>::Storage there.
 template <typename Launch>
 void with_token_format(TokenFormat format, Launch&& launch) {
   if (format == TokenFormat::float16)
     launch(Token<TokenFormat::float16>{});
+  else if (format == TokenFormat::float32)
+    launch(Token<TokenFormat::float32>{});
   else
     launch(Token<TokenFormat::bfloat16>{});
 }
@@ -296,7 +315,7 @@ struct BlockSumTile {
   }
   // phi of entry dk0 + d of token j's row in a [B, N, H, Dk] tensor (0 past Dk).
   template <typename Tok>
-  __device__ float feature_of(const uint16_t* x, int64_t j, int d) const {
+  __device__ float feature_of(const typename Tok::Storage* x, int64_t j, int d) const {
     return dk0 + d < p.dk ? feature(p.phi, Tok::value(x[row(j) * p.dk + dk0 + d])) : 0.0f;
   }
   // This block's [Dk, Dv + 1] array in a [B*H, M, Dk, Dv + 1] one.

@@ -207,13 +207,142 @@ CallStatus call_status(const char* fn, const detail::Problem& problem, const Ker
   return CallStatus(fn, problem, kernels, w, own<DeviceStatus>(Own::flag, 1));
 }
 
+// The operator on tensor cores for tokens of type H (bfloat16, float16, or
+// float where switched on: cuda_float32_tensor_cores()), with float w and
+// state: the forward's summaries, mix and outputs; the backward's query
+// gradients (with the per-token terms), the mixed summaries' gradient, the
+// mix's backward and the key and value gradients; or, switched on for the
+// 16-bit types, the bfloat16-state kernels.
+template <typename H>
+class CudaTensorCoreAttention final : public backend::HalfAttention<H> {
+ public:
+  static constexpr bool kSixteenBit = sizeof(H) == 2;
+  CudaTensorCoreAttention(const detail::Problem& p, const float* w)
+      : problem_(p), geometry_(p, format()), w_(w) {}
+  bool fits() const { return bf16_kernels_fit(geometry_.problem()); }
+
+  bool forward(const H* q, const H* k, const H* v, H* o, float* saved_summaries,
+               float* saved_mixed) const override {
+    const KernelProblem& p = geometry_.problem();
+    const cudaStream_t stream = current_stream();
+    CallStatus status = call_status("mhla::forward", problem_, p, w_);
+    if (state_kernels(saved_summaries, saved_mixed) && bf16_state_forward_fits(p, q, k, v, o)) {
+      bf16_state_forward(p, bits(q), bits(k), bits(v), w_, bits(o), bf16_state(p, Own::bf16_state),
+                         status.non_finite(), stream);
+    } else {
+      const int64_t elements = geometry_.summary_elements();
+      float* s = saved_summaries ? saved_summaries : api_slot<float>(Scratch::summaries, elements);
+      float* m = saved_mixed ? saved_mixed : api_slot<float>(Scratch::mixed, elements);
+      bf16_summaries(p, k, v, s, stream);
+      bf16_mix(p, w_, s, m, stream);
+      bf16_outputs(p, q, k, v, w_, m, o, status.non_finite(), stream);
+    }
+    return !status.raised(forward_inputs(p, checked(q), checked(k), checked(v)));
+  }
+  bool backward(const H* q, const H* k, const H* v, const H* grad_o, H* grad_q, H* grad_k,
+                H* grad_v, float* grad_w, const float* saved_summaries,
+                const float* saved_mixed) const override {
+    const KernelProblem& p = geometry_.problem();
+    const cudaStream_t stream = current_stream();
+    CallStatus status = call_status("mhla::backward", problem_, p, w_);
+    // Saved float state is read by these kernels only; without it the
+    // bfloat16-state kernels recompute their own.
+    if (state_kernels(saved_summaries, saved_mixed) &&
+        bf16_state_backward_fits(p, q, k, v, grad_o, grad_q, grad_k, grad_v)) {
+      bf16_state_backward(p, bits(q), bits(k), bits(v), w_, bits(grad_o), bits(grad_q),
+                          bits(grad_k), bits(grad_v), grad_w, bf16_state(p, Own::bf16_state),
+                          bf16_state(p, Own::bf16_state_gradients),
+                          own<float>(Own::mix_backward, bf16_state_backward_scratch(p)),
+                          status.non_finite(), stream);
+      return !status.raised(backward_inputs(p, checked(q), checked(k), checked(v), checked(grad_o)));
+    }
+    const int64_t elements = geometry_.summary_elements();
+    const float* s = saved_summaries;
+    if (s == nullptr) {
+      float* fresh = api_slot<float>(Scratch::summaries, elements);
+      bf16_summaries(p, k, v, fresh, stream);
+      s = fresh;
+    }
+    const float* m = saved_mixed;
+    if (m == nullptr) {
+      float* fresh = api_slot<float>(Scratch::mixed, elements);
+      bf16_mix(p, w_, s, fresh, stream);
+      m = fresh;
+    }
+    float* terms = own<float>(Own::token_terms, 2 * p.batch * p.tokens * p.heads);
+    float* grad_mixed = own<float>(Own::grad_mixed, elements);
+    float* grad_summaries = own<float>(Own::grad_summaries, elements);
+    float* mix_scratch = own<float>(Own::mix_backward, bf16_mix_backward_scratch(p));
+    float* diagonal = p.causal ? own<float>(Own::diagonal, bf16_diagonal_terms(p)) : nullptr;
+    int* flag = status.non_finite();
+    bf16_query_gradients(p, q, k, v, grad_o, w_, m, grad_q, terms,
+                         diagonal, flag, stream);
+    bf16_mixed_gradients(p, q, grad_o, terms, grad_mixed, stream);
+    bf16_mix_backward(p, w_, s, grad_mixed, diagonal, grad_summaries, grad_w, mix_scratch, flag,
+                      stream);
+    bf16_key_value_gradients(p, q, k, v, grad_o, w_, terms, grad_summaries, grad_k, grad_v, flag,
+                             stream);
+    return !status.raised(backward_inputs(p, checked(q), checked(k), checked(v), checked(grad_o)));
+  }
+
+ private:
+  // The kernels' state (or its gradients) in one scratch array: z and z~
+  // (float), then S and S~ (bfloat16), each 16-byte aligned (Dk and Dv are
+  // multiples of 8).
+  static Bf16State bf16_state(const KernelProblem& p, Own slot) {
+    const state::StateSizes sizes = state::state_sizes(p);
+    auto* floats = own<float>(slot, 2 * sizes.normalisers + sizes.summaries);
+    auto* rows = reinterpret_cast<uint16_t*>(floats + 2 * sizes.normalisers);
+    return {rows, floats, rows + sizes.summaries, floats + sizes.normalisers};
+  }
+  static constexpr TokenFormat format() {
+    return std::is_same_v<H, float>      ? TokenFormat::float32
+           : std::is_same_v<H, float16> ? TokenFormat::float16
+                                         : TokenFormat::bfloat16;
+  }
+  // The bfloat16-state kernels keep their state to themselves, so a call
+  // with saved arrays stays on the split-operand kernels; float tokens too.
+  static bool state_kernels(const float* saved_summaries, const float* saved_mixed) {
+    return kSixteenBit && saved_summaries == nullptr && saved_mixed == nullptr &&
+           cuda_bf16_state_kernels();
+  }
+  static const uint16_t* bits(const H* x) { return reinterpret_cast<const uint16_t*>(x); }
+  static uint16_t* bits(H* x) { return reinterpret_cast<uint16_t*>(x); }
+  // The inputs as the status check reads them: 16-bit patterns of the
+  // problem's format, or floats.
+  static auto checked(const H* x) {
+    if constexpr (kSixteenBit)
+      return bits(x);
+    else
+      return x;
+  }
+
+  const detail::Problem& problem_;
+  const Geometry geometry_;
+  const float* w_;
+};
+
+// The float and double operator, one thread per result; float calls of the
+// whole operator run on the tensor-core kernels instead where switched on
+// (cuda_float32_tensor_cores()) and they fit.
 template <typename T>
 class CudaAttention final : public backend::Attention<T> {
  public:
-  CudaAttention(const detail::Problem& p, const T* w) : problem_(p), geometry_(p), w_(w) {}
+  CudaAttention(const detail::Problem& p, const T* w) : problem_(p), geometry_(p), w_(w) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (!cuda_float32_tensor_cores()) return;
+      auto kernels = std::make_unique<CudaTensorCoreAttention<float>>(p, w);
+      if (kernels->fits()) tensor_cores_ = std::move(kernels);
+    }
+  }
+  // Whether the whole operator runs on the tensor-core kernels (token-level
+  // causal masking, which the kernels here refuse, included).
+  bool on_tensor_cores() const { return tensor_cores_ != nullptr; }
 
   bool forward(const T* q, const T* k, const T* v, T* o, T* saved_summaries,
                T* saved_mixed) const override {
+    if constexpr (std::is_same_v<T, float>)
+      if (tensor_cores_) return tensor_cores_->forward(q, k, v, o, saved_summaries, saved_mixed);
     T* s = saved_summaries ? saved_summaries : api_slot<T>(Scratch::summaries, summary_elements());
     T* m = saved_mixed ? saved_mixed : api_slot<T>(Scratch::mixed, summary_elements());
     CallStatus status = call_status("mhla::forward", problem_, p(), w_);
@@ -226,6 +355,10 @@ class CudaAttention final : public backend::Attention<T> {
   bool backward(const T* q, const T* k, const T* v, const T* grad_o, T* grad_q, T* grad_k,
                 T* grad_v, T* grad_w, const T* saved_summaries,
                 const T* saved_mixed) const override {
+    if constexpr (std::is_same_v<T, float>)
+      if (tensor_cores_)
+        return tensor_cores_->backward(q, k, v, grad_o, grad_q, grad_k, grad_v, grad_w,
+                                       saved_summaries, saved_mixed);
     CallStatus status = call_status("mhla::backward", problem_, p(), w_);
     const T* s = saved_summaries;
     if (s == nullptr) {
@@ -296,104 +429,7 @@ class CudaAttention final : public backend::Attention<T> {
   const detail::Problem& problem_;
   const Geometry geometry_;
   const T* w_;
-};
-
-// The 16-bit operator on tensor cores (H: bfloat16 or float16): the forward's
-// summaries, mix and outputs; the backward's query gradients (with the
-// per-token terms), the mixed summaries' gradient, the mix's backward and the
-// key and value gradients; or, switched on, the bfloat16-state kernels.
-template <typename H>
-class CudaHalfAttention final : public backend::HalfAttention<H> {
- public:
-  CudaHalfAttention(const detail::Problem& p, const float* w)
-      : problem_(p),
-        geometry_(p, std::is_same_v<H, float16> ? TokenFormat::float16 : TokenFormat::bfloat16),
-        w_(w) {}
-  bool fits() const { return bf16_kernels_fit(geometry_.problem()); }
-
-  bool forward(const H* q, const H* k, const H* v, H* o, float* saved_summaries,
-               float* saved_mixed) const override {
-    const KernelProblem& p = geometry_.problem();
-    const cudaStream_t stream = current_stream();
-    CallStatus status = call_status("mhla::forward", problem_, p, w_);
-    // The bfloat16-state kernels keep their state to themselves, so a call
-    // that saves the float state for a backward stays on these.
-    if (saved_summaries == nullptr && saved_mixed == nullptr && cuda_bf16_state_kernels() &&
-        bf16_state_forward_fits(p, q, k, v, o)) {
-      bf16_state_forward(p, bits(q), bits(k), bits(v), w_, bits(o), bf16_state(p, Own::bf16_state),
-                         status.non_finite(), stream);
-    } else {
-      const int64_t elements = geometry_.summary_elements();
-      float* s = saved_summaries ? saved_summaries : api_slot<float>(Scratch::summaries, elements);
-      float* m = saved_mixed ? saved_mixed : api_slot<float>(Scratch::mixed, elements);
-      bf16_summaries(p, bits(k), bits(v), s, stream);
-      bf16_mix(p, w_, s, m, stream);
-      bf16_outputs(p, bits(q), bits(k), bits(v), w_, m, bits(o), status.non_finite(), stream);
-    }
-    return !status.raised(forward_inputs(p, bits(q), bits(k), bits(v)));
-  }
-  bool backward(const H* q, const H* k, const H* v, const H* grad_o, H* grad_q, H* grad_k,
-                H* grad_v, float* grad_w, const float* saved_summaries,
-                const float* saved_mixed) const override {
-    const KernelProblem& p = geometry_.problem();
-    const cudaStream_t stream = current_stream();
-    CallStatus status = call_status("mhla::backward", problem_, p, w_);
-    // Saved float state is read by these kernels only; without it the
-    // bfloat16-state kernels recompute their own.
-    if (saved_summaries == nullptr && saved_mixed == nullptr && cuda_bf16_state_kernels() &&
-        bf16_state_backward_fits(p, q, k, v, grad_o, grad_q, grad_k, grad_v)) {
-      bf16_state_backward(p, bits(q), bits(k), bits(v), w_, bits(grad_o), bits(grad_q),
-                          bits(grad_k), bits(grad_v), grad_w, bf16_state(p, Own::bf16_state),
-                          bf16_state(p, Own::bf16_state_gradients),
-                          own<float>(Own::mix_backward, bf16_state_backward_scratch(p)),
-                          status.non_finite(), stream);
-      return !status.raised(backward_inputs(p, bits(q), bits(k), bits(v), bits(grad_o)));
-    }
-    const int64_t elements = geometry_.summary_elements();
-    const float* s = saved_summaries;
-    if (s == nullptr) {
-      float* fresh = api_slot<float>(Scratch::summaries, elements);
-      bf16_summaries(p, bits(k), bits(v), fresh, stream);
-      s = fresh;
-    }
-    const float* m = saved_mixed;
-    if (m == nullptr) {
-      float* fresh = api_slot<float>(Scratch::mixed, elements);
-      bf16_mix(p, w_, s, fresh, stream);
-      m = fresh;
-    }
-    float* terms = own<float>(Own::token_terms, 2 * p.batch * p.tokens * p.heads);
-    float* grad_mixed = own<float>(Own::grad_mixed, elements);
-    float* grad_summaries = own<float>(Own::grad_summaries, elements);
-    float* mix_scratch = own<float>(Own::mix_backward, bf16_mix_backward_scratch(p));
-    float* diagonal = p.causal ? own<float>(Own::diagonal, bf16_diagonal_terms(p)) : nullptr;
-    int* flag = status.non_finite();
-    bf16_query_gradients(p, bits(q), bits(k), bits(v), bits(grad_o), w_, m, bits(grad_q), terms,
-                         diagonal, flag, stream);
-    bf16_mixed_gradients(p, bits(q), bits(grad_o), terms, grad_mixed, stream);
-    bf16_mix_backward(p, w_, s, grad_mixed, diagonal, grad_summaries, grad_w, mix_scratch, flag,
-                      stream);
-    bf16_key_value_gradients(p, bits(q), bits(k), bits(v), bits(grad_o), w_, terms, grad_summaries,
-                             bits(grad_k), bits(grad_v), flag, stream);
-    return !status.raised(backward_inputs(p, bits(q), bits(k), bits(v), bits(grad_o)));
-  }
-
- private:
-  // The kernels' state (or its gradients) in one scratch array: z and z~
-  // (float), then S and S~ (bfloat16), each 16-byte aligned (Dk and Dv are
-  // multiples of 8).
-  static Bf16State bf16_state(const KernelProblem& p, Own slot) {
-    const state::StateSizes sizes = state::state_sizes(p);
-    auto* floats = own<float>(slot, 2 * sizes.normalisers + sizes.summaries);
-    auto* rows = reinterpret_cast<uint16_t*>(floats + 2 * sizes.normalisers);
-    return {rows, floats, rows + sizes.summaries, floats + sizes.normalisers};
-  }
-  static const uint16_t* bits(const H* x) { return reinterpret_cast<const uint16_t*>(x); }
-  static uint16_t* bits(H* x) { return reinterpret_cast<uint16_t*>(x); }
-
-  const detail::Problem& problem_;
-  const Geometry geometry_;
-  const float* w_;
+  std::unique_ptr<CudaTensorCoreAttention<float>> tensor_cores_;  // float, switched on
 };
 
 // The device's memory: the calling thread's scratch arrays, element-wise
@@ -516,19 +552,20 @@ class CudaBackend final : public backend::Backend {
   template <typename T>
   static std::unique_ptr<backend::Attention<T>> make_attention(const detail::Problem& p,
                                                                const T* w) {
-    if (p.causal)
-      unsupported("token-level causal masking (Masking::causal)",
-                  "use Masking::block_causal, or pass CPU tensors");
     if (p.first_block != 0 || p.mixing_blocks != p.blocks)
       unsupported("a piece of a longer sequence (forward_piece, packed batches)");
-    return std::make_unique<CudaAttention<T>>(p, w);
+    auto kernels = std::make_unique<CudaAttention<T>>(p, w);
+    if (p.causal && !kernels->on_tensor_cores())
+      unsupported("token-level causal masking (Masking::causal)",
+                  "use Masking::block_causal, or pass CPU tensors");
+    return kernels;
   }
   // Where the 16-bit kernels do not apply, the API refuses the problem or
   // runs it in float on widened copies (make_attention says which).
   template <typename H>
   static std::unique_ptr<backend::HalfAttention<H>> make_half_attention(const detail::Problem& p,
                                                                         const float* w) {
-    auto kernels = std::make_unique<CudaHalfAttention<H>>(p, w);
+    auto kernels = std::make_unique<CudaTensorCoreAttention<H>>(p, w);
     if (!kernels->fits()) return nullptr;
     return kernels;
   }

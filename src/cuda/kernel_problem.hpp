@@ -10,9 +10,9 @@
 
 namespace mhla::cuda {
 
-// The 16-bit formats of the tokens (q, k, v, o and their gradients) that the
+// The formats of the tokens (q, k, v, o and their gradients) that the
 // tensor-core kernels read and write.
-enum class TokenFormat : int { bfloat16, float16 };
+enum class TokenFormat : int { bfloat16, float16, float32 };
 
 // All sizes in elements; the block arrays are device pointers in the
 // backend, host pointers in the emulation. Token-level causal masking (1D)
@@ -23,7 +23,7 @@ struct KernelProblem : detail::ProblemParams {
   const int64_t* block_tokens = nullptr;  // [N]: the tokens of block 0, then block 1, ...
   const int64_t* block_start = nullptr;   // [M + 1]: block b is block_tokens[start[b] .. start[b+1])
   const int64_t* token_block = nullptr;   // [N]: the block of each token
-  TokenFormat token_format = TokenFormat::bfloat16;  // of the 16-bit kernels' tokens
+  TokenFormat token_format = TokenFormat::bfloat16;  // of the tensor-core kernels' tokens
 };
 
 }  // namespace mhla::cuda

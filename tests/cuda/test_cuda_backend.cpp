@@ -54,6 +54,19 @@ class DeviceArray {
   size_t size_ = 0;
 };
 
+// A switch of the environment (MHLA_CUDA_FLOAT16, MHLA_CUDA_BF16_STATE,
+// MHLA_CUDA_FLOAT32_TENSOR_CORES) set to 1 for one scope.
+class SwitchedOn {
+ public:
+  explicit SwitchedOn(const char* name) : name_(name) { setenv(name, "1", 1); }
+  SwitchedOn(const SwitchedOn&) = delete;
+  SwitchedOn& operator=(const SwitchedOn&) = delete;
+  ~SwitchedOn() { unsetenv(name_); }
+
+ private:
+  const char* name_;
+};
+
 // forward then backward on the device, the results copied back.
 template <typename T>
 OperatorResults<T> run_on_device(const Case& c, const Inputs& in) {
@@ -101,6 +114,16 @@ TEST_P(CudaOperator, MatchesTheCpuOperator) {
   }
   check_against_cpu<float>(c, 2e-4);
   check_against_cpu<double>(c, 1e-11);
+}
+
+// Switched on, float32 runs on the tensor-core kernels, token-level causal
+// masking included: operands split into two bfloat16 halves keep 16 of
+// float32's 24 significant bits, so the results stay within 1e-3 of the
+// CPU's float32 ones (the gradients' cancelling sums set that bound).
+TEST_P(CudaOperator, FloatOnTensorCoresMatchesTheCpuOperator) {
+  SKIP_WITHOUT_DEVICE();
+  const SwitchedOn on("MHLA_CUDA_FLOAT32_TENSOR_CORES");
+  check_against_cpu<float>(GetParam(), 1e-3);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllModes, CudaOperator, testing::ValuesIn(all_mode_cases()), case_name);
@@ -293,19 +316,6 @@ TEST_P(CudaBf16Backward, MatchesFloat64OnTheSameInputs) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllModes, CudaBf16Backward, testing::ValuesIn(bf16_cases()), case_name);
-
-// A switch of the environment (MHLA_CUDA_FLOAT16, MHLA_CUDA_BF16_STATE) set
-// to 1 for one scope.
-class SwitchedOn {
- public:
-  explicit SwitchedOn(const char* name) : name_(name) { setenv(name, "1", 1); }
-  SwitchedOn(const SwitchedOn&) = delete;
-  SwitchedOn& operator=(const SwitchedOn&) = delete;
-  ~SwitchedOn() { unsetenv(name_); }
-
- private:
-  const char* name_;
-};
 
 // float16 calls on the tensor-core kernels.
 struct Float16KernelsOn : SwitchedOn {
