@@ -28,7 +28,8 @@ def operands(dtype=torch.float32, device="cpu", seed=0):
     q = torch.randn(2, n, HEADS, DK, generator=g, dtype=dtype)
     k = torch.randn(2, n, HEADS, DK, generator=g, dtype=dtype)
     v = torch.randn(2, n, HEADS, DV, generator=g, dtype=dtype)
-    w = 0.2 + torch.rand(m, m, generator=g, dtype=torch.float32 if dtype == torch.bfloat16 else dtype)
+    w_dtype = torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
+    w = 0.2 + torch.rand(m, m, generator=g, dtype=w_dtype)
     return tuple(x.to(device) for x in (q, k, v, w))
 
 
@@ -143,7 +144,7 @@ def test_a_stream_that_is_no_cuda_stream_is_refused_by_name(stream, error, words
 
 
 @gpu
-@pytest.mark.parametrize("dtype,tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
+@pytest.mark.parametrize("dtype,tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2), (torch.float16, 1e-2)])
 def test_forward_and_backward_on_cuda_match_the_cpu(dtype, tolerance):
     q, k, v, w = operands(dtype)
     want_o, want_saved = mhla.forward(q, k, v, w, layout=LAYOUT, save_summaries=True)
@@ -202,8 +203,21 @@ def test_work_pending_on_the_callers_stream_is_ordered_before_and_after_the_call
 
 
 @gpu
-@pytest.mark.parametrize("dtype,tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
+@pytest.mark.parametrize("dtype,tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2), (torch.float16, 1e-2)])
 def test_mhla_torch_runs_cuda_tensors_on_the_cuda_kernels_when_asked(dtype, tolerance):
+    _check_mhla_torch_on_cuda(dtype, tolerance)
+
+
+@gpu
+@pytest.mark.parametrize("switch,dtype,tolerance", [("MHLA_CUDA_FLOAT16", torch.float16, 1e-2),
+                                                    ("MHLA_CUDA_FLOAT32_TENSOR_CORES", torch.float32, 1e-3)])
+def test_mhla_torch_on_the_switched_on_tensor_core_kernels(monkeypatch, switch, dtype, tolerance):
+    # The switches are read at every call: float16, and float32 on split bfloat16 products.
+    monkeypatch.setenv(switch, "1")
+    _check_mhla_torch_on_cuda(dtype, tolerance)
+
+
+def _check_mhla_torch_on_cuda(dtype, tolerance):
     import mhla.torch as mt
     q, k, v, w = operands(dtype)
     grad_o = torch.randn(*q.shape[:3], DV, dtype=dtype)
