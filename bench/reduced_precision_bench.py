@@ -7,8 +7,8 @@ forward and forward+backward, on the CPU.
 bfloat16 runs the operator's bfloat16 path (block products on AVX512-BF16
 dot products where the CPU has them, forward and backward; elsewhere float32
 on widened copies);
-float16 has no path of its own: mhla.torch widens q, k, v (and incoming
-gradients) to float32 and rounds the results back. "torch casts" is the call
+float16 runs the operator's float16 path (on the CPU, float32 on copies
+widened inside the operator, each result rounded once). "torch casts" is the call
 on float32 copies made by torch's own .float(), rounded back by .to(dtype),
 for comparison. Forward runs without gradients (nothing saved for backward),
 as inference does. Times are medians of interleaved repeats; ratios are

@@ -3,6 +3,7 @@
 // AVX512-BF16, the tiled softmax baseline, the decoder's SIMD step, and
 // per-thread scratch arrays.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -180,11 +181,13 @@ class CpuMemory final : public backend::Memory {
     for (int64_t i = 0; i < n; ++i) to[i] = to_float(from[i]);
   }
   bool narrow(const float* from, int64_t n, float16* to) const override {
-    int overflowed = 0;
-#pragma omp parallel for schedule(static) reduction(| : overflowed)
+    uint32_t overflowed = 0;
+#pragma omp parallel for simd schedule(static) reduction(| : overflowed)
     for (int64_t i = 0; i < n; ++i) {
       to[i] = to_float16(from[i]);
-      overflowed |= int(std::isfinite(from[i]) && (to[i].bits & 0x7c00u) == 0x7c00u);
+      // Infinite now (all exponent bits) but finite before.
+      overflowed |= uint32_t((to[i].bits & 0x7c00u) == 0x7c00u) &
+                    uint32_t((std::bit_cast<uint32_t>(from[i]) & 0x7f800000u) != 0x7f800000u);
     }
     return overflowed == 0;
   }
