@@ -55,10 +55,10 @@ detail::ValidatedCall checked_call(const char* fn, const Options& options,
 template <typename T>
 void report_output(const char* fn, const detail::Problem& p, const TensorView<const T>& q,
                    const TensorView<const T>& k, const TensorView<const T>& v,
-                   const TensorView<T>& o) {
+                   const TensorView<T>& o, const char* type = nullptr) {
   const detail::HostCopy hq(q), hk(k), hv(v);
   const detail::HostCopy ho(o);
-  detail::report_non_finite_output(fn, p, hq.view(), hk.view(), hv.view(), ho.view());
+  detail::report_non_finite_output(fn, p, hq.view(), hk.view(), hv.view(), ho.view(), type);
 }
 
 // The rest of a backward call's checks: its gradient buffers and the saved
@@ -295,10 +295,17 @@ void half_forward(const Options& options, TensorView<const H> q, TensorView<cons
   float* summaries = check_saved(fn, "saved_summaries", p, q.device, saved_summaries);
   float* mixed = check_saved(fn, "saved_mixed", p, q.device, saved_mixed);
   const backend::Backend& device = backend::backend_for(fn, "q", q.device);
-  // Where the kernels raise their flag (rare), the float path below computes
-  // the call again and reports what is not finite or out of H's range.
-  if (const auto kernels = device.half_attention(p, w.data, H{}))
+  if (const auto kernels = device.half_attention(p, w.data, H{})) {
     if (kernels->forward(q.data, k.data, v.data, o.data, summaries, mixed)) return;
+    // Rare: the report, on float copies of what the kernels wrote (a float16
+    // o beyond its range is infinite there).
+    const TensorView<const float> of = widened<H>(device, o, Scratch::widened_o);
+    report_output(fn, p, widened(device, q, Scratch::widened_q),
+                  widened(device, k, Scratch::widened_k), widened(device, v, Scratch::widened_v),
+                  TensorView<float>{const_cast<float*>(of.data), o.shape, o.device},
+                  std::is_same_v<H, float16> ? "float16" : "float32");
+    return;
+  }
   // The float kernels on widened copies where the device has no 16-bit
   // kernels for the problem (on the CPU: float16, causal masking, or no
   // AVX512-BF16).

@@ -82,10 +82,13 @@ enum class FlagCovers {
 // finite; otherwise throws mhla::Error naming the first non-finite result
 // entry, or the denominator, with the inputs' magnitudes and the mode's
 // possible causes.
+// `type` names the results' element type where T is wider than it (the
+// 16-bit operators' results read as float); by default T's own.
 template <typename T>
 void report_non_finite(const char* fn, const Problem& problem,
                        const std::vector<NamedTensor<T>>& results,
-                       const std::vector<NamedTensor<T>>& inputs, FlagCovers flag) {
+                       const std::vector<NamedTensor<T>>& inputs, FlagCovers flag,
+                       const char* type = nullptr) {
   std::string what;
   for (const NamedTensor<T>& r : results) {
     const int64_t bad = first_non_finite(r.data, checked_product(r.shape, r.name));
@@ -101,17 +104,18 @@ void report_non_finite(const char* fn, const Problem& problem,
     if (first_non_finite(in.data, n) >= 0) return;  // NaN or inf in, NaN or inf out
     magnitudes.emplace_back(in.name, largest_magnitude(in.data, n));
   }
-  fail(fn, non_finite_message(what, magnitudes, problem, sizeof(T) == 4 ? "float32" : "float64"));
+  fail(fn, non_finite_message(what, magnitudes, problem,
+                              type ? type : sizeof(T) == 4 ? "float32" : "float64"));
 }
 
 // The forward pass's report: o from q, k and v.
 template <typename T>
 void report_non_finite_output(const char* fn, const Problem& problem, const TensorView<const T>& q,
                               const TensorView<const T>& k, const TensorView<const T>& v,
-                              const TensorView<T>& o) {
+                              const TensorView<T>& o, const char* type = nullptr) {
   report_non_finite<T>(fn, problem, {{"o", o.data, o.shape}},
                        {{"q", q.data, q.shape}, {"k", k.data, k.shape}, {"v", v.data, v.shape}},
-                       FlagCovers::results_and_denominators);
+                       FlagCovers::results_and_denominators, type);
 }
 
 // The backward pass's report: the gradients (grad_w when the call has one)
