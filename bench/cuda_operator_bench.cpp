@@ -149,7 +149,9 @@ int main(int argc, char** argv) try {
     unsetenv("MHLA_CUDA_BF16_STATE");
     // float16 tokens on the same kernels (MHLA_CUDA_FLOAT16=1), saving no arrays.
     setenv("MHLA_CUDA_FLOAT16", "1", 1);
-    const auto f16_array = [&](const std::vector<float>& x) { return to_device(rounded_to_float16(x)); };
+    const auto f16_array = [&](const std::vector<float>& x) {
+      return to_device(rounded_to_float16(x));
+    };
     mhla::float16 *hq16 = f16_array(hq), *hk16 = f16_array(hk), *hv16 = f16_array(hv),
                   *ho16 = f16_array(hv), *hgo16 = f16_array(hq), *hgq16 = f16_array(hq),
                   *hgk16 = f16_array(hq), *hgv16 = f16_array(hq);
@@ -204,15 +206,16 @@ int main(int argc, char** argv) try {
                 state_fwd_bwd / ((mhla::bench::total_bytes(budget.forward) +
                                   mhla::bench::total_bytes(budget.backward)) / budget_rate),
                 state_fwd_bwd / bytes_floor, state_fwd_bwd / bf16_fwd_bwd);
-    std::printf("  float32 on the tensor-core kernels: forward %.3f ms, forward+backward %.3f ms "
-                "(one thread per result: %s, %s)\n",
-                split_fwd, split_fwd_bwd, cell(fwd).c_str(), cell(fwd_bwd).c_str());
-    std::printf("  float16 on the split-operand kernels: forward %.3f ms, forward+backward %.3f ms "
-                "(%.2fx, %.2fx bf16's); on the bf16-state kernels: %.3f ms, %.3f ms (%.2fx, "
-                "%.2fx bf16's)\n",
-                f16_fwd, f16_fwd_bwd, f16_fwd / bf16_fwd, f16_fwd_bwd / bf16_fwd_bwd,
-                f16_state_fwd, f16_state_fwd_bwd, f16_state_fwd / state_fwd,
-                f16_state_fwd_bwd / state_fwd_bwd);
+    std::printf(
+        "  float32 on the tensor-core kernels: forward %.3f ms, forward+backward %.3f ms "
+        "(one thread per result: %s, %s)\n",
+        split_fwd, split_fwd_bwd, cell(fwd).c_str(), cell(fwd_bwd).c_str());
+    std::printf(
+        "  float16 on the split-operand kernels: forward %.3f ms, forward+backward %.3f ms "
+        "(%.2fx, %.2fx bf16's); on the bf16-state kernels: %.3f ms, %.3f ms (%.2fx, "
+        "%.2fx bf16's)\n",
+        f16_fwd, f16_fwd_bwd, f16_fwd / bf16_fwd, f16_fwd_bwd / bf16_fwd_bwd, f16_state_fwd,
+        f16_state_fwd_bwd, f16_state_fwd / state_fwd, f16_state_fwd_bwd / state_fwd_bwd);
     for (float* p : {q, k, v, grad_o, w, o, gq, gk, gv, gw}) cudaFree(p);
     for (mhla::bfloat16* p : {bq, bk, bv, bo, bgo, bgq, bgk, bgv}) cudaFree(p);
   }

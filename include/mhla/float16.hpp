@@ -45,7 +45,7 @@ inline float16 to_float16(float f) {
   // even by the addition itself; 1024 units is the smallest normal, 0x0400.
   const uint32_t small =
       std::bit_cast<uint32_t>(std::bit_cast<float>(magnitude) + 0.5f) - 0x3f000000u;
-  const uint32_t bits = magnitude > 0x7f800000u   ? 0x7e00u
+  const uint32_t bits = magnitude > 0x7f800000u    ? 0x7e00u
                         : magnitude >= 0x477ff000u ? 0x7c00u
                         : magnitude >= 0x38800000u ? normal
                                                    : small;

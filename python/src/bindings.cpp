@@ -105,12 +105,11 @@ void check_call(const std::vector<int64_t>& q_shape, const std::vector<int64_t>&
 // inputs are, for the plain-torch path, which finds the entry and the inputs'
 // magnitudes itself: entry = (name, shape, flat index, value); without one,
 // `what` names the result (the read-out's denominator when it is empty too).
-std::string non_finite_message(const std::string& function,
-                               const std::optional<std::tuple<std::string, std::vector<int64_t>,
-                                                               int64_t, double>>& entry,
-                               const std::string& what,
-                               const std::vector<std::pair<std::string, double>>& magnitudes,
-                               const Options& options, int64_t dk, const std::string& type) {
+std::string non_finite_message(
+    const std::string& function,
+    const std::optional<std::tuple<std::string, std::vector<int64_t>, int64_t, double>>& entry,
+    const std::string& what, const std::vector<std::pair<std::string, double>>& magnitudes,
+    const Options& options, int64_t dk, const std::string& type) {
   detail::Problem problem =
       detail::check_linear_options(function.c_str(), options, {1, 1, 1, dk, 1});
   std::string named = what.empty() ? "the read-out's denominator phi(q)^T z~ + eps" : what;
@@ -195,7 +194,8 @@ py::tuple mhla_forward(py::handle q_, py::handle k_, py::handle v_, py::handle w
   dispatch_operator(q.dtype(), [&]<typename X, typename S>() {
     compute([&] {
       forward(options, q.view<X>(), k.view<X>(), v.view<X>(), w.view<S>(), o.view<X>(),
-              saved ? saved->view<S>() : TensorView<S>{}, mixed ? mixed->view<S>() : TensorView<S>{});
+              saved ? saved->view<S>() : TensorView<S>{},
+              mixed ? mixed->view<S>() : TensorView<S>{});
     });
   });
   py::object summaries = saved ? py::cast(std::move(*saved)) : py::none();
@@ -546,9 +546,10 @@ PYBIND11_MODULE(_core, m) {
   m.def("cuda_bf16_state_kernels", &mhla::cuda_bf16_state_kernels,
         "Whether bfloat16 calls on CUDA tensors may run on the bfloat16-state kernels "
         "(MHLA_CUDA_BF16_STATE=1 in a CUDA build), whose backward reads no saved arrays.");
-  m.def("cuda_float16_kernels", &mhla::cuda_float16_kernels,
-        "Whether float16 calls on CUDA tensors run on the tensor-core kernels (MHLA_CUDA_FLOAT16=1; "
-        "otherwise they compute in float32 on widened copies).");
+  m.def(
+      "cuda_float16_kernels", &mhla::cuda_float16_kernels,
+      "Whether float16 calls on CUDA tensors run on the tensor-core kernels (MHLA_CUDA_FLOAT16=1; "
+      "otherwise they compute in float32 on widened copies).");
   m.def("cuda_float32_tensor_cores", &mhla::cuda_float32_tensor_cores,
         "Whether float32 calls on CUDA tensors run on the tensor-core kernels, operands split into "
         "two bfloat16 halves (MHLA_CUDA_FLOAT32_TENSOR_CORES=1; otherwise one thread per result).");

@@ -201,11 +201,11 @@ void backward(SavedArrays saved, const Options& options, TensorView<const T> q,
   const Problem& p = call.problem();
   // float32 on CUDA's tensor-core kernels keeps 16 significant bits of each
   // operand in its products (2^-17 a term, within 2^-16).
-  const bool split = std::is_same_v<T, float> && q.device == Device::cuda &&
-                     cuda_float32_tensor_cores();
+  const bool split =
+      std::is_same_v<T, float> && q.device == Device::cuda && cuda_float32_tensor_cores();
   const auto [summaries, mixed] =
-      check_backward(fn, p, saved, k, v, w, grad_o, grad_q, grad_k, grad_v, grad_w,
-                     saved_summaries, saved_mixed, split ? 0x1p-16 : 0.0);
+      check_backward(fn, p, saved, k, v, w, grad_o, grad_q, grad_k, grad_v, grad_w, saved_summaries,
+                     saved_mixed, split ? 0x1p-16 : 0.0);
   run_backward(fn, p, backend::backend_for(fn, "q", q.device), q, k, v, w, o, grad_o, grad_q,
                grad_k, grad_v, grad_w, summaries, mixed);
 }

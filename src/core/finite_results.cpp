@@ -45,8 +45,7 @@ std::string non_finite_message(const std::string& what,
     bounds += (bounds.empty() ? "|" : ", |") + name + "| <= " + format_number(largest);
   // Without magnitudes (a check that saw only a flag) the parenthesis goes.
   return what + " is not finite although every input is finite" +
-         (bounds.empty() ? "" : " (" + bounds + ")") + ": " +
-         non_finite_reason(problem, type);
+         (bounds.empty() ? "" : " (" + bounds + ")") + ": " + non_finite_reason(problem, type);
 }
 
 void check_float16_range(const char* fn, const NamedTensor<float>& result, const char* remedy) {

@@ -105,7 +105,9 @@ void report_non_finite(const char* fn, const Problem& problem,
     magnitudes.emplace_back(in.name, largest_magnitude(in.data, n));
   }
   fail(fn, non_finite_message(what, magnitudes, problem,
-                              type ? type : sizeof(T) == 4 ? "float32" : "float64"));
+                              type             ? type
+                              : sizeof(T) == 4 ? "float32"
+                                               : "float64"));
 }
 
 // The forward pass's report: o from q, k and v.

@@ -213,16 +213,16 @@ class CpuBackend final : public backend::Backend {
     return std::make_unique<CpuAttention<double>>(p, w);
   }
   std::unique_ptr<backend::HalfAttention<bfloat16>> half_attention(const detail::Problem& p,
-                                                                    const float* w,
-                                                                    bfloat16) const override {
+                                                                   const float* w,
+                                                                   bfloat16) const override {
     if (p.causal || !simd::bf16_products_available()) return nullptr;
     return std::make_unique<CpuBf16Attention>(p, w);
   }
   // float16 computes in float on widened copies (exact): the CPU's 16-bit
   // products here are AVX512-BF16's, which take bfloat16 only.
   std::unique_ptr<backend::HalfAttention<float16>> half_attention(const detail::Problem&,
-                                                                   const float*,
-                                                                   float16) const override {
+                                                                  const float*,
+                                                                  float16) const override {
     return nullptr;
   }
 

@@ -221,8 +221,8 @@ __global__ void __launch_bounds__(kMaxDim / kFrag * 32)
         r[u] = grad_phi * feature_derivative(p.phi, x[u]);
         bad = bad || !isfinite(r[u]);
       }
-      bad = !store_tokens(p, grad_q + block_token_row(p, slice, block, c0 + sg.row) * p.dk + sg.column,
-                          r) ||
+      bad = !store_tokens(
+                p, grad_q + block_token_row(p, slice, block, c0 + sg.row) * p.dk + sg.column, r) ||
             bad;
     }
     if (p.normalize) {

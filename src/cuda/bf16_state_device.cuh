@@ -90,8 +90,8 @@ __device__ inline void stage_token_segment(const KernelProblem& p, bf16* to, con
     stage_segment(to, base, offset);
     return;
   }
-  const uint4 raw = offset >= 0 ? *reinterpret_cast<const uint4*>(base + offset)
-                                : make_uint4(0u, 0u, 0u, 0u);
+  const uint4 raw =
+      offset >= 0 ? *reinterpret_cast<const uint4*>(base + offset) : make_uint4(0u, 0u, 0u, 0u);
   *reinterpret_cast<uint4*>(to) = float16_as_bfloat16(raw);
 }
 
@@ -106,8 +106,9 @@ __device__ inline void stage_block_rows(bf16 (&tile)[kRows][kColumns], const uin
   constexpr int kSegments = (kColumns - kPad) / kSegment;
   for (int g = threadIdx.x; g < kRows * kSegments; g += blockDim.x) {
     const Segment sg = segment_of<kSegments>(g);
-    stage_token_segment(p, &tile[sg.row][sg.column], source,
-                        row_segment(block_token_row(p, slice, block, c0 + sg.row), sg.column, width));
+    stage_token_segment(
+        p, &tile[sg.row][sg.column], source,
+        row_segment(block_token_row(p, slice, block, c0 + sg.row), sg.column, width));
   }
 }
 

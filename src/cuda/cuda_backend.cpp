@@ -254,7 +254,8 @@ class CudaTensorCoreAttention final : public backend::HalfAttention<H> {
                           bf16_state(p, Own::bf16_state_gradients),
                           own<float>(Own::mix_backward, bf16_state_backward_scratch(p)),
                           status.non_finite(), stream);
-      return !status.raised(backward_inputs(p, checked(q), checked(k), checked(v), checked(grad_o)));
+      return !status.raised(
+          backward_inputs(p, checked(q), checked(k), checked(v), checked(grad_o)));
     }
     const int64_t elements = geometry_.summary_elements();
     const float* s = saved_summaries;
@@ -275,8 +276,7 @@ class CudaTensorCoreAttention final : public backend::HalfAttention<H> {
     float* mix_scratch = own<float>(Own::mix_backward, bf16_mix_backward_scratch(p));
     float* diagonal = p.causal ? own<float>(Own::diagonal, bf16_diagonal_terms(p)) : nullptr;
     int* flag = status.non_finite();
-    bf16_query_gradients(p, q, k, v, grad_o, w_, m, grad_q, terms,
-                         diagonal, flag, stream);
+    bf16_query_gradients(p, q, k, v, grad_o, w_, m, grad_q, terms, diagonal, flag, stream);
     bf16_mixed_gradients(p, q, grad_o, terms, grad_mixed, stream);
     bf16_mix_backward(p, w_, s, grad_mixed, diagonal, grad_summaries, grad_w, mix_scratch, flag,
                       stream);
@@ -296,9 +296,9 @@ class CudaTensorCoreAttention final : public backend::HalfAttention<H> {
     return {rows, floats, rows + sizes.summaries, floats + sizes.normalisers};
   }
   static constexpr TokenFormat format() {
-    return std::is_same_v<H, float>      ? TokenFormat::float32
+    return std::is_same_v<H, float>     ? TokenFormat::float32
            : std::is_same_v<H, float16> ? TokenFormat::float16
-                                         : TokenFormat::bfloat16;
+                                        : TokenFormat::bfloat16;
   }
   // The bfloat16-state kernels keep their state to themselves, so a call
   // with saved arrays stays on the split-operand kernels; float tokens too.
@@ -469,12 +469,14 @@ class CudaMemory final : public backend::Memory {
     cuda::widen_f16(reinterpret_cast<const uint16_t*>(from), n, to, current_stream());
   }
   // One flag read back a call: the float16 path past the tensor-core kernels
-  // waits for it, as a sync call waits for its checks.
+  // waits for it, as a sync call waits for its checks; a call being captured
+  // into a graph leaves it unread, as it leaves its other checks.
   bool narrow(const float* from, int64_t n, float16* to) const override {
     const cudaStream_t stream = current_stream();
     int* flag = static_cast<int*>(scratch(Scratch::range_flag, sizeof(int)));
     check(cudaMemsetAsync(flag, 0, sizeof(int), stream), "cudaMemsetAsync");
     cuda::narrow_f16(from, n, reinterpret_cast<uint16_t*>(to), flag, stream);
+    if (capturing(stream)) return true;
     int overflowed = 0;
     to_host(flag, sizeof(int), &overflowed);
     return overflowed == 0;
@@ -511,15 +513,15 @@ class CudaBackend final : public backend::Backend {
     return make_attention(p, w);
   }
   std::unique_ptr<backend::HalfAttention<bfloat16>> half_attention(const detail::Problem& p,
-                                                                    const float* w,
-                                                                    bfloat16) const override {
+                                                                   const float* w,
+                                                                   bfloat16) const override {
     return make_half_attention<bfloat16>(p, w);
   }
   // float16 on the tensor-core kernels only where switched on (until they
   // have run on a GPU); otherwise the API's float path on widened copies.
   std::unique_ptr<backend::HalfAttention<float16>> half_attention(const detail::Problem& p,
-                                                                   const float* w,
-                                                                   float16) const override {
+                                                                  const float* w,
+                                                                  float16) const override {
     if (!cuda_float16_kernels()) return nullptr;
     return make_half_attention<float16>(p, w);
   }

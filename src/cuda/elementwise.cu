@@ -65,8 +65,7 @@ void widen_f16(const uint16_t* from, int64_t n, float* to, cudaStream_t stream) 
   check_launch("widen_f16_kernel");
 }
 
-void narrow_f16(const float* from, int64_t n, uint16_t* to, int* overflowed,
-                cudaStream_t stream) {
+void narrow_f16(const float* from, int64_t n, uint16_t* to, int* overflowed, cudaStream_t stream) {
   if (n == 0) return;
   narrow_f16_kernel<<<grid_for(n), kThreads, 0, stream>>>(from, n, to, overflowed);
   check_launch("narrow_f16_kernel");

@@ -85,7 +85,8 @@ template <int kSegments>
 void stage_block_rows(const KernelProblem& p, SharedTile& tile, int threads, int rows, int64_t block,
                       const Slice& slice, int c0, const std::vector<float>& source, int64_t width) {
   for_each_staged<kSegments>(threads, rows, [&](const Segment& sg) {
-    tile.copy_tokens(sg, source, row_segment(block_token_row(p, slice, block, c0 + sg.row), sg.column, width));
+    tile.copy_tokens(sg, source,
+                     row_segment(block_token_row(p, slice, block, c0 + sg.row), sg.column, width));
   });
 }
 
@@ -342,12 +343,11 @@ class ForwardEmulation {
 };
 
 // A case as the emulations take it: its inputs rounded to its token format,
-// bfloat16 or float16 (held as doubles, exactly), W in float, and the kernels' view of its validated
-// problem (which points into the block arrays held here).
+// bfloat16 or float16 (held as doubles, exactly), W in float, and the kernels' view of its
+// validated problem (which points into the block arrays held here).
 class EmulatedCase {
  public:
-  EmulatedCase(const Case& c, uint64_t seed,
-               cuda::TokenFormat format = cuda::TokenFormat::bfloat16)
+  EmulatedCase(const Case& c, uint64_t seed, cuda::TokenFormat format = cuda::TokenFormat::bfloat16)
       : EmulatedCase(c, make_inputs(c, seed), format) {}
 
   std::vector<double> q, k, v, grad_o, w64;
@@ -356,16 +356,21 @@ class EmulatedCase {
 
  private:
   EmulatedCase(const Case& c, const Inputs& in, cuda::TokenFormat format)
-      : q(rounded(in.q, format)), k(rounded(in.k, format)), v(rounded(in.v, format)),
+      : q(rounded(in.q, format)),
+        k(rounded(in.k, format)),
+        v(rounded(in.v, format)),
         grad_o(rounded(in.grad_o, format)),
-        w64(widened_floats(in.w)), w(in.w.begin(), in.w.end()), options(c.options()),
+        w64(widened_floats(in.w)),
+        w(in.w.begin(), in.w.end()),
+        options(c.options()),
         call_(detail::validate_mhla("emulation", options, view(std::as_const(q), c.q_shape()),
                                     view(std::as_const(k), c.q_shape()),
                                     view(std::as_const(v), c.v_shape()),
                                     view(std::as_const(w64), c.w_shape())),
               options.layout),
         arrays_(cuda::block_arrays(call_.problem().table, c.tokens())),
-        problem_(cuda::kernel_problem(call_.problem(), arrays_.values.data(), arrays_.largest_block)) {
+        problem_(
+            cuda::kernel_problem(call_.problem(), arrays_.values.data(), arrays_.largest_block)) {
     problem_.token_format = format;
   }
   static std::vector<double> rounded(const std::vector<double>& x, cuda::TokenFormat format) {

@@ -118,7 +118,8 @@ class BackwardEmulation {
           const float du = u[size_t(sg.row)][size_t(a)];
           const float grad_phi = p_.normalize ? du * inverse[size_t(sg.row)] + dden[size_t(sg.row)] * z_of(sg.row, a)
                                               : float(p_.scale) * du;
-          grad_q.set(row * p_.dk + a, round_token(p_, grad_phi * cuda::feature_derivative(p_.phi, qt.at(sg.row, a))));
+          grad_q.set(row * p_.dk + a, round_token(p_, grad_phi * cuda::feature_derivative(
+                                                                     p_.phi, qt.at(sg.row, a))));
         }
       });
       if (p_.normalize) {
@@ -310,9 +311,10 @@ class BackwardEmulation {
             if (j >= valid || column >= p_.dk) return;
             const int64_t row = block_token_row(p_, slice, block, c0 + j);
             for (int y = 0; y < kSegment; ++y)
-              grad_k.set(row * p_.dk + column + y,
-                         round_token(p_, (x[y] + gz[column + y] + own_k[size_t(j)][size_t(column + y)]) *
-                                    cuda::feature_derivative(p_.phi, kt.at(j, column + y))));
+              grad_k.set(
+                  row * p_.dk + column + y,
+                  round_token(p_, (x[y] + gz[column + y] + own_k[size_t(j)][size_t(column + y)]) *
+                                      cuda::feature_derivative(p_.phi, kt.at(j, column + y))));
           });
         for (int f = 0; f < kColumnFragments; ++f)
           write_fragment(value, r * kFrag, f * kFrag, [&](const Segment& ls, const float (&x)[kSegment]) {
@@ -320,7 +322,8 @@ class BackwardEmulation {
             if (j >= valid || column >= p_.dv) return;
             const int64_t row = block_token_row(p_, slice, block, c0 + j);
             for (int y = 0; y < kSegment; ++y)
-              grad_v.set(row * p_.dv + column + y, round_token(p_, x[y] + own_v[size_t(j)][size_t(column + y)]));
+              grad_v.set(row * p_.dv + column + y,
+                         round_token(p_, x[y] + own_v[size_t(j)][size_t(column + y)]));
           });
       }
     }

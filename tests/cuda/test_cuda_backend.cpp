@@ -227,7 +227,6 @@ TEST_P(CudaBf16Forward, MatchesFloat64OnTheSameInputs) {
   check_split_forward<bfloat16>(GetParam(), 4e-3);  // bfloat16's half step: 2^-9
 }
 
-
 INSTANTIATE_TEST_SUITE_P(AllModes, CudaBf16Forward, testing::ValuesIn(bf16_cases()), case_name);
 
 // The float64 operator's four gradients at these inputs (its own forward's o).
@@ -363,7 +362,8 @@ TEST(CudaBackend, Float16OverflowIsANamedError) {
   };
   // The float path names the float32 value, the kernels' report the infinity
   // they wrote, as the plain-torch path does.
-  EXPECT_THAT(call, ThrowsMessage<Error>(HasSubstr("beyond float16's range (largest finite 65504)")))
+  EXPECT_THAT(call,
+              ThrowsMessage<Error>(HasSubstr("beyond float16's range (largest finite 65504)")))
       << "on the float kernels over widened copies";
   const Float16KernelsOn on;
   EXPECT_THAT(call, ThrowsMessage<Error>(AllOf(HasSubstr("= inf is not finite although every input "

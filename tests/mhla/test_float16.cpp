@@ -85,9 +85,9 @@ OperatorResults<float> run_widened(const Case& c, const Inputs& in) {
   forward<float>(c.options(), view(q, c.q_shape()), view(k, c.q_shape()), view(v, c.v_shape()),
                  view(w, c.w_shape()), view(r.o, c.v_shape()));
   backward<float>(c.options(), view(q, c.q_shape()), view(k, c.q_shape()), view(v, c.v_shape()),
-                  view(w, c.w_shape()), view(std::as_const(r.o), c.v_shape()),
-                  view(g, c.v_shape()), view(r.gq, c.q_shape()), view(r.gk, c.q_shape()),
-                  view(r.gv, c.v_shape()), view(r.gw, c.w_shape()));
+                  view(w, c.w_shape()), view(std::as_const(r.o), c.v_shape()), view(g, c.v_shape()),
+                  view(r.gq, c.q_shape()), view(r.gk, c.q_shape()), view(r.gv, c.v_shape()),
+                  view(r.gw, c.w_shape()));
   return r;
 }
 
