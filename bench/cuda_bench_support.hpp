@@ -1,14 +1,18 @@
 #pragma once
 // What the CUDA benchmarks share: checked runtime calls, random device
-// arrays, the copy rate the card measures, and the four shapes the GPU
-// targets are set at (docs/cuda.md).
+// arrays, the copy rate the card measures, the four shapes the GPU targets
+// are set at (docs/cuda.md), and their JSON files.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "mhla/mhla.hpp"
@@ -99,6 +103,13 @@ inline double copy_bytes_per_ms() {
   cudaFree(from);
   cudaFree(to);
   return 2.0 * double(bytes) / best;
+}
+
+// Writes `results`, indented, to `path`; throws naming the file if it cannot.
+inline void write_json(const std::string& path, const nlohmann::json& results) {
+  std::ofstream out(path);
+  out << results.dump(2) << '\n';
+  if (!out) throw std::runtime_error("cannot write " + path);
 }
 
 }  // namespace mhla::bench

@@ -5,14 +5,14 @@
 // of each shape: the bytes the forward must move (read q, k, v; write o) over
 // the card's copy rate, and its FLOPs over the card's dense bf16 rate.
 //
-//   mhla_cuda_operator_bench [repeats]     (default 5)
+//   mhla_cuda_operator_bench [repeats = 5] [json = cuda-operator.json]
 //
 // The copy rate is measured here (a 1 GiB device-to-device copy, bytes read
 // plus bytes written); the bf16 GEMM rate is an H100's or H200's as measured
 // on one (789 TFLOP/s; the two share their tensor cores): pass another with
 // MHLA_GEMM_TFLOPS. Below each shape's row: the kernels' byte budget
 // (byte_budget.hpp) at 70% of the measured copy rate, pass by pass, beside
-// the measured bf16 times.
+// the measured bf16 times. Every time is also written as JSON.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
@@ -42,6 +43,9 @@ std::string cell(double ms) {
   std::snprintf(text, sizeof text, "%.3f", ms);
   return text;
 }
+
+// The same for the JSON file: null where the kernels do not take the shape.
+nlohmann::json json_ms(double ms) { return std::isnan(ms) ? nlohmann::json() : nlohmann::json(ms); }
 
 template <typename Fn>
 double median_ms(int repeats, Fn&& fn) {
@@ -68,6 +72,7 @@ double env_or(const char* name, double fallback) {
 
 int main(int argc, char** argv) try {
   const int repeats = argc > 1 ? std::max(1, std::atoi(argv[1])) : 5;
+  const std::string json_path = argc > 2 ? argv[2] : "cuda-operator.json";
   const double copy_rate = copy_bytes_per_ms();
   const double flops_per_ms = env_or("MHLA_GEMM_TFLOPS", 789.0) * 1e9;
   const std::vector<Shape> shapes = target_shapes();
@@ -79,6 +84,11 @@ int main(int argc, char** argv) try {
       props.name, repeats, copy_rate / 1e6, flops_per_ms / 1e9);
   std::printf("%-44s %12s %12s %12s %16s %14s %14s\n", "shape", "fwd ms", "fwd+bwd ms",
               "bf16 fwd ms", "bf16 fwd+bwd ms", "bytes floor ms", "bf16 flop floor ms");
+  nlohmann::json results = {{"device", props.name},
+                             {"copy_gb_per_s", copy_rate / 1e6},
+                             {"gemm_tflops", flops_per_ms / 1e9},
+                             {"repeats", repeats},
+                             {"shapes", nlohmann::json::array()}};
   std::mt19937 rng(1);
   const std::vector<mhla::bench::BudgetShape> budget_shapes = mhla::bench::budget_shapes();
   for (size_t shape_index = 0; shape_index < shapes.size(); ++shape_index) {
@@ -216,9 +226,31 @@ int main(int argc, char** argv) try {
         "%.2fx bf16's)\n",
         f16_fwd, f16_fwd_bwd, f16_fwd / bf16_fwd, f16_fwd_bwd / bf16_fwd_bwd, f16_state_fwd,
         f16_state_fwd_bwd, f16_state_fwd / state_fwd, f16_state_fwd_bwd / state_fwd_bwd);
+    const auto pair = [](double fwd_ms, double fwd_bwd_ms) {
+      return nlohmann::json{{"fwd_ms", json_ms(fwd_ms)}, {"fwd_bwd_ms", json_ms(fwd_bwd_ms)}};
+    };
+    results["shapes"].push_back(
+        {{"shape", s.name},
+         {"tokens", n},
+         {"heads", s.heads},
+         {"dim", s.d},
+         {"blocks", m},
+         {"masking", s.masking == mhla::Masking::causal ? "causal" : "none"},
+         {"float32_one_thread_per_result", pair(fwd, fwd_bwd)},
+         {"float32_tensor_cores", pair(split_fwd, split_fwd_bwd)},
+         {"bfloat16_split_operand", pair(bf16_fwd, bf16_fwd_bwd)},
+         {"bfloat16_state", pair(state_fwd, state_fwd_bwd)},
+         {"float16_split_operand", pair(f16_fwd, f16_fwd_bwd)},
+         {"float16_bfloat16_state", pair(f16_state_fwd, f16_state_fwd_bwd)},
+         {"bytes_floor_ms", bytes_floor},
+         {"flop_floor_ms", flops.forward / flops_per_ms},
+         {"budget_forward_ms", mhla::bench::total_bytes(budget.forward) / budget_rate},
+         {"budget_backward_ms", mhla::bench::total_bytes(budget.backward) / budget_rate}});
     for (float* p : {q, k, v, grad_o, w, o, gq, gk, gv, gw}) cudaFree(p);
     for (mhla::bfloat16* p : {bq, bk, bv, bo, bgo, bgq, bgk, bgv}) cudaFree(p);
   }
+  write_json(json_path, results);
+  std::printf("wrote %s\n", json_path.c_str());
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "error: %s\n", e.what());

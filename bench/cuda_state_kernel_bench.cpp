@@ -2,9 +2,7 @@
 // shapes of the GPU targets: each
 // kernel's median time from CUDA events beside its byte budget
 // (byte_budget.hpp) at 70% of the copy rate measured here, printed and
-// written as JSON (by hand: the GPU build has no JSON library, and the names
-// written are the benchmark's own), so that a GPU run says which kernel misses
-// its budget.
+// written as JSON, so that a GPU run says which kernel misses its budget.
 //
 //   mhla_cuda_state_kernel_bench [repeats = 20] [json = state-kernels.json]
 #include <cuda_runtime.h>
@@ -196,14 +194,13 @@ int main(int argc, char** argv) try {
   check(cudaGetDeviceProperties(&props, 0), "cudaGetDeviceProperties");
   std::printf("device: %s; copy rate %.0f GB/s; budgets at 70%% of it; median of %d (CUDA events)\n",
               props.name, copy_rate / 1e6, repeats);
-  std::FILE* json = std::fopen(json_path.c_str(), "w");
-  if (json == nullptr) throw std::runtime_error("cannot write " + json_path);
-  std::fprintf(json, "{\"device\": \"%s\", \"copy_gb_per_s\": %.1f, \"repeats\": %d, \"shapes\": [",
-               props.name, copy_rate / 1e6, repeats);
+  nlohmann::json results = {{"device", props.name},
+                             {"copy_gb_per_s", copy_rate / 1e6},
+                             {"repeats", repeats},
+                             {"shapes", nlohmann::json::array()}};
   std::mt19937 rng(1);
   const std::vector<Shape> shapes = target_shapes();
   const std::vector<BudgetShape> budget_shapes = mhla::bench::budget_shapes();
-  bool first_shape = true;
   for (size_t i = 0; i < shapes.size(); ++i) {
     if (budget_shapes[i].tokens != shapes[i].layout.num_tokens())
       throw std::runtime_error("the target shapes and the budget's are listed in different orders");
@@ -212,10 +209,8 @@ int main(int argc, char** argv) try {
     const Budget budget = byte_budget(budget_shapes[i]);
     std::printf("\n%s\n  %-20s %10s %10s %8s %12s\n", shapes[i].name, "kernel", "ms", "budget ms",
                 "ratio", "GB/s");
-    std::fprintf(json, "%s{\"shape\": \"%s\", \"kernels\": [", first_shape ? "" : ", ", shapes[i].name);
-    first_shape = false;
+    nlohmann::json kernels = nlohmann::json::array();
     double forward_ms = 0, backward_ms = 0, forward_budget = 0, backward_budget = 0;
-    bool first_kernel = true;
     for (const auto& [name, launch] : call.kernels()) {
       const bool forward = name == "summaries" || name == "mix" || name == "read-out";
       const KernelBudget& k = budget_of(budget, forward, name);
@@ -228,9 +223,7 @@ int main(int argc, char** argv) try {
       backward_budget += in_backward * model;
       std::printf("  %-20s %10.4f %10.4f %8.2f %12.0f\n", name.c_str(), ms, model, ms / model,
                   k.bytes / ms / 1e6);
-      std::fprintf(json, "%s{\"kernel\": \"%s\", \"ms\": %.5f, \"budget_ms\": %.5f, \"bytes\": %.0f}",
-                   first_kernel ? "" : ", ", name.c_str(), ms, model, k.bytes);
-      first_kernel = false;
+      kernels.push_back({{"kernel", name}, {"ms", ms}, {"budget_ms", model}, {"bytes", k.bytes}});
     }
     const double floor_ms = budget.floor_bytes / copy_rate;
     std::printf("  kernels' sum: forward %.4f ms (%.1fx budget, %.1fx floor), forward+backward "
@@ -238,11 +231,13 @@ int main(int argc, char** argv) try {
                 forward_ms, forward_ms / forward_budget, forward_ms / floor_ms,
                 forward_ms + backward_ms, (forward_ms + backward_ms) / (forward_budget + backward_budget),
                 (forward_ms + backward_ms) / floor_ms);
-    std::fprintf(json, "], \"forward_ms\": %.5f, \"forward_backward_ms\": %.5f, \"floor_ms\": %.5f}",
-                 forward_ms, forward_ms + backward_ms, floor_ms);
+    results["shapes"].push_back({{"shape", shapes[i].name},
+                                 {"kernels", kernels},
+                                 {"forward_ms", forward_ms},
+                                 {"forward_backward_ms", forward_ms + backward_ms},
+                                 {"floor_ms", floor_ms}});
   }
-  std::fprintf(json, "]}\n");
-  std::fclose(json);
+  write_json(json_path, results);
   std::printf("\nwrote %s\n", json_path.c_str());
   return 0;
 } catch (const std::exception& e) {

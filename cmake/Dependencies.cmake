@@ -69,6 +69,9 @@ if(MHLA_BUILD_TOOLS)
   pkg_check_modules(LIBZIP REQUIRED IMPORTED_TARGET libzip)
 
   find_package(CLI11 CONFIG REQUIRED)
+endif()
+# JSON results of the benchmarks and the tools' reports (header-only).
+if(MHLA_BUILD_TOOLS OR (MHLA_BUILD_BENCH AND MHLA_WITH_CUDA))
   find_package(nlohmann_json CONFIG REQUIRED)
 endif()
 if(MHLA_BUILD_TESTS)

@@ -8,9 +8,11 @@
 # packages, the .deb files in gpu-deps/ (scripts/gpu_deps.sh) are unpacked and
 # built against. MHLA_GPU_CHECK_PARTS="python" (or "cuda") runs one stage only;
 # MHLA_GPU_CHECK_PYTHON replaces the Python stage's script and arguments
-# (e.g. "bench/torch_path_profile.py"). MHLA_GPU_PREBUILT=1 takes build-gpu/
-# as carried (built on another machine with the same configure line).
-# Logs go to $OUT (default /tmp/mhla-gpu-check).
+# (e.g. "bench/torch_path_profile.py"). So that device time goes to tests and
+# timings, MHLA_GPU_CHECK_PARTS=build builds the C++ stage's three programs on
+# a machine without a GPU and lists what to carry (under 64 MiB with the
+# sources); MHLA_GPU_PREBUILT=1 on the GPU machine runs them as carried.
+# Logs and the JSON results go to $OUT (default /tmp/mhla-gpu-check).
 #
 #   bash scripts/gpu_check.sh [benchmark repeats]
 set -euo pipefail
@@ -46,13 +48,17 @@ fi
 
 lib=$root/usr/lib/x86_64-linux-gnu
 export LD_LIBRARY_PATH="$lib/openblas-openmp:$lib:$root/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt" || true
+if command -v nvidia-smi > /dev/null; then
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt" || true
+fi
 status=0
 
-# MHLA_GPU_CHECK_PARTS picks the stages: "cuda" (the C++ backend), "python" (the torch path).
-# Carried binaries (MHLA_GPU_PREBUILT=1) serve the C++ stage only: the Python
-# extension is built for the device machine's own interpreter.
-if [[ "${MHLA_GPU_PREBUILT:-0}" == 1 ]]; then parts=" cuda "; else parts=" ${MHLA_GPU_CHECK_PARTS:-cuda python} "; fi
+# MHLA_GPU_CHECK_PARTS picks the stages: "build" (the C++ stage's programs
+# only), "cuda" (the C++ backend), "python" (the torch path).
+# Carried programs (MHLA_GPU_PREBUILT=1) serve the C++ stage only: the Python
+# stage still configures and builds build-gpu/ here, for this machine's own
+# interpreter (no CMake cache travels with the programs).
+parts=" ${MHLA_GPU_CHECK_PARTS:-cuda python} "
 # One build tree for both stages: the Python package links the library the
 # first stage compiled, CUDA backend included.
 nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
@@ -61,26 +67,37 @@ configure=(-S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DMHLA_WITH_CUDA=ON
   -DCMAKE_CUDA_ARCHITECTURES="${MHLA_CUDA_ARCHITECTURES:-90a-real}"
   -DCMAKE_CUDA_COMPILER="$nvcc" -DMHLA_BUILD_TOOLS=OFF -DMHLA_WITH_MPI=OFF
   -DCMAKE_PREFIX_PATH="$root/usr")
+programs=(build-gpu/tests/mhla_cuda_tests build-gpu/bench/mhla_cuda_operator_bench
+  build-gpu/bench/mhla_cuda_state_kernel_bench)
+build_programs() {
+  echo "== configure (logs: $out) =="
+  if ! cmake "${configure[@]}" -DMHLA_BUILD_PYTHON=OFF > "$out/configure.log" 2>&1; then
+    tail -40 "$out/configure.log"
+    exit 1
+  fi
+  echo "== build =="
+  if ! cmake --build build-gpu -j "$(nproc)" --target "${programs[@]##*/}" > "$out/build.log" 2>&1; then
+    grep -m 30 -A 6 -E "error|Error" "$out/build.log"
+    exit 1
+  fi
+}
+if [[ "$parts" == " build " ]]; then
+  build_programs
+  # The programs link OpenBLAS, Highway and zlib dynamically: gpu-deps/ travels with them.
+  [[ -d gpu-deps ]] || bash scripts/gpu_deps.sh > /dev/null
+  du -cb "${programs[@]}" gpu-deps | tail -1 |
+    awk '{ printf "to carry: %.1f MiB besides the sources\n", $1 / 2^20 }'
+  echo "carry: ${programs[*]} gpu-deps"
+  echo "there: MHLA_GPU_PREBUILT=1 bash scripts/gpu_check.sh"
+  exit 0
+fi
 if [[ "$parts" == *" cuda "* ]]; then
-  # MHLA_GPU_PREBUILT=1: build-gpu/ was built elsewhere and carried here, so
-  # that device time goes to tests and timings (CMake is not run: its cache
-  # names the other machine's paths).
+  # MHLA_GPU_PREBUILT=1: the programs were built elsewhere and carried here,
+  # so that device time goes to tests and timings.
   if [[ "${MHLA_GPU_PREBUILT:-0}" == 1 ]]; then
-    echo "== prebuilt: $(ls build-gpu/tests/mhla_cuda_tests build-gpu/bench/mhla_cuda_operator_bench \
-      build-gpu/bench/mhla_cuda_state_kernel_bench) =="
+    echo "== prebuilt: $(ls "${programs[@]}") =="
   else
-    echo "== configure (logs: $out) =="
-    if ! cmake "${configure[@]}" -DMHLA_BUILD_PYTHON=OFF > "$out/configure.log" 2>&1; then
-      tail -40 "$out/configure.log"
-      exit 1
-    fi
-    echo "== build =="
-    if ! cmake --build build-gpu -j "$(nproc)" --target mhla_cuda_tests mhla_cuda_operator_bench \
-      mhla_cuda_state_kernel_bench \
-      > "$out/build.log" 2>&1; then
-      grep -m 30 -A 6 -E "error|Error" "$out/build.log"
-      exit 1
-    fi
+    build_programs
   fi
 
   echo "== tests =="
@@ -89,7 +106,7 @@ if [[ "$parts" == *" cuda "* ]]; then
   grep -m 40 -B 1 -A 8 "Failure" "$out/tests.log" || true
 
   echo "== benchmark =="
-  ./build-gpu/bench/mhla_cuda_operator_bench "${1:-5}" | tee "$out/bench.txt" || status=1
+  ./build-gpu/bench/mhla_cuda_operator_bench "${1:-5}" "$out/operator.json" | tee "$out/bench.txt" || status=1
   echo "== the bfloat16-state kernels one by one =="
   ./build-gpu/bench/mhla_cuda_state_kernel_bench 20 "$out/state-kernels.json" |
     tee "$out/state-kernels.txt" || status=1

@@ -8,5 +8,5 @@ cd "$(dirname "$0")/.."
 mkdir -p gpu-deps
 cd gpu-deps
 apt-get download libopenblas-openmp-dev libopenblas0-openmp libopenblas-dev libhwy-dev libhwy1 \
-  zlib1g-dev zlib1g libgtest-dev libgmock-dev libdlpack-dev
+  zlib1g-dev zlib1g libgtest-dev libgmock-dev libdlpack-dev nlohmann-json3-dev
 du -sh .
