@@ -85,10 +85,10 @@ int main(int argc, char** argv) try {
   std::printf("%-44s %12s %12s %12s %16s %14s %14s\n", "shape", "fwd ms", "fwd+bwd ms",
               "bf16 fwd ms", "bf16 fwd+bwd ms", "bytes floor ms", "bf16 flop floor ms");
   nlohmann::json results = {{"device", props.name},
-                             {"copy_gb_per_s", copy_rate / 1e6},
-                             {"gemm_tflops", flops_per_ms / 1e9},
-                             {"repeats", repeats},
-                             {"shapes", nlohmann::json::array()}};
+                            {"copy_gb_per_s", copy_rate / 1e6},
+                            {"gemm_tflops", flops_per_ms / 1e9},
+                            {"repeats", repeats},
+                            {"shapes", nlohmann::json::array()}};
   std::mt19937 rng(1);
   const std::vector<mhla::bench::BudgetShape> budget_shapes = mhla::bench::budget_shapes();
   for (size_t shape_index = 0; shape_index < shapes.size(); ++shape_index) {

@@ -195,9 +195,9 @@ int main(int argc, char** argv) try {
   std::printf("device: %s; copy rate %.0f GB/s; budgets at 70%% of it; median of %d (CUDA events)\n",
               props.name, copy_rate / 1e6, repeats);
   nlohmann::json results = {{"device", props.name},
-                             {"copy_gb_per_s", copy_rate / 1e6},
-                             {"repeats", repeats},
-                             {"shapes", nlohmann::json::array()}};
+                            {"copy_gb_per_s", copy_rate / 1e6},
+                            {"repeats", repeats},
+                            {"shapes", nlohmann::json::array()}};
   std::mt19937 rng(1);
   const std::vector<Shape> shapes = target_shapes();
   const std::vector<BudgetShape> budget_shapes = mhla::bench::budget_shapes();
