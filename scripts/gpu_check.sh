@@ -83,8 +83,9 @@ build_programs() {
 }
 if [[ "$parts" == " build " ]]; then
   build_programs
-  # The programs link OpenBLAS, Highway and zlib dynamically: gpu-deps/ travels with them.
-  [[ -d gpu-deps ]] || bash scripts/gpu_deps.sh > /dev/null
+  # The programs link OpenBLAS, Highway and zlib dynamically: gpu-deps/ travels with them,
+  # fetched again so that a folder from an older list gains the packages added since.
+  bash scripts/gpu_deps.sh > /dev/null
   du -cb "${programs[@]}" gpu-deps | tail -1 |
     awk '{ printf "to carry: %.1f MiB besides the sources\n", $1 / 2^20 }'
   echo "carry: ${programs[*]} gpu-deps"
