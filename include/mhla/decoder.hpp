@@ -18,6 +18,9 @@
 #include "mhla/tensor.hpp"
 
 namespace mhla {
+namespace detail {
+struct DecoderMixing;
+}  // namespace detail
 
 // The decoder is causal; its feature map and normalisation are those of the
 // operator (ReadoutOptions), with the same defaults.
@@ -100,11 +103,8 @@ class Decoder {
   void push_finished(HeadState& s, const float* summary) const;
   // Finished blocks the state of a sequence at `position` keeps one by one.
   int64_t kept_blocks(int64_t position) const;
-  // Sets scale_, the mixing form and its sizes from the options and w, or throws.
-  void check_options_and_mixing(const char* fn, TensorView<const float> w);
-  void check_seq(const char* fn, int64_t seq) const;
-  std::string context_description() const;  // "4096 tokens (w is 64x64 for blocks of 64)"
-  LinearAttentionOptions options_as_linear() const;
+  // What the constructor's checks found of the mixing (src/api/decoder_checks.hpp).
+  detail::DecoderMixing mixing() const;
 
   DecoderOptions options_;
   double scale_;

@@ -29,12 +29,14 @@ BACKENDS = ("cpp", "torch")
 
 def _pure_torch_path(backend, *tensors):
     """Whether a call runs in plain torch ops: asked for with ``backend="torch"``, or by default
-    when a tensor is not on the CPU (the C++ operator reads CPU memory only)."""
+    when a tensor is not on the CPU (the C++ operator reads CPU memory only). Meta tensors hold
+    no values: on either backend they give a meta result of the right shape and dtype, as torch's
+    own ops do (models built on the meta device, shape propagation), by the torch forms."""
     if backend is None:
         return any(t.device.type != "cpu" for t in tensors)
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; expected None (by device), 'cpp' or 'torch'")
-    return backend == "torch"
+    return backend == "torch" or any(t.device.type == "meta" for t in tensors)
 
 
 def _compiled_cpp_path(backend, *tensors):

@@ -8,8 +8,11 @@ from . import _core
 
 
 def _initial_mixing(layout, *, causal, init, sigma, threshold):
-    """The locality-biased ``[M, M]`` matrix of ``mhla.init_mixing``, as a torch tensor."""
-    return from_dlpack(_core.init_mixing(layout, transform=init, sigma=sigma, threshold=threshold, causal=causal))
+    """The locality-biased ``[M, M]`` matrix of ``mhla.init_mixing``, as a torch tensor of the default
+    dtype, as ``nn.Linear`` makes its weights (a model built in float64, as ``from_pretrained(...,
+    dtype=torch.float64)`` builds it, keeps its mixing parameters in float64)."""
+    w0 = from_dlpack(_core.init_mixing(layout, transform=init, sigma=sigma, threshold=threshold, causal=causal))
+    return w0.to(torch.get_default_dtype())
 
 
 def _per_head(matrix, heads):

@@ -55,6 +55,14 @@ def _x(sizes):
     return " x ".join(map(str, sizes))
 
 
+def _check_tile(grid, tile):
+    """A tile spans at most the grid along each axis: a larger one would silently shrink to the grid
+    (a tile as large as the grid is one block, M = 1: plain linear attention)."""
+    if any(t < 1 for t in tile) or any(t > g for t, g in zip(tile, grid)):
+        raise ValueError(f"tile {_x(tile)} does not fit the patch grid {_x(grid)}: each side of a tile is "
+                         "between 1 and the grid's")
+
+
 def _refuse_unsupported(name, encoder_hidden_states, attention_mask, kwargs):
     if encoder_hidden_states is not None:
         raise ValueError(f"{name} replaces self-attention only; cross-attention stays softmax")
@@ -73,9 +81,11 @@ class MHLAAttnProcessor(nn.Module):
         grid, tile = tuple(grid), tuple(tile)
         if len(grid) != 2 or len(tile) != 2:
             raise ValueError(f"grid and tile are (rows, columns), got {grid} and {tile}")
+        _check_tile(grid, tile)
         # Tiles that do not divide the grid leave ragged edge blocks, as in MHLA2d.
         self.grid, self.tile, self.feature_map = grid, tile, feature_map
         self.layout = _core.Layout.grid2d(*grid, *tile)
+        _core.Options(self.layout, feature_map=feature_map)  # an unknown feature map is named here, not at the first call
         self.mixing = MixingMatrix(self.layout, heads=heads if per_head_mixing else None, init=mixing_init)
 
     def forward(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, temb=None, **kwargs):
@@ -119,6 +129,7 @@ class MHLAWanAttnProcessor(nn.Module):
         grid, tile = tuple(grid), tuple(tile)
         if len(grid) != 3 or len(tile) != 3:
             raise ValueError(f"grid and tile are (frames, rows, columns), got {grid} and {tile}")
+        _check_tile(grid, tile)
         self.grid, self.tile = grid, tile
         self.layout = _core.Layout.grid3d(*grid, *tile)
         self.gate = nn.Linear(dim, heads * head_dim)
@@ -201,11 +212,25 @@ def _install(transformer, blocks, layers, make_processor, grid_check):
     for i in chosen:
         if not 0 <= i < len(blocks):
             raise ValueError(f"block index {i} is out of range for {len(blocks)} blocks")
+        processor = getattr(blocks[i].attn1, "processor", None)
+        if isinstance(processor, (MHLAAttnProcessor, MHLAWanAttnProcessor)):
+            raise ValueError(f"block {i}'s self-attention is MHLA already ({type(processor).__name__}); swapping it "
+                             "again would start its mixing matrix (and a Wan layer's gate and norm) afresh: swap "
+                             "each block once (layers=[...] names the others)")
+    previous = getattr(transformer, "_mhla_grid_check", None)
+    if previous is not None and previous.built_for != grid_check.built_for:
+        raise ValueError(f"the transformer's MHLA layers are built for the patch grid {_x(previous.built_for)}, "
+                         f"not {_x(grid_check.built_for)}: one transformer takes one grid")
+    created = []
     for i in chosen:
         attention = blocks[i].attn1
         weight = attention.to_q.weight
-        attention.set_processor(make_processor(attention).to(device=weight.device, dtype=weight.dtype))
-    transformer.register_forward_pre_hook(grid_check.hook, with_kwargs=True)
+        created.append(make_processor(attention).to(device=weight.device, dtype=weight.dtype))
+    for i, processor in zip(chosen, created):  # all made (and checked) before any is set
+        blocks[i].attn1.set_processor(processor)
+    if previous is None:
+        transformer.register_forward_pre_hook(grid_check.hook, with_kwargs=True)
+        transformer._mhla_grid_check = grid_check
     return transformer
 
 

@@ -18,6 +18,10 @@ def offsets(cu_seqlens):
         cu_seqlens = cu_seqlens.tolist()
     if not isinstance(cu_seqlens, (list, tuple)) or not all(isinstance(x, int) for x in cu_seqlens):
         raise TypeError(f"cu_seqlens must be a 1D sequence or tensor of ints, got {cu_seqlens!r:.80}")
+    for i, x in enumerate(cu_seqlens):
+        if not -2 ** 63 <= x < 2 ** 63:
+            raise ValueError(f"cu_seqlens[{i}] = {x} does not fit in int64: offsets count tokens of the packed "
+                             "batch, from 0 to its length")
     return list(cu_seqlens)
 
 
@@ -38,6 +42,16 @@ def varlen_backward(q, k, v, w, o, grad_o, cu_seqlens, **options):
     """Gradients of ``sum(grad_o * o)``: ``(grad_q, grad_k, grad_v, grad_w)``; ``grad_w`` sums every
     sequence's contribution."""
     return _convert.to_kind_of(q, _core.varlen_backward(q, k, v, w, o, grad_o, offsets(cu_seqlens), **options))
+
+
+def _check_operand(name, t):
+    """The decoder's dtype rule for every tensor it is given, on either backend: float32, the
+    decoder's one dtype (its state is float32). Objects without a dtype are the backends' to
+    name."""
+    dtype = getattr(t, "dtype", None)
+    if dtype is not None and str(dtype).replace("torch.", "") != "float32":
+        raise TypeError(f"{name} has dtype {str(dtype).replace('torch.', '')}; the decoder computes in float32 "
+                        "(convert with .float())")
 
 
 class Decoder:
@@ -63,6 +77,7 @@ class Decoder:
         device = getattr(w, "device", "cpu")
         if backend not in (None, "cpp", "torch"):
             raise ValueError(f"unknown backend {backend!r}; expected None (by device), 'cpp' or 'torch'")
+        _check_operand("w", w)
         if backend == "torch" or (backend is None and getattr(device, "type", device) != "cpu"):
             from ._torch_forms.recurrent import TorchDecoder  # torch is only needed here
 
@@ -79,11 +94,15 @@ class Decoder:
     def prefill(self, seq, q, k, v):
         """Feeds a prompt ``q, k [1, L, H, Dk]``, ``v [1, L, H, Dv]`` to the empty sequence ``seq``;
         returns ``o [1, L, H, Dv]``."""
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            _check_operand(name, t)
         return _convert.to_kind_of(q, self._decoder.prefill(seq, q, k, v))
 
     def step(self, q, k, v):
         """One token for every sequence: ``q, k [B, 1, H, Dk]``, ``v [B, 1, H, Dv]``; returns
         ``o [B, 1, H, Dv]``."""
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            _check_operand(name, t)
         return _convert.to_kind_of(q, self._decoder.step(q, k, v))
 
     def position(self, seq):

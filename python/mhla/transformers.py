@@ -154,8 +154,10 @@ class MHLAForCausalLM(PreTrainedModel, GenerationMixin):
         cache's sequences through the streaming decoders, under ``torch.no_grad``, and the
         output's ``cache`` holds them; otherwise the parallel forward runs (``use_cache`` is
         off unless asked for, so training never meets the decoders). ``position_ids`` are
-        accepted as ``generate`` passes them and must count from 0: MHLA's positions are its
-        blocks. Padding in ``attention_mask`` is refused: pass sequences of one length.
+        accepted as ``generate`` passes them and must count the tokens from the sequence's
+        first (from the cache's length when decoding); others are refused, since MHLA's
+        positions are its blocks. Padding in ``attention_mask`` is refused: pass sequences
+        of one length.
         """
         if kwargs:
             raise TypeError(f"MHLAForCausalLM.forward got unsupported arguments: {', '.join(sorted(kwargs))}")
@@ -173,12 +175,11 @@ class MHLAForCausalLM(PreTrainedModel, GenerationMixin):
         if decoding:
             if cache is None:
                 cache = MHLALanguageModelCache([layer.attention.new_cache(x.shape[0]) for layer in self.layers])
-            seen = cache.get_seq_length()
-            if position_ids is not None and int(position_ids[0, 0]) != seen:
-                raise ValueError(f"position_ids start at {int(position_ids[0, 0])}, but the cache holds {seen} tokens")
+            _check_positions(position_ids, x.shape[1], cache.get_seq_length())
             for layer, layer_cache in zip(self.layers, cache.layers):
                 x = layer(x, layer_cache)
         else:
+            _check_positions(position_ids, x.shape[1], 0)
             for layer in self.layers:
                 x = layer(x)
         hidden = self.norm(x)
@@ -191,6 +192,18 @@ class MHLAForCausalLM(PreTrainedModel, GenerationMixin):
                                    labels[:, 1:].reshape(-1), ignore_index=-100)
         out = CausalLMOutputWithPast(loss=loss, logits=logits, cache=cache if decoding else None)
         return out if return_dict else out.to_tuple()
+
+
+def _check_positions(position_ids, tokens, seen):
+    """``position_ids`` (``[B, N]`` or ``[N]``) must be ``seen, seen + 1, ...`` in every row."""
+    if position_ids is None:
+        return
+    expected = torch.arange(seen, seen + tokens, device=position_ids.device)
+    if position_ids.shape[-1] != tokens or not bool(torch.all(position_ids == expected)):
+        first = position_ids.reshape(-1)[:4].tolist()
+        raise ValueError(f"position_ids must count the tokens from {seen} ({seen}, {seen + 1}, ...; the cache holds "
+                         f"{seen} tokens), got {first}{' ...' if position_ids.numel() > 4 else ''}: MHLA's positions are "
+                         "its blocks, so other positions cannot be honoured")
 
 
 AutoConfig.register(MHLAConfig.model_type, MHLAConfig)

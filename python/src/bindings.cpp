@@ -435,6 +435,21 @@ void bind_operator(py::module_& m) {
         "magnitudes"_a, "options"_a, "dk"_a, "type"_a,
         "The operator's error text for a non-finite result of finite inputs.");
   m.def(
+      "_float16_range_message",
+      [](const std::string& function, const std::string& element, const std::string& remedy) {
+        return function + ": " + detail::float16_range_message(element, remedy);
+      },
+      "function"_a, "element"_a, "remedy"_a,
+      "The operator's error text for a float16 result beyond float16's range.");
+  m.def(
+      "_softmax_overflow_message",
+      [](const std::string& function, const std::vector<std::pair<std::string, double>>& magnitudes,
+         double scale, const std::string& type) {
+        return function + ": " + detail::softmax_overflow_message(magnitudes, scale, type);
+      },
+      "function"_a, "magnitudes"_a, "scale"_a, "type"_a,
+      "The softmax baseline's error text for a result that is not finite from finite inputs.");
+  m.def(
       "backward",
       [](py::handle q, py::handle k, py::handle v, py::handle w, py::handle o, py::handle grad_o,
          py::handle summaries, py::handle mixed, py::object options, py::object layout,

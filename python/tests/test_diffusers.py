@@ -118,6 +118,29 @@ def test_what_it_cannot_honour_is_refused_by_name():
         swap_attention(small_dit(), tile=(2, 2), variant="authors_video")
 
 
+def test_a_second_swap_keeps_trained_layers_and_checks_at_swap_time():
+    model = swap_attention(small_dit(), tile=(2, 2), layers=[0])
+    mixing = model.transformer_blocks[0].attn1.processor.mixing
+    with torch.no_grad():
+        mixing.logits.add_(0.5)  # trained values
+    trained = mixing.logits.detach().clone()
+    with pytest.raises(ValueError, match="block 0's self-attention is MHLA already \\(MHLAAttnProcessor\\)"):
+        swap_attention(model, tile=(2, 2))
+    assert model.transformer_blocks[0].attn1.processor.mixing is mixing
+    torch.testing.assert_close(mixing.logits.detach(), trained, rtol=0, atol=0)
+    # Nothing was swapped by the refused call, and the other block still can be, once.
+    assert not isinstance(model.transformer_blocks[1].attn1.processor, MHLAAttnProcessor)
+    swap_attention(model, tile=(2, 2), layers=[1])
+    assert len(model._forward_pre_hooks) == 1
+    model(**inputs())
+    with pytest.raises(ValueError, match="unknown feature map 'nope'"):
+        swap_attention(small_dit(), tile=(2, 2), feature_map="nope")
+    with pytest.raises(ValueError, match="tile 5 x 5 does not fit the patch grid 4 x 4"):
+        swap_attention(small_dit(), tile=(5, 5))
+    with pytest.raises(ValueError, match="tile 1 x 5 x 3 does not fit the patch grid 2 x 4 x 6"):
+        swap_attention(WanTransformer3DModel(**WAN), grid=GRID, tile=(1, 5, 3))
+
+
 # A tiny Wan2.1: 3 blocks, 2 heads of 12 features (Wan's rotary split 4 + 4 + 4), latent 4 x 2 x 8 x 12,
 # patches 1 x 2 x 2, so a 2 x 4 x 6 patch grid of 48 tokens, in 1 x 2 x 3 tiles: 8 blocks.
 WAN = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4, out_channels=4,

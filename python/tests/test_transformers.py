@@ -81,6 +81,33 @@ def test_save_pretrained_and_from_pretrained_round_trip(tmp_path):
         torch.testing.assert_close(loaded.state_dict()[name], value, rtol=0, atol=0, msg=name)
 
 
+def test_a_float64_model_round_trips_bit_for_bit(tmp_path):
+    model = small_model().double()
+    with torch.no_grad():
+        model.layers[1].attention.mixing.logits.add_(torch.full_like(model.layers[1].attention.mixing.logits, 0.1))
+    model.save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float64).eval()
+    for name, value in model.state_dict().items():
+        got = loaded.state_dict()[name]
+        assert got.dtype == value.dtype == torch.float64, name
+        torch.testing.assert_close(got, value, rtol=0, atol=0, msg=name)
+
+
+def test_position_ids_are_honoured_only_as_the_tokens_count():
+    model = small_model()
+    tokens = torch.randint(0, 61, (2, 8), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        plain = model(tokens).logits
+        counted = model(tokens, position_ids=torch.arange(8).expand(2, 8)).logits
+        torch.testing.assert_close(counted, plain, rtol=0, atol=0)
+        with pytest.raises(ValueError, match="position_ids must count the tokens from 0"):
+            model(tokens, position_ids=torch.arange(3, 11).expand(2, 8))
+        cached = model(tokens[:, :5], use_cache=True)
+        model(tokens[:, 5:6], cache=cached.cache, position_ids=torch.full((2, 1), 5))
+        with pytest.raises(ValueError, match="position_ids must count the tokens from 6"):
+            model(tokens[:, 6:7], cache=cached.cache, position_ids=torch.full((2, 1), 9))
+
+
 def test_a_few_training_steps_lower_the_loss():
     model = small_model(initializer_range=0.02).train()
     losses = train(model, torch.arange(48).remainder(8).repeat(4, 1), steps=25)  # a periodic sequence

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 
+#include "api/decoder_checks.hpp"
 #include "api/decoder_kernels.hpp"
 #include "core/allocation.hpp"
 #include "core/feature_map.hpp"
@@ -14,29 +15,17 @@
 #include "core/validated_call.hpp"
 
 namespace mhla {
-namespace {
-
 using detail::fail;
-
-void require_positive(const char* fn, const char* name, int64_t value) {
-  if (value <= 0) fail(fn, std::string(name) + " must be positive, got " + std::to_string(value));
-}
-
-}  // namespace
 
 Decoder::Decoder(const DecoderOptions& options, TensorView<const float> w) : options_(options) {
   const char* fn = "mhla::Decoder";
-  require_positive(fn, "options.batch", options.batch);
-  require_positive(fn, "options.heads", options.heads);
-  require_positive(fn, "options.dk", options.dk);
-  require_positive(fn, "options.dv", options.dv);
-  require_positive(fn, "options.block", options.block);
-  // The first product bounds dk and dv far below INT64_MAX, so adding 16
-  // cannot overflow; (Dk + 16)(Dv + 16) bounds a padded summary (StateLayout).
-  for (int64_t extra : {0, 16})
-    detail::checked_product({options.batch, options.heads, options.dk + extra, options.dv + extra},
-                            std::string(fn) + ": state size");
-  check_options_and_mixing(fn, w);
+  const detail::DecoderMixing mixing = detail::check_decoder(fn, options, w.shape, w.data, w.device);
+  scale_ = mixing.scale;
+  toeplitz_ = mixing.toeplitz;
+  blocks_ = mixing.blocks;
+  length_ = mixing.length;
+  window_ = std::max<int64_t>(length_, 1) - 1;
+  per_head_ = mixing.per_head;
   summary_floats_ = detail::decode_state(fn, options)->floats();
   const size_t summary = size_t(summary_floats_);
   const double state_bytes =
@@ -60,37 +49,17 @@ Decoder::Decoder(const DecoderOptions& options, TensorView<const float> w) : opt
                      });
 }
 
-void Decoder::check_options_and_mixing(const char* fn, TensorView<const float> w) {
-  detail::check_device(fn, "w", w.device);
-  // The operator's own checks (eps, scale, w) on a one-token causal problem
-  // with this decoder's heads.
-  detail::Problem mixing = detail::check_linear_options(
-      fn, options_as_linear(), {1, 1, options_.heads, options_.dk, options_.dv});
-  scale_ = mixing.scale;
-  toeplitz_ = options_.mixing == MixingForm::toeplitz;
-  if (toeplitz_) {
-    detail::check_toeplitz_shape(fn, Masking::causal, w.shape, w.data, mixing);
-    length_ = mixing.toeplitz_length;
-    window_ = std::max<int64_t>(length_, 1) - 1;
-  } else {
-    detail::check_square_mixing_shape(fn, w.shape, w.data, mixing);
-    blocks_ = mixing.blocks;
-    detail::checked_product({blocks_, options_.block}, std::string(fn) + ": context length");
-  }
-  per_head_ = mixing.per_head_mixing;
-  detail::check_mixing_values(fn, mixing, w.data);
+detail::DecoderMixing Decoder::mixing() const {
+  detail::DecoderMixing m;
+  m.scale = scale_;
+  m.toeplitz = toeplitz_;
+  m.per_head = per_head_;
+  m.blocks = blocks_;
+  m.length = length_;
+  return m;
 }
 
-LinearAttentionOptions Decoder::options_as_linear() const {
-  LinearAttentionOptions o;
-  static_cast<ReadoutOptions&>(o) = options_;
-  o.masking = Masking::causal;
-  return o;
-}
-
-int64_t Decoder::max_tokens() const {
-  return toeplitz_ ? std::numeric_limits<int64_t>::max() : blocks_ * options_.block;
-}
+int64_t Decoder::max_tokens() const { return detail::decoder_context(options_, mixing()); }
 
 const float* Decoder::head_w(int64_t h) const {
   if (!per_head_) return w_.data();
@@ -154,24 +123,13 @@ void Decoder::push_finished(HeadState& s, const float* summary) const {
   s.oldest = (s.oldest + 1) % window_;
 }
 
-std::string Decoder::context_description() const {
-  return std::to_string(max_tokens()) + " tokens (w is " + std::to_string(blocks_) + "x" +
-         std::to_string(blocks_) + " for blocks of " + std::to_string(options_.block) + ")";
-}
-
-void Decoder::check_seq(const char* fn, int64_t seq) const {
-  if (seq < 0 || seq >= options_.batch)
-    fail(fn, "sequence " + std::to_string(seq) + " out of range [0, " +
-                 std::to_string(options_.batch) + ")");
-}
-
 int64_t Decoder::position(int64_t seq) const {
-  check_seq("mhla::Decoder::position", seq);
+  detail::check_decoder_sequence("mhla::Decoder::position", options_, seq);
   return positions_[seq];
 }
 
 void Decoder::reset(int64_t seq) {
-  check_seq("mhla::Decoder::reset", seq);
+  detail::check_decoder_sequence("mhla::Decoder::reset", options_, seq);
   positions_[seq] = 0;
   for (int64_t h = 0; h < options_.heads; ++h) {
     HeadState& s = states_[seq * options_.heads + h];
@@ -193,28 +151,19 @@ int64_t Decoder::state_bytes() const {
 void Decoder::prefill(int64_t seq, TensorView<const float> q, TensorView<const float> k,
                       TensorView<const float> v, TensorView<float> o) {
   const char* fn = "mhla::Decoder::prefill";
-  check_seq(fn, seq);
-  if (positions_[seq] != 0)
-    fail(fn, "sequence " + std::to_string(seq) + " already holds " +
-                 std::to_string(positions_[seq]) +
-                 " tokens; prefill needs an empty sequence "
-                 "(reset it, or continue with step)");
-  const detail::AttentionDims d = detail::check_qkv(fn, q, k, v);
-  detail::check_shape_equals(fn, "q", q.shape, {1, d.tokens, options_.heads, options_.dk},
-                             "(one sequence: [1, L, H, Dk])");
-  detail::check_shape_equals(fn, "v", v.shape, {1, d.tokens, options_.heads, options_.dv},
-                             "(one sequence: [1, L, H, Dv])");
-  if (d.tokens > max_tokens())
-    fail(fn, "prompt of " + std::to_string(d.tokens) + " tokens exceeds the context of " +
-                 context_description());
-
+  detail::check_decoder_sequence(fn, options_, seq);
+  for (const auto& [name, device] : {std::pair{"q", q.device}, {"k", k.device}, {"v", v.device}})
+    detail::check_device(fn, name, device);
+  const detail::AttentionDims d =
+      detail::check_decoder_prefill(fn, options_, mixing(), seq, positions_[seq], q.data, q.shape,
+                                    k.data, k.shape, v.data, v.shape);
   detail::check_output(fn, "o", o, {1, d.tokens, options_.heads, options_.dv});
 
   // The chunkwise forward on the prompt, straight through the backend: the
   // options and w were validated when the decoder was built, and a dense w is
   // read in place (its top-left corner, through its row stride).
   TokenLayout layout = TokenLayout::sequence(d.tokens, options_.block);
-  detail::Problem problem = detail::check_linear_options(fn, options_as_linear(), d);
+  detail::Problem problem = detail::check_linear_options(fn, detail::decoder_as_linear(options_), d);
   problem.blocks = problem.mixing_blocks = layout.num_blocks();
   problem.w_stride = blocks_;
   problem.per_head_mixing = per_head_;
@@ -252,14 +201,11 @@ void Decoder::step(TensorView<const float> q, TensorView<const float> k, TensorV
                    TensorView<float> o) {
   const char* fn = "mhla::Decoder::step";
   const int64_t batch = options_.batch, heads = options_.heads, dk = options_.dk, dv = options_.dv;
-  detail::check_qkv(fn, q, k, v);
-  detail::check_shape_equals(fn, "q", q.shape, {batch, 1, heads, dk}, "(one token per sequence)");
-  detail::check_shape_equals(fn, "v", v.shape, {batch, 1, heads, dv}, "(one token per sequence)");
+  for (const auto& [name, device] : {std::pair{"q", q.device}, {"k", k.device}, {"v", v.device}})
+    detail::check_device(fn, name, device);
+  detail::check_decoder_step(fn, options_, mixing(), positions_, q.data, q.shape, k.data, k.shape,
+                             v.data, v.shape);
   detail::check_output(fn, "o", o, {batch, 1, heads, dv});
-  for (int64_t b = 0; b < batch; ++b)
-    if (positions_[b] >= max_tokens())
-      fail(fn, "sequence " + std::to_string(b) + " is full: its context holds " +
-                   context_description());
 
   const float eps = float(options_.eps), scale = float(scale_);
   const auto state = detail::decode_state(fn, options_);

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "backend/backend.hpp"
+#include "core/finite_results.hpp"
 #include "core/validate.hpp"
 #include "mhla/baselines.hpp"
 
@@ -19,6 +20,27 @@ backend::SoftmaxProblem validate(const char* fn, const SoftmaxOptions& options,
   return {d, scale, options.causal};
 }
 
+// Finite q, k and v give a finite o and lse unless the scores overflow
+// (softmax_overflow_message); the results are scanned on the host, a pass as
+// large as v's against the kernel's N^2 products.
+template <typename T>
+void check_finite_results(const char* fn, const backend::SoftmaxProblem& x,
+                          const TensorView<const T>& q, const TensorView<const T>& k,
+                          const TensorView<const T>& v, const TensorView<T>& o,
+                          const TensorView<T>& lse) {
+  if (detail::first_non_finite(o.data, detail::checked_product(o.shape, "o")) < 0 &&
+      detail::first_non_finite(lse.data, detail::checked_product(lse.shape, "lse")) < 0)
+    return;
+  std::vector<std::pair<std::string, double>> magnitudes;
+  for (const auto& [name, t] : {std::pair{"q", q}, {"k", k}, {"v", v}}) {
+    const int64_t n = detail::checked_product(t.shape, name);
+    if (detail::first_non_finite(t.data, n) >= 0) return;  // NaN or inf in, NaN or inf out
+    magnitudes.emplace_back(name, detail::largest_magnitude(t.data, n));
+  }
+  detail::fail(fn, detail::softmax_overflow_message(magnitudes, x.scale,
+                                                    sizeof(T) == 4 ? "float32" : "float64"));
+}
+
 }  // namespace
 
 template <typename T>
@@ -31,6 +53,7 @@ void softmax_attention_forward(const SoftmaxOptions& options, TensorView<const T
   detail::check_output(fn, "lse", lse, {x.d.batch, x.d.heads, x.d.tokens});
   backend::backend_for(fn, "q", q.device)
       .softmax_forward(x, q.data, k.data, v.data, o.data, lse.data);
+  check_finite_results(fn, x, q, k, v, o, lse);
 }
 
 template <typename T>

@@ -59,9 +59,23 @@ void check_float16_range(const char* fn, const NamedTensor<float>& result, const
   if (largest < kRoundsToInfinity) return;
   for (int64_t i = 0; i < n; ++i)
     if (std::isfinite(result.data[i]) && std::abs(result.data[i]) >= kRoundsToInfinity)
-      fail(fn, element_name(result.name, result.shape, i) + " = " + format_number(result.data[i]) +
-                   " is beyond float16's range (largest finite 65504) and would be infinity; " +
-                   remedy + ", or pass bfloat16 or float32 tensors");
+      fail(fn, float16_range_message(element_name(result.name, result.shape, i), remedy));
+}
+
+std::string float16_range_message(const std::string& element, const std::string& remedy) {
+  return element + " is beyond float16's range (largest finite 65504) although every input is " +
+         "finite; " + remedy + ", or pass bfloat16 or float32 tensors";
+}
+
+std::string softmax_overflow_message(const std::vector<std::pair<std::string, double>>& magnitudes,
+                                     double scale, const std::string& type) {
+  std::string bounds;
+  for (const auto& [name, largest] : magnitudes)
+    bounds += (bounds.empty() ? "|" : ", |") + name + "| <= " + format_number(largest);
+  return "the result is not finite although every input is finite" +
+         (bounds.empty() ? "" : " (" + bounds + ", scale " + format_number(scale) + ")") +
+         ": the scores q k^T * scale overflow " + type + "; rescale q or k" +
+         (type == "float64" ? "" : ", or compute in float64");
 }
 
 }  // namespace mhla::detail

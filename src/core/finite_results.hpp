@@ -148,4 +148,17 @@ void report_non_finite_gradients(const char* fn, const Problem& problem,
 // range, so that it would come back as infinity. `remedy` says what to change.
 void check_float16_range(const char* fn, const NamedTensor<float>& result, const char* remedy);
 
+// "<element> is beyond float16's range ...; <remedy>, ...": the words of both
+// paths' report of a float16 result that overflows (the plain-torch path sees
+// it as infinity, so the value is not part of them).
+std::string float16_range_message(const std::string& element, const std::string& remedy);
+
+// The softmax baseline's report of a result that is not finite from finite
+// q, k and v: its scores overflow (|q| |k| scale beyond the type's range), where
+// the exact rows are one-hot but the log-sum-exp that backward reads is not
+// representable. Both paths' words; without magnitudes (a deferred check)
+// the parenthesis goes.
+std::string softmax_overflow_message(const std::vector<std::pair<std::string, double>>& magnitudes,
+                                     double scale, const std::string& type);
+
 }  // namespace mhla::detail

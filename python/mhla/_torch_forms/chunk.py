@@ -209,13 +209,28 @@ _RANGE_OF = {torch.float64: "float64", torch.float32: "float32", torch.bfloat16:
              torch.float16: "float16"}
 
 
-def _non_finite_message(function, feature_map, normalize, eps, dk, dtype):
-    """``_finite_results``' message for this call: the C++ operator's words, built on failure only."""
+def non_finite_message(function, feature_map, normalize, eps, dk, dtype):
+    """``_finite_results``' message for this call: the C++ operator's words, built on failure only.
+    An infinite float16 result (computed in float32, then rounded) is one beyond float16's range,
+    named as the C++ operator names it, with its remedy for a forward or a backward."""
     def message(entry, what, magnitudes):
+        if dtype == torch.float16 and entry is not None and math.isinf(entry[3]):
+            name, shape, index, _ = entry
+            element = f"{name}[{', '.join(map(str, _unravel(index, shape)))}]"
+            remedy = "scale grad_o down (a smaller loss scale)" if "backward" in function else "rescale q, k or v"
+            return _core._float16_range_message(function, element, remedy)
         options = _core.Options(_core.Layout.sequence(1, 1), feature_map=feature_map, normalize=normalize,
                                 eps=eps)
         return _core._non_finite_message(function, entry, what, magnitudes, options, dk, _RANGE_OF[dtype])
     return message
+
+
+def _unravel(flat, shape):
+    index = []
+    for size in reversed(shape):
+        index.append(flat % size)
+        flat //= size
+    return index[::-1]
 
 
 def _mixing_read(w, geometry, masking, mixing):
@@ -235,7 +250,7 @@ def mhla_attention(q, k, v, w, layout, *, masking="none", feature_map="elu1", no
     geometry = Geometry.of(layout)
     backward = function.replace("forward", "backward")
     q, k, v, w, finish = _finite_results.watch(
-        q, k, v, w, _non_finite_message(backward, feature_map, normalize, eps, q.shape[-1], q.dtype))
+        q, k, v, w, non_finite_message(backward, feature_map, normalize, eps, q.shape[-1], q.dtype))
 
     shapes = [list(t.shape) for t in (q, k, v, w)]  # not the tensors: a deferred report outlives them
 
@@ -284,8 +299,8 @@ def mhla_attention(q, k, v, w, layout, *, masking="none", feature_map="elu1", no
     else:
         o = (scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])) * y
     o = ungroup(o, geometry).to(dtype)
-    _finite_results.check_results({"o": o}, inputs, _non_finite_message(function, feature_map, normalize, eps,
-                                                                         q.shape[-1], dtype),
+    _finite_results.check_results({"o": o}, inputs, non_finite_message(function, feature_map, normalize, eps,
+                                                                        q.shape[-1], dtype),
                                   denominator=den if normalize else None, earlier=False)
     return finish(o)
 
@@ -345,6 +360,18 @@ def softmax_attention(q, k, v, *, causal=False, scale=None, chunk=1024, fused=Tr
     """``softmax(q k^T * scale) v`` in torch ops: SDPA where torch has it (2.x) and ``fused``, else
     in query chunks of ``chunk`` rows (never N x N; differentiable twice)."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    o = _softmax_outputs(q, k, v, causal, scale, chunk, fused)
+    dtype = _RANGE_OF[q.dtype]
+
+    def message(entry, what, magnitudes):
+        return _core._softmax_overflow_message("mhla::softmax_attention_forward", magnitudes, scale, dtype)
+
+    # Scores beyond the range turn rows into NaN: named, in the C++ baseline's words.
+    _finite_results.check_results({"o": o}, dict(q=q, k=k, v=v), message)
+    return o
+
+
+def _softmax_outputs(q, k, v, causal, scale, chunk, fused):
     sdpa = getattr(F, "scaled_dot_product_attention", None) if fused else None
     if sdpa is not None:
         try:

@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from .. import _contract, _core
+from .. import _core, _finite_results
 from . import chunk
 
 
@@ -43,33 +43,19 @@ class TorchDecoder:
             self._enter_block(seq, 0)
 
     def _check_w(self, w):
-        o = self.options
-        want = ("[L + 1] or [H, L + 1]" if self.toeplitz else "[M, M] or [H, M, M]")
-        shapes_ok = (w.dim() in (1, 2) and (w.dim() == 1 or w.shape[0] == o.heads)) if self.toeplitz else \
-            (w.dim() in (2, 3) and w.shape[-1] == w.shape[-2] and (w.dim() == 2 or w.shape[0] == o.heads))
-        if not shapes_ok or w.numel() == 0:
-            raise ValueError(f"mhla::Decoder: w has shape [{', '.join(map(str, w.shape))}]; {o.mixing.name} "
-                             f"mixing takes {want} with H = {o.heads}")
-        if not w.dtype.is_floating_point:
-            raise TypeError(f"w has dtype {str(w.dtype).replace('torch.', '')}; the decoder computes in float32")
-        # Read once, when the decoder is made (a wait for the device, not one per token).
-        if not bool(torch.isfinite(w).all()):
-            raise ValueError("mhla::Decoder: w holds a value that is not finite")
-        if o.normalize and bool((w < 0).any()):
-            raise ValueError("mhla::Decoder: w holds a negative weight; the normalized mode needs non-negative "
-                             "mixing weights (use normalize = false, or keep w non-negative)")
+        # mhla::Decoder's own checks, on a CPU copy of w: read once, when the decoder is made (a
+        # wait for the device, not one per token).
+        if not isinstance(w, torch.Tensor):
+            raise TypeError(f"w must be a torch tensor for a decoder in torch tensors, not {type(w).__name__}")
+        _core._check_decoder(self.options, w.detach().cpu().contiguous())
 
     @property
     def max_tokens(self):
         return None if self.toeplitz else self.blocks * self.options.block
 
     def position(self, seq):
-        self._check_seq(seq)
+        _core._check_decoder_sequence("mhla::Decoder::position", self.options, seq)
         return self.positions[seq]
-
-    def _check_seq(self, seq):
-        if not 0 <= seq < self.options.batch:
-            raise ValueError(f"mhla::Decoder: sequence {seq} out of range [0, {self.options.batch})")
 
     def _weight(self, i, b):
         """``W[i, b]`` for every head: ``[H]``."""
@@ -120,36 +106,32 @@ class TorchDecoder:
             return y[..., :dv] / (y[..., dv:] + self.options.eps)
         return self.scale * y[..., :dv]
 
-    def _check_tokens(self, name, t, batch, tokens=None):
-        o = self.options
-        shape = list(t.shape)
-        dim = o.dv if name == "v" else o.dk
-        if t.dim() != 4 or shape[0] != batch or shape[2] != o.heads or shape[3] != dim or \
-                (tokens is not None and shape[1] != tokens) or shape[1] == 0:
-            want = f"[{batch}, {tokens if tokens is not None else 'L'}, {o.heads}, {dim}]"
-            raise ValueError(f"mhla::Decoder: {name} must be {want}; got [{', '.join(map(str, shape))}]")
-        # The C++ decoder's rule: float32 tokens (its state is float32), where its state is.
-        if t.dtype != torch.float32:
-            raise TypeError(f"{name} has dtype {_contract.dtype_name(t.dtype)}; the decoder computes in float32 "
-                            "(convert with .float())")
-        if t.device != self.w.device:
-            raise ValueError(f"mhla::Decoder: {name} is on {t.device} but the decoder's state is on "
-                             f"{self.w.device}; pass every tensor of the call on one device")
+    def _tokens(self, function, q, k, v):
+        """q, k, v as torch tensors on the state's device (a NumPy array on the CPU is read as one)."""
+        tensors = []
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            if not isinstance(t, torch.Tensor):
+                if not hasattr(t, "__dlpack__"):
+                    raise TypeError(f"{name} must be a tensor that supports DLPack (torch.Tensor, numpy.ndarray), "
+                                    f"not {type(t).__name__}")
+                t = torch.from_dlpack(t)
+            if t.device != self.w.device:
+                raise ValueError(f"{function}: {name} is on {t.device} but the decoder's state is on "
+                                 f"{self.w.device}; pass every tensor of the call on one device")
+            tensors.append(t)
+        return tensors
 
     def step(self, q, k, v):
         """One token for every sequence: ``q, k [B, 1, H, Dk]``, ``v [B, 1, H, Dv]``."""
         batch = self.options.batch
-        for name, t in (("q", q), ("k", k), ("v", v)):
-            self._check_tokens(name, t, batch, 1)
-        for seq, position in enumerate(self.positions):
-            if self.max_tokens is not None and position >= self.max_tokens:
-                raise ValueError(f"mhla::Decoder::step: sequence {seq} is full: its context holds "
-                                 f"{self.max_tokens} tokens (w is {self.blocks}x{self.blocks} for blocks of "
-                                 f"{self.options.block}); reset it or use Toeplitz mixing")
+        q, k, v = self._tokens("mhla::Decoder::step", q, k, v)
+        _core._check_decoder_step(self.options, list(self.w.shape), self.positions,
+                                  *(list(t.shape) for t in (q, k, v)))
         phi_q, phi_k, v1 = self._features(q[:, 0], k[:, 0], v[:, 0])  # [B, H, .]
         self.running += phi_k.unsqueeze(-1) * v1.unsqueeze(-2)
         state = self.prefix + self.diagonal.unsqueeze(-1).unsqueeze(-1) * self.running
-        o = self._read_out(torch.einsum("bhd,bhdx->bhx", phi_q, state))
+        y = torch.einsum("bhd,bhdx->bhx", phi_q, state)
+        o = self._read_out(y).unsqueeze(1)
         for seq in range(batch):
             self.positions[seq] += 1
             if self.positions[seq] % self.block == 0:
@@ -157,26 +139,31 @@ class TorchDecoder:
                 self._finish_block(seq, i, self.running[seq].clone())
                 self.running[seq].zero_()
                 self._enter_block(seq, i + 1)
-        return o.unsqueeze(1).to(q.dtype)
+        # As the C++ decoder: checked once the token is in the state, which the message says.
+        base = self._message("mhla::Decoder::step")
+        _finite_results.check_results(
+            {"o": o}, dict(q=q, k=k, v=v),
+            lambda *args: base(*args) + " (the token was added to the state; reset the sequence)",
+            denominator=y[..., self.options.dv] if self.options.normalize else None)
+        return o.to(q.dtype)
+
+    def _message(self, function):
+        o = self.options
+        return chunk.non_finite_message(function, self.feature_map, o.normalize, o.eps, o.dk, torch.float32)
 
     def prefill(self, seq, q, k, v):
         """A prompt ``[1, L, H, D]`` for the empty sequence ``seq``; returns ``o [1, L, H, Dv]``."""
-        self._check_seq(seq)
-        for name, t in (("q", q), ("k", k), ("v", v)):
-            self._check_tokens(name, t, 1)
+        _core._check_decoder_sequence("mhla::Decoder::prefill", self.options, seq)
+        q, k, v = self._tokens("mhla::Decoder::prefill", q, k, v)
+        _core._check_decoder_prefill(self.options, list(self.w.shape), seq, self.positions[seq],
+                                     *(list(t.shape) for t in (q, k, v)))
         n, c = q.shape[1], self.block
-        if self.positions[seq] != 0:
-            raise ValueError(f"mhla::Decoder::prefill: sequence {seq} holds {self.positions[seq]} tokens; "
-                             "prefill takes an empty sequence (reset it first)")
-        if self.max_tokens is not None and n > self.max_tokens:
-            raise ValueError(f"mhla::Decoder::prefill: prompt of {n} tokens exceeds the context of "
-                             f"{self.max_tokens} tokens (w is {self.blocks}x{self.blocks} for blocks of {c})")
         layout = _core.Layout.sequence(n, c)
         m = layout.num_blocks
         w = self.w if self.toeplitz else self.w[..., :m, :m]
         o = chunk.mhla_attention(q, k, v, w, layout, masking="causal", feature_map=self.feature_map,
-                                       normalize=self.options.normalize, eps=self.options.eps,
-                                       scale=self.options.scale, mixing=self.options.mixing.name)
+                                 normalize=self.options.normalize, eps=self.options.eps, scale=self.options.scale,
+                                 mixing=self.options.mixing.name, function="mhla::Decoder::prefill")
         # The state: each block's summary, the last (maybe partial) one running.
         _, phi_k, v1 = self._features(q[0], k[0], v[0])  # [L, H, .]
         pad = m * c - n
@@ -192,7 +179,7 @@ class TorchDecoder:
         return o.to(q.dtype)
 
     def reset(self, seq):
-        self._check_seq(seq)
+        _core._check_decoder_sequence("mhla::Decoder::reset", self.options, seq)
         for state in (self.running, self.prefix, self.finished, self.far):
             state[seq].zero_()
         self.positions[seq] = 0
@@ -203,8 +190,9 @@ class TorchDecoder:
         return 4 * sum(t.numel() for t in (self.running, self.prefix, self.diagonal, self.finished, self.far))
 
     def serialize(self):
-        raise TypeError(f"a decoder whose state is on {self.w.device} has no snapshot format; make it from a "
-                        "CPU w to save, load or pickle it")
+        raise TypeError(f"mhla::Decoder::serialize: this decoder keeps its state in torch tensors on {self.w.device} "
+                        "(backend='torch', or a w not on the CPU), which have no snapshot format; to save, load or "
+                        "pickle a decoder, make it from a CPU w with backend=None or 'cpp'")
 
     def save(self, path):
         self.serialize()
