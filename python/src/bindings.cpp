@@ -205,8 +205,7 @@ py::tuple mhla_forward(py::handle q_, py::handle k_, py::handle v_, py::handle w
 
 py::tuple mhla_backward(py::handle q_, py::handle k_, py::handle v_, py::handle w_, py::handle o_,
                         py::handle grad_o_, py::handle summaries_, py::handle mixed_,
-                        const Options& options, bool private_state,
-                        const PyForwardState* state) {
+                        const Options& options, bool private_state, const PyForwardState* state) {
   ImportedTensor q = operator_tensor(q_, "q"), k = operator_tensor(k_, "k"),
                  v = operator_tensor(v_, "v"), o = operator_tensor(o_, "o"),
                  grad_o = operator_tensor(grad_o_, "grad_o");
@@ -328,7 +327,6 @@ MixingInit make_init(const std::string& transform, double sigma, double threshol
   return init;
 }
 
-
 // Result memory: its reuse, its export (DLPack, NumPy) and the errors of a failed allocation.
 void bind_memory(py::module_& m) {
   m.def(
@@ -360,7 +358,6 @@ void bind_memory(py::module_& m) {
       .def_property_readonly("shape",
                              [](const Buffer& b) { return py::tuple(py::cast(b.shape())); })
       .def_property_readonly("dtype", [](const Buffer& b) { return dtype_name(b.dtype()); });
-
 }
 
 void bind_layout(py::module_& m) {
@@ -389,7 +386,6 @@ void bind_layout(py::module_& m) {
         return py::make_tuple(py::module_::import("mhla._unpickle").attr("layout"),
                               py::make_tuple(l.rank(), l.grid(), l.tile()));
       });
-
 }
 
 // MHLA's forward and backward, and the checks and messages the plain-torch path shares with them.
@@ -410,8 +406,8 @@ void bind_operator(py::module_& m) {
       "forward",
       [](py::handle q, py::handle k, py::handle v, py::handle w, py::object options,
          py::object layout, py::object masking, py::object feature_map, py::object normalize,
-         py::object eps, py::object scale, py::object mixing, bool save_summaries,
-         bool save_mixed, PyForwardState* state, py::object stream) {
+         py::object eps, py::object scale, py::object mixing, bool save_summaries, bool save_mixed,
+         PyForwardState* state, py::object stream) {
         const cuda::CallStream on(stream);
         return mhla_forward(
             q, k, v, w,
@@ -464,8 +460,8 @@ void bind_operator(py::module_& m) {
       "q"_a, "k"_a, "v"_a, "w"_a, "o"_a, "grad_o"_a, py::kw_only(), "summaries"_a = py::none(),
       "mixed"_a = py::none(), "options"_a = py::none(), "layout"_a = py::none(),
       "masking"_a = py::none(), "feature_map"_a = py::none(), "normalize"_a = py::none(),
-      "eps"_a = py::none(), "scale"_a = py::none(), "mixing"_a = py::none(),
-      "state"_a = py::none(), "stream"_a = py::none(),
+      "eps"_a = py::none(), "scale"_a = py::none(), "mixing"_a = py::none(), "state"_a = py::none(),
+      "stream"_a = py::none(),
       "Returns (grad_q, grad_k, grad_v, grad_w). Saved summaries and mixed summaries are held to "
       "fingerprints of k, v and w in every block: arrays from other inputs are a ValueError. "
       "A ForwardState that forward filled (state=) is held to its record of that call instead. "

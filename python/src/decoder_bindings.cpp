@@ -5,9 +5,9 @@
 #include <optional>
 #include <string>
 
+#include "api/decoder_checks.hpp"
 #include "dlpack_buffer.hpp"
 #include "dlpack_import.hpp"
-#include "api/decoder_checks.hpp"
 #include "mhla/decoder.hpp"
 #include "options.hpp"
 
@@ -120,8 +120,8 @@ void bind_decoder_checks(py::module_& m) {
   m.def(
       "_check_decoder_prefill",
       [](const DecoderOptions& options, const std::vector<int64_t>& w_shape, int64_t seq,
-         int64_t position, const std::vector<int64_t>& q_shape,
-         const std::vector<int64_t>& k_shape, const std::vector<int64_t>& v_shape) {
+         int64_t position, const std::vector<int64_t>& q_shape, const std::vector<int64_t>& k_shape,
+         const std::vector<int64_t>& v_shape) {
         detail::check_decoder_prefill("mhla::Decoder::prefill", options,
                                       check_decoder_shape(options, w_shape), seq, position,
                                       &kMarker, q_shape, &kMarker, k_shape, &kMarker, v_shape);

@@ -19,7 +19,8 @@ using detail::fail;
 
 Decoder::Decoder(const DecoderOptions& options, TensorView<const float> w) : options_(options) {
   const char* fn = "mhla::Decoder";
-  const detail::DecoderMixing mixing = detail::check_decoder(fn, options, w.shape, w.data, w.device);
+  const detail::DecoderMixing mixing =
+      detail::check_decoder(fn, options, w.shape, w.data, w.device);
   scale_ = mixing.scale;
   toeplitz_ = mixing.toeplitz;
   blocks_ = mixing.blocks;
@@ -163,7 +164,8 @@ void Decoder::prefill(int64_t seq, TensorView<const float> q, TensorView<const f
   // options and w were validated when the decoder was built, and a dense w is
   // read in place (its top-left corner, through its row stride).
   TokenLayout layout = TokenLayout::sequence(d.tokens, options_.block);
-  detail::Problem problem = detail::check_linear_options(fn, detail::decoder_as_linear(options_), d);
+  detail::Problem problem =
+      detail::check_linear_options(fn, detail::decoder_as_linear(options_), d);
   problem.blocks = problem.mixing_blocks = layout.num_blocks();
   problem.w_stride = blocks_;
   problem.per_head_mixing = per_head_;

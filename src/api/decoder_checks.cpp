@@ -39,8 +39,8 @@ DecoderMixing check_decoder(const char* fn, const DecoderOptions& options,
   // with this decoder's heads; a shape-only check passes any non-null address.
   const int marker = 0;
   const void* w = w_values ? static_cast<const void*>(w_values) : &marker;
-  Problem problem =
-      check_linear_options(fn, decoder_as_linear(options), {1, 1, options.heads, options.dk, options.dv});
+  Problem problem = check_linear_options(fn, decoder_as_linear(options),
+                                         {1, 1, options.heads, options.dk, options.dv});
   DecoderMixing mixing;
   mixing.scale = problem.scale;
   mixing.toeplitz = options.mixing == MixingForm::toeplitz;
@@ -64,8 +64,8 @@ int64_t decoder_context(const DecoderOptions& options, const DecoderMixing& mixi
 std::string decoder_context_description(const DecoderOptions& options,
                                         const DecoderMixing& mixing) {
   return std::to_string(decoder_context(options, mixing)) + " tokens (w is " +
-         std::to_string(mixing.blocks) + "x" + std::to_string(mixing.blocks) +
-         " for blocks of " + std::to_string(options.block) + ")";
+         std::to_string(mixing.blocks) + "x" + std::to_string(mixing.blocks) + " for blocks of " +
+         std::to_string(options.block) + ")";
 }
 
 void check_decoder_sequence(const char* fn, const DecoderOptions& options, int64_t seq) {

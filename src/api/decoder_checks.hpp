@@ -34,8 +34,7 @@ DecoderMixing check_decoder(const char* fn, const DecoderOptions& options,
 
 // "4096 tokens (w is 64x64 for blocks of 64)"; Toeplitz mixing has no limit.
 int64_t decoder_context(const DecoderOptions& options, const DecoderMixing& mixing);
-std::string decoder_context_description(const DecoderOptions& options,
-                                        const DecoderMixing& mixing);
+std::string decoder_context_description(const DecoderOptions& options, const DecoderMixing& mixing);
 
 void check_decoder_sequence(const char* fn, const DecoderOptions& options, int64_t seq);
 
