@@ -93,11 +93,13 @@ def _defer(failed, message):
     _pending.append((answer, event, message))
 
 
-def check_results(results, inputs, message, denominator=None, earlier=True):
+def check_results(results, inputs, message, denominator=None, earlier=True, denominator_entry=None):
     """Raises ``message(entry, what, magnitudes)`` if a tensor of ``results`` (or the read-out's
     ``denominator``) is not finite while every tensor of ``inputs`` is (dicts by name); first
     the deferred errors of earlier calls that have arrived, unless ``earlier`` is False (the
-    call's own ``check_mixing`` has just reported them)."""
+    call's own ``check_mixing`` has just reported them). Where only the denominator is flagged,
+    the synchronous check names ``denominator_entry()``'s entry, if given: the entry the C++
+    read-out, which multiplies by the denominator's reciprocal, would have written infinite."""
     results = {name: t.detach() for name, t in results.items()}
     first = next(iter(results.values()))
     if _skipped(first):
@@ -124,6 +126,8 @@ def check_results(results, inputs, message, denominator=None, earlier=True):
             index = int(flat[0])
             entry = (name, list(t.shape), index, float(t.flatten()[index]))
             break
+    if entry is None and denominator_entry is not None:
+        entry = denominator_entry()
     magnitudes = [(name, float(t.detach().abs().max())) for name, t in inputs.items()]
     raise ValueError(message(entry, "", magnitudes))
 

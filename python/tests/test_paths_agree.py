@@ -1,5 +1,7 @@
 """The C++ path and the plain-torch path give the same answer at the edges: the same result where
 the exact one is representable, and otherwise the same named error, in the same words."""
+import re
+
 import pytest
 import torch
 
@@ -115,6 +117,39 @@ def _attention(backend, q, k, v, w=W, **options):
     o = mt.mhla_attention(q, k, v, w.to(torch.float64 if q.dtype == torch.float64 else torch.float32), LAYOUT,
                           backend=backend, **options)
     return o.detach().double()
+
+
+@pytest.mark.parametrize("dtype, magnitude", [(torch.float32, 1e-20), (torch.float64, 1e-157),
+                                              (torch.bfloat16, 1e-20)])
+@pytest.mark.parametrize("masking", ["none", "causal"])
+def test_subnormal_denominators_are_named_on_both_paths(dtype, magnitude, masking):
+    # relu features near 1e-20 in float32 multiply to subnormals: the denominators have lost their
+    # precision and their reciprocals overflow.
+    gen = torch.Generator().manual_seed(0)
+    q, k = ((torch.rand(1, 64, 2, 4, generator=gen, dtype=torch.float64) * magnitude).to(dtype) for _ in range(2))
+    v = torch.randn(1, 64, 2, 4, generator=gen).to(dtype)
+    cpp, plain = on_both(lambda backend: _attention(backend, q, k, v, feature_map="relu", eps=0.0, masking=masking))
+    assert isinstance(cpp, str) and "has a zero denominator (or one below" in cpp, cpp
+    if dtype == torch.bfloat16:
+        # The CPU's bfloat16 instructions flush the subnormal products to zero: the C++ entry is
+        # 0 * inf where the plain-torch path's is y * inf.
+        cpp, plain = (re.sub(r"= (-?inf|nan) is", "= ... is", m) for m in (cpp, plain))
+    assert plain == cpp
+
+
+@pytest.mark.parametrize("dtype, eps", [(torch.float32, 1e-45), (torch.float64, 5e-324)])
+def test_a_subnormal_eps_over_all_zero_features_is_named_on_both_paths(dtype, eps):
+    q, k, v = -torch.rand(1, 64, 2, 4, dtype=dtype), torch.rand(1, 64, 2, 4, dtype=dtype), torch.rand(1, 64, 2, 4, dtype=dtype)
+    cpp, plain = on_both(lambda backend: _attention(backend, q, k, v, feature_map="relu", eps=eps))
+    assert isinstance(cpp, str) and "whose reciprocal overflows" in cpp, cpp
+    assert plain == cpp
+
+
+def test_both_decoders_name_a_subnormal_denominator():
+    tokens = [torch.full((1, 1, 2, 4), 1e-20) for _ in range(3)]
+    cpp, plain = on_both(lambda backend: _decoder(backend, feature_map="relu", eps=0.0).step(*tokens))
+    assert isinstance(cpp, str) and "whose reciprocal overflows" in cpp, cpp
+    assert plain == cpp
 
 
 def test_a_float16_gradient_overflow_is_named_in_the_same_words():

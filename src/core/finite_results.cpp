@@ -29,9 +29,13 @@ std::string non_finite_reason(const Problem& problem, const std::string& type) {
   if (phi == FeatureMap::identity)
     zero_denominator += std::string(zero_denominator.empty() ? "" : "; ") +
                         "the identity feature map's signed sums phi(q)^T z~ can cancel to -eps";
-  return "the normalized read-out phi(q)^T S~ / (phi(q)^T z~ + eps) has a zero denominator or "
-         "overflows " +
-         type + (zero_denominator.empty() ? "" : " (" + zero_denominator + ")") +
+  // A denominator below 1 / the largest value (features near 1e-20 in
+  // float32 multiply to subnormals) has lost its precision, and the read-out's
+  // reciprocal of it overflows: named with the zero ones.
+  return "the normalized read-out phi(q)^T S~ / (phi(q)^T z~ + eps) has a zero denominator (or "
+         "one below " +
+         type + "'s normal range, whose reciprocal overflows) or overflows " + type +
+         (zero_denominator.empty() ? "" : " (" + zero_denominator + ")") +
          "; rescale q and k" + (wider.empty() ? "" : ", " + wider) +
          (phi == FeatureMap::identity ? ", use a positive feature map (relu, elu1)" : "") +
          (eps == 0 ? ", or use eps > 0" : "");

@@ -81,6 +81,42 @@ TEST(BadInput, ZeroDenominatorsAreNamedErrors) {
                                          HasSubstr("use a positive feature map"))));
 }
 
+TEST(BadInput, SubnormalDenominatorsAreNamedErrors) {
+  // relu features near 1e-20 multiply to about 1e-40, below float32's normal
+  // range: the denominator's reciprocal overflows and its precision is lost.
+  Tiny<float> tiny(8, 2, 3, 1e-20f, 1e-20f, 1.0f);
+  tiny.options.feature_map = FeatureMap::relu;
+  tiny.options.eps = 0;
+  EXPECT_THAT([&] { tiny.forward(); },
+              ThrowsMessage<Error>(AllOf(HasSubstr("mhla::forward: o[0, 0, 0, 0] = inf"),
+                                         HasSubstr("or one below float32's normal range, whose "
+                                                   "reciprocal overflows"))));
+  // Scaled into the normal range, the same call is defined (o = v).
+  tiny.q.assign(tiny.q.size(), 1e-10f);
+  tiny.k.assign(tiny.k.size(), 1e-10f);
+  tiny.forward();
+  for (float x : tiny.o) EXPECT_FLOAT_EQ(x, 1.0f);
+}
+
+TEST(BadInput, SoftmaxScoresBeyondTheRangeAreNamed) {
+  // |q| |k| scale near 1e38: the exact rows are one-hot, but the scores and
+  // the log-sum-exp that backward reads are beyond float32.
+  const std::vector<int64_t> qs = {1, 4, 1, 2};
+  std::vector<float> q = {3e19f, 3e19f, -3e19f, 3e19f, 3e19f, -3e19f, -3e19f, -3e19f};
+  std::vector<float> v(8, 0.5f), o(8), lse(4);
+  const auto call = [&] {
+    softmax_attention_forward<float>({}, view(q, qs), view(q, qs), view(v, qs), view(o, qs),
+                                     view(lse, {1, 1, 4}));
+  };
+  EXPECT_THAT(call, ThrowsMessage<Error>(
+                        AllOf(HasSubstr("mhla::softmax_attention_forward: the result is not finite "
+                                        "although every input is finite (|q| <= 3e+19"),
+                              HasSubstr("the scores q k^T * scale overflow float32"))));
+  for (float& x : q) x *= 1e-18f;
+  call();
+  for (float x : o) EXPECT_FLOAT_EQ(x, 0.5f);
+}
+
 TEST(BadInput, NonFiniteGradientsFromFiniteInputAreNamedErrors) {
   // den = 1e-200 (finite), o = 1; grad_o = 1e200 gives dy = grad_o / den = inf.
   Tiny<double> t(1, 1, 1, 1e-200, 1.0, 1.0);

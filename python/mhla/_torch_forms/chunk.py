@@ -291,18 +291,40 @@ def mhla_attention(q, k, v, w, layout, *, masking="none", feature_map="elu1", no
         scores = scores * (triangle * diagonal).to(compute)
         y = y + scores @ values
         den = den.to(wide) + scores.sum(-1, dtype=wide)
+    flag = None
     if normalize:
         if valid is not None:  # padding rows divide by at least 1: no 0 / 0 reaches a gradient
             den = den + (~valid).view(1, m, 1, size).to(den.dtype)
         # One rounding of den + eps to the products' dtype (a bfloat16 den adds eps in float32).
-        o = y / (den + eps).to(compute).unsqueeze(-1)
+        divisor = (den + eps).to(compute).unsqueeze(-1)
+        o = y / divisor
+        flag = read_out_flag(divisor)
     else:
         o = (scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])) * y
     o = ungroup(o, geometry).to(dtype)
-    _finite_results.check_results({"o": o}, inputs, non_finite_message(function, feature_map, normalize, eps,
-                                                                        q.shape[-1], dtype),
-                                  denominator=den if normalize else None, earlier=False)
+    _finite_results.check_results(
+        {"o": o}, inputs, non_finite_message(function, feature_map, normalize, eps, q.shape[-1], dtype),
+        denominator=flag, earlier=False,
+        denominator_entry=(lambda: read_out_entry(ungroup(y * divisor.reciprocal(), geometry))) if normalize else None)
     return finish(o)
+
+
+def read_out_flag(divisor):
+    """Finite exactly where the C++ read-out, ``y * (1 / divisor)``, can be: not where the divisor
+    is infinite or NaN, zero, or so small that its reciprocal overflows (a subnormal
+    denominator, whose products have lost their precision)."""
+    return divisor * divisor.reciprocal()
+
+
+def read_out_entry(o):
+    """The first entry of ``o`` (as the C++ read-out computes it) that is not finite, as
+    ``_finite_results`` names entries, or None."""
+    o = o.detach()
+    flat = (~torch.isfinite(o)).flatten().nonzero()
+    if not len(flat):
+        return None
+    index = int(flat[0])
+    return ("o", list(o.shape), index, float(o.flatten()[index]))
 
 
 def keywords(options):

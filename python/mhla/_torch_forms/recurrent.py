@@ -103,8 +103,11 @@ class TorchDecoder:
     def _read_out(self, y):
         dv = self.options.dv
         if self.options.normalize:
-            return y[..., :dv] / (y[..., dv:] + self.options.eps)
+            return y[..., :dv] / self._divisor(y)
         return self.scale * y[..., :dv]
+
+    def _divisor(self, y):
+        return y[..., self.options.dv:] + self.options.eps
 
     def _tokens(self, function, q, k, v):
         """q, k, v as torch tensors on the state's device (a NumPy array on the CPU is read as one)."""
@@ -141,10 +144,14 @@ class TorchDecoder:
                 self._enter_block(seq, i + 1)
         # As the C++ decoder: checked once the token is in the state, which the message says.
         base = self._message("mhla::Decoder::step")
+        normalize = self.options.normalize
+        divisor = self._divisor(y) if normalize else None
         _finite_results.check_results(
             {"o": o}, dict(q=q, k=k, v=v),
             lambda *args: base(*args) + " (the token was added to the state; reset the sequence)",
-            denominator=y[..., self.options.dv] if self.options.normalize else None)
+            denominator=chunk.read_out_flag(divisor) if normalize else None,
+            denominator_entry=(lambda: chunk.read_out_entry((y[..., :self.options.dv] * divisor.reciprocal())
+                                                            .unsqueeze(1))) if normalize else None)
         return o.to(q.dtype)
 
     def _message(self, function):
