@@ -105,6 +105,8 @@ class _MHLALayer(nn.Module):
         if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != self.dim:
             shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
             raise ValueError(f"{type(self).__name__} expects x of shape [B, N, {self.dim}], got {shape}")
+        if not x.dtype.is_floating_point:
+            raise TypeError(f"{type(self).__name__} expects a floating-point x, got {str(x.dtype).replace('torch.', '')}")
 
     def _project(self, x):
         """q, k, v ``[B, N, H, D]`` of ``x [B, N, dim]`` (with the q/k norms)."""

@@ -209,3 +209,10 @@ def test_relu_zero_over_zero_stays_a_named_error():
     cpp, plain = on_both(lambda backend: _attention(backend, q, k, v, feature_map="relu", eps=0.0))
     assert isinstance(cpp, str) and "eps = 0 with all-zero features gives 0 / 0" in cpp
     assert plain == cpp
+
+
+def test_a_layer_names_an_integer_input():
+    for backend in BACKENDS:
+        layer = mt.MHLA1d(16, 2, block_size=4, max_tokens=16, causal=True, backend=backend)
+        with pytest.raises(TypeError, match="MHLA1d expects a floating-point x, got int64"):
+            layer(torch.ones(1, 4, 16, dtype=torch.int64))
