@@ -51,13 +51,7 @@ Decoder::Decoder(const DecoderOptions& options, TensorView<const float> w) : opt
 }
 
 detail::DecoderMixing Decoder::mixing() const {
-  detail::DecoderMixing m;
-  m.scale = scale_;
-  m.toeplitz = toeplitz_;
-  m.per_head = per_head_;
-  m.blocks = blocks_;
-  m.length = length_;
-  return m;
+  return {scale_, toeplitz_, per_head_, blocks_, length_};
 }
 
 int64_t Decoder::max_tokens() const { return detail::decoder_context(options_, mixing()); }
