@@ -1,5 +1,6 @@
 #include "cuda/bf16_state_backward.cuh"
 
+#include <algorithm>
 #include <type_traits>
 
 #include "cuda/bf16_state_device.cuh"
@@ -531,11 +532,36 @@ void launch_with_shared(Kernel kernel, dim3 grid, unsigned threads, cudaStream_t
 
 }  // namespace
 
+namespace {
+
+template <int kColumnFragments, bool kCausal>
+constexpr int64_t shared_bytes() {
+  return int64_t(std::max(sizeof(QueryShared<kColumnFragments, kCausal>),
+                          sizeof(KeyValueShared<kColumnFragments, kCausal>)));
+}
+
+// The current device's opt-in limit on one CTA's shared memory.
+int64_t device_shared_limit() {
+  int device = 0, bytes = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  check(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
+        "cudaDeviceGetAttribute (opt-in shared memory per block)");
+  return bytes;
+}
+
+}  // namespace
+
+int64_t bf16_state_backward_shared_bytes(const KernelProblem& p) {
+  if (column_fragments(p.dv) == 8) return p.causal ? shared_bytes<8, true>() : shared_bytes<8, false>();
+  return p.causal ? shared_bytes<4, true>() : shared_bytes<4, false>();
+}
+
 bool bf16_state_backward_fits(const KernelProblem& p, const void* q, const void* k, const void* v,
                               const void* grad_o, const void* grad_q, const void* grad_k,
                               const void* grad_v) {
   return state::fits(p) && aligned(q) && aligned(k) && aligned(v) && aligned(grad_o) &&
-         aligned(grad_q) && aligned(grad_k) && aligned(grad_v);
+         aligned(grad_q) && aligned(grad_k) && aligned(grad_v) &&
+         bf16_state_backward_shared_bytes(p) <= device_shared_limit();
 }
 
 // The scratch: the weight gradient's, then (causal) the tokens' terms [B N H,

@@ -15,7 +15,15 @@
 
 namespace mhla::cuda {
 
-// Whether the kernels take the problem and its tensors (16-byte aligned).
+// The dynamic shared memory one CTA of the backward's wider token kernel
+// takes for this problem (the query side's or the key and value side's).
+int64_t bf16_state_backward_shared_bytes(const KernelProblem& p);
+
+// Whether the kernels take the problem and its tensors (16-byte aligned) on
+// the current device: its opt-in shared memory a CTA must hold
+// bf16_state_backward_shared_bytes (227 KB on sm_90 and 163 KB on sm_80
+// do; the about 99 KB of sm_86, sm_89 and sm_120 do not hold the causal
+// kernels at Dv > 64), else the caller runs the split-operand kernels.
 bool bf16_state_backward_fits(const KernelProblem& p, const void* q, const void* k, const void* v,
                               const void* grad_o, const void* grad_q, const void* grad_k,
                               const void* grad_v);

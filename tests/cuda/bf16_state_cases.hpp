@@ -34,6 +34,11 @@ inline std::vector<Case> bf16_state_cases() {
       {"1d-many-blocks", 1, 1, 16, 8, TokenLayout::sequence(280, 4)},
       {"2d-ragged-wide", 1, 2, 40, 120, TokenLayout::grid2d(11, 9, 4, 3)},
       {"3d-ragged-full", 1, 1, 128, 128, TokenLayout::grid3d(3, 9, 10, 2, 4, 6)},
+      // The video shape's tiles (150-token blocks: read-out CTAs of 64, 64
+      // and 22 tokens) at the wider CTA, and a hundred blocks (two mix tiles
+      // of rows, one ragged) at Dv = 128.
+      {"3d-video-tiles-wide", 1, 1, 64, 128, TokenLayout::grid3d(1, 30, 20, 1, 15, 10)},
+      {"1d-hundred-blocks-wide", 1, 1, 64, 128, TokenLayout::sequence(800, 8)},
   });
 }
 

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "backend/backend.hpp"
+#include "cuda/bf16_state_backward.cuh"
 #include "cuda/bf16_state_cases.hpp"
 
 namespace mhla::test {
@@ -497,6 +498,25 @@ TEST_P(CudaFloat16StateBackward, MatchesFloat64OnTheSameInputs) {
 
 INSTANTIATE_TEST_SUITE_P(AllModes, CudaFloat16StateBackward,
                          testing::ValuesIn(float16_state_cases()), case_name);
+
+// The causal backward at Dv > 64 takes more shared memory a CTA than the
+// about 99 KB of sm_86, sm_89 and sm_120: the plan knows each problem's bytes
+// before any launch (bf16_state_backward_fits holds them to the device's
+// opt-in limit, and the split-operand kernels run where they do not fit).
+// No device needed.
+TEST(CudaPlan, TheStateBackwardsSharedMemoryIsKnownBeforeALaunch) {
+  cuda::KernelProblem p;
+  p.dv = 128;
+  p.causal = true;
+  const int64_t wide_causal = cuda::bf16_state_backward_shared_bytes(p);
+  EXPECT_GT(wide_causal, 99 * 1024);
+  EXPECT_LE(wide_causal, 163 * 1024);  // sm_80's limit
+  p.causal = false;
+  EXPECT_LT(cuda::bf16_state_backward_shared_bytes(p), wide_causal);
+  EXPECT_LE(cuda::bf16_state_backward_shared_bytes(p), 113 * 1024);
+  p.dv = 64;
+  EXPECT_LE(cuda::bf16_state_backward_shared_bytes(p), 113 * 1024);
+}
 
 // An overflow on the bfloat16-state kernels is reported as on the others.
 TEST(CudaBackend, Bf16StateOverflowIsReported) {
