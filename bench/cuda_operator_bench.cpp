@@ -129,10 +129,10 @@ int main(int argc, char** argv) try {
     const double fwd = float_kernels ? median_ms(repeats, run_forward) : NAN;
     const double fwd_bwd = float_kernels ? median_ms(repeats, run_forward_backward) : NAN;
     // float32 on the tensor-core kernels (operands split into bfloat16 halves).
-    setenv("MHLA_CUDA_FLOAT32_TENSOR_CORES", "1", 1);
+    options.cuda.float32_tensor_cores = true;
     const double split_fwd = median_ms(repeats, run_forward);
     const double split_fwd_bwd = median_ms(repeats, run_forward_backward);
-    unsetenv("MHLA_CUDA_FLOAT32_TENSOR_CORES");
+    options.cuda.float32_tensor_cores = false;
     const auto bf16 = [&](mhla::bfloat16* x) {
       return TensorView<const mhla::bfloat16>{x, shape, Device::cuda};
     };
@@ -153,12 +153,12 @@ int main(int argc, char** argv) try {
     };
     const double bf16_fwd_bwd = median_ms(repeats, run_bf16_forward_backward);
     // The bfloat16-state kernels (src/cuda/bf16_state_{forward,backward}.cuh).
-    setenv("MHLA_CUDA_BF16_STATE", "1", 1);
+    options.cuda.bf16_state = true;
     const double state_fwd = median_ms(repeats, run_bf16_forward);
     const double state_fwd_bwd = median_ms(repeats, run_bf16_forward_backward);
-    unsetenv("MHLA_CUDA_BF16_STATE");
-    // float16 tokens on the same kernels (MHLA_CUDA_FLOAT16=1), saving no arrays.
-    setenv("MHLA_CUDA_FLOAT16", "1", 1);
+    options.cuda.bf16_state = false;
+    // float16 tokens on the same kernels (options.cuda.float16_tensor_cores), saving no arrays.
+    options.cuda.float16_tensor_cores = true;
     const auto f16_array = [&](const std::vector<float>& x) {
       return to_device(rounded_to_float16(x));
     };
@@ -182,11 +182,11 @@ int main(int argc, char** argv) try {
     };
     const double f16_fwd = median_ms(repeats, run_f16_forward);
     const double f16_fwd_bwd = median_ms(repeats, run_f16_forward_backward);
-    setenv("MHLA_CUDA_BF16_STATE", "1", 1);
+    options.cuda.bf16_state = true;
     const double f16_state_fwd = median_ms(repeats, run_f16_forward);
     const double f16_state_fwd_bwd = median_ms(repeats, run_f16_forward_backward);
-    unsetenv("MHLA_CUDA_BF16_STATE");
-    unsetenv("MHLA_CUDA_FLOAT16");
+    options.cuda.bf16_state = false;
+    options.cuda.float16_tensor_cores = false;
     for (mhla::float16* p : {hq16, hk16, hv16, ho16, hgo16, hgq16, hgk16, hgv16}) cudaFree(p);
     // bf16 tokens: 2 bytes each of q, k, v read and o written.
     const double bytes_floor = 4.0 * double(elements) * 2.0 / copy_rate;
@@ -196,26 +196,30 @@ int main(int argc, char** argv) try {
                 flops.forward / flops_per_ms);
     const mhla::bench::Budget budget = mhla::bench::byte_budget(budget_shapes[shape_index]);
     const double budget_rate = 0.7 * copy_rate;
-    std::printf("  budget at 70%% of the copy rate: forward %.3f ms (%.0f MB), backward %.3f ms (%.0f MB); "
-                "measured bf16 forward %.1fx, forward+backward %.1fx the budget\n",
-                mhla::bench::total_bytes(budget.forward) / budget_rate,
-                mhla::bench::total_bytes(budget.forward) / 1e6,
-                mhla::bench::total_bytes(budget.backward) / budget_rate,
-                mhla::bench::total_bytes(budget.backward) / 1e6,
-                bf16_fwd / (mhla::bench::total_bytes(budget.forward) / budget_rate),
-                bf16_fwd_bwd / ((mhla::bench::total_bytes(budget.forward) +
-                                 mhla::bench::total_bytes(budget.backward)) / budget_rate));
-    std::printf("  bf16-state forward %.3f ms: %.1fx the budget, %.1fx the bytes floor, %.2fx "
-                "the split-operand forward\n",
-                state_fwd,
-                state_fwd / (mhla::bench::total_bytes(budget.forward) / budget_rate),
-                state_fwd / bytes_floor, state_fwd / bf16_fwd);
-    std::printf("  bf16-state forward+backward %.3f ms: %.1fx the budget, %.1fx the bytes floor, "
-                "%.2fx the split-operand forward+backward\n",
-                state_fwd_bwd,
-                state_fwd_bwd / ((mhla::bench::total_bytes(budget.forward) +
-                                  mhla::bench::total_bytes(budget.backward)) / budget_rate),
-                state_fwd_bwd / bytes_floor, state_fwd_bwd / bf16_fwd_bwd);
+    std::printf(
+        "  budget at 70%% of the copy rate: forward %.3f ms (%.0f MB), backward %.3f ms (%.0f MB); "
+        "measured bf16 forward %.1fx, forward+backward %.1fx the budget\n",
+        mhla::bench::total_bytes(budget.forward) / budget_rate,
+        mhla::bench::total_bytes(budget.forward) / 1e6,
+        mhla::bench::total_bytes(budget.backward) / budget_rate,
+        mhla::bench::total_bytes(budget.backward) / 1e6,
+        bf16_fwd / (mhla::bench::total_bytes(budget.forward) / budget_rate),
+        bf16_fwd_bwd / ((mhla::bench::total_bytes(budget.forward) +
+                         mhla::bench::total_bytes(budget.backward)) /
+                        budget_rate));
+    std::printf(
+        "  bf16-state forward %.3f ms: %.1fx the budget, %.1fx the bytes floor, %.2fx "
+        "the split-operand forward\n",
+        state_fwd, state_fwd / (mhla::bench::total_bytes(budget.forward) / budget_rate),
+        state_fwd / bytes_floor, state_fwd / bf16_fwd);
+    std::printf(
+        "  bf16-state forward+backward %.3f ms: %.1fx the budget, %.1fx the bytes floor, "
+        "%.2fx the split-operand forward+backward\n",
+        state_fwd_bwd,
+        state_fwd_bwd / ((mhla::bench::total_bytes(budget.forward) +
+                          mhla::bench::total_bytes(budget.backward)) /
+                         budget_rate),
+        state_fwd_bwd / bytes_floor, state_fwd_bwd / bf16_fwd_bwd);
     std::printf(
         "  float32 on the tensor-core kernels: forward %.3f ms, forward+backward %.3f ms "
         "(one thread per result: %s, %s)\n",

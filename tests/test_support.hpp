@@ -28,6 +28,7 @@ struct Case {
   bool normalize = true;
   bool per_head = false;
   int64_t toeplitz_length = -1;  // >= 0: Toeplitz mixing with this L; -1: dense w
+  CudaKernels cuda;              // the CUDA kernel families the call asks for
 
   int64_t tokens() const { return layout.num_tokens(); }
   int64_t blocks() const { return layout.num_blocks(); }
@@ -38,6 +39,7 @@ struct Case {
     o.feature_map = phi;
     o.normalize = normalize;
     o.mixing = toeplitz_length >= 0 ? MixingForm::toeplitz : MixingForm::dense;
+    o.cuda = cuda;
     return o;
   }
   std::vector<int64_t> q_shape() const { return {batch, tokens(), heads, dk}; }

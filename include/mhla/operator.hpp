@@ -87,8 +87,8 @@ void backward(const Options& options, TensorView<const bfloat16> q, TensorView<c
 
 // float16 q, k, v and o (and gradients), with w, grad_w and the saved arrays
 // in float32, as for bfloat16. Both compute in float32 on widened copies
-// (exact) and round each result once; on CUDA, where cuda_float16_kernels()
-// (mhla/device_execution.hpp) is true, they run on the bfloat16 operator's
+// (exact) and round each result once; on CUDA, where the call's
+// options.cuda.float16_tensor_cores is set, they run on the bfloat16 operator's
 // tensor-core kernels instead, which split every operand into two bfloat16
 // halves (a float16 value is their exact sum). A result that is
 // finite in float32 but beyond float16's range (65504) is an mhla::Error

@@ -34,9 +34,28 @@ enum class MixingForm {
              // block-causal masking only.
 };
 
+// The CUDA kernel families a call may run (docs/cuda.md); calls on the CPU
+// ignore them. Each is off by default until it has passed its tests on a
+// GPU. They are options of the call, so a forward and its backward (and a
+// ForwardState's record) agree on them.
+struct CudaKernels {
+  // bfloat16 calls (and float16 ones, with float16_tensor_cores) on the
+  // bfloat16-state kernels, whose backward recomputes its state and reads no
+  // saved arrays; otherwise the split-operand tensor-core kernels.
+  bool bf16_state = false;
+  // float16 calls on the tensor-core kernels; otherwise in float32 on
+  // widened copies with the float kernels.
+  bool float16_tensor_cores = false;
+  // float32 calls on the tensor-core kernels, every operand split into two
+  // bfloat16 halves (16 of float32's 24 significant bits, sums in float);
+  // otherwise one thread per result.
+  bool float32_tensor_cores = false;
+};
+
 struct Options : LinearAttentionOptions {
   TokenLayout layout;  // token grid and block tile; its token count must equal N
   MixingForm mixing = MixingForm::dense;
+  CudaKernels cuda;
 };
 
 const char* to_string(FeatureMap phi);

@@ -27,7 +27,7 @@ layers see :mod:`mhla.torch`; for one sequence over several processes
 """
 from . import _convert, _core
 from ._convert import like_input
-from ._core import (DecoderOptions, FeatureMap, ForwardState, Layout, LinearOptions, Masking, MixingForm, Options,
+from ._core import (CudaKernels, DecoderOptions, FeatureMap, ForwardState, Layout, LinearOptions, Masking, MixingForm, Options,
                     Shard, VarlenOptions, plan_shards, release_memory)
 from .streaming import Decoder, varlen_backward, varlen_forward
 
@@ -36,6 +36,7 @@ __version__ = _core.__version__  # the C++ library's version (CMakeLists.txt's p
 __all__ = [
     "Layout",
     "Options",
+    "CudaKernels",
     "LinearOptions",
     "Masking",
     "FeatureMap",

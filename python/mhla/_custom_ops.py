@@ -30,10 +30,11 @@ def _options(rank, grid, tile, *names):
 
 
 @functools.lru_cache(maxsize=64)
-def _cached_options(rank, grid, tile, masking, feature_map, normalize, eps, scale, mixing):
+def _cached_options(rank, grid, tile, masking, feature_map, normalize, eps, scale, mixing, cuda_kernels):
     # A model calls with the same few.
     return _core.Options(_unpickle.layout(rank, grid, tile), masking=masking, feature_map=feature_map,
-                         normalize=normalize, eps=eps, scale=scale, mixing=mixing)
+                         normalize=normalize, eps=eps, scale=scale, mixing=mixing,
+                         cuda=_operators.cuda_kernels_of(cuda_kernels))
 
 
 @functools.lru_cache(maxsize=64)
@@ -41,10 +42,10 @@ def _linear_options(masking, feature_map, normalize, eps, scale):
     return _core.LinearOptions(masking=masking, feature_map=feature_map, normalize=normalize, eps=eps, scale=scale)
 
 
-def _summaries_like(q, v, w, rank, grid, tile):
+def _summaries_like(q, v, w, rank, grid, tile, cuda_kernels):
     """An empty array of the saved summaries' shape ``[B, H, M, Dk, Dv + 1]`` in w's dtype, or of
     shape ``[0]`` where forward keeps no state (``_operators.keeps_state``)."""
-    if not _operators.keeps_state(q):
+    if not _operators.keeps_state(q, _operators.cuda_kernels_of(cuda_kernels)):
         return w.new_empty(0)
     blocks = Geometry.make(rank, grid, tile).num_blocks
     return w.new_empty(q.shape[0], q.shape[2], blocks, q.shape[3], v.shape[3] + 1)
@@ -109,10 +110,10 @@ _MHLA_DEVICES = ("cpu", "cuda") if _core.has_cuda_backend else ("cpu",)
 if AVAILABLE:
     # (o, summaries, mixed): the output and the state its backward reads.
     forward, backward = _register(
-        "forward", _operators.MHLA, "qkvw", f"int rank, int[] grid, int[] tile, {_OPTIONS}, str mixing", _options,
-        lambda q, k, v, w, rank, grid, tile, *names: (_output_like(q, v), _summaries_like(q, v, w, rank, grid, tile),
-                                                      _summaries_like(q, v, w, rank, grid, tile)), state=2,
-        devices=_MHLA_DEVICES)
+        "forward", _operators.MHLA, "qkvw", f"int rank, int[] grid, int[] tile, {_OPTIONS}, str mixing, int cuda_kernels",
+        _options, lambda q, k, v, w, rank, grid, tile, *names: (
+            _output_like(q, v), _summaries_like(q, v, w, rank, grid, tile, names[-1]),
+            _summaries_like(q, v, w, rank, grid, tile, names[-1])), state=2, devices=_MHLA_DEVICES)
     varlen_forward, varlen_backward = _register(
         "varlen_forward", _operators.VARLEN, "qkvw", f"int[] cu_seqlens, int block, str mixing, {_OPTIONS}",
         lambda cu, block, mixing, masking, feature_map, normalize, eps, scale: (list(cu), dict(
@@ -136,7 +137,7 @@ def _compute(q, *tensors):
     return tuple(t.to(dtype) for t in (q, *tensors))
 
 
-def mhla_attention(q, k, v, w, geometry, *, masking, feature_map, normalize, eps, scale, mixing):
+def mhla_attention(q, k, v, w, geometry, *, masking, feature_map, normalize, eps, scale, mixing, cuda_kernels=0):
     """``mhla.torch.mhla_attention`` through the custom op (CPU tensors, and CUDA tensors where the
     extension has the CUDA backend), options by name. As there,
     bfloat16 and float16 q, k, v run on the operator's own 16-bit paths (float32 w), and the result
@@ -146,7 +147,7 @@ def mhla_attention(q, k, v, w, geometry, *, masking, feature_map, normalize, eps
     else:
         operands = _compute(q, k, v, w)
     o, _, _ = forward(*operands, geometry.rank, list(geometry.grid), list(geometry.tile), masking, feature_map,
-                      normalize, eps, scale, mixing)
+                      normalize, eps, scale, mixing, cuda_kernels)
     return o.to(q.dtype)
 
 

@@ -133,16 +133,19 @@ def _widened(q, k, v):
 
 
 def mhla_attention(q, k, v, w, layout, *, masking=None, feature_map=None, normalize=None, eps=None,
-                   scale=None, mixing=None, backend=None):
+                   scale=None, mixing=None, backend=None, cuda_kernels=None):
     """MHLA of ``q, k [B, N, H, Dk]`` and ``v [B, N, H, Dv]`` with mixing ``w``; returns ``[B, N, H, Dv]``.
 
     ``w`` is ``[M, M]`` (shared) or ``[H, M, M]`` (per head), or with ``mixing="toeplitz"``
     ``[L + 1]`` / ``[H, L + 1]``; it is cast to q's dtype (float32 for bfloat16 and float16 q). ``layout`` is an ``mhla.Layout``.
     Options left as None take the operator's defaults (``mhla.Options``); enums may be given by name.
     ``backend``: None runs CPU tensors on the C++ operator and others in torch ops; "cpp" or "torch"
-    chooses.
+    chooses. ``cuda_kernels`` names the CUDA kernel families the C++ operator may run this call on
+    (any of "bf16_state", "float16_tensor_cores", "float32_tensor_cores"; ``mhla.CudaKernels``),
+    each off by default until it has run on a GPU; CPU calls and the torch path ignore it.
     """
     _contract.check_tensors(function="mhla::forward", q=q, k=k, v=v, w=w)
+    kernel_bits = _operators.cuda_kernel_bits(cuda_kernels)
     if chunk.compiling():
         # No extension object can be built in a compiled region: the options go on as names.
         names = _option_names(masking=masking, feature_map=feature_map, normalize=normalize, eps=eps, scale=scale,
@@ -151,11 +154,11 @@ def mhla_attention(q, k, v, w, layout, *, masking=None, feature_map=None, normal
         if _pure_torch_path(backend, q, k, v, w):
             return chunk.mhla_attention(q, k, v, w, geometry, **names)
         if _custom_ops.AVAILABLE:  # the operator checks the call when the op runs
-            return _custom_ops.mhla_attention(q, k, v, w, geometry, **names)
+            return _custom_ops.mhla_attention(q, k, v, w, geometry, **names, cuda_kernels=kernel_bits)
         # Before torch 2.4 the extension call below breaks the graph.
     # Built once: forward and backward get the same object, not strings to parse again.
     options = _core.Options(layout, masking=masking, feature_map=feature_map, normalize=normalize, eps=eps,
-                            scale=scale, mixing=mixing)
+                            scale=scale, mixing=mixing, cuda=_operators.cuda_kernels_of(kernel_bits))
     if _pure_torch_path(backend, q, k, v, w):
         chunk.check_call(q, k, v, w, options)
         return chunk.mhla_attention(q, k, v, w, layout, **chunk.keywords(options))

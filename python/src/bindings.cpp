@@ -554,16 +554,6 @@ PYBIND11_MODULE(_core, m) {
       "package, which wraps results in the caller's tensor type.";
   m.attr("__version__") = MHLA_VERSION_STRING;
   m.attr("has_cuda_backend") = cuda::backend_built();
-  m.def("cuda_bf16_state_kernels", &mhla::cuda_bf16_state_kernels,
-        "Whether bfloat16 calls on CUDA tensors may run on the bfloat16-state kernels "
-        "(MHLA_CUDA_BF16_STATE=1 in a CUDA build), whose backward reads no saved arrays.");
-  m.def(
-      "cuda_float16_kernels", &mhla::cuda_float16_kernels,
-      "Whether float16 calls on CUDA tensors run on the tensor-core kernels (MHLA_CUDA_FLOAT16=1; "
-      "otherwise they compute in float32 on widened copies).");
-  m.def("cuda_float32_tensor_cores", &mhla::cuda_float32_tensor_cores,
-        "Whether float32 calls on CUDA tensors run on the tensor-core kernels, operands split into "
-        "two bfloat16 halves (MHLA_CUDA_FLOAT32_TENSOR_CORES=1; otherwise one thread per result).");
   bind_memory(m);
   bind_layout(m);
   bind_options(m);

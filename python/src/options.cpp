@@ -160,18 +160,39 @@ void bind_options(py::module_& m) {
       .def("__repr__", [](const LinearAttentionOptions& o) {
         return "mhla.LinearOptions(" + describe(o) + ")";
       });
+  py::class_<CudaKernels>(m, "CudaKernels",
+                          "The CUDA kernel families an MHLA call may run (each off by default "
+                          "until it has passed its tests on a GPU; CPU calls ignore them).")
+      .def(py::init([](bool bf16_state, bool float16_tensor_cores, bool float32_tensor_cores) {
+             return CudaKernels{bf16_state, float16_tensor_cores, float32_tensor_cores};
+           }),
+           py::kw_only(), "bf16_state"_a = false, "float16_tensor_cores"_a = false,
+           "float32_tensor_cores"_a = false)
+      .def_readwrite("bf16_state", &CudaKernels::bf16_state)
+      .def_readwrite("float16_tensor_cores", &CudaKernels::float16_tensor_cores)
+      .def_readwrite("float32_tensor_cores", &CudaKernels::float32_tensor_cores)
+      .def("__repr__", [](const CudaKernels& c) {
+        const auto flag = [](bool x) { return x ? "True" : "False"; };
+        return std::string("mhla.CudaKernels(bf16_state=") + flag(c.bf16_state) +
+               ", float16_tensor_cores=" + flag(c.float16_tensor_cores) +
+               ", float32_tensor_cores=" + flag(c.float32_tensor_cores) + ")";
+      });
   py::class_<Options, LinearAttentionOptions>(m, "Options", "Options of the MHLA operator.")
       .def(py::init([keywords](py::object layout, py::object masking, py::object feature_map,
                                py::object normalize, py::object eps, py::object scale,
-                               py::object mixing) {
-             return make_options(layout, keywords(masking, feature_map, normalize, eps, scale),
-                                 mixing);
+                               py::object mixing, py::object cuda) {
+             Options o = make_options(layout, keywords(masking, feature_map, normalize, eps, scale),
+                                      mixing);
+             if (!cuda.is_none())
+               o.cuda = value_of<CudaKernels>(cuda, "cuda", "an mhla.CudaKernels");
+             return o;
            }),
            "layout"_a = py::none(), py::kw_only(), "masking"_a = py::none(),
            "feature_map"_a = py::none(), "normalize"_a = py::none(), "eps"_a = py::none(),
-           "scale"_a = py::none(), "mixing"_a = py::none())
+           "scale"_a = py::none(), "mixing"_a = py::none(), "cuda"_a = py::none())
       .def_readwrite("layout", &Options::layout)
       .def_readwrite("mixing", &Options::mixing)
+      .def_readwrite("cuda", &Options::cuda)
       .def("__repr__", [](const Options& o) {
         return "mhla.Options(" +
                (o.layout.empty() ? std::string("no layout") : o.layout.describe()) + ", " +

@@ -134,7 +134,7 @@ def test_the_custom_ops_pass_torchs_checks(name):
                                 ("masking", "feature_map", "normalize", "eps", "scale", "mixing")})
     q, k, v, w = (t.requires_grad_() for t in call_inputs(case))
     torch.library.opcheck(_custom_ops.forward, (q, k, v, w, geometry.rank, list(geometry.grid),
-                                                list(geometry.tile), *names.values()))
+                                                list(geometry.tile), *names.values(), 0))
 
 
 def test_mhla_ops_are_registered_for_the_devices_the_extension_runs():
@@ -255,7 +255,7 @@ def test_a_forward_that_keeps_no_state_gives_the_same_gradients(monkeypatch, com
     want = attend(*inputs)
     want_grads = torch.autograd.grad(want.square().sum(), inputs)
     kept = []
-    monkeypatch.setattr(_operators, "keeps_state", lambda q: kept.append(q.device.type) or False)
+    monkeypatch.setattr(_operators, "keeps_state", lambda q, cuda: kept.append(q.device.type) or False)
     run = torch.compile(attend, fullgraph=True) if compiled else attend
     got = run(*inputs)
     grads = torch.autograd.grad(got.square().sum(), inputs)

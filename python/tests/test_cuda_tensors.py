@@ -209,22 +209,21 @@ def test_mhla_torch_runs_cuda_tensors_on_the_cuda_kernels_when_asked(dtype, tole
 
 
 @gpu
-@pytest.mark.parametrize("switch,dtype,tolerance", [("MHLA_CUDA_FLOAT16", torch.float16, 1e-2),
-                                                    ("MHLA_CUDA_FLOAT32_TENSOR_CORES", torch.float32, 1e-3)])
-def test_mhla_torch_on_the_switched_on_tensor_core_kernels(monkeypatch, switch, dtype, tolerance):
-    # The switches are read at every call: float16, and float32 on split bfloat16 products.
-    monkeypatch.setenv(switch, "1")
-    _check_mhla_torch_on_cuda(dtype, tolerance)
+@pytest.mark.parametrize("family,dtype,tolerance", [("float16_tensor_cores", torch.float16, 1e-2),
+                                                    ("float32_tensor_cores", torch.float32, 1e-3)])
+def test_mhla_torch_on_the_tensor_core_kernels_a_call_asks_for(family, dtype, tolerance):
+    # The kernel families are arguments of the call: float16, and float32 on split bfloat16 products.
+    _check_mhla_torch_on_cuda(dtype, tolerance, cuda_kernels=(family,))
 
 
-def _check_mhla_torch_on_cuda(dtype, tolerance):
+def _check_mhla_torch_on_cuda(dtype, tolerance, cuda_kernels=None):
     import mhla.torch as mt
     q, k, v, w = operands(dtype)
     grad_o = torch.randn(*q.shape[:3], DV, dtype=dtype)
 
     def run(device, backend, compiled=False):
         xs = [x.to(device).requires_grad_() for x in (q, k, v, w)]
-        attention = lambda *a: mt.mhla_attention(*a, LAYOUT, backend=backend)  # noqa: E731
+        attention = lambda *a: mt.mhla_attention(*a, LAYOUT, backend=backend, cuda_kernels=cuda_kernels)  # noqa: E731
         o = (torch.compile(attention, fullgraph=True) if compiled else attention)(*xs)
         o.backward(grad_o.to(device))
         return [o.detach().cpu().float()] + [x.grad.cpu().float() for x in xs]
@@ -239,25 +238,24 @@ def _check_mhla_torch_on_cuda(dtype, tolerance):
 
 @gpu
 @pytest.mark.parametrize("compiled", [False, True])
-def test_mhla_torch_training_reaches_the_bf16_state_kernels(monkeypatch, compiled):
-    # Under MHLA_CUDA_BF16_STATE=1 a bfloat16 forward keeps no state and the backward runs the
+def test_mhla_torch_training_reaches_the_bf16_state_kernels(compiled):
+    # Asked for the bf16-state kernels, a bfloat16 forward keeps no state and the backward runs the
     # state kernels (Dk, Dv multiples of 8). Errors relative to each result's scale, at the
     # tolerances of the kernels' tiling emulation (tests/cuda/bf16_state_cases.hpp).
     import mhla.torch as mt
     from mhla import _custom_ops, _operators
     if compiled and not _custom_ops.AVAILABLE:
         pytest.skip(f"torch.library.custom_op needs torch 2.4 or later (this is {torch.__version__})")
-    monkeypatch.setenv("MHLA_CUDA_BF16_STATE", "1")
     g = torch.Generator().manual_seed(3)
     n, m = LAYOUT.num_tokens, LAYOUT.num_blocks
     q, k, v, grad_o = (torch.randn(2, n, HEADS, 16, generator=g) for _ in range(4))
     w = 0.2 + torch.rand(m, m, generator=g)
-    assert not _operators.keeps_state(q.cuda().bfloat16())
+    assert not _operators.keeps_state(q.cuda().bfloat16(), mhla.CudaKernels(bf16_state=True))
 
     def run(device, dtype):
         w_dtype = torch.float32 if dtype == torch.bfloat16 else dtype
         xs = [x.to(device, dtype).requires_grad_() for x in (q, k, v)] + [w.to(device, w_dtype).requires_grad_()]
-        attention = lambda *a: mt.mhla_attention(*a, LAYOUT, backend="cpp")  # noqa: E731
+        attention = lambda *a: mt.mhla_attention(*a, LAYOUT, backend="cpp", cuda_kernels=("bf16_state",))  # noqa: E731
         o = (torch.compile(attention, fullgraph=True) if compiled and device == "cuda" else attention)(*xs)
         o.backward(grad_o.to(device, dtype))
         return [o.detach().cpu().double()] + [x.grad.cpu().double() for x in xs]
@@ -278,7 +276,7 @@ def test_the_mhla_op_passes_torchs_checks_on_cuda():
     q, k, v, w = (x.cuda().requires_grad_() for x in operands())
     geometry = Geometry.of(LAYOUT)
     torch.library.opcheck(_custom_ops.forward, (q, k, v, w, geometry.rank, list(geometry.grid),
-                                                list(geometry.tile), "none", "elu1", True, 1e-6, None, "dense"))
+                                                list(geometry.tile), "none", "elu1", True, 1e-6, None, "dense", 0))
 
 
 @gpu

@@ -76,3 +76,20 @@ def test_layouts_and_decoders_survive_every_pickle_protocol(protocol):
     copy = pickle.loads(pickle.dumps(decoder, protocol=protocol))
     token = [x[:, 5:6] for x in (q, k, v)]
     assert copy.position(0) == 5 and torch.equal(copy.step(*token), decoder.step(*token))
+
+
+def test_cuda_kernel_families_are_arguments_of_the_call():
+    options = mhla.Options(mhla.Layout.sequence(8, 4), cuda=mhla.CudaKernels(bf16_state=True))
+    assert options.cuda.bf16_state and not options.cuda.float16_tensor_cores
+    assert "bf16_state=True" in repr(options.cuda)
+    with pytest.raises(TypeError, match="cuda must be an mhla.CudaKernels"):
+        mhla.Options(mhla.Layout.sequence(8, 4), cuda="bf16_state")
+    layout = mhla.Layout.sequence(16, 4)
+    q = torch.rand(1, 16, 2, 4)
+    w = torch.as_tensor(mhla.init_mixing(layout))
+    with pytest.raises(ValueError, match="unknown CUDA kernel family 'bf16'; expected any of bf16_state"):
+        mt.mhla_attention(q, q, q, w, layout, cuda_kernels=("bf16",))
+    # A CPU call ignores them: the same bits.
+    plain = mt.mhla_attention(q, q, q, w, layout)
+    asked = mt.mhla_attention(q, q, q, w, layout, cuda_kernels=("bf16_state", "float32_tensor_cores"))
+    torch.testing.assert_close(asked, plain, rtol=0, atol=0)

@@ -2,7 +2,6 @@
 // kernels for its tensors.
 #include "backend/backend.hpp"
 
-#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -18,9 +17,7 @@ thread_local DeviceExecution this_thread_execution;
 
 }  // namespace
 
-void set_device_execution(const DeviceExecution& execution) {
-  this_thread_execution = execution;
-}
+void set_device_execution(const DeviceExecution& execution) { this_thread_execution = execution; }
 
 DeviceExecution device_execution() { return this_thread_execution; }
 
@@ -29,28 +26,6 @@ void check_device_results() {
   if (backend::cuda_device_present()) backend::cuda_backend().raise_deferred(true);
 #endif
 }
-
-namespace {
-
-// Whether the environment variable `name` is "1" (never in a build without
-// the CUDA backend).
-bool switched_on(const char* name) {
-#if MHLA_WITH_CUDA
-  const char* value = std::getenv(name);
-  return value != nullptr && std::strcmp(value, "1") == 0;
-#else
-  (void)name;
-  return false;
-#endif
-}
-
-}  // namespace
-
-bool cuda_bf16_state_kernels() { return switched_on("MHLA_CUDA_BF16_STATE"); }
-
-bool cuda_float16_kernels() { return switched_on("MHLA_CUDA_FLOAT16"); }
-
-bool cuda_float32_tensor_cores() { return switched_on("MHLA_CUDA_FLOAT32_TENSOR_CORES"); }
 
 // Every backend of this build frees the calling thread's arrays.
 void release_scratch() {
@@ -88,9 +63,10 @@ const Backend& backend_for(const char* fn, const char* name, Device device) {
 #if MHLA_WITH_CUDA
   if (device == Device::cuda) {
     if (!cuda_device_present())
-      detail::fail(fn, std::string(name) +
-                           " is on the cuda device, but no CUDA device is visible to this process (" +
-                           cuda_absence_reason() + ")");
+      detail::fail(fn,
+                   std::string(name) +
+                       " is on the cuda device, but no CUDA device is visible to this process (" +
+                       cuda_absence_reason() + ")");
     return cuda_backend();
   }
 #endif

@@ -69,7 +69,9 @@ constexpr const char* element_type() {
 bool same_options(const Options& a, const Options& b) {
   return a.layout == b.layout && a.mixing == b.mixing && a.masking == b.masking &&
          a.feature_map == b.feature_map && a.normalize == b.normalize && a.eps == b.eps &&
-         a.scale == b.scale;
+         a.scale == b.scale && a.cuda.bf16_state == b.cuda.bf16_state &&
+         a.cuda.float16_tensor_cores == b.cuda.float16_tensor_cores &&
+         a.cuda.float32_tensor_cores == b.cuda.float32_tensor_cores;
 }
 
 // The saved arrays' shape, read off q and v before forward validates them:
@@ -106,10 +108,9 @@ void make_room(const char* fn, ForwardRecord<S>& r, const std::vector<int64_t>& 
 
 // forward(..., state) for q, k, v of element type X and w, o of W, O.
 template <typename S, typename X, typename W, typename O, typename Forward>
-void fill_state(const Options& options, const TensorView<const X>& q,
-                const TensorView<const X>& k, const TensorView<const X>& v,
-                const TensorView<const W>& w, const TensorView<O>& o, ForwardState<S>& state,
-                Forward&& forward) {
+void fill_state(const Options& options, const TensorView<const X>& q, const TensorView<const X>& k,
+                const TensorView<const X>& v, const TensorView<const W>& w, const TensorView<O>& o,
+                ForwardState<S>& state, Forward&& forward) {
   const char* fn = "mhla::forward";
   ForwardRecord<S>& r = ForwardStateAccess::record(state);
   r.filled = false;
@@ -132,8 +133,7 @@ void fill_state(const Options& options, const TensorView<const X>& q,
 // The record of a state given to backward, against the call.
 template <typename S, typename X, typename W, typename O>
 const ForwardRecord<S>& checked_record(const Options& options, const TensorView<const X>& q,
-                                       const TensorView<const X>& k,
-                                       const TensorView<const X>& v,
+                                       const TensorView<const X>& k, const TensorView<const X>& v,
                                        const TensorView<const W>& w, const TensorView<O>& o,
                                        const ForwardState<S>& state) {
   const char* fn = "mhla::backward";
@@ -239,13 +239,13 @@ void backward(const Options& options, TensorView<const float16> q, TensorView<co
 template class ForwardState<float>;
 template class ForwardState<double>;
 
-#define MHLA_INSTANTIATE_STATE_CALLS(T)                                                         \
-  template void forward<T>(const Options&, TensorView<const T>, TensorView<const T>,            \
-                           TensorView<const T>, TensorView<const T>, TensorView<T>,             \
-                           ForwardState<T>&);                                                   \
-  template void backward<T>(const Options&, TensorView<const T>, TensorView<const T>,           \
-                            TensorView<const T>, TensorView<const T>, TensorView<const T>,      \
-                            TensorView<const T>, TensorView<T>, TensorView<T>, TensorView<T>,   \
+#define MHLA_INSTANTIATE_STATE_CALLS(T)                                                       \
+  template void forward<T>(const Options&, TensorView<const T>, TensorView<const T>,          \
+                           TensorView<const T>, TensorView<const T>, TensorView<T>,           \
+                           ForwardState<T>&);                                                 \
+  template void backward<T>(const Options&, TensorView<const T>, TensorView<const T>,         \
+                            TensorView<const T>, TensorView<const T>, TensorView<const T>,    \
+                            TensorView<const T>, TensorView<T>, TensorView<T>, TensorView<T>, \
                             TensorView<T>, const ForwardState<T>&);
 MHLA_INSTANTIATE_STATE_CALLS(float)
 MHLA_INSTANTIATE_STATE_CALLS(double)

@@ -144,19 +144,19 @@ void run_backward(const char* fn, const detail::Problem& p, const backend::Backe
                   const T* saved_summaries, const T* saved_mixed) {
   // The kernels add to grad_w.
   device.memory().zero(grad_w.data, elements(grad_w));
-  const bool finite = device.attention(p, w.data)->backward(
-                          q.data, k.data, v.data, grad_o.data, grad_q.data, grad_k.data,
-                          grad_v.data, grad_w.data, saved_summaries, saved_mixed) &&
-                      // grad_w is small ([H,] M, M) and written by the mixer: scanned
-                      // here (deferred, the mixer's kernels flag it on the device).
-                      (p.checks_on_device ||
-                       detail::first_non_finite(detail::HostCopy(grad_w).data(),
-                                                elements(grad_w)) < 0);
+  const bool finite =
+      device.attention(p, w.data)->backward(q.data, k.data, v.data, grad_o.data, grad_q.data,
+                                            grad_k.data, grad_v.data, grad_w.data, saved_summaries,
+                                            saved_mixed) &&
+      // grad_w is small ([H,] M, M) and written by the mixer: scanned
+      // here (deferred, the mixer's kernels flag it on the device).
+      (p.checks_on_device ||
+       detail::first_non_finite(detail::HostCopy(grad_w).data(), elements(grad_w)) < 0);
   if (finite) return;
   const detail::HostCopy hq(q), hk(k), hv(v), ho(o), hgo(grad_o);
   const detail::HostCopy hgq(grad_q), hgk(grad_k), hgv(grad_v), hgw(grad_w);
-  detail::report_non_finite_gradients(fn, p, hq.view(), hk.view(), hv.view(), ho.view(),
-                                      hgo.view(), hgq.view(), hgk.view(), hgv.view(), hgw.view());
+  detail::report_non_finite_gradients(fn, p, hq.view(), hk.view(), hv.view(), ho.view(), hgo.view(),
+                                      hgq.view(), hgk.view(), hgv.view(), hgw.view());
 }
 
 }  // namespace
@@ -202,7 +202,7 @@ void backward(SavedArrays saved, const Options& options, TensorView<const T> q,
   // float32 on CUDA's tensor-core kernels keeps 16 significant bits of each
   // operand in its products (2^-17 a term, within 2^-16).
   const bool split =
-      std::is_same_v<T, float> && q.device == Device::cuda && cuda_float32_tensor_cores();
+      std::is_same_v<T, float> && q.device == Device::cuda && options.cuda.float32_tensor_cores;
   const auto [summaries, mixed] =
       check_backward(fn, p, saved, k, v, w, grad_o, grad_q, grad_k, grad_v, grad_w, saved_summaries,
                      saved_mixed, split ? 0x1p-16 : 0.0);
@@ -229,14 +229,14 @@ void half_backward(SavedArrays saved, const Options& options, TensorView<const H
     device.memory().zero(grad_w.data, elements(grad_w));
     if (kernels->backward(q.data, k.data, v.data, grad_o.data, grad_q.data, grad_k.data,
                           grad_v.data, grad_w.data, summaries, mixed) &&
-        (p.checks_on_device ||
-         first_non_finite(HostCopy(grad_w).data(), elements(grad_w)) < 0))
+        (p.checks_on_device || first_non_finite(HostCopy(grad_w).data(), elements(grad_w)) < 0))
       return;
   }
   // The float kernels on widened copies; the gradients are rounded at the end.
   const int64_t nq = elements(grad_q), nv = elements(grad_v);
-  const TensorView<float> gq{backend::scratch<float>(device.memory(), Scratch::token_grad_q, size_t(nq)),
-                             grad_q.shape, q.device},
+  const TensorView<float> gq{
+      backend::scratch<float>(device.memory(), Scratch::token_grad_q, size_t(nq)), grad_q.shape,
+      q.device},
       gk{backend::scratch<float>(device.memory(), Scratch::token_grad_k, size_t(nq)), grad_k.shape,
          q.device},
       gv{backend::scratch<float>(device.memory(), Scratch::token_grad_v, size_t(nv)), grad_v.shape,
@@ -313,7 +313,8 @@ void half_forward(const Options& options, TensorView<const H> q, TensorView<cons
                                 kf = widened(device, k, Scratch::widened_k),
                                 vf = widened(device, v, Scratch::widened_v);
   const TensorView<float> of{
-      backend::scratch<float>(device.memory(), Scratch::widened_o, size_t(elements(o))), o.shape, o.device};
+      backend::scratch<float>(device.memory(), Scratch::widened_o, size_t(elements(o))), o.shape,
+      o.device};
   if (!device.attention(p, w.data)->forward(qf.data, kf.data, vf.data, of.data, summaries, mixed))
     report_output(fn, p, qf, kf, vf, of);
   narrowed(fn, "o", device, of, o, "rescale q, k or v");

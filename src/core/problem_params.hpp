@@ -43,6 +43,10 @@ struct ProblemParams : AttentionDims {
   bool normalize = true;
   double eps = 1e-6;
   double scale = 1.0;  // unnormalized mode
+  // The call's CUDA kernel families (mhla::CudaKernels).
+  bool cuda_bf16_state = false;
+  bool cuda_float16_tensor_cores = false;
+  bool cuda_float32_tensor_cores = false;
 };
 
 }  // namespace mhla::detail

@@ -110,8 +110,7 @@ void check_toeplitz_shape(const char* fn, Masking masking, const std::vector<int
     check_tensor(fn, "w", w, w_shape, 2, "[H, L + 1]");
     check_shape_equals(
         fn, "w", w_shape, {problem.heads, w_shape[1]},
-        ("(per-head Toeplitz [H, L + 1] with H = " + std::to_string(problem.heads) + ")")
-            .c_str());
+        ("(per-head Toeplitz [H, L + 1] with H = " + std::to_string(problem.heads) + ")").c_str());
     problem.per_head_mixing = true;
   } else {
     fail(fn,
@@ -147,6 +146,9 @@ void check_layout_and_mixing_shape(const char* fn, const Options& options,
     fail(fn, "causal masking needs a 1D layout, got " + layout.describe());
   problem.layout = &layout;
   problem.blocks = layout.num_blocks();
+  problem.cuda_bf16_state = options.cuda.bf16_state;
+  problem.cuda_float16_tensor_cores = options.cuda.float16_tensor_cores;
+  problem.cuda_float32_tensor_cores = options.cuda.float32_tensor_cores;
   const int64_t m = problem.blocks;
   problem.mixing_blocks = problem.w_stride = m;
   if (options.mixing == MixingForm::toeplitz) {

@@ -4,7 +4,7 @@
 // the mixed state's gradient, grad S~ in bfloat16 rows and grad z~ in float),
 // the mix's transpose (grad S, grad z) with the weight gradient
 // (bf16_state_mix.cuh), and the key and value side (grad_k, grad_v). Off by
-// default with the forward (MHLA_CUDA_BF16_STATE=1) until it has passed its
+// default with the forward (options.cuda.bf16_state) until it has passed its
 // tests on a GPU; the tiling emulation checks it in every build.
 #include <cuda_runtime.h>
 

@@ -4,7 +4,7 @@
 // in bfloat16 rows, 16-byte
 // asynchronous copies and one bfloat16 tensor-core product a step. It is the
 // forward designed for the byte budget (docs/cuda.md#the-byte-budget), off
-// by default (MHLA_CUDA_BF16_STATE=1 turns it on) until it has passed its
+// by default (options.cuda.bf16_state turns it on) until it has passed its
 // tests on a GPU; the tiling emulation checks it in every build.
 #include <cuda_runtime.h>
 

@@ -208,11 +208,12 @@ CallStatus call_status(const char* fn, const detail::Problem& problem, const Ker
 }
 
 // The operator on tensor cores for tokens of type H (bfloat16, float16, or
-// float where switched on: cuda_float32_tensor_cores()), with float w and
-// state: the forward's summaries, mix and outputs; the backward's query
-// gradients (with the per-token terms), the mixed summaries' gradient, the
-// mix's backward and the key and value gradients; or, switched on for the
-// 16-bit types, the bfloat16-state kernels.
+// float where the call's options.cuda.float32_tensor_cores says so), with
+// float w and state: the forward's summaries, mix and outputs; the backward's
+// query gradients (with the per-token terms), the mixed summaries' gradient,
+// the mix's backward and the key and value gradients; or, where
+// options.cuda.bf16_state says so for the 16-bit types, the bfloat16-state
+// kernels.
 template <typename H>
 class CudaTensorCoreAttention final : public backend::HalfAttention<H> {
  public:
@@ -302,9 +303,9 @@ class CudaTensorCoreAttention final : public backend::HalfAttention<H> {
   }
   // The bfloat16-state kernels keep their state to themselves, so a call
   // with saved arrays stays on the split-operand kernels; float tokens too.
-  static bool state_kernels(const float* saved_summaries, const float* saved_mixed) {
+  bool state_kernels(const float* saved_summaries, const float* saved_mixed) const {
     return kSixteenBit && saved_summaries == nullptr && saved_mixed == nullptr &&
-           cuda_bf16_state_kernels();
+           problem_.cuda_bf16_state;
   }
   static const uint16_t* bits(const H* x) { return reinterpret_cast<const uint16_t*>(x); }
   static uint16_t* bits(H* x) { return reinterpret_cast<uint16_t*>(x); }
@@ -323,14 +324,14 @@ class CudaTensorCoreAttention final : public backend::HalfAttention<H> {
 };
 
 // The float and double operator, one thread per result; float calls of the
-// whole operator run on the tensor-core kernels instead where switched on
-// (cuda_float32_tensor_cores()) and they fit.
+// whole operator run on the tensor-core kernels instead where the call asks
+// for them (options.cuda.float32_tensor_cores) and they fit.
 template <typename T>
 class CudaAttention final : public backend::Attention<T> {
  public:
   CudaAttention(const detail::Problem& p, const T* w) : problem_(p), geometry_(p), w_(w) {
     if constexpr (std::is_same_v<T, float>) {
-      if (!cuda_float32_tensor_cores()) return;
+      if (!p.cuda_float32_tensor_cores) return;
       auto kernels = std::make_unique<CudaTensorCoreAttention<float>>(p, w);
       if (kernels->fits()) tensor_cores_ = std::move(kernels);
     }
@@ -412,8 +413,7 @@ class CudaAttention final : public backend::Attention<T> {
     CallStatus status = call_status("mhla::backward", problem_, p(), w_);
     cuda::key_value_gradients(p(), k, v, grad_summaries, grad_k, grad_v, status.non_finite(),
                               stream());
-    status.raised(
-        CheckedInputs<T>{{{k, tokens(p()) * p().dk}, {v, tokens(p()) * p().dv}}, 2});
+    status.raised(CheckedInputs<T>{{{k, tokens(p()) * p().dk}, {v, tokens(p()) * p().dv}}, 2});
   }
 
  private:
@@ -429,7 +429,7 @@ class CudaAttention final : public backend::Attention<T> {
   const detail::Problem& problem_;
   const Geometry geometry_;
   const T* w_;
-  std::unique_ptr<CudaTensorCoreAttention<float>> tensor_cores_;  // float, switched on
+  std::unique_ptr<CudaTensorCoreAttention<float>> tensor_cores_;  // float, where asked for
 };
 
 // The device's memory: the calling thread's scratch arrays, element-wise
@@ -517,12 +517,12 @@ class CudaBackend final : public backend::Backend {
                                                                    bfloat16) const override {
     return make_half_attention<bfloat16>(p, w);
   }
-  // float16 on the tensor-core kernels only where switched on (until they
+  // float16 on the tensor-core kernels only where the call asks (until they
   // have run on a GPU); otherwise the API's float path on widened copies.
   std::unique_ptr<backend::HalfAttention<float16>> half_attention(const detail::Problem& p,
                                                                   const float* w,
                                                                   float16) const override {
-    if (!cuda_float16_kernels()) return nullptr;
+    if (!p.cuda_float16_tensor_cores) return nullptr;
     return make_half_attention<float16>(p, w);
   }
   std::unique_ptr<backend::DecodeState> decode_state(int64_t, int64_t) const override {

@@ -56,18 +56,15 @@ class DeviceArray {
   size_t size_ = 0;
 };
 
-// A switch of the environment (MHLA_CUDA_FLOAT16, MHLA_CUDA_BF16_STATE,
-// MHLA_CUDA_FLOAT32_TENSOR_CORES) set to 1 for one scope.
-class SwitchedOn {
- public:
-  explicit SwitchedOn(const char* name) : name_(name) { setenv(name, "1", 1); }
-  SwitchedOn(const SwitchedOn&) = delete;
-  SwitchedOn& operator=(const SwitchedOn&) = delete;
-  ~SwitchedOn() { unsetenv(name_); }
-
- private:
-  const char* name_;
-};
+// A case whose calls ask for a CUDA kernel family (mhla::CudaKernels).
+Case with_float16_kernels(Case c) {
+  c.cuda.float16_tensor_cores = true;
+  return c;
+}
+Case with_state_kernels(Case c) {
+  c.cuda.bf16_state = true;
+  return c;
+}
 
 // forward then backward on the device, the results copied back.
 template <typename T>
@@ -124,8 +121,9 @@ TEST_P(CudaOperator, MatchesTheCpuOperator) {
 // CPU's float32 ones (the gradients' cancelling sums set that bound).
 TEST_P(CudaOperator, FloatOnTensorCoresMatchesTheCpuOperator) {
   SKIP_WITHOUT_DEVICE();
-  const SwitchedOn on("MHLA_CUDA_FLOAT32_TENSOR_CORES");
-  check_against_cpu<float>(GetParam(), 1e-3);
+  Case c = GetParam();
+  c.cuda.float32_tensor_cores = true;
+  check_against_cpu<float>(c, 1e-3);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllModes, CudaOperator, testing::ValuesIn(all_mode_cases()), case_name);
@@ -318,11 +316,6 @@ TEST_P(CudaBf16Backward, MatchesFloat64OnTheSameInputs) {
 
 INSTANTIATE_TEST_SUITE_P(AllModes, CudaBf16Backward, testing::ValuesIn(bf16_cases()), case_name);
 
-// float16 calls on the tensor-core kernels.
-struct Float16KernelsOn : SwitchedOn {
-  Float16KernelsOn() : SwitchedOn("MHLA_CUDA_FLOAT16") {}
-};
-
 // float16 tokens on the same tensor-core kernels (each float16 splits into
 // two bfloat16 halves exactly): o within its one rounding to float16 (2^-12);
 // and, switched off, on the float kernels over widened copies.
@@ -331,15 +324,13 @@ class CudaFloat16 : public CudaBf16Forward {};
 TEST_P(CudaFloat16, ForwardMatchesFloat64OnTheSameInputs) {
   SKIP_WITHOUT_DEVICE();
   check_split_forward<float16>(GetParam(), 1e-3);  // the float kernels, on widened copies
-  const Float16KernelsOn on;
-  check_split_forward<float16>(GetParam(), 1e-3);
+  check_split_forward<float16>(with_float16_kernels(GetParam()), 1e-3);
 }
 
 TEST_P(CudaFloat16, BackwardMatchesFloat64OnTheSameInputs) {
   SKIP_WITHOUT_DEVICE();
   check_split_backward<float16>(GetParam());
-  const Float16KernelsOn on;
-  check_split_backward<float16>(GetParam());
+  check_split_backward<float16>(with_float16_kernels(GetParam()));
 }
 
 INSTANTIATE_TEST_SUITE_P(AllModes, CudaFloat16, testing::ValuesIn(bf16_cases()), case_name);
@@ -366,25 +357,22 @@ TEST(CudaBackend, Float16OverflowIsANamedError) {
   EXPECT_THAT(call,
               ThrowsMessage<Error>(HasSubstr("beyond float16's range (largest finite 65504)")))
       << "on the float kernels over widened copies";
-  const Float16KernelsOn on;
+  options.cuda.float16_tensor_cores = true;
   EXPECT_THAT(call, ThrowsMessage<Error>(AllOf(HasSubstr("= inf is not finite although every input "
                                                          "is finite"),
                                                HasSubstr("exceeds the float16 range"))))
       << "on the tensor-core kernels";
 }
 
-// The bfloat16-state forward (MHLA_CUDA_BF16_STATE=1; a forward that saves
+// The bfloat16-state forward (options.cuda.bf16_state; a forward that saves
 // no arrays) against float64 on the same bfloat16 inputs, o poisoned first,
 // the same bits from a second call; the tiling emulation holds its tiles to
 // the same bound without a GPU (test_bf16_state_tiling.cpp).
-struct StateKernelsOn : SwitchedOn {
-  StateKernelsOn() : SwitchedOn("MHLA_CUDA_BF16_STATE") {}
-};
 
 // The forward on tokens of type H, checked as above.
 template <typename H>
-void check_state_forward(const Case& c) {
-  const StateKernelsOn on;
+void check_state_forward(const Case& asked) {
+  const Case c = with_state_kernels(asked);
   const Inputs in = make_inputs(c, 29);
   const auto q = rounded_to<H>(in.q), k = rounded_to<H>(in.k), v = rounded_to<H>(in.v);
   const std::vector<float> w(in.w.begin(), in.w.end());
@@ -423,20 +411,19 @@ class CudaFloat16StateForward : public testing::TestWithParam<Case> {};
 
 TEST_P(CudaFloat16StateForward, MatchesFloat64OnTheSameInputs) {
   SKIP_WITHOUT_DEVICE();
-  const Float16KernelsOn on;
-  check_state_forward<float16>(GetParam());
+  check_state_forward<float16>(with_float16_kernels(GetParam()));
 }
 
 INSTANTIATE_TEST_SUITE_P(AllModes, CudaFloat16StateForward,
                          testing::ValuesIn(float16_state_cases()), case_name);
 
-// The bfloat16-state backward (MHLA_CUDA_BF16_STATE=1, no saved arrays) on
+// The bfloat16-state backward (options.cuda.bf16_state, no saved arrays) on
 // tokens of type H against float64 on the same inputs, at the tolerances its
 // tiling emulation meets (bf16_state_cases.hpp), and the same bits from a
 // second call.
 template <typename H>
-void check_state_backward(const Case& c, double weight_tolerance) {
-  const StateKernelsOn on;
+void check_state_backward(const Case& asked, double weight_tolerance) {
+  const Case c = with_state_kernels(asked);
   const Inputs in = make_inputs(c, 31);
   const auto q = rounded_to<H>(in.q), k = rounded_to<H>(in.k), v = rounded_to<H>(in.v),
              g = rounded_to<H>(in.grad_o);
@@ -458,7 +445,8 @@ void check_state_backward(const Case& c, double weight_tolerance) {
     DeviceArray<float> gw(std::vector<float>(w.size(), std::numeric_limits<float>::quiet_NaN()));
     backward(c.options(), dq.cview(c.q_shape()), dk.cview(c.q_shape()), dv.cview(c.v_shape()),
              dw.cview(c.w_shape()), o.cview(c.v_shape()), dg.cview(c.v_shape()),
-             gq.view(c.q_shape()), gk.view(c.q_shape()), gv.view(c.v_shape()), gw.view(c.w_shape()));
+             gq.view(c.q_shape()), gk.view(c.q_shape()), gv.view(c.v_shape()),
+             gw.view(c.w_shape()));
     return Gradients{gq.host(), gk.host(), gv.host(), gw.host()};
   };
   const Gradients got = run(), again = run();
@@ -473,8 +461,8 @@ void check_state_backward(const Case& c, double weight_tolerance) {
   const auto same_bits = [](const auto& a, const auto& b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0;
   };
-  EXPECT_TRUE(same_bits(again.q, got.q) && same_bits(again.k, got.k) &&
-              same_bits(again.v, got.v) && same_bits(again.w, got.w))
+  EXPECT_TRUE(same_bits(again.q, got.q) && same_bits(again.k, got.k) && same_bits(again.v, got.v) &&
+              same_bits(again.w, got.w))
       << "a second call gave other bits";
 }
 
@@ -492,8 +480,8 @@ class CudaFloat16StateBackward : public testing::TestWithParam<Case> {};
 
 TEST_P(CudaFloat16StateBackward, MatchesFloat64OnTheSameInputs) {
   SKIP_WITHOUT_DEVICE();
-  const Float16KernelsOn on;
-  check_state_backward<float16>(GetParam(), kFloat16StateWeightGradientTolerance);
+  check_state_backward<float16>(with_float16_kernels(GetParam()),
+                                kFloat16StateWeightGradientTolerance);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllModes, CudaFloat16StateBackward,
@@ -521,8 +509,8 @@ TEST(CudaPlan, TheStateBackwardsSharedMemoryIsKnownBeforeALaunch) {
 // An overflow on the bfloat16-state kernels is reported as on the others.
 TEST(CudaBackend, Bf16StateOverflowIsReported) {
   SKIP_WITHOUT_DEVICE();
-  const StateKernelsOn on;
   Case c{"1d", 1, 1, 8, 8, TokenLayout::sequence(32, 8)};
+  c.cuda.bf16_state = true;
   c.phi = FeatureMap::identity;
   c.normalize = false;
   const std::vector<bfloat16> big(size_t(numel(c.q_shape())), to_bfloat16(3e38f));
@@ -633,9 +621,8 @@ struct Bf16Call {
     forward(c.options(), q.cview(c.q_shape()), k.cview(c.q_shape()), v.cview(c.v_shape()),
             w.cview(c.w_shape()), o.view(c.v_shape()));
     backward(c.options(), q.cview(c.q_shape()), k.cview(c.q_shape()), v.cview(c.v_shape()),
-             w.cview(c.w_shape()), o.cview(c.v_shape()), g.cview(c.v_shape()),
-             gq.view(c.q_shape()), gk.view(c.q_shape()), gv.view(c.v_shape()),
-             gw.view(c.w_shape()));
+             w.cview(c.w_shape()), o.cview(c.v_shape()), g.cview(c.v_shape()), gq.view(c.q_shape()),
+             gk.view(c.q_shape()), gv.view(c.v_shape()), gw.view(c.w_shape()));
   }
   std::vector<std::vector<float>> results() const {
     const auto f = [](const std::vector<bfloat16>& x) {
@@ -676,7 +663,8 @@ TEST(CudaDeviceExecution, DeferredWeightErrorHasTheSyncMessage) {
   const DeviceArray<float> w(bad);
   const auto run = [&] {
     forward(call.c.options(), call.q.cview(call.c.q_shape()), call.k.cview(call.c.q_shape()),
-            call.v.cview(call.c.v_shape()), w.cview(call.c.w_shape()), call.o.view(call.c.v_shape()));
+            call.v.cview(call.c.v_shape()), w.cview(call.c.w_shape()),
+            call.o.view(call.c.v_shape()));
   };
   std::string sync_message;
   try {
@@ -691,18 +679,13 @@ TEST(CudaDeviceExecution, DeferredWeightErrorHasTheSyncMessage) {
 }
 
 // Both bfloat16 kernel families: the split-operand kernels and the
-// bfloat16-state kernels (MHLA_CUDA_BF16_STATE=1), which Bf16Call's shape fits.
-class CudaDeviceExecutionOfKernels : public testing::TestWithParam<bool> {
- protected:
-  void SetUp() override {
-    if (GetParam()) setenv("MHLA_CUDA_BF16_STATE", "1", 1);
-  }
-  void TearDown() override { unsetenv("MHLA_CUDA_BF16_STATE"); }
-};
+// bfloat16-state kernels (options.cuda.bf16_state), which Bf16Call's shape fits.
+class CudaDeviceExecutionOfKernels : public testing::TestWithParam<bool> {};
 
 TEST_P(CudaDeviceExecutionOfKernels, RunsOnTheGivenStreamWithTheSameBits) {
   SKIP_WITHOUT_DEVICE();
   Bf16Call call;
+  call.c.cuda.bf16_state = GetParam();
   call.forward_backward();
   const auto want = call.results();
   const OwnStream stream;
@@ -718,6 +701,7 @@ TEST_P(CudaDeviceExecutionOfKernels, RunsOnTheGivenStreamWithTheSameBits) {
 TEST_P(CudaDeviceExecutionOfKernels, CapturedGraphReplaysTheEagerResults) {
   SKIP_WITHOUT_DEVICE();
   Bf16Call call;
+  call.c.cuda.bf16_state = GetParam();
   const OwnStream stream;
   const Execution on_stream({stream.get(), DeviceChecks::deferred});
   call.forward_backward();

@@ -455,16 +455,27 @@ TEST(BadInput, CpuCallsCheckAtOnceWhateverTheDeviceSetting) {
   EXPECT_EQ(device_execution().checks, DeviceChecks::sync);
 }
 
-// The switch of the bfloat16-state kernels is the environment's, read at
-// each call, and a build without the CUDA backend has none to switch on.
-TEST(BadInput, StateKernelSwitchFollowsTheEnvironmentInCudaBuildsOnly) {
-  unsetenv("MHLA_CUDA_BF16_STATE");
-  EXPECT_FALSE(cuda_bf16_state_kernels());
-  setenv("MHLA_CUDA_BF16_STATE", "0", 1);
-  EXPECT_FALSE(cuda_bf16_state_kernels());
-  setenv("MHLA_CUDA_BF16_STATE", "1", 1);
-  EXPECT_EQ(cuda_bf16_state_kernels(), detail::has_backend(Device::cuda));
-  unsetenv("MHLA_CUDA_BF16_STATE");
+// The CUDA kernel families are options of the call: a forward state records
+// them, so a backward that asks for other kernels than its forward ran is
+// refused by name (the CPU ignores them otherwise).
+TEST(BadInput, AForwardStateRecordsTheCallsCudaKernels) {
+  Tiny<float> t(8, 2, 3, 0.5f, 0.25f, 1.0f);
+  ForwardState<float> state;
+  forward<float>(t.options, view(t.q, t.qs), view(t.k, t.qs), view(t.v, t.vs), view(t.w, {1, 1}),
+                 view(t.o, t.vs), state);
+  std::vector<float> g(t.o.size(), 1.0f), gq(t.q.size()), gk(t.k.size()), gv(t.v.size()), gw(1);
+  Options other = t.options;
+  other.cuda.bf16_state = true;
+  EXPECT_THAT(
+      [&] {
+        backward<float>(other, view(t.q, t.qs), view(t.k, t.qs), view(t.v, t.vs), view(t.w, {1, 1}),
+                        view(t.o, t.vs), view(g, t.vs), view(gq, t.qs), view(gk, t.qs),
+                        view(gv, t.vs), view(gw, {1, 1}), state);
+      },
+      ThrowsMessage<Error>(HasSubstr("the options differ from those of the forward()")));
+  backward<float>(t.options, view(t.q, t.qs), view(t.k, t.qs), view(t.v, t.vs), view(t.w, {1, 1}),
+                  view(t.o, t.vs), view(g, t.vs), view(gq, t.qs), view(gk, t.qs), view(gv, t.vs),
+                  view(gw, {1, 1}), state);
 }
 
 }  // namespace
