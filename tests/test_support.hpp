@@ -28,7 +28,7 @@ struct Case {
   bool normalize = true;
   bool per_head = false;
   int64_t toeplitz_length = -1;  // >= 0: Toeplitz mixing with this L; -1: dense w
-  CudaKernels cuda;              // the CUDA kernel families the call asks for
+  CudaKernels cuda{};            // the CUDA kernel families the call asks for
 
   int64_t tokens() const { return layout.num_tokens(); }
   int64_t blocks() const { return layout.num_blocks(); }

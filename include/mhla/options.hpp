@@ -55,7 +55,7 @@ struct CudaKernels {
 struct Options : LinearAttentionOptions {
   TokenLayout layout;  // token grid and block tile; its token count must equal N
   MixingForm mixing = MixingForm::dense;
-  CudaKernels cuda;
+  CudaKernels cuda{};
 };
 
 const char* to_string(FeatureMap phi);
