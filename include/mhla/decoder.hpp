@@ -19,7 +19,15 @@
 
 namespace mhla {
 namespace detail {
-struct DecoderMixing;
+// What a decoder's options and w say about its mixing: its checks
+// (src/api/decoder_checks.hpp) find it, and the decoder keeps it.
+struct DecoderMixing {
+  double scale = 0;  // the unnormalized read-out's
+  bool toeplitz = false;
+  bool per_head = false;
+  int64_t blocks = 0;  // dense: M
+  int64_t length = 0;  // Toeplitz: L
+};
 }  // namespace detail
 
 // The decoder is causal; its feature map and normalisation are those of the
@@ -103,17 +111,11 @@ class Decoder {
   void push_finished(HeadState& s, const float* summary) const;
   // Finished blocks the state of a sequence at `position` keeps one by one.
   int64_t kept_blocks(int64_t position) const;
-  // What the constructor's checks found of the mixing (src/api/decoder_checks.hpp).
-  detail::DecoderMixing mixing() const;
 
   DecoderOptions options_;
-  double scale_;
-  bool toeplitz_;
-  int64_t blocks_ = 0;    // dense: M
-  int64_t length_ = 0;    // Toeplitz: L
-  int64_t window_ = 0;    // Toeplitz: finished blocks kept one by one, max(L, 1) - 1
-  std::vector<float> w_;  // copy of w
-  bool per_head_;
+  detail::DecoderMixing mixing_;
+  int64_t window_ = 0;      // Toeplitz: finished blocks kept one by one, max(L, 1) - 1
+  std::vector<float> w_;    // copy of w
   int64_t summary_floats_;  // one summary in the decoding step's layout
   std::vector<int64_t> positions_;
   std::vector<HeadState> states_;  // [B, H]

@@ -201,9 +201,10 @@ def _check_positions(position_ids, tokens, seen):
     expected = torch.arange(seen, seen + tokens, device=position_ids.device)
     if position_ids.shape[-1] != tokens or not bool(torch.all(position_ids == expected)):
         first = position_ids.reshape(-1)[:4].tolist()
-        raise ValueError(f"position_ids must count the tokens from {seen} ({seen}, {seen + 1}, ...; the cache holds "
-                         f"{seen} tokens), got {first}{' ...' if position_ids.numel() > 4 else ''}: MHLA's positions are "
-                         "its blocks, so other positions cannot be honoured")
+        held = f"; the cache holds {seen} tokens" if seen else ""
+        raise ValueError(f"position_ids must count the tokens from {seen} ({seen}, {seen + 1}, ...{held}), got "
+                         f"{first}{' ...' if position_ids.numel() > 4 else ''}: MHLA's positions are its blocks, so "
+                         "other positions cannot be honoured")
 
 
 AutoConfig.register(MHLAConfig.model_type, MHLAConfig)

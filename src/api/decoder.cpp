@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 
 #include "api/decoder_checks.hpp"
 #include "api/decoder_kernels.hpp"
@@ -15,23 +14,30 @@
 #include "core/validated_call.hpp"
 
 namespace mhla {
-using detail::fail;
+namespace {
 
-Decoder::Decoder(const DecoderOptions& options, TensorView<const float> w) : options_(options) {
-  const char* fn = "mhla::Decoder";
-  const detail::DecoderMixing mixing =
-      detail::check_decoder(fn, options, w.shape, w.data, w.device);
-  scale_ = mixing.scale;
-  toeplitz_ = mixing.toeplitz;
-  blocks_ = mixing.blocks;
-  length_ = mixing.length;
-  window_ = std::max<int64_t>(length_, 1) - 1;
-  per_head_ = mixing.per_head;
+constexpr const char* kConstructor = "mhla::Decoder";
+
+// q, k and v are host memory (the decoder's state is): the shape checks
+// (decoder_checks.hpp) take no devices.
+void check_token_devices(const char* fn, const TensorView<const float>& q,
+                         const TensorView<const float>& k, const TensorView<const float>& v) {
+  for (const auto& [name, device] : {std::pair{"q", q.device}, {"k", k.device}, {"v", v.device}})
+    detail::check_device(fn, name, device);
+}
+
+}  // namespace
+
+Decoder::Decoder(const DecoderOptions& options, TensorView<const float> w)
+    : options_(options),
+      mixing_(detail::check_decoder(kConstructor, options, w.shape, w.data, w.device)),
+      window_(std::max<int64_t>(mixing_.length, 1) - 1) {
+  const char* fn = kConstructor;
   summary_floats_ = detail::decode_state(fn, options)->floats();
   const size_t summary = size_t(summary_floats_);
   const double state_bytes =
       double(options.batch) * double(options.heads) *
-      (sizeof(HeadState) + double(summary) * (toeplitz_ ? 3 : 2) * sizeof(float) +
+      (sizeof(HeadState) + double(summary) * (mixing_.toeplitz ? 3 : 2) * sizeof(float) +
        2.0 * double(options.dk) * sizeof(float));
   detail::allocating(fn,
                      "the decoding state of " + std::to_string(options.batch) + " x " +
@@ -44,25 +50,21 @@ Decoder::Decoder(const DecoderOptions& options, TensorView<const float> w) : opt
                        for (HeadState& s : states_) {
                          s.prefix.assign(summary, 0.0f);
                          s.running.assign(summary, 0.0f);
-                         if (toeplitz_) s.far.assign(summary, 0.0f);
+                         if (mixing_.toeplitz) s.far.assign(summary, 0.0f);
                        }
                        features_.resize(size_t(options.batch * options.heads * 2 * options.dk));
                      });
 }
 
-detail::DecoderMixing Decoder::mixing() const {
-  return {scale_, toeplitz_, per_head_, blocks_, length_};
-}
-
-int64_t Decoder::max_tokens() const { return detail::decoder_context(options_, mixing()); }
+int64_t Decoder::max_tokens() const { return detail::decoder_context(options_, mixing_); }
 
 const float* Decoder::head_w(int64_t h) const {
-  if (!per_head_) return w_.data();
-  return w_.data() + h * (toeplitz_ ? length_ + 1 : blocks_ * blocks_);
+  if (!mixing_.per_head) return w_.data();
+  return w_.data() + h * (mixing_.toeplitz ? mixing_.length + 1 : mixing_.blocks * mixing_.blocks);
 }
 
 float Decoder::diagonal(int64_t h, int64_t block) const {
-  return toeplitz_ ? head_w(h)[0] : head_w(h)[block * blocks_ + block];
+  return mixing_.toeplitz ? head_w(h)[0] : head_w(h)[block * mixing_.blocks + block];
 }
 
 const float* Decoder::kept_summary(const HeadState& s, int64_t j) const {
@@ -76,11 +78,11 @@ int64_t Decoder::kept_count(const HeadState& s) const {
 void Decoder::mix_prefix(HeadState& s, int64_t h, int64_t block) const {
   const int64_t x = summary_floats_;
   const int64_t kept = kept_count(s);
-  if (toeplitz_) {
+  if (mixing_.toeplitz) {
     // prefix = w[L] far + sum_{d = 1}^{kept} w[d] S_{block - d}; far holds the
     // blocks at distance >= max(L, 1).
     const float* w = head_w(h);
-    for (int64_t c = 0; c < x; ++c) s.prefix[c] = w[length_] * s.far[c];
+    for (int64_t c = 0; c < x; ++c) s.prefix[c] = w[mixing_.length] * s.far[c];
     for (int64_t d = 1; d <= kept; ++d)
       cblas_saxpy(blasint(x), w[d], kept_summary(s, kept - d), 1, s.prefix.data(), 1);
     return;
@@ -92,17 +94,17 @@ void Decoder::mix_prefix(HeadState& s, int64_t h, int64_t block) const {
   }
   // Without Toeplitz mixing nothing leaves the state: the blocks lie in order.
   cblas_sgemv(CblasRowMajor, CblasTrans, blasint(block), blasint(x), 1.0f, s.finished.data(),
-              blasint(x), head_w(h) + block * blocks_, 1, 0.0f, s.prefix.data(), 1);
+              blasint(x), head_w(h) + block * mixing_.blocks, 1, 0.0f, s.prefix.data(), 1);
 }
 
 int64_t Decoder::kept_blocks(int64_t position) const {
   const int64_t finished = position > 0 ? (position - 1) / options_.block : 0;
-  return toeplitz_ ? std::min(finished, window_) : finished;
+  return mixing_.toeplitz ? std::min(finished, window_) : finished;
 }
 
 void Decoder::push_finished(HeadState& s, const float* summary) const {
   const int64_t x = summary_floats_;
-  if (!toeplitz_ || kept_count(s) < window_) {
+  if (!mixing_.toeplitz || kept_count(s) < window_) {
     s.finished.insert(s.finished.end(), summary, summary + x);
     return;
   }
@@ -147,10 +149,9 @@ void Decoder::prefill(int64_t seq, TensorView<const float> q, TensorView<const f
                       TensorView<const float> v, TensorView<float> o) {
   const char* fn = "mhla::Decoder::prefill";
   detail::check_decoder_sequence(fn, options_, seq);
-  for (const auto& [name, device] : {std::pair{"q", q.device}, {"k", k.device}, {"v", v.device}})
-    detail::check_device(fn, name, device);
+  check_token_devices(fn, q, k, v);
   const detail::AttentionDims d =
-      detail::check_decoder_prefill(fn, options_, mixing(), seq, positions_[seq], q.data, q.shape,
+      detail::check_decoder_prefill(fn, options_, mixing_, seq, positions_[seq], q.data, q.shape,
                                     k.data, k.shape, v.data, v.shape);
   detail::check_output(fn, "o", o, {1, d.tokens, options_.heads, options_.dv});
 
@@ -161,10 +162,10 @@ void Decoder::prefill(int64_t seq, TensorView<const float> q, TensorView<const f
   detail::Problem problem =
       detail::check_linear_options(fn, detail::decoder_as_linear(options_), d);
   problem.blocks = problem.mixing_blocks = layout.num_blocks();
-  problem.w_stride = blocks_;
-  problem.per_head_mixing = per_head_;
-  problem.toeplitz = toeplitz_;
-  problem.toeplitz_length = length_;
+  problem.w_stride = mixing_.blocks;
+  problem.per_head_mixing = mixing_.per_head;
+  problem.toeplitz = mixing_.toeplitz;
+  problem.toeplitz_length = mixing_.length;
   const detail::ValidatedCall call(std::move(problem), std::move(layout));
   const detail::Problem& p = call.problem();
   const int64_t m = p.blocks, heads = options_.heads;
@@ -197,13 +198,12 @@ void Decoder::step(TensorView<const float> q, TensorView<const float> k, TensorV
                    TensorView<float> o) {
   const char* fn = "mhla::Decoder::step";
   const int64_t batch = options_.batch, heads = options_.heads, dk = options_.dk, dv = options_.dv;
-  for (const auto& [name, device] : {std::pair{"q", q.device}, {"k", k.device}, {"v", v.device}})
-    detail::check_device(fn, name, device);
-  detail::check_decoder_step(fn, options_, mixing(), positions_, q.data, q.shape, k.data, k.shape,
+  check_token_devices(fn, q, k, v);
+  detail::check_decoder_step(fn, options_, mixing_, positions_, q.data, q.shape, k.data, k.shape,
                              v.data, v.shape);
   detail::check_output(fn, "o", o, {batch, 1, heads, dv});
 
-  const float eps = float(options_.eps), scale = float(scale_);
+  const float eps = float(options_.eps), scale = float(mixing_.scale);
   const auto state = detail::decode_state(fn, options_);
   bool finite = true;
 #pragma omp parallel for schedule(static) reduction(&& : finite)

@@ -12,15 +12,6 @@
 
 namespace mhla::detail {
 
-// What the options and w say about the mixing.
-struct DecoderMixing {
-  double scale = 0;
-  bool toeplitz = false;
-  bool per_head = false;
-  int64_t blocks = 0;  // dense: M
-  int64_t length = 0;  // Toeplitz: L
-};
-
 // The options as the operator's: causal linear attention with the decoder's
 // read-out.
 LinearAttentionOptions decoder_as_linear(const DecoderOptions& options);

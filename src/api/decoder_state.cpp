@@ -100,8 +100,8 @@ std::vector<uint8_t> Decoder::serialize() const {
   out.f64(options_.eps);
   out.u8(options_.scale ? 1 : 0);
   out.f64(options_.scale.value_or(0.0));
-  const int64_t width = toeplitz_ ? length_ + 1 : blocks_;
-  out.u8(per_head_ ? 1 : 0);
+  const int64_t width = mixing_.toeplitz ? mixing_.length + 1 : mixing_.blocks;
+  out.u8(mixing_.per_head ? 1 : 0);
   out.i64(width);  // L + 1 (Toeplitz) or M (dense)
   out.floats(w_.data(), w_.size());
   for (int64_t position : positions_) out.i64(position);
@@ -115,7 +115,7 @@ std::vector<uint8_t> Decoder::serialize() const {
   };
   for (const HeadState& s : states_) {
     for (int64_t b = 0; b < kept_count(s); ++b) write(kept_summary(s, b));
-    if (toeplitz_) write(s.far.data());
+    if (mixing_.toeplitz) write(s.far.data());
     write(s.running.data());
   }
   out.u32(crc32_of(out.bytes()));

@@ -100,15 +100,6 @@ class TorchDecoder:
         v1 = torch.cat([v.to(torch.float32), v.new_ones(*v.shape[:-1], 1, dtype=torch.float32)], dim=-1)
         return phi_q, phi_k, v1
 
-    def _read_out(self, y):
-        dv = self.options.dv
-        if self.options.normalize:
-            return y[..., :dv] / self._divisor(y)
-        return self.scale * y[..., :dv]
-
-    def _divisor(self, y):
-        return y[..., self.options.dv:] + self.options.eps
-
     def _tokens(self, function, q, k, v):
         """q, k, v as torch tensors on the state's device (a NumPy array on the CPU is read as one)."""
         tensors = []
@@ -134,7 +125,9 @@ class TorchDecoder:
         self.running += phi_k.unsqueeze(-1) * v1.unsqueeze(-2)
         state = self.prefix + self.diagonal.unsqueeze(-1).unsqueeze(-1) * self.running
         y = torch.einsum("bhd,bhdx->bhx", phi_q, state)
-        o = self._read_out(y).unsqueeze(1)
+        dv, normalize = self.options.dv, self.options.normalize
+        divisor = y[..., dv:] + self.options.eps if normalize else None
+        o = (y[..., :dv] / divisor if normalize else self.scale * y[..., :dv]).unsqueeze(1)
         for seq in range(batch):
             self.positions[seq] += 1
             if self.positions[seq] % self.block == 0:
@@ -144,14 +137,12 @@ class TorchDecoder:
                 self._enter_block(seq, i + 1)
         # As the C++ decoder: checked once the token is in the state, which the message says.
         base = self._message("mhla::Decoder::step")
-        normalize = self.options.normalize
-        divisor = self._divisor(y) if normalize else None
         _finite_results.check_results(
             {"o": o}, dict(q=q, k=k, v=v),
             lambda *args: base(*args) + " (the token was added to the state; reset the sequence)",
             denominator=chunk.read_out_flag(divisor) if normalize else None,
-            denominator_entry=(lambda: chunk.read_out_entry((y[..., :self.options.dv] * divisor.reciprocal())
-                                                            .unsqueeze(1))) if normalize else None)
+            denominator_entry=(lambda: chunk.read_out_entry((y[..., :dv] * divisor.reciprocal()).unsqueeze(1)))
+            if normalize else None)
         return o.to(q.dtype)
 
     def _message(self, function):
