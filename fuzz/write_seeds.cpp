@@ -1,8 +1,7 @@
 // Writes the fuzzers' starting corpora: valid decoder snapshots (dense and
 // Toeplitz, shared and per-head, sequences at different positions) into
-// DIR/decoder_state, valid .npy files (float32/float64, several ranks)
-// into DIR/npy, and safetensors files (a tiny training checkpoint, an empty
-// file, a scalar) into DIR/safetensors.
+// DIR/decoder_state and valid .npy files (float32/float64, several ranks)
+// into DIR/npy. (The lab's checkpoint fuzzer has its own seed writer.)
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -10,10 +9,6 @@
 
 #include "common/npy.hpp"
 #include "mhla/decoder.hpp"
-#include "mhla_support/files.hpp"
-#include "train/checkpoint.hpp"
-#include "train/safetensors.hpp"
-#include "train/task.hpp"
 
 int main(int argc, char** argv) {
   if (argc != 2) {
@@ -65,30 +60,5 @@ int main(int argc, char** argv) {
                              mhla::tools::NpyArray::of(dtype, shape, values), true);
     }
   std::printf("wrote %d seeds to %s\n", npy_written, npy_dir.c_str());
-
-  const std::string safetensors_dir = std::string(argv[1]) + "/safetensors";
-  std::filesystem::create_directories(safetensors_dir);
-  mhla::train::RunConfig config;
-  config.attention = {mhla::train::AttentionKind::mhla};
-  config.dim = 4;
-  config.heads = 1;
-  config.mlp_hidden = 4;
-  config.conv_kernel = 2;
-  config.vocab = 8;
-  config.seq_len = 8;
-  config.kv_pairs = 2;
-  config.block = 4;
-  mhla::train::Model<float> model(mhla::train::make_task(config, "")->model_config(), 0);
-  mhla::train::AdamW<float> optimizer(model.parameters(), {});
-  mhla::train::save_checkpoint(safetensors_dir + "/checkpoint.safetensors", config, model,
-                               optimizer, {});
-  mhla::io::write_file_atomically(safetensors_dir + "/empty.safetensors",
-                                  mhla::train::encode_safetensors(mhla::train::SafeTensors{}));
-  mhla::train::SafeTensors scalar;
-  scalar.tensors["x"] = {{}, {1.5f}};
-  scalar.metadata["k"] = "v";
-  mhla::io::write_file_atomically(safetensors_dir + "/scalar.safetensors",
-                                  mhla::train::encode_safetensors(scalar));
-  std::printf("wrote 3 seeds to %s\n", safetensors_dir.c_str());
   return 0;
 }

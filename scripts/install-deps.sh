@@ -13,7 +13,7 @@ packages=(
   libzip-dev               # .npz archives (mhla forward/backward/analyze)
   libstb-dev               # PNG heatmaps (stb_image_write)
   gnuplot-nox              # PNG plots of mhla bench and the training loss curves
-  dataset-fashion-mnist    # the image task of mhla train / mhla compare
+  dataset-fashion-mnist    # the image task of mhla-lab train / mhla-lab compare
   bible-kjv bible-kjv-text # the text task's corpus (KJV) and the program that reads its compressed data
   libgtest-dev libgmock-dev  # unit tests
   python3-numpy            # the CLI test on NumPy's own files; the Python package's NumPy path

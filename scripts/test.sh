@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# All tests: install, build, run every C++ test with CTest, then the Python
-# package's tests with pytest under Debian's interpreter twice: with Debian's
-# torch 1.13, and with a current torch from PyPI (scripts/torch2_env.sh, made
-# once per machine), where torch.compile and timm are tested too.
+# All tests: install, build, run every C++ test with CTest (the library's, then
+# the lab's in experiments/), then the Python package's tests with pytest under
+# Debian's interpreter twice: with Debian's torch 1.13, and with a current torch
+# from PyPI (scripts/torch2_env.sh, made once per machine), where torch.compile,
+# timm and the lab's Python experiments are tested too.
 #
 # Prints one line per stage (time, and the tally of its tests); each stage's
 # whole output goes to test-logs/STAGE.log (MHLA_TEST_LOGS elsewhere). A
@@ -41,8 +42,10 @@ skipped=$({ grep "(Skipped)" "$logs/ctest.log" || true; } |
   sed -E 's/^[[:space:]]*[0-9]+ - ([A-Za-z0-9_]+\/)?([A-Za-z0-9_]+)\..*/\2/' | sort | uniq -c |
   awk '{ total += $1; list = list sep $2 " " $1; sep = ", " } END { if (total) print total " (" list ")" }')
 if [[ -n "$skipped" ]]; then printf '%-18s    of them skipped: %s\n' "" "$skipped"; fi
+stage lab-ctest "tests passed" ctest --test-dir build/experiments --output-on-failure -j "$(nproc)"
 export PYTHONPATH="$PWD/build/python"
 stage pytest-torch-1.13 " passed" /usr/bin/python3 -m pytest -q python/tests
 stage torch-2.11-env "" bash scripts/torch2_env.sh
 torch2_env=$(tail -n 1 "$logs/torch-2.11-env.log")
 stage pytest-torch-2.11 " passed" "$torch2_env/bin/python" -m pytest -q python/tests
+stage lab-pytest " passed" "$torch2_env/bin/python" -m pytest -q experiments/python/tests

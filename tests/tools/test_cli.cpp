@@ -2,13 +2,12 @@
 // agree with the library, analyze and bench write their files, and bad input
 // fails with a one-line error naming the file, overwriting nothing.
 #include <cblas.h>
-#include <sys/wait.h>
 
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "common/child_process.hpp"
 #include "common/npy.hpp"
 #include "common/openblas_core.hpp"
 #include "test_support.hpp"
@@ -21,10 +20,7 @@ using testing::HasSubstr;
 using testing::Not;
 using tools::DType;
 
-struct CliRun {
-  int status;
-  std::string output;  // stdout and stderr
-};
+using CliRun = tools::CommandRun;
 
 // `environment`: `env` arguments the program runs under ("-u NAME", "NAME=VALUE").
 // By default it runs on this process's OpenBLAS kernels, which it would
@@ -32,14 +28,8 @@ struct CliRun {
 // and the library's here agree to the bit.
 CliRun mhla_cli(const std::string& args, const std::string& environment = "") {
   const std::string pinned = std::string("OPENBLAS_CORETYPE=") + openblas_get_corename();
-  const std::string command = "env " + (environment.empty() ? pinned : environment) + " " +
-                              MHLA_CLI + " " + args + " 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
-  std::string output;
-  char buffer[1024];
-  while (fgets(buffer, sizeof buffer, pipe)) output += buffer;
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+  return tools::run_command("env " + (environment.empty() ? pinned : environment) + " " + MHLA_CLI +
+                            " " + args);
 }
 
 class Cli : public testing::Test {
@@ -268,275 +258,6 @@ TEST_F(Cli, BenchWritesCsvJsonAndPlot) {
     EXPECT_GT(row["peak_rss_bytes"].get<double>(), 0.0);
   }
   EXPECT_TRUE(fs::exists(path("b/bench.png")));
-}
-
-// A tiny run's flags, shared by the train and resume steps below.
-const std::string kTinyTrain =
-    "train --task mqar --attention mhla,softmax --dim 8 --heads 2 --mlp 8 --conv 2 --steps 6 "
-    "--warmup 1 --batch 2 "
-    "--vocab 16 --seq-len 16 --kv-pairs 2 --block 4 --eval-samples 4 --threads 1 ";
-
-TEST_F(Cli, TrainStopsResumesAndWritesItsOutputs) {
-  const CliRun whole = mhla_cli(kTinyTrain + "--out " + path("whole"));
-  ASSERT_EQ(whole.status, 0) << whole.output;
-  EXPECT_THAT(whole.output, HasSubstr("final evaluation: validation loss"));
-  for (const char* name : {"checkpoint.safetensors", "metrics.json", "loss.png"})
-    EXPECT_TRUE(fs::exists(path("whole/" + std::string(name)))) << name;
-
-  const CliRun part = mhla_cli(kTinyTrain + "--stop-after 3 --out " + path("split"));
-  ASSERT_EQ(part.status, 0) << part.output;
-  EXPECT_THAT(part.output, HasSubstr("stopped before the end; continue with --resume"));
-  const CliRun rest = mhla_cli(kTinyTrain + "--out " + path("split") + " --resume " +
-                               path("split/checkpoint.safetensors"));
-  ASSERT_EQ(rest.status, 0) << rest.output;
-  auto history = [&](const std::string& dir) {
-    std::ifstream in(path(dir + "/metrics.json"));
-    return nlohmann::json::parse(in)["history"];
-  };
-  // metrics.json keeps the smoothed curve, not the per-step losses (the checkpoint has those).
-  EXPECT_FALSE(history("whole").contains("train_loss"));
-  EXPECT_EQ(history("whole")["train_curve"]["step"].back(), 6);
-  EXPECT_EQ(history("split")["train_curve"], history("whole")["train_curve"]);
-  EXPECT_EQ(history("split")["eval"], history("whole")["eval"]);
-
-  // Another run's checkpoint, or a damaged one, is a one-line error.
-  const CliRun other = mhla_cli(kTinyTrain + "--seed 9 --out " + path("other") + " --resume " +
-                                path("whole/checkpoint.safetensors"));
-  EXPECT_EQ(other.status, 1);
-  EXPECT_THAT(other.output, HasSubstr("seed 0 vs 9"));
-  {
-    std::ofstream damaged(path("damaged.safetensors"), std::ios::binary);
-    damaged.write("\x10\0\0\0\0\0\0\0{\"a\":", 13);  // promises a 16-byte header, holds 5
-  }
-  const CliRun bad =
-      mhla_cli(kTinyTrain + "--out " + path("bad") + " --resume " + path("damaged.safetensors"));
-  EXPECT_EQ(bad.status, 1);
-  EXPECT_THAT(bad.output, HasSubstr("damaged.safetensors"));
-}
-
-TEST_F(Cli, CompareWidensTheGridAndContinuesAStoppedComparison) {
-  const std::string compare =
-      "compare --preset full --tasks mqar --steps 4 --eval-size 8 --seeds 0,1 --lrs 1e-3,2e-3 "
-      "--threads 1 --out " +
-      path("c");
-  const CliRun first = mhla_cli(compare);
-  ASSERT_EQ(first.status, 0) << first.output;
-  std::ifstream in(path("c/compare.json"));
-  const nlohmann::json report = nlohmann::json::parse(in);
-  int runs = 0;
-  for (const auto& model : report["entries"][0]["models"]) {
-    // The chosen rate has the best validation score of the sweep, and lies
-    // inside the tried rates unless the grid was widened as far as it goes.
-    const auto& sweep = model["sweep"];
-    double best = -1;
-    for (const auto& s : sweep) best = std::max(best, s["validation"].get<double>());
-    int below = 0, above = 0;
-    for (const auto& s : sweep) {
-      if (s["lr"] == model["lr"]) {
-        EXPECT_EQ(s["validation"].get<double>(), best);
-      }
-      below += s["lr"].get<double>() < model["lr"].get<double>();
-      above += s["lr"].get<double>() > model["lr"].get<double>();
-    }
-    EXPECT_GE(sweep.size(), 2u);
-    EXPECT_EQ(model["lr_inside_grid"].get<bool>(), below > 0 && above > 0);
-    if (!model["lr_inside_grid"].get<bool>()) {
-      EXPECT_EQ(sweep.size(), 2u + 3u);
-    }
-    EXPECT_EQ(model["test"].size(), 2u);
-    // The sweep, then each seed at the chosen rate; the first seed's run is the
-    // sweep's own (read back), as the rate is chosen by full runs here.
-    runs += int(sweep.size()) + 2;
-  }
-  ASSERT_EQ(report["entries"][0]["paired_test_differences"].size(), 1u);
-  EXPECT_EQ(report["entries"][0]["paired_test_differences"][0]["per_seed"].size(), 2u);
-
-  // Run again: every run is read back, none trains, and the tables are the same.
-  auto tables = [&] {
-    std::ifstream md(path("c/compare.md"));
-    std::string text((std::istreambuf_iterator<char>(md)), std::istreambuf_iterator<char>());
-    return text.substr(text.find('\n'));  // without the caption's timing
-  };
-  const std::string before = tables();
-  // A run recorded with its per-step history, as metrics files once were, is read back too.
-  {
-    char chosen[32];
-    std::snprintf(chosen, sizeof chosen, "%g", report["entries"][0]["models"][0]["lr"].get<double>());
-    const fs::path first =
-        fs::path(path("c")) / "mqar_N_256_kv_8" / ("linear-lr" + std::string(chosen) + "-seed0");
-    std::ifstream in(first / "metrics.json");
-    nlohmann::json metrics = nlohmann::json::parse(in);
-    in.close();
-    const int64_t steps = metrics["steps_done"].get<int64_t>();
-    metrics["history"].erase("train_curve");
-    metrics["history"]["train_loss"] = std::vector<double>(size_t(steps), 1.0);
-    metrics["history"]["train_accuracy"] = std::vector<double>(size_t(steps), 0.0);
-    std::ofstream(first / "metrics.json") << metrics.dump(2);
-  }
-  const CliRun again = mhla_cli(compare);
-  ASSERT_EQ(again.status, 0) << again.output;
-  size_t read_back = 0;
-  for (size_t at = 0; (at = again.output.find("(read back)", at)) != std::string::npos; ++at)
-    ++read_back;
-  EXPECT_EQ(int(read_back), runs) << again.output;
-  EXPECT_THAT(again.output, Not(HasSubstr(" tok/s")));  // no training step printed
-  EXPECT_EQ(tables(), before);
-
-  // A run whose metrics are gone is trained again; the others are read back.
-  char lr[32];
-  std::snprintf(lr, sizeof lr, "%g", report["entries"][0]["models"][1]["lr"].get<double>());
-  const fs::path one =
-      fs::path(path("c")) / "mqar_N_256_kv_8" / ("mhla-lr" + std::string(lr) + "-seed1");
-  ASSERT_TRUE(fs::remove(one / "metrics.json"));
-  fs::remove(one / "checkpoint.safetensors");
-  const CliRun third = mhla_cli(compare);
-  ASSERT_EQ(third.status, 0) << third.output;
-  EXPECT_THAT(third.output, HasSubstr(" tok/s"));
-  EXPECT_THAT(third.output, HasSubstr("seed 1: validation"));
-  EXPECT_EQ(tables(), before);
-}
-
-TEST_F(Cli, CompareTakesOneModelSizeForEveryModel) {
-  const std::string compare =
-      "compare --preset full --tasks mqar --steps 2 --eval-size 4 --seeds 0 --lrs 1e-3 "
-      "--threads 1 --layers 3 --dim 16 --heads 4 --mlp 24 --attention softmax,linear ";
-  const CliRun r = mhla_cli(compare + "--out " + path("sized"));
-  ASSERT_EQ(r.status, 0) << r.output;
-  std::ifstream in(path("sized/compare.json"));
-  const nlohmann::json entry = nlohmann::json::parse(in)["entries"][0];
-  EXPECT_EQ(entry["config"]["dim"], 16);
-  EXPECT_EQ(entry["config"]["heads"], 4);
-  EXPECT_EQ(entry["config"]["mlp_hidden"], 24);
-  for (const char* model : {"softmax", "linear"}) {
-    std::ifstream metrics(
-        path("sized/mqar_N_256_kv_8/" + std::string(model) + "-lr0.001-seed0/metrics.json"));
-    const nlohmann::json config = nlohmann::json::parse(metrics)["config"];
-    EXPECT_EQ(config["attention"], std::string(model) + "," + model + "," + model);
-    EXPECT_EQ(config["dim"], 16);
-    EXPECT_EQ(config["mlp_hidden"], 24);
-  }
-  std::ifstream md(path("sized/compare.md"));
-  const std::string text((std::istreambuf_iterator<char>(md)), std::istreambuf_iterator<char>());
-  EXPECT_THAT(text, HasSubstr("3 layers of width 16, 4 heads, MLP 24"));
-  // Softmax is in the table and MHLA is not: neither note applies.
-  EXPECT_THAT(text, Not(HasSubstr("softmax is not in this table")));
-  EXPECT_THAT(text, Not(HasSubstr("MHLA starts here as exactly linear attention")));
-
-  // A model that lists its layers must list as many as --layers asks for.
-  const CliRun bad = mhla_cli(
-      "compare --preset full --tasks mqar --layers 3 --attention "
-      "linear/mhla --out " +
-      path("bad"));
-  EXPECT_EQ(bad.status, 1);
-  EXPECT_THAT(bad.output, HasSubstr("--layers 3 but the model 'linear/mhla' lists 2 layers"));
-}
-
-TEST_F(Cli, CompareTrainsOnlyTheTablesNamed) {
-  const std::string compare =
-      "compare --preset full --tasks all --steps 2 --eval-size 4 --seeds 0 --lrs 1e-3 "
-      "--threads 1 --dim 8 --heads 2 --mlp 8 ";
-  const CliRun r = mhla_cli(compare + "--tables 'mqar N=256 kv=8' --out " + path("one"));
-  ASSERT_EQ(r.status, 0) << r.output;
-  std::ifstream in(path("one/compare.json"));
-  const nlohmann::json entries = nlohmann::json::parse(in)["entries"];
-  ASSERT_EQ(entries.size(), 1u);
-  EXPECT_EQ(entries[0]["label"], "mqar N=256 kv=8");
-  EXPECT_FALSE(fs::exists(path("one/text_KJV_N_512")));
-  // The table says what its rows do not: MHLA's start on a causal task, the
-  // absent softmax, and what a causal matrix's rank means.
-  std::ifstream md(path("one/compare.md"));
-  const std::string text((std::istreambuf_iterator<char>(md)), std::istreambuf_iterator<char>());
-  EXPECT_THAT(text, HasSubstr("MHLA starts here as exactly linear attention"));
-  EXPECT_THAT(text, HasSubstr("softmax is not in this table"));
-  EXPECT_THAT(text, HasSubstr("so it has full rank whatever the attention"));
-
-  const CliRun bad =
-      mhla_cli(compare + "--tables 'mqar N=256,text KJV N=512' --out " + path("bad"));
-  EXPECT_EQ(bad.status, 1);
-  EXPECT_THAT(bad.output,
-              HasSubstr("--tables: no table 'mqar N=256' in this comparison; its tables "
-                        "are 'text KJV N=512', "));
-  EXPECT_FALSE(fs::exists(path("bad/text_KJV_N_512")));
-}
-
-TEST_F(Cli, CompareMeasuresEveryModelAgainstTheBaselineTable) {
-  if (!fs::exists("/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz"))
-    GTEST_SKIP() << "Debian's fashion-mnist package is not installed";
-  const std::string compare =
-      "compare --preset plateau --steps 2 --eval-size 16 --seeds 0,1 --lrs 1e-3 --threads 1 "
-      "--dim 8 --heads 2 --mlp 8 --attention softmax,mhla ";
-  const CliRun r = mhla_cli(
-      compare + "--tables 'fashion-mnist 1 token,fashion-mnist 196 tokens' --out " + path("b"));
-  ASSERT_EQ(r.status, 0) << r.output;
-  std::ifstream in(path("b/compare.json"));
-  const nlohmann::json entries = nlohmann::json::parse(in)["entries"];
-  ASSERT_EQ(entries.size(), 2u);
-  // The baseline table is not measured against itself (its mhla − softmax
-  // only).
-  ASSERT_EQ(entries[0]["paired_test_differences"].size(), 1u);
-  EXPECT_FALSE(entries[0]["paired_test_differences"][0].contains("subtrahend_table"));
-  const nlohmann::json& baseline = entries[0]["models"][0];
-  ASSERT_EQ(baseline["attention"], "softmax");
-  // One rate leaves nothing to choose: no short sweep run trains before the
-  // seeds' runs.
-  EXPECT_TRUE(baseline["sweep"].empty());
-  EXPECT_TRUE(fs::exists(path("b/fashion-mnist_196_tokens/mhla-lr0.001-seed0/metrics.json")));
-  EXPECT_FALSE(fs::exists(path("b/fashion-mnist_196_tokens/mhla-lr0.001-seed0-sweep")));
-  // The 196-token table: mhla − softmax, then each model minus the baseline's
-  // first model, seed by seed, in accuracy points.
-  const nlohmann::json& differences = entries[1]["paired_test_differences"];
-  ASSERT_EQ(differences.size(), 3u);
-  EXPECT_FALSE(differences[0].contains("subtrahend_table"));
-  std::ifstream md(path("b/compare.md"));
-  const std::string text((std::istreambuf_iterator<char>(md)), std::istreambuf_iterator<char>());
-  EXPECT_THAT(text, HasSubstr("| 0.001 (given) |"));
-  for (size_t m = 0; m < 2; ++m) {
-    const nlohmann::json& d = differences[1 + m];
-    const nlohmann::json& model = entries[1]["models"][m];
-    EXPECT_EQ(d["minuend"], model["attention"]);
-    EXPECT_EQ(d["subtrahend"], "softmax");
-    EXPECT_EQ(d["subtrahend_table"], "fashion-mnist 1 token");
-    for (size_t s = 0; s < 2; ++s)
-      EXPECT_NEAR(d["per_seed"][s].get<double>(),
-                  100 * (model["test"][s].get<double>() - baseline["test"][s].get<double>()),
-                  1e-9);
-    EXPECT_THAT(text, HasSubstr("| " + model["attention"].get<std::string>() +
-                                " − fashion-mnist 1 token | "));
-  }
-  // Without the baseline table in the command, no such rows.
-  const CliRun alone =
-      mhla_cli(compare + "--tables 'fashion-mnist 196 tokens' --out " + path("b"));
-  ASSERT_EQ(alone.status, 0) << alone.output;
-  std::ifstream again(path("b/compare.json"));
-  EXPECT_EQ(nlohmann::json::parse(again)["entries"][0]["paired_test_differences"].size(), 1u);
-}
-
-TEST_F(Cli, TrainOneKindFillsTheDepth) {
-  const std::string tiny =
-      "train --dim 8 --heads 2 --mlp 8 --steps 2 --warmup 0 --batch 2 --vocab 16 --seq-len 16 "
-      "--kv-pairs 2 "
-      "--block 4 --eval-samples 2 --attention linear ";
-  auto layers = [&](const std::string& extra, const std::string& dir) {
-    const CliRun r = mhla_cli(tiny + extra + "--out " + path(dir));
-    EXPECT_EQ(r.status, 0) << r.output;
-    std::ifstream in(path(dir + "/metrics.json"));
-    return nlohmann::json::parse(in)["config"]["attention"].get<std::string>();
-  };
-  EXPECT_EQ(layers("", "preset"), "linear,linear");  // the preset's two layers
-  EXPECT_EQ(layers("--layers 3 ", "three"), "linear,linear,linear");
-}
-
-TEST_F(Cli, TrainRejectsBadSettings) {
-  const CliRun r = mhla_cli("train --task mqar --attention mhla,bogus --out " + path("x"));
-  EXPECT_EQ(r.status, 1);
-  EXPECT_THAT(r.output, HasSubstr("unknown attention 'bogus'"));
-  const CliRun layers = mhla_cli("train --attention mhla,linear --layers 3 --out " + path("z"));
-  EXPECT_EQ(layers.status, 1);
-  EXPECT_THAT(layers.output, HasSubstr("--layers 3 but --attention lists 2 layers"));
-  const CliRun fm = mhla_cli("train --task fashion-mnist --data " + path("none") +
-                             " --steps 2 --warmup 0 --out " + path("y"));
-  EXPECT_EQ(fm.status, 1);
-  EXPECT_THAT(fm.output, HasSubstr("apt-get install dataset-fashion-mnist"));
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "common/child_process.hpp"
 
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -37,6 +38,17 @@ std::string run_self(const std::vector<std::string>& args, const std::vector<std
   while (fgets(buffer, sizeof(buffer), pipe)) text += buffer;
   if (pclose(pipe) != 0) throw Error("child measurement failed (" + command + "): " + text);
   return text;
+}
+
+CommandRun run_command(const std::string& command) {
+  const std::string merged = command + " 2>&1";
+  FILE* pipe = popen(merged.c_str(), "r");
+  if (!pipe) throw Error("cannot start: " + command);
+  std::string output;
+  char buffer[1024];
+  while (fgets(buffer, sizeof buffer, pipe)) output += buffer;
+  const int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
 }
 
 }  // namespace mhla::tools

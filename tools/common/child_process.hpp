@@ -1,7 +1,7 @@
 #pragma once
-// Peak-memory measurements need a fresh process per measurement (a process's
-// peak RSS never goes down), so the benchmarks re-run their own executable
-// with internal arguments and read back what it prints.
+// Child processes. Peak-memory measurements need a fresh process per
+// measurement (a process's peak RSS never goes down), so the benchmarks re-run
+// their own executable with internal arguments and read back what it prints.
 #include <string>
 #include <vector>
 
@@ -15,5 +15,14 @@ double peak_rss_bytes();
 // with that output if it cannot start or exits non-zero.
 std::string run_self(const std::vector<std::string>& args,
                      const std::vector<std::string>& unset = {});
+
+// A shell command's exit status (-1 when it did not exit normally) and what it
+// printed on standard output and standard error: the tests run the programs
+// as a user runs them.
+struct CommandRun {
+  int status;
+  std::string output;
+};
+CommandRun run_command(const std::string& command);
 
 }  // namespace mhla::tools

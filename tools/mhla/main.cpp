@@ -10,7 +10,6 @@
 #include "demo.hpp"
 #include "mhla/version.hpp"
 #include "operator_command.hpp"
-#include "train_command.hpp"
 
 int main(int argc, char** argv) {
   mhla::tools::restart_on_known_openblas_kernels(argv);
@@ -40,11 +39,6 @@ int main(int argc, char** argv) {
   mhla::tools::BenchCommand bench_args;
   CLI::App* bench_cmd = mhla::tools::add_bench_command(app, bench_args);
 
-  mhla::tools::TrainCommand train_args;
-  CLI::App* train_cmd = mhla::tools::add_train_command(app, train_args);
-  mhla::tools::CompareCommand compare_args;
-  CLI::App* compare_cmd = mhla::tools::add_compare_command(app, compare_args);
-
   CLI11_PARSE(app, argc, argv);
   try {
     if (demo_cmd->parsed()) {
@@ -55,8 +49,6 @@ int main(int argc, char** argv) {
     if (backward_cmd->parsed()) return mhla::tools::run_operator_command(backward_args);
     if (analyze_cmd->parsed()) return mhla::tools::run_operator_command(analyze_args);
     if (bench_cmd->parsed()) return mhla::tools::run_bench_command(bench_args);
-    if (train_cmd->parsed()) return mhla::tools::run_train_command(train_args);
-    if (compare_cmd->parsed()) return mhla::tools::run_compare_command(compare_args);
   } catch (const std::bad_alloc&) {
     // The library names its own allocations (mhla::OutOfMemory, with bytes);
     // this is the program's own copies of the input.
