@@ -17,9 +17,8 @@ compiled.
 import functools
 
 import torch
-from . import _core, _operators, _unpickle
+from . import _core, _operators, _plan, _unpickle
 from ._torch_forms.chunk import Geometry
-from ._torch_operands import compute_dtype
 
 AVAILABLE = hasattr(torch.library, "custom_op") and hasattr(torch.library, "register_autograd")
 
@@ -44,8 +43,8 @@ def _linear_options(masking, feature_map, normalize, eps, scale):
 
 def _summaries_like(q, v, w, rank, grid, tile, cuda_kernels):
     """An empty array of the saved summaries' shape ``[B, H, M, Dk, Dv + 1]`` in w's dtype, or of
-    shape ``[0]`` where forward keeps no state (``_operators.keeps_state``)."""
-    if not _operators.keeps_state(q, _operators.cuda_kernels_of(cuda_kernels)):
+    shape ``[0]`` where forward keeps no state (``_plan.keeps_state``)."""
+    if not _plan.keeps_state(q, cuda_kernels, True):
         return w.new_empty(0)
     blocks = Geometry.make(rank, grid, tile).num_blocks
     return w.new_empty(q.shape[0], q.shape[2], blocks, q.shape[3], v.shape[3] + 1)
@@ -131,40 +130,32 @@ if AVAILABLE:
         state=1)
 
 
-def _compute(q, *tensors):
-    """The tensors in the operator's computing dtype for q's: float32 for bfloat16 and float16."""
-    dtype = compute_dtype(q.dtype)
-    return tuple(t.to(dtype) for t in (q, *tensors))
-
-
-def mhla_attention(q, k, v, w, geometry, *, masking, feature_map, normalize, eps, scale, mixing, cuda_kernels=0):
+def mhla_attention(q, k, v, w, geometry, plan, *, masking, feature_map, normalize, eps, scale, mixing, cuda_kernels=0):
     """``mhla.torch.mhla_attention`` through the custom op (CPU tensors, and CUDA tensors where the
-    extension has the CUDA backend), options by name. As there,
-    bfloat16 and float16 q, k, v run on the operator's own 16-bit paths (float32 w), and the result
-    comes back in q's dtype."""
-    if q.dtype in (torch.bfloat16, torch.float16) and k.dtype == v.dtype == q.dtype:
-        operands = (q, k, v, w.to(torch.float32))
-    else:
-        operands = _compute(q, k, v, w)
+    extension has the CUDA backend), options by name, tensors in the ``plan``'s dtypes (bfloat16
+    and float16 q, k, v on the operator's own 16-bit paths with float32 w); the result comes back
+    in q's dtype."""
+    operands = (*(t.to(plan.operand_dtype) for t in (q, k, v)), w.to(plan.w_dtype))
     o, _, _ = forward(*operands, geometry.rank, list(geometry.grid), list(geometry.tile), masking, feature_map,
                       normalize, eps, scale, mixing, cuda_kernels)
     return o.to(q.dtype)
 
 
-def varlen_attention(q, k, v, w, cu_seqlens, *, block, mixing, masking, feature_map, normalize, eps, scale):
+def varlen_attention(q, k, v, w, cu_seqlens, plan, *, block, mixing, masking, feature_map, normalize, eps, scale):
     """``mhla.torch.varlen_attention`` of CPU tensors through the custom op, options by name,
-    ``cu_seqlens`` a list; reduced dtypes through float32 copies."""
-    o = varlen_forward(*_compute(q, k, v, w), list(cu_seqlens), block, mixing, masking, feature_map, normalize,
-                       eps, scale)
+    ``cu_seqlens`` a list; tensors in the ``plan``'s dtypes."""
+    o = varlen_forward(*(t.to(plan.operand_dtype) for t in (q, k, v, w)), list(cu_seqlens), block, mixing,
+                       masking, feature_map, normalize, eps, scale)
     return o.to(q.dtype)
 
 
-def linear_attention(q, k, v, *, masking, feature_map, normalize, eps, scale):
+def linear_attention(q, k, v, plan, *, masking, feature_map, normalize, eps, scale):
     """``mhla.torch.linear_attention`` of CPU tensors through the custom op, options by name."""
-    return linear_forward(*_compute(q, k, v), masking, feature_map, normalize, eps, scale).to(q.dtype)
+    operands = (t.to(plan.operand_dtype) for t in (q, k, v))
+    return linear_forward(*operands, masking, feature_map, normalize, eps, scale).to(q.dtype)
 
 
-def softmax_attention(q, k, v, *, causal, scale):
+def softmax_attention(q, k, v, plan, *, causal, scale):
     """``mhla.torch.softmax_attention`` of CPU tensors through the custom op."""
-    o, _ = softmax_forward(*_compute(q, k, v), causal, scale)
+    o, _ = softmax_forward(*(t.to(plan.operand_dtype) for t in (q, k, v)), causal, scale)
     return o.to(q.dtype)

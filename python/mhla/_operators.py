@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-from . import _core
+from . import _core, _plan
 from ._torch_forms import chunk
 from ._torch_operands import operand, stream_of, tensors
 
@@ -62,40 +62,16 @@ class _Eager(torch.autograd.Function):
         return (None, None, *grads)
 
 
-# The CUDA kernel families a call may name (mhla.CudaKernels' fields), as bits for the custom op.
-CUDA_KERNELS = ("bf16_state", "float16_tensor_cores", "float32_tensor_cores")
-
-
-def cuda_kernel_bits(names):
-    """``names`` (an iterable of ``CUDA_KERNELS``' entries, or None) as an int of one bit each; a
-    ValueError names an unknown one. Pure Python, for compiled regions."""
-    bits = 0
-    for name in names or ():
-        if name not in CUDA_KERNELS:
-            raise ValueError(f"unknown CUDA kernel family {name!r}; expected any of {', '.join(CUDA_KERNELS)}")
-        bits |= 1 << CUDA_KERNELS.index(name)
-    return bits
-
-
 def cuda_kernels_of(bits):
-    """The ``mhla.CudaKernels`` of ``cuda_kernel_bits``' int."""
-    return _core.CudaKernels(**{name: bool(bits >> i & 1) for i, name in enumerate(CUDA_KERNELS)})
-
-
-def keeps_state(q, cuda):
-    """Whether a forward that will be differentiated keeps its summaries and mixed summaries for
-    the backward, given the call's ``cuda`` (an ``mhla.CudaKernels``). Not for bfloat16 CUDA
-    tensors whose call runs on the bfloat16-state kernels (``cuda.bf16_state``), nor for float16
-    ones that also run float16 on the tensor-core kernels (``cuda.float16_tensor_cores``): their
-    backward recomputes its state and reads none."""
-    on_state_kernels = q.dtype == torch.bfloat16 or (q.dtype == torch.float16 and cuda.float16_tensor_cores)
-    return not (q.device.type == "cuda" and on_state_kernels and cuda.bf16_state)
+    """The ``mhla.CudaKernels`` of ``_plan.cuda_kernel_bits``' int."""
+    return _core.CudaKernels(**{name: bool(bits >> i & 1) for i, name in enumerate(_plan.CUDA_KERNELS)})
 
 
 def _mhla_run(inputs, options, save):
     operands = [operand(t) for t in inputs]
     stream = stream_of(inputs[0])  # CUDA tensors: torch's current stream
-    if not save or not keeps_state(inputs[0], options.cuda):
+    bits = _plan.cuda_kernel_bits(name for name in _plan.CUDA_KERNELS if getattr(options.cuda, name))
+    if not _plan.keeps_state(inputs[0], bits, save):
         # Inference, or a backward that recomputes its own state: nothing to keep (and bfloat16 mixes
         # on its own products).
         o, = tensors(_core.forward(*operands, options=options, stream=stream)[0])

@@ -1,12 +1,13 @@
-"""``mhla.torch``'s functions: the choice between the C++ operator (``_operators``) and the
-plain-torch path, and ``mhla_attention``, ``varlen_attention``, ``linear_attention``,
-``softmax_attention`` and the finite-result check's settings (see ``mhla.torch``)."""
+"""``mhla.torch``'s functions ``mhla_attention``, ``varlen_attention``, ``linear_attention``,
+``softmax_attention`` and the finite-result check's settings (see ``mhla.torch``). Each call follows
+its ``_plan.plan``: the C++ operator (``_operators``, or its custom op in compiled regions) or the
+plain-torch path."""
 import torch
 from torch.utils.dlpack import from_dlpack
 
-from . import _contract, _core, _custom_ops, _finite_results, _operators
+from . import _contract, _core, _custom_ops, _finite_results, _operators, _plan
 from ._torch_forms import chunk
-from ._torch_operands import compute_dtype, operand as _operand
+from ._torch_operands import operand as _operand
 from .streaming import offsets
 
 
@@ -24,24 +25,8 @@ def check_finite_results():
     _finite_results.report(wait=True)
 
 
-BACKENDS = ("cpp", "torch")
-
-
-def _pure_torch_path(backend, *tensors):
-    """Whether a call runs in plain torch ops: asked for with ``backend="torch"``, or by default
-    when a tensor is not on the CPU (the C++ operator reads CPU memory only). Meta tensors hold
-    no values: on either backend they give a meta result of the right shape and dtype, as torch's
-    own ops do (models built on the meta device, shape propagation), by the torch forms."""
-    if backend is None:
-        return any(t.device.type != "cpu" for t in tensors)
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; expected None (by device), 'cpp' or 'torch'")
-    return backend == "torch" or any(t.device.type == "meta" for t in tensors)
-
-
-def _compiled_cpp_path(backend, *tensors):
-    """Whether a call being compiled runs the C++ operator's custom op (``_custom_ops``)."""
-    return chunk.compiling() and _custom_ops.AVAILABLE and not _pure_torch_path(backend, *tensors)
+def _needs_grad(*tensors):
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
 _DEFAULTS = _core.Options(_core.Layout.sequence(1, 1))
@@ -73,10 +58,6 @@ _WIDENED = {
     torch.bfloat16: (_core.bfloat16_to_float32, _core.float32_to_bfloat16),
     torch.float16: (_core.float16_to_float32, _core.float32_to_float16),
 }
-
-
-# The dtypes the operator takes as they are, with float32 w.
-_SIXTEEN_BIT = (torch.bfloat16, torch.float16)
 
 
 class _Widen(torch.autograd.Function):
@@ -125,11 +106,11 @@ def _to_dtype(o, dtype):
     return o.to(dtype)
 
 
-def _widened(q, k, v):
-    """q, k, v (one dtype: ``_contract``) in float32 when that dtype is a reduced one."""
-    if q.dtype not in _WIDENED:
-        return q, k, v
-    return _to_float32(q), _to_float32(k), _to_float32(v)
+def _crossing(plan, *tensors):
+    """The tensors in the plan's operand dtype, reduced ones widened by the extension."""
+    if plan.operand_dtype == torch.float32:
+        return tuple(_to_float32(t) for t in tensors)
+    return tuple(t.to(plan.operand_dtype) for t in tensors)
 
 
 def mhla_attention(q, k, v, w, layout, *, masking=None, feature_map=None, normalize=None, eps=None,
@@ -145,27 +126,28 @@ def mhla_attention(q, k, v, w, layout, *, masking=None, feature_map=None, normal
     each off by default until it has run on a GPU; CPU calls and the torch path ignore it.
     """
     _contract.check_tensors(function="mhla::forward", q=q, k=k, v=v, w=w)
-    kernel_bits = _operators.cuda_kernel_bits(cuda_kernels)
+    kernel_bits = _plan.cuda_kernel_bits(cuda_kernels)
+    plan = _plan.plan("mhla", (q, k, v, w), backend=backend, cuda_kernels=kernel_bits,
+                      needs_grad=_needs_grad(q, k, v, w))
     if chunk.compiling():
         # No extension object can be built in a compiled region: the options go on as names.
         names = _option_names(masking=masking, feature_map=feature_map, normalize=normalize, eps=eps, scale=scale,
                               mixing=mixing)
         geometry = chunk.Geometry.of(layout)
-        if _pure_torch_path(backend, q, k, v, w):
+        if plan.path == "torch":
             return chunk.mhla_attention(q, k, v, w, geometry, **names)
-        if _custom_ops.AVAILABLE:  # the operator checks the call when the op runs
-            return _custom_ops.mhla_attention(q, k, v, w, geometry, **names, cuda_kernels=kernel_bits)
+        if plan.path == "custom_op":  # the operator checks the call when the op runs
+            return _custom_ops.mhla_attention(q, k, v, w, geometry, plan, **names, cuda_kernels=kernel_bits)
         # Before torch 2.4 the extension call below breaks the graph.
     # Built once: forward and backward get the same object, not strings to parse again.
     options = _core.Options(layout, masking=masking, feature_map=feature_map, normalize=normalize, eps=eps,
                             scale=scale, mixing=mixing, cuda=_operators.cuda_kernels_of(kernel_bits))
-    if _pure_torch_path(backend, q, k, v, w):
+    if plan.path == "torch":
         chunk.check_call(q, k, v, w, options)
         return chunk.mhla_attention(q, k, v, w, layout, **chunk.keywords(options))
-    if q.dtype in _SIXTEEN_BIT and k.dtype == v.dtype == q.dtype:
-        # The operator's own bfloat16 and float16 paths (float32 w and saved summaries).
-        return _operators.MHLA(q, k, v, w.to(torch.float32), settings=options)
-    return _to_dtype(_operators.MHLA(*_widened(q, k, v), w.to(compute_dtype(q.dtype)), settings=options), q.dtype)
+    # bfloat16 and float16 q, k, v run on the operator's own 16-bit paths (float32 w and saved summaries).
+    o = _operators.MHLA(*_crossing(plan, q, k, v), w.to(plan.w_dtype), settings=options)
+    return _to_dtype(o, q.dtype)
 
 
 def varlen_attention(q, k, v, w, cu_seqlens, *, block, mixing=None, masking=None, feature_map=None,
@@ -179,14 +161,15 @@ def varlen_attention(q, k, v, w, cu_seqlens, *, block, mixing=None, masking=None
     Differentiable in q, k, v and w. ``backend`` as for ``mhla_attention``.
     """
     _contract.check_tensors(function="mhla::varlen_forward", q=q, k=k, v=v, w=w)
-    if _compiled_cpp_path(backend, q, k, v, w):
-        return _custom_ops.varlen_attention(q, k, v, w, offsets(cu_seqlens), block=block, **_option_names(
+    plan = _plan.plan("varlen", (q, k, v, w), backend=backend)
+    if plan.path == "custom_op":
+        return _custom_ops.varlen_attention(q, k, v, w, offsets(cu_seqlens), plan, block=block, **_option_names(
             mixing=mixing, masking=masking, feature_map=feature_map, normalize=normalize, eps=eps, scale=scale))
     options = dict(block=block, mixing=mixing, masking=masking, feature_map=feature_map, normalize=normalize,
                    eps=eps, scale=scale)
-    if _pure_torch_path(backend, q, k, v, w):
+    if plan.path == "torch":
         return chunk.varlen_attention(q, k, v, w, offsets(cu_seqlens), **options)
-    return _to_dtype(_operators.VARLEN(*_widened(q, k, v), w.to(compute_dtype(q.dtype)),
+    return _to_dtype(_operators.VARLEN(*_crossing(plan, q, k, v), w.to(plan.w_dtype),
                                        settings=(offsets(cu_seqlens), options)), q.dtype)
 
 
@@ -194,30 +177,33 @@ def linear_attention(q, k, v, *, masking=None, feature_map=None, normalize=None,
                      backend=None):
     """Vanilla linear attention (one global summary; MHLA with a single block), same shapes as ``mhla_attention``."""
     _contract.check_tensors(function="mhla::linear_attention_forward", q=q, k=k, v=v)
-    if _compiled_cpp_path(backend, q, k, v):
-        return _custom_ops.linear_attention(q, k, v, **_option_names(
+    plan = _plan.plan("linear", (q, k, v), backend=backend)
+    if plan.path == "custom_op":
+        return _custom_ops.linear_attention(q, k, v, plan, **_option_names(
             masking=masking, feature_map=feature_map, normalize=normalize, eps=eps, scale=scale))
     options = _core.LinearOptions(masking=masking, feature_map=feature_map, normalize=normalize, eps=eps,
                                   scale=scale)
-    if _pure_torch_path(backend, q, k, v):
+    if plan.path == "torch":
         n = q.shape[1] if q.dim() == 4 else 1
         check = _core.Options(_core.Layout.sequence(max(n, 1), max(n, 1)), masking=options.masking,
                               feature_map=options.feature_map, normalize=options.normalize, eps=options.eps,
                               scale=options.scale)
         chunk.check_call(q, k, v, q.new_ones(1, 1), check, "mhla::linear_attention_forward")
         return chunk.linear_attention(q, k, v, **chunk.keywords(options))
-    return _to_dtype(_operators.LINEAR(*_widened(q, k, v), settings=options), q.dtype)
+    return _to_dtype(_operators.LINEAR(*_crossing(plan, q, k, v), settings=options), q.dtype)
 
 
 def softmax_attention(q, k, v, *, causal=False, scale=None, backend=None):
     """``softmax(q k^T * scale) v`` in tiles (never N x N), same shapes as ``mhla_attention``; in torch ops
     (``torch.nn.functional.scaled_dot_product_attention`` where torch has it) for tensors not on the CPU."""
     _contract.check_tensors(function="mhla::softmax_attention_forward", q=q, k=k, v=v)
-    if _compiled_cpp_path(backend, q, k, v):
-        return _custom_ops.softmax_attention(q, k, v, causal=causal, scale=scale)
-    if _pure_torch_path(backend, q, k, v):
+    plan = _plan.plan("softmax", (q, k, v), backend=backend)
+    if plan.path == "custom_op":
+        return _custom_ops.softmax_attention(q, k, v, plan, causal=causal, scale=scale)
+    if plan.path == "torch":
         n = q.shape[1] if q.dim() == 4 else 1
         check = _core.Options(_core.Layout.sequence(max(n, 1), max(n, 1)), normalize=False, scale=scale)
         chunk.check_call(q, k, v, q.new_ones(1, 1), check, "mhla::softmax_attention_forward")
         return chunk.softmax_attention(q, k, v, causal=causal, scale=scale)
-    return _to_dtype(_operators.SOFTMAX(*_widened(q, k, v), settings=dict(causal=causal, scale=scale)), q.dtype)
+    return _to_dtype(_operators.SOFTMAX(*_crossing(plan, q, k, v), settings=dict(causal=causal, scale=scale)),
+                     q.dtype)

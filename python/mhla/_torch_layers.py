@@ -3,10 +3,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import _core, _wan_rotary
+from . import _core, _plan, _wan_rotary
 from ._torch_forms import chunk
 from ._authors import authors_video_attention, authors_vision_attention
-from ._torch_functions import _pure_torch_path, mhla_attention
+from ._torch_functions import mhla_attention
 from ._torch_mixing import FreeMixingMatrix, MixingMatrix, RMSNorm
 from .streaming import Decoder
 
@@ -23,7 +23,7 @@ class _MHLALayer(nn.Module):
                  per_head_mixing=False, mixing_init="linear", feature_map="elu1", bias=True, variant="paper",
                  backend=None):
         super().__init__()
-        _pure_torch_path(backend)  # names an unknown backend now, not at the first forward
+        _plan.check_backend(backend)  # names an unknown backend now, not at the first forward
         if variant not in VARIANTS:
             raise ValueError(f"unknown variant {variant!r}; expected one of {', '.join(VARIANTS)}")
         if variant == "authors_vision" and causal:
@@ -85,7 +85,7 @@ class _MHLALayer(nn.Module):
         self._check_input(x)
         batch, tokens, _ = x.shape
         q, k, v = self._project(x)
-        if _pure_torch_path(self.backend, x) and self.variant in ("paper", "authors_lm"):
+        if self.variant in ("paper", "authors_lm") and _plan.plan("mhla", (x,), backend=self.backend).path == "torch":
             # In torch ops on plain Python values, so torch.compile traces the whole layer. The
             # operator's checks are not needed: the layer makes q, k, v and w consistent itself.
             geometry = self._geometry(tokens)
@@ -177,9 +177,8 @@ class MHLA1d(_MHLALayer):
         with torch.no_grad():
             w = self.mixing().to(torch.float32).contiguous()
         # The state lives where the layer's weights are (the C++ decoder's for CPU weights).
-        backend = self.backend if self.backend is not None else ("torch" if w.device.type != "cpu" else "cpp")
         decoder = Decoder(w, heads=self.heads, dk=self.head_dim, dv=self.head_dim, block=self.block_size,
-                          batch=batch, feature_map=self.feature_map, normalize=self.normalize, backend=backend)
+                          batch=batch, feature_map=self.feature_map, normalize=self.normalize, backend=self.backend)
         return MHLA1dCache(decoder)
 
     @torch.no_grad()

@@ -4,7 +4,7 @@ Both return results of the same kind as their ``q`` argument (torch tensor,
 NumPy array, ...), like the rest of the package. For autograd through packed
 batches see ``mhla.torch.varlen_attention``.
 """
-from . import _convert, _core
+from . import _convert, _core, _plan
 
 
 def offsets(cu_seqlens):
@@ -73,12 +73,9 @@ class Decoder:
         options = _core.DecoderOptions(batch=batch, heads=heads, dk=dk, dv=dv, block=block,
                                        feature_map=feature_map, normalize=normalize, eps=eps, scale=scale,
                                        mixing=mixing)
-        # A torch.device, or the array API's string (NumPy 2 arrays have .device == "cpu").
-        device = getattr(w, "device", "cpu")
-        if backend not in (None, "cpp", "torch"):
-            raise ValueError(f"unknown backend {backend!r}; expected None (by device), 'cpp' or 'torch'")
+        _plan.check_backend(backend)
         _check_operand("w", w)
-        if backend == "torch" or (backend is None and getattr(device, "type", device) != "cpu"):
+        if _plan.plan("decoder", (w,), backend=backend).path == "torch":
             from ._torch_forms.recurrent import TorchDecoder  # torch is only needed here
 
             self._decoder = TorchDecoder(w, options)

@@ -10,7 +10,7 @@ import torch
 
 import mhla
 import mhla.torch as mt
-from mhla import _custom_ops, _operators, _torch_functions
+from mhla import _custom_ops, _plan, _torch_functions
 from mhla._torch_forms.chunk import Geometry
 
 pytestmark = pytest.mark.skipif(not _custom_ops.AVAILABLE,
@@ -158,7 +158,7 @@ def test_the_ops_gradients_match_finite_differences():
               for t in call_inputs(case)]
 
     def attend(q, k, v, w):
-        return _custom_ops.mhla_attention(q, k, v, w, geometry, **names)
+        return _custom_ops.mhla_attention(q, k, v, w, geometry, _plan.plan("mhla", (q, k, v, w)), **names)
 
     assert torch.autograd.gradcheck(attend, inputs)
     assert torch.autograd.gradgradcheck(attend, inputs)
@@ -231,12 +231,14 @@ def test_the_baseline_ops_pass_torchs_checks():
 def test_the_baseline_ops_gradients_match_finite_differences():
     inputs = [t[:, :7, :1, :2].requires_grad_() if t.dim() == 4 else t[:1].requires_grad_()
               for t in baseline_inputs()]
+    plan = _plan.plan("linear", inputs[:3])  # float64: the same dtypes for every entry
     for attend in (lambda q, k, v, w: _custom_ops.varlen_attention(
-                       q, k, v, w, [0, 3, 7], block=2, mixing="dense", masking="causal", feature_map="elu1",
+                       q, k, v, w, [0, 3, 7], plan, block=2, mixing="dense", masking="causal", feature_map="elu1",
                        normalize=True, eps=1e-6, scale=None),
-                   lambda q, k, v, w: _custom_ops.linear_attention(q, k, v, masking="causal", feature_map="elu1",
-                                                                   normalize=True, eps=1e-6, scale=None) * w.sum(),
-                   lambda q, k, v, w: _custom_ops.softmax_attention(q, k, v, causal=True, scale=None) * w.sum()):
+                   lambda q, k, v, w: _custom_ops.linear_attention(q, k, v, plan, masking="causal",
+                                                                   feature_map="elu1", normalize=True, eps=1e-6,
+                                                                   scale=None) * w.sum(),
+                   lambda q, k, v, w: _custom_ops.softmax_attention(q, k, v, plan, causal=True, scale=None) * w.sum()):
         assert torch.autograd.gradcheck(attend, inputs)
         assert torch.autograd.gradgradcheck(attend, inputs)
 
@@ -244,7 +246,7 @@ def test_the_baseline_ops_gradients_match_finite_differences():
 @pytest.mark.parametrize("compiled", [False, True])
 def test_a_forward_that_keeps_no_state_gives_the_same_gradients(monkeypatch, compiled):
     # On bfloat16 CUDA tensors under the bfloat16-state kernels, forward keeps no state and the
-    # backward recomputes it (_operators.keeps_state). The same form on CPU tensors, eager and
+    # backward recomputes it (_plan.keeps_state). The same form on CPU tensors, eager and
     # compiled: empty state arrays through the op's results and fake, the gradients unchanged.
     case = CALLS["2d-ragged"]
     inputs = [t.requires_grad_() for t in call_inputs(case)]
@@ -255,7 +257,7 @@ def test_a_forward_that_keeps_no_state_gives_the_same_gradients(monkeypatch, com
     want = attend(*inputs)
     want_grads = torch.autograd.grad(want.square().sum(), inputs)
     kept = []
-    monkeypatch.setattr(_operators, "keeps_state", lambda q, cuda: kept.append(q.device.type) or False)
+    monkeypatch.setattr(_plan, "keeps_state", lambda q, cuda_kernels, needs_grad: kept.append(q.device.type) or False)
     run = torch.compile(attend, fullgraph=True) if compiled else attend
     got = run(*inputs)
     grads = torch.autograd.grad(got.square().sum(), inputs)

@@ -243,14 +243,14 @@ def test_mhla_torch_training_reaches_the_bf16_state_kernels(compiled):
     # state kernels (Dk, Dv multiples of 8). Errors relative to each result's scale, at the
     # tolerances of the kernels' tiling emulation (tests/cuda/bf16_state_cases.hpp).
     import mhla.torch as mt
-    from mhla import _custom_ops, _operators
+    from mhla import _custom_ops, _operators, _plan
     if compiled and not _custom_ops.AVAILABLE:
         pytest.skip(f"torch.library.custom_op needs torch 2.4 or later (this is {torch.__version__})")
     g = torch.Generator().manual_seed(3)
     n, m = LAYOUT.num_tokens, LAYOUT.num_blocks
     q, k, v, grad_o = (torch.randn(2, n, HEADS, 16, generator=g) for _ in range(4))
     w = 0.2 + torch.rand(m, m, generator=g)
-    assert not _operators.keeps_state(q.cuda().bfloat16(), mhla.CudaKernels(bf16_state=True))
+    assert not _plan.keeps_state(q.cuda().bfloat16(), _plan.cuda_kernel_bits(["bf16_state"]), True)
 
     def run(device, dtype):
         w_dtype = torch.float32 if dtype == torch.bfloat16 else dtype

@@ -1,0 +1,104 @@
+"""How a call runs, decided in one place for every function, layer and integration of ``mhla.torch``.
+
+``plan`` turns what a call is (which operator, its tensors' dtype and devices, the ``backend`` it
+asked for, its CUDA kernel families, whether it will be differentiated) into a ``Plan``: the path,
+the dtypes its tensors cross into the extension in, and whether forward keeps state for backward.
+The callers only follow it.
+"""
+from typing import NamedTuple
+
+try:
+    import torch
+
+    from . import _custom_ops
+    from ._torch_forms import chunk
+except ImportError:  # mhla.Decoder on NumPy arrays plans without torch
+    torch = None
+
+BACKENDS = ("cpp", "torch")
+# The CUDA kernel families a call may name (mhla.CudaKernels' fields), as bits for the custom op.
+CUDA_KERNELS = ("bf16_state", "float16_tensor_cores", "float32_tensor_cores")
+# The operators a plan is made for; "decoder" is mhla.Decoder (a state, not a differentiable call).
+ENTRIES = ("mhla", "varlen", "linear", "softmax", "decoder")
+_REDUCED = (torch.bfloat16, torch.float16) if torch else ()
+
+
+class Plan(NamedTuple):  # a named tuple: torch.compile traces its making
+
+    path: str                     # "torch" (plain torch ops), "cpp" (the extension, eager), "custom_op"
+                                  # (the extension's torch.library op, inside torch.compile)
+    operand_dtype: torch.dtype    # q, k, v cross into the extension in this dtype ...
+    w_dtype: torch.dtype          # ... and w in this one
+    keeps_state: bool             # forward keeps its summaries for backward ("mhla" only)
+
+
+def check_backend(backend):
+    """A ValueError naming an unknown ``backend`` (layers and decoders check it when they are made)."""
+    if backend is not None and backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; expected None (by device), 'cpp' or 'torch'")
+
+
+def _device_type(t):
+    # A torch.device, or the array API's string (NumPy 2 arrays have .device == "cpu"); CPU without one.
+    device = getattr(t, "device", "cpu")
+    return getattr(device, "type", device)
+
+
+def _path(entry, backend, tensors):
+    """The C++ operator reads CPU memory only: by default other devices run in torch ops. Meta tensors
+    hold no values: on either backend they give a meta result of the right shape and dtype, as torch's
+    own ops do (models built on the meta device, shape propagation), by the torch forms."""
+    check_backend(backend)
+    devices = [_device_type(t) for t in tensors]
+    if backend == "torch" or "meta" in devices or (backend is None and any(d != "cpu" for d in devices)):
+        return "torch"
+    if entry == "decoder":
+        return "cpp"
+    if chunk.compiling() and _custom_ops.AVAILABLE:
+        return "custom_op"
+    return "cpp"  # in a compiled region before torch 2.4, the extension call breaks the graph
+
+
+def _compute_dtype(dtype):
+    """The dtype the C++ operators compute in: float32 for bfloat16 and float16, else ``dtype``."""
+    return torch.float32 if dtype in _REDUCED else dtype
+
+
+def cuda_kernel_bits(names):
+    """``names`` (an iterable of ``CUDA_KERNELS``' entries, or None) as an int of one bit each; a
+    ValueError names an unknown one. Pure Python, for compiled regions."""
+    bits = 0
+    for name in names or ():
+        if name not in CUDA_KERNELS:
+            raise ValueError(f"unknown CUDA kernel family {name!r}; expected any of {', '.join(CUDA_KERNELS)}")
+        bits |= 1 << CUDA_KERNELS.index(name)
+    return bits
+
+
+def keeps_state(q, cuda_kernels, needs_grad):
+    """Whether an MHLA forward keeps its summaries and mixed summaries for the backward: when it
+    will be differentiated, except for a CUDA call on the bfloat16-state kernels (bfloat16 q, or
+    float16 q that also runs on the float16 tensor-core kernels), whose backward recomputes its
+    state and reads none. ``cuda_kernels``: ``cuda_kernel_bits``' int."""
+    allowed = {name: bool(cuda_kernels >> i & 1) for i, name in enumerate(CUDA_KERNELS)}
+    on_state_kernels = q.dtype == torch.bfloat16 or (q.dtype == torch.float16 and allowed["float16_tensor_cores"])
+    return needs_grad and not (_device_type(q) == "cuda" and on_state_kernels and allowed["bf16_state"])
+
+
+def plan(entry, tensors, *, backend=None, cuda_kernels=0, needs_grad=False):
+    """The ``Plan`` of a call of ``entry`` (one of ``ENTRIES``) on ``tensors`` (q first; w alone for
+    the decoder), with the ``backend`` it names (None: by device), the CUDA kernel families it allows
+    (``cuda_kernel_bits``) and whether its result will be differentiated."""
+    if entry not in ENTRIES:
+        raise ValueError(f"unknown entry {entry!r}")
+    path = _path(entry, backend, tensors)
+    q = tensors[0]
+    if entry == "decoder":  # one dtype, float32, whatever the path
+        return Plan(path, None, None, False)
+    dtype = q.dtype
+    # The operator takes bfloat16 and float16 q, k, v as they are, with float32 w; the other entries
+    # take float32 and float64 only, so reduced inputs cross as float32 copies.
+    native = entry == "mhla" and dtype in _REDUCED and all(t.dtype == dtype for t in tensors[:3])
+    operand_dtype = dtype if native else _compute_dtype(dtype)
+    return Plan(path, operand_dtype, _compute_dtype(dtype),
+                entry == "mhla" and keeps_state(q, cuda_kernels, needs_grad))
