@@ -168,7 +168,7 @@ void rates(const Settings& s, json& results) {
   std::printf("B=1 H=8 D=64, non-causal, elu1, normalized, M = sqrt(N)\n");
   std::printf(
       "f+b recomputes the block and mixed summaries in backward (as the linear baseline\n"
-      "does); f+b saved keeps both from forward (forward(..., saved_summaries, saved_mixed)),\n"
+      "does); f+b saved keeps both from forward (in a ForwardState),\n"
       "as the Python layers and the trainer do.\n");
   std::printf(
       "lin GF/s and soft GF/s: the baselines' forward rates by their own FLOP formulas\n"

@@ -82,14 +82,15 @@ def loss_step(shape):
 
 
 def operator_step(layer, q, k, v, w, layout):
-    """The mhla operator's calls in the attention step (forward keeping both arrays, backward), without autograd."""
+    """The mhla operator's calls in the attention step (forward keeping its state, backward), without autograd."""
     options = mhla.Options(layout, masking=layer.masking, feature_map=layer.feature_map, normalize=layer.normalize)
     q, k, v, w = (t.detach() for t in (q, k, v, w))
     grad_o = torch.randn_like(v)
 
     def run():
-        o, summaries, mixed = mhla.forward(q, k, v, w, options=options, save_summaries=True, save_mixed=True)
-        mhla.backward(q, k, v, w, o, grad_o, summaries=summaries, mixed=mixed, options=options)
+        state = mhla.ForwardState()
+        o = mhla.forward(q, k, v, w, options=options, state=state)
+        mhla.backward(q, k, v, w, o, grad_o, options=options, state=state)
 
     return run
 

@@ -212,19 +212,20 @@ HalfResults<H> run_half(const Case& c, const Inputs& in, Round round, bool save)
   const std::vector<float> w(in.w.begin(), in.w.end());
   HalfResults<H> r{std::vector<H>(v.size()), std::vector<H>(q.size()), std::vector<H>(k.size()),
                    std::vector<H>(v.size()), std::vector<float>(w.size())};
-  const auto shape = saved_summaries_shape(c.options(), c.q_shape(), c.v_shape());
-  std::vector<float> summaries(save ? size_t(numel(shape)) : 0), mixed(summaries.size());
   const TensorView<const H> qv{q.data(), c.q_shape()}, kv{k.data(), c.q_shape()},
       vv{v.data(), c.v_shape()}, gv{g.data(), c.v_shape()};
   const TensorView<const float> wv{w.data(), c.w_shape()};
-  forward(c.options(), qv, kv, vv, wv, TensorView<H>{r.o.data(), c.v_shape()},
-          save ? TensorView<float>{summaries.data(), shape} : TensorView<float>{},
-          save ? TensorView<float>{mixed.data(), shape} : TensorView<float>{});
-  backward(c.options(), qv, kv, vv, wv, TensorView<const H>{r.o.data(), c.v_shape()}, gv,
-           TensorView<H>{r.gq.data(), c.q_shape()}, TensorView<H>{r.gk.data(), c.q_shape()},
-           TensorView<H>{r.gv.data(), c.v_shape()}, TensorView<float>{r.gw.data(), c.w_shape()},
-           save ? TensorView<const float>{summaries.data(), shape} : TensorView<const float>{},
-           save ? TensorView<const float>{mixed.data(), shape} : TensorView<const float>{});
+  const TensorView<H> ov{r.o.data(), c.v_shape()}, gqv{r.gq.data(), c.q_shape()},
+      gkv{r.gk.data(), c.q_shape()}, gvv{r.gv.data(), c.v_shape()};
+  const TensorView<float> gwv{r.gw.data(), c.w_shape()};
+  ForwardState<float> state;
+  if (save) {
+    forward<H>(c.options(), qv, kv, vv, wv, ov, state);
+    backward<H>(c.options(), qv, kv, vv, wv, ov, gv, gqv, gkv, gvv, gwv, state);
+  } else {
+    forward<H>(c.options(), qv, kv, vv, wv, ov);
+    backward<H>(c.options(), qv, kv, vv, wv, ov, gv, gqv, gkv, gvv, gwv);
+  }
   return r;
 }
 

@@ -9,8 +9,7 @@
 // b <= i is read and the upper triangle receives zero gradient.
 //
 // Both functions validate every argument and throw mhla::Error naming the
-// argument, the expected and the given value. Supported T: float, double;
-// bfloat16 and float16 tokens have their own overloads below.
+// argument, the expected and the given value.
 //
 // Finite inputs never give silent NaN or infinity: if a result is not finite
 // although q, k, v (and w, o, grad_o) are, the call throws mhla::Error naming
@@ -18,6 +17,8 @@
 // feature map, or phi(q)^T S~ overflowing T). Non-finite inputs propagate as in
 // IEEE arithmetic.
 #include <string>
+#include <type_traits>
+#include <vector>
 
 #include "mhla/bfloat16.hpp"
 #include "mhla/float16.hpp"
@@ -27,118 +28,75 @@
 
 namespace mhla {
 
+// The element type of w, grad_w and a ForwardState for tokens (q, k, v, o and
+// their gradients) of element type T: T for float and double, float for
+// bfloat16 and float16.
+template <typename T>
+using weight_t =
+    std::conditional_t<std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>, float, T>;
+
+// Tokens of element type T: float, double, bfloat16 or float16 (the 16-bit
+// ones with float32 w, grad_w and state).
 //
-// saved_summaries (optional, shape saved_summaries_shape()): when given, forward
-// also stores each block's key/value summary [S_b | z_b] there, and backward
-// reads them instead of recomputing them (as attention kernels save their
-// softmax statistics for the backward pass). saved_mixed (optional, the same
-// shape) does the same for the mixed summaries [S~_i | z~_i] that each query
-// block reads, sparing backward the mix as well: with both saved, backward
-// runs no pass of forward again, at the price of keeping two
-// O(B H M Dk Dv) arrays between the passes.
+// bfloat16: forward runs the block products on bfloat16 operands with float32
+// sums where the CPU has AVX512-BF16: phi(q) and phi(k) are rounded to
+// bfloat16 as the products read them, the summaries and normalisers are
+// float32, the dense mix rounds the summaries and w to bfloat16 (also when a
+// state keeps its result: backward reads it, never o, so o and the gradients
+// see the same mix), and o is rounded once. Backward there reads the bfloat16
+// tensors in place, runs every product (dphi(q), dS~, dS, dw, dphi(k), dv) on
+// bfloat16 operands and rounds each gradient once. On other CPUs, and in
+// causal mode, both compute in float32 on widened copies in the calling
+// thread's scratch (release_scratch frees them). On CUDA both run on tensor
+// cores, causal mode included, every operand split into two bfloat16 halves
+// so that the sums stay near float32 (docs/cuda.md); shapes past the kernels'
+// grid limits compute in float32 on widened copies. See docs/operator.md,
+// "bfloat16".
+//
+// float16: both compute in float32 on widened copies (exact) and round each
+// result once; on CUDA, where the call's options.cuda.float16_tensor_cores is
+// set, they run on the bfloat16 operator's tensor-core kernels instead, which
+// split every operand into two bfloat16 halves (a float16 value is their exact
+// sum). A result that is finite in float32 but beyond float16's range (65504)
+// is an mhla::Error naming the entry, not an infinity. See docs/operator.md,
+// "float16".
 template <typename T>
 void forward(const Options& options, TensorView<const T> q, TensorView<const T> k,
-             TensorView<const T> v, TensorView<const T> w, TensorView<T> o,
-             TensorView<T> saved_summaries = {}, TensorView<T> saved_mixed = {});
+             TensorView<const T> v, TensorView<const weight_t<T>> w, TensorView<T> o);
 
-// Gradients of sum(grad_o * o) with respect to q, k, v and w. `o` (and
-// saved_summaries and saved_mixed, if given) must come from forward() on the
-// same inputs (its shape is checked; the CPU kernels form grad_o . o from
-// their products instead of reading it, docs/operator.md). grad_w is
-// summed over the batch, and over heads when w is shared; it has w's shape.
-// Saved summaries and saved mixed summaries are fingerprinted in every block
-// against k, v and w (each block's key sums z_b and S_b r for a fixed probe r,
-// and their mix by w, recomputed in double: core/saved_state_check.hpp), so
-// that arrays saved for other k or v, or before w changed (an optimizer step
-// between forward and backward), are an mhla::Error rather than wrong
-// gradients. The check reads k and v once.
+// Gradients of sum(grad_o * o) with respect to q, k, v and w, recomputing
+// what forward computed. `o` must come from forward() on the same inputs (its
+// shape is checked; the CPU kernels form grad_o . o from their products
+// instead of reading it, docs/operator.md). grad_w is summed over the batch,
+// and over heads when w is shared; it has w's shape.
 template <typename T>
 void backward(const Options& options, TensorView<const T> q, TensorView<const T> k,
-              TensorView<const T> v, TensorView<const T> w, TensorView<const T> o,
+              TensorView<const T> v, TensorView<const weight_t<T>> w, TensorView<const T> o,
               TensorView<const T> grad_o, TensorView<T> grad_q, TensorView<T> grad_k,
-              TensorView<T> grad_v, TensorView<T> grad_w, TensorView<const T> saved_summaries = {},
-              TensorView<const T> saved_mixed = {});
+              TensorView<T> grad_v, TensorView<weight_t<T>> grad_w);
 
-// bfloat16 q, k, v and o (and gradients), with w, grad_w and the saved arrays
-// in float32. Forward runs the block products on bfloat16 operands with
-// float32 sums where the CPU has AVX512-BF16: phi(q) and phi(k) are rounded
-// to bfloat16 as the products read them, the summaries and normalisers are
-// float32, the dense mix rounds the summaries and w to bfloat16 (also when
-// saved_mixed keeps its result: backward reads it, never o, so o and the
-// gradients see the same mix), and o is rounded once. Backward there reads
-// the bfloat16 tensors in place, runs every product (dphi(q), dS~, dS, dw,
-// dphi(k), dv) on bfloat16 operands and rounds each gradient once. On other
-// CPUs, and in causal mode, both compute in float32 on widened copies in the
-// calling thread's scratch (release_scratch frees them). On CUDA both run on
-// tensor cores, causal mode included, every operand split into two bfloat16
-// halves so that the sums stay near float32 (docs/cuda.md); shapes past the
-// kernels' grid limits compute in float32 on widened copies.
-// The fingerprints of the saved arrays allow for the bfloat16 roundings of
-// phi(k), and of w and the summaries in the mix. See docs/operator.md, "bfloat16".
-void forward(const Options& options, TensorView<const bfloat16> q, TensorView<const bfloat16> k,
-             TensorView<const bfloat16> v, TensorView<const float> w, TensorView<bfloat16> o,
-             TensorView<float> saved_summaries = {}, TensorView<float> saved_mixed = {});
-void backward(const Options& options, TensorView<const bfloat16> q, TensorView<const bfloat16> k,
-              TensorView<const bfloat16> v, TensorView<const float> w, TensorView<const bfloat16> o,
-              TensorView<const bfloat16> grad_o, TensorView<bfloat16> grad_q,
-              TensorView<bfloat16> grad_k, TensorView<bfloat16> grad_v, TensorView<float> grad_w,
-              TensorView<const float> saved_summaries = {},
-              TensorView<const float> saved_mixed = {});
-
-// float16 q, k, v and o (and gradients), with w, grad_w and the saved arrays
-// in float32, as for bfloat16. Both compute in float32 on widened copies
-// (exact) and round each result once; on CUDA, where the call's
-// options.cuda.float16_tensor_cores is set, they run on the bfloat16 operator's
-// tensor-core kernels instead, which split every operand into two bfloat16
-// halves (a float16 value is their exact sum). A result that is
-// finite in float32 but beyond float16's range (65504) is an mhla::Error
-// naming the entry, not an infinity. See docs/operator.md, "float16".
-void forward(const Options& options, TensorView<const float16> q, TensorView<const float16> k,
-             TensorView<const float16> v, TensorView<const float> w, TensorView<float16> o,
-             TensorView<float> saved_summaries = {}, TensorView<float> saved_mixed = {});
-void backward(const Options& options, TensorView<const float16> q, TensorView<const float16> k,
-              TensorView<const float16> v, TensorView<const float> w, TensorView<const float16> o,
-              TensorView<const float16> grad_o, TensorView<float16> grad_q,
-              TensorView<float16> grad_k, TensorView<float16> grad_v, TensorView<float> grad_w,
-              TensorView<const float> saved_summaries = {},
-              TensorView<const float> saved_mixed = {});
-
-// The same calls with a ForwardState (mhla/forward_state.hpp) in place of the
-// saved arrays: forward fills it, backward reads it after checking that it
-// was filled by a forward on these options, tensors and w's values. The
-// results are those of passing saved_summaries and saved_mixed; what the
-// state spares is their fingerprint check (a read of k and v, about a quarter
-// of a backward's time on the CPU) and the caller's allocation. On a device,
-// forward keeps a host copy of w and backward compares one with it.
+// The same calls with a ForwardState (mhla/forward_state.hpp): forward also
+// keeps each block's key/value summary [S_b | z_b] and the mixed summaries
+// [S~_i | z~_i] each query block reads, and backward reads them instead of
+// running any pass of forward again (as attention kernels save their softmax
+// statistics for the backward pass), at the price of two O(B H M Dk Dv)
+// arrays between the passes. backward checks that the state was filled by a
+// forward on these options, tensors and w's values. On a device, forward
+// keeps a host copy of w and backward compares one with it.
 template <typename T>
 void forward(const Options& options, TensorView<const T> q, TensorView<const T> k,
-             TensorView<const T> v, TensorView<const T> w, TensorView<T> o,
-             ForwardState<T>& state);
+             TensorView<const T> v, TensorView<const weight_t<T>> w, TensorView<T> o,
+             ForwardState<weight_t<T>>& state);
 template <typename T>
 void backward(const Options& options, TensorView<const T> q, TensorView<const T> k,
-              TensorView<const T> v, TensorView<const T> w, TensorView<const T> o,
+              TensorView<const T> v, TensorView<const weight_t<T>> w, TensorView<const T> o,
               TensorView<const T> grad_o, TensorView<T> grad_q, TensorView<T> grad_k,
-              TensorView<T> grad_v, TensorView<T> grad_w, const ForwardState<T>& state);
-void forward(const Options& options, TensorView<const bfloat16> q, TensorView<const bfloat16> k,
-             TensorView<const bfloat16> v, TensorView<const float> w, TensorView<bfloat16> o,
-             ForwardState<float>& state);
-void backward(const Options& options, TensorView<const bfloat16> q, TensorView<const bfloat16> k,
-              TensorView<const bfloat16> v, TensorView<const float> w, TensorView<const bfloat16> o,
-              TensorView<const bfloat16> grad_o, TensorView<bfloat16> grad_q,
-              TensorView<bfloat16> grad_k, TensorView<bfloat16> grad_v, TensorView<float> grad_w,
-              const ForwardState<float>& state);
-void forward(const Options& options, TensorView<const float16> q, TensorView<const float16> k,
-             TensorView<const float16> v, TensorView<const float> w, TensorView<float16> o,
-             ForwardState<float>& state);
-void backward(const Options& options, TensorView<const float16> q, TensorView<const float16> k,
-              TensorView<const float16> v, TensorView<const float> w, TensorView<const float16> o,
-              TensorView<const float16> grad_o, TensorView<float16> grad_q,
-              TensorView<float16> grad_k, TensorView<float16> grad_v, TensorView<float> grad_w,
-              const ForwardState<float>& state);
+              TensorView<T> grad_v, TensorView<weight_t<T>> grad_w,
+              const ForwardState<weight_t<T>>& state);
 
-// [B, H, M, Dk, Dv + 1] for q [B, N, H, Dk] and v [B, N, H, Dv]: per block,
-// S_b = sum phi(k) v^T in the first Dv columns and z_b = sum phi(k) in the last.
-// The shape of saved_mixed too.
+// [B, H, M, Dk, Dv + 1] for q [B, N, H, Dk] and v [B, N, H, Dv]: the shape of
+// a ForwardState's arrays. Per block, S_b = sum phi(k) v^T in the first Dv
+// columns and z_b = sum phi(k) in the last; the mixed summaries likewise.
 std::vector<int64_t> saved_summaries_shape(const Options& options,
                                            const std::vector<int64_t>& q_shape,
                                            const std::vector<int64_t>& v_shape);

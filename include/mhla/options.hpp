@@ -40,8 +40,8 @@ enum class MixingForm {
 // ForwardState's record) agree on them.
 struct CudaKernels {
   // bfloat16 calls (and float16 ones, with float16_tensor_cores) on the
-  // bfloat16-state kernels, whose backward recomputes its state and reads no
-  // saved arrays; otherwise the split-operand tensor-core kernels.
+  // bfloat16-state kernels, whose backward recomputes its state and reads none
+  // of a ForwardState's arrays; otherwise the split-operand tensor-core kernels.
   bool bf16_state = false;
   // float16 calls on the tensor-core kernels; otherwise in float32 on
   // widened copies with the float kernels.

@@ -11,9 +11,9 @@ operator: ``masking`` ("none", "causal", "block_causal"), ``feature_map``
 ``options=mhla.Options(layout, masking=...)`` object; the enums are
 ``mhla.Masking``, ``mhla.FeatureMap`` and ``mhla.MixingForm``.
 
-``forward(..., state=mhla.ForwardState())`` keeps what backward needs in a
-state object handed to ``backward(..., state=)``, which refuses a state of
-another call by name (``save_summaries`` returns the same arrays instead).
+``forward`` returns o; ``forward(..., state=mhla.ForwardState())`` keeps what
+backward needs in a state object handed to ``backward(..., state=)``, which
+refuses a state of another call by name.
 
 Streaming decoding is ``mhla.Decoder`` (prefill, step, snapshots), and packed
 variable-length batches (``cu_seqlens``) are ``varlen_forward`` and

@@ -74,25 +74,26 @@ def _mhla_run(inputs, options, save):
     if not _plan.keeps_state(inputs[0], bits, save):
         # Inference, or a backward that recomputes its own state: nothing to keep (and bfloat16 mixes
         # on its own products).
-        o, = tensors(_core.forward(*operands, options=options, stream=stream)[0])
+        o, = tensors(_core.forward(*operands, options=options, stream=stream))
         if not save:
             return (o,)
         # The state's places in the results, kept empty (two arrays: a custom op's results may not alias).
         return o, inputs[3].new_empty(0), inputs[3].new_empty(0)
     # The block and mixed summaries are O(M Dk Dv) each: keeping them spares backward a pass over
-    # k and v and the mix.
-    return tensors(*_core.forward(*operands, options=options, save_summaries=True, save_mixed=True,
-                                  stream=stream))
+    # k and v and the mix. torch holds them (a custom op's results are tensors), and the extension
+    # reads them back through a ForwardState over them.
+    return tensors(*_core._forward_into_arrays(*operands, options=options, stream=stream))
 
 
 def _mhla_grads(inputs, o, state, grad_o, options):
-    # An empty state: forward kept none, and backward recomputes it.
-    summaries, mixed = (operand(t) if t.numel() else None for t in state)
-    # The saved arrays cannot be stale here: only autograd holds them, and torch refuses to get
-    # here (its saved tensors' version counters) after q, k, v or w changed in place. So backward
-    # skips the fingerprint check that mhla.backward runs on arrays from outside.
-    return tensors(*_core._backward_private_state(*(operand(t) for t in (*inputs, o, grad_o)), summaries=summaries,
-                                                  mixed=mixed, options=options, stream=stream_of(o)))
+    operands = [operand(t) for t in (*inputs, o, grad_o)]
+    if not state[0].numel():  # forward kept none: backward recomputes it
+        return tensors(*_core.backward(*operands, options=options, stream=stream_of(o)))
+    # The arrays cannot be stale here: only autograd holds them, and torch refuses to get here
+    # (its saved tensors' version counters) after q, k, v or w changed in place.
+    summaries, mixed = (operand(t) for t in state)
+    return tensors(*_core._backward_from_arrays(*operands, summaries=summaries, mixed=mixed, options=options,
+                                                stream=stream_of(o)))
 
 
 MHLA = Operator(

@@ -12,7 +12,6 @@
 #include <utility>
 #include <variant>
 
-#include "api/private_state_backward.hpp"
 #include "conversion_bindings.hpp"
 #include "core/finite_results.hpp"
 #include "core/validate.hpp"
@@ -47,7 +46,7 @@ ImportedTensor operator_tensor(py::handle object, const char* name) {
   return ImportedTensor(object, name, true, Devices::cpu_and_cuda);
 }
 
-// With 16-bit q, k, v (and o, grad_o), w and the saved arrays are float32.
+// With 16-bit q, k, v (and o, grad_o), w and a state's arrays are float32.
 void check_float32(const ImportedTensor& t, DType tokens) {
   if (t.dtype() != DType::float32)
     throw py::type_error(std::string(t.name()) + " has dtype " + dtype_name(t.dtype()) + "; with " +
@@ -55,7 +54,7 @@ void check_float32(const ImportedTensor& t, DType tokens) {
 }
 
 // Runs fn.template operator()<X, S>() for the operator's dtypes: X the type
-// of q, k, v and o, S that of w, grad_w and the saved arrays (float32 with
+// of q, k, v and o, S that of w, grad_w and a state (float32 with
 // 16-bit tokens, X otherwise).
 template <typename Fn>
 decltype(auto) dispatch_operator(DType tokens, Fn&& fn) {
@@ -161,95 +160,119 @@ class PyForwardState {
   DType filled_by_ = DType::float32;
 };
 
-py::tuple mhla_forward(py::handle q_, py::handle k_, py::handle v_, py::handle w_,
-                       const Options& options, bool save_summaries, bool save_mixed,
-                       PyForwardState* state) {
-  ImportedTensor q = operator_tensor(q_, "q"), k = operator_tensor(k_, "k"),
-                 v = operator_tensor(v_, "v");
-  ImportedTensor w = operator_tensor(w_, "w");
-  check_operator_dtypes({&q, &k, &v}, w);
+// The checked operands of one call of the operator.
+struct OperatorCall {
+  ImportedTensor q, k, v, w;
+  OperatorCall(py::handle q_, py::handle k_, py::handle v_, py::handle w_)
+      : q(operator_tensor(q_, "q")),
+        k(operator_tensor(k_, "k")),
+        v(operator_tensor(v_, "v")),
+        w(operator_tensor(w_, "w")) {}
+};
+
+// forward into a new o, filling `fill(S)` (a ForwardState<S>*, or nullptr).
+template <typename Fill>
+Buffer run_forward(OperatorCall& c, const Options& options, Fill&& fill) {
+  check_operator_dtypes({&c.q, &c.k, &c.v}, c.w);
   // The outputs are sized from these shapes, so they are checked first, as forward checks them
   // and under its name (forward then checks the devices and w's values).
-  check_call(q.shape(), k.shape(), v.shape(), w.shape(), py::none(), options, "mhla::forward");
-  Buffer o(q.dtype(), v.shape(), q.place());
-  if (state != nullptr) {
-    if (save_summaries || save_mixed)
-      detail::fail("mhla::forward",
-                   "state keeps the summaries itself: pass state, or save_summaries and "
-                   "save_mixed, not both");
-    dispatch_operator(q.dtype(), [&]<typename X, typename S>() {
-      compute([&] {
-        forward(options, q.view<X>(), k.view<X>(), v.view<X>(), w.view<S>(), o.view<X>(),
-                state->to_fill<S>(q.dtype()));
-      });
-    });
-    return py::make_tuple(std::move(o), py::none());
-  }
-  std::optional<Buffer> saved, mixed;
-  if (save_summaries || save_mixed) {
-    const std::vector<int64_t> shape = saved_summaries_shape(options, q.shape(), v.shape());
-    if (save_summaries) saved.emplace(w.dtype(), shape, q.place());
-    if (save_mixed) mixed.emplace(w.dtype(), shape, q.place());
-  }
-  dispatch_operator(q.dtype(), [&]<typename X, typename S>() {
+  check_call(c.q.shape(), c.k.shape(), c.v.shape(), c.w.shape(), py::none(), options,
+             "mhla::forward");
+  Buffer o(c.q.dtype(), c.v.shape(), c.q.place());
+  dispatch_operator(c.q.dtype(), [&]<typename X, typename S>() {
+    ForwardState<S>* state = fill.template operator()<S>();
     compute([&] {
-      forward(options, q.view<X>(), k.view<X>(), v.view<X>(), w.view<S>(), o.view<X>(),
-              saved ? saved->view<S>() : TensorView<S>{},
-              mixed ? mixed->view<S>() : TensorView<S>{});
+      if (state != nullptr)
+        forward<X>(options, c.q.view<X>(), c.k.view<X>(), c.v.view<X>(), c.w.view<S>(), o.view<X>(),
+                   *state);
+      else
+        forward<X>(options, c.q.view<X>(), c.k.view<X>(), c.v.view<X>(), c.w.view<S>(),
+                   o.view<X>());
     });
   });
-  py::object summaries = saved ? py::cast(std::move(*saved)) : py::none();
-  if (!save_mixed) return py::make_tuple(std::move(o), std::move(summaries));
-  return py::make_tuple(std::move(o), std::move(summaries), py::cast(std::move(*mixed)));
+  return o;
 }
 
-py::tuple mhla_backward(py::handle q_, py::handle k_, py::handle v_, py::handle w_, py::handle o_,
-                        py::handle grad_o_, py::handle summaries_, py::handle mixed_,
-                        const Options& options, bool private_state, const PyForwardState* state) {
-  ImportedTensor q = operator_tensor(q_, "q"), k = operator_tensor(k_, "k"),
-                 v = operator_tensor(v_, "v"), o = operator_tensor(o_, "o"),
-                 grad_o = operator_tensor(grad_o_, "grad_o");
-  ImportedTensor w = operator_tensor(w_, "w");
-  check_operator_dtypes({&q, &k, &v, &o, &grad_o}, w);
-  // The saved arrays have w's dtype (float32 with 16-bit tokens), q's otherwise.
-  const ImportedTensor& state_dtype = q.dtype() == w.dtype() ? q : w;
-  std::optional<ImportedTensor> summaries;
-  if (!summaries_.is_none()) {
-    summaries.emplace(summaries_, "summaries", false, Devices::cpu_and_cuda);
-    check_same_dtype({&state_dtype, &*summaries});
-  }
-  std::optional<ImportedTensor> mixed;
-  if (!mixed_.is_none()) {
-    mixed.emplace(mixed_, "mixed", false, Devices::cpu_and_cuda);
-    check_same_dtype({&state_dtype, &*mixed});
-  }
-  Buffer gq(q.dtype(), q.shape(), q.place()), gk(q.dtype(), k.shape(), q.place()),
-      gv(q.dtype(), v.shape(), q.place()), gw(w.dtype(), w.shape(), q.place());
-  if (state != nullptr) {
-    if (summaries || mixed)
-      detail::fail("mhla::backward",
-                   "state holds the summaries: pass state, or summaries and mixed, not both");
-    dispatch_operator(q.dtype(), [&]<typename X, typename S>() {
-      const ForwardState<S>& kept = state->to_read<S>(q.dtype());
-      compute([&] {
-        backward(options, q.view<X>(), k.view<X>(), v.view<X>(), w.view<S>(), o.view<X>(),
-                 grad_o.view<X>(), gq.view<X>(), gk.view<X>(), gv.view<X>(), gw.view<S>(), kept);
-      });
-    });
-    return py::make_tuple(std::move(gq), std::move(gk), std::move(gv), std::move(gw));
-  }
-  // Only mhla.torch's autograd function holds its saved arrays privately.
-  const auto saved_arrays =
-      private_state ? detail::SavedArrays::private_to_caller : detail::SavedArrays::from_outside;
-  dispatch_operator(q.dtype(), [&]<typename X, typename S>() {
+// backward into new gradients, reading `read(S)` (a const ForwardState<S>*, or nullptr).
+template <typename Read>
+py::tuple run_backward(OperatorCall& c, py::handle o_, py::handle grad_o_, const Options& options,
+                       Read&& read) {
+  ImportedTensor o = operator_tensor(o_, "o"), grad_o = operator_tensor(grad_o_, "grad_o");
+  check_operator_dtypes({&c.q, &c.k, &c.v, &o, &grad_o}, c.w);
+  Buffer gq(c.q.dtype(), c.q.shape(), c.q.place()), gk(c.q.dtype(), c.k.shape(), c.q.place()),
+      gv(c.q.dtype(), c.v.shape(), c.q.place()), gw(c.w.dtype(), c.w.shape(), c.q.place());
+  dispatch_operator(c.q.dtype(), [&]<typename X, typename S>() {
+    const ForwardState<S>* state = read.template operator()<S>();
     compute([&] {
-      detail::backward(saved_arrays, options, q.view<X>(), k.view<X>(), v.view<X>(), w.view<S>(),
-                       o.view<X>(), grad_o.view<X>(), gq.view<X>(), gk.view<X>(), gv.view<X>(),
-                       gw.view<S>(), summaries ? summaries->view<S>() : TensorView<const S>{},
-                       mixed ? mixed->view<S>() : TensorView<const S>{});
+      if (state != nullptr)
+        backward<X>(options, c.q.view<X>(), c.k.view<X>(), c.v.view<X>(), c.w.view<S>(),
+                    o.view<X>(), grad_o.view<X>(), gq.view<X>(), gk.view<X>(), gv.view<X>(),
+                    gw.view<S>(), *state);
+      else
+        backward<X>(options, c.q.view<X>(), c.k.view<X>(), c.v.view<X>(), c.w.view<S>(),
+                    o.view<X>(), grad_o.view<X>(), gq.view<X>(), gk.view<X>(), gv.view<X>(),
+                    gw.view<S>());
     });
   });
   return py::make_tuple(std::move(gq), std::move(gk), std::move(gv), std::move(gw));
+}
+
+Buffer mhla_forward(py::handle q, py::handle k, py::handle v, py::handle w, const Options& options,
+                    PyForwardState* state) {
+  OperatorCall c(q, k, v, w);
+  const DType tokens = c.q.dtype();
+  return run_forward(c, options, [&]<typename S>() -> ForwardState<S>* {
+    return state != nullptr ? &state->to_fill<S>(tokens) : nullptr;
+  });
+}
+
+py::tuple mhla_backward(py::handle q, py::handle k, py::handle v, py::handle w, py::handle o,
+                        py::handle grad_o, const Options& options, const PyForwardState* state) {
+  OperatorCall c(q, k, v, w);
+  const DType tokens = c.q.dtype();
+  return run_backward(c, o, grad_o, options, [&]<typename S>() -> const ForwardState<S>* {
+    return state != nullptr ? &state->to_read<S>(tokens) : nullptr;
+  });
+}
+
+// mhla.torch's forward that keeps its state for backward in arrays torch holds
+// (a custom op's results must be tensors): (o, summaries, mixed), the arrays in
+// w's dtype, filled through a ForwardState over them.
+py::tuple forward_into_arrays(py::handle q, py::handle k, py::handle v, py::handle w,
+                              const Options& options) {
+  OperatorCall c(q, k, v, w);
+  std::optional<Buffer> summaries, mixed;
+  std::variant<std::monostate, ForwardState<float>, ForwardState<double>> state;
+  Buffer o = run_forward(c, options, [&]<typename S>() -> ForwardState<S>* {
+    const std::vector<int64_t> shape = saved_summaries_shape(options, c.q.shape(), c.v.shape());
+    summaries.emplace(c.w.dtype(), shape, c.q.place());
+    mixed.emplace(c.w.dtype(), shape, c.q.place());
+    return &state.emplace<ForwardState<S>>(
+        ForwardState<S>::over(summaries->view<S>(), mixed->view<S>()));
+  });
+  return py::make_tuple(std::move(o), std::move(*summaries), std::move(*mixed));
+}
+
+// Its backward, reading those arrays through a ForwardState over them: torch's
+// version counters refuse a backward after q, k, v or w changed in place, which
+// is the promise ForwardState::over asks for.
+py::tuple backward_from_arrays(py::handle q, py::handle k, py::handle v, py::handle w, py::handle o,
+                               py::handle grad_o, py::handle summaries_, py::handle mixed_,
+                               const Options& options) {
+  OperatorCall c(q, k, v, w);
+  ImportedTensor summaries(summaries_, "summaries", false, Devices::cpu_and_cuda),
+      mixed(mixed_, "mixed", false, Devices::cpu_and_cuda);
+  check_same_dtype({&c.w, &summaries, &mixed});
+  std::variant<std::monostate, ForwardState<float>, ForwardState<double>> state;
+  return run_backward(c, o, grad_o, options, [&]<typename S>() -> const ForwardState<S>* {
+    // The arrays are only read: the const views' memory is torch's, writable.
+    const auto writable = [](const ImportedTensor& t) {
+      const TensorView<const S> view = t.view<S>();
+      return TensorView<S>{const_cast<S*>(view.data), view.shape, view.device};
+    };
+    return &state.emplace<ForwardState<S>>(
+        ForwardState<S>::over(writable(summaries), writable(mixed)));
+  });
 }
 
 Buffer linear_forward(py::handle q_, py::handle k_, py::handle v_,
@@ -394,9 +417,8 @@ void bind_operator(py::module_& m) {
       m, "ForwardState",
       "What forward keeps for backward: pass one as state= to both calls. It owns the block and "
       "mixed summaries and records the call (options, the tensors' addresses and shapes, w's "
-      "values); backward refuses a state that another call filled, and reads it without the "
-      "fingerprint check that summaries= and mixed= get. q, k, v and o must not be written "
-      "between the two calls.")
+      "values); backward refuses a state that another call filled. q, k, v and o must not be "
+      "written between the two calls.")
       .def(py::init<>())
       .def_property_readonly("empty", &PyForwardState::empty,
                              "Whether no forward has filled it (or the last one failed).");
@@ -406,22 +428,20 @@ void bind_operator(py::module_& m) {
       "forward",
       [](py::handle q, py::handle k, py::handle v, py::handle w, py::object options,
          py::object layout, py::object masking, py::object feature_map, py::object normalize,
-         py::object eps, py::object scale, py::object mixing, bool save_summaries, bool save_mixed,
-         PyForwardState* state, py::object stream) {
+         py::object eps, py::object scale, py::object mixing, PyForwardState* state,
+         py::object stream) {
         const cuda::CallStream on(stream);
         return mhla_forward(
             q, k, v, w,
             options_of(options, layout, {masking, feature_map, normalize, eps, scale}, mixing),
-            save_summaries, save_mixed, state);
+            state);
       },
       "q"_a, "k"_a, "v"_a, "w"_a, py::kw_only(), "options"_a = py::none(), "layout"_a = py::none(),
       "masking"_a = py::none(), "feature_map"_a = py::none(), "normalize"_a = py::none(),
-      "eps"_a = py::none(), "scale"_a = py::none(), "mixing"_a = py::none(),
-      "save_summaries"_a = false, "save_mixed"_a = false, "state"_a = py::none(),
+      "eps"_a = py::none(), "scale"_a = py::none(), "mixing"_a = py::none(), "state"_a = py::none(),
       "stream"_a = py::none(),
-      "Returns (o, summaries or None), and the mixed summaries after them when save_mixed. "
-      "Both are [B, H, M, Dk, Dv + 1]; handed to backward, they spare it recomputing them. "
-      "state (a ForwardState) keeps them instead, for a backward given the same state. "
+      "Returns o. state (a ForwardState) keeps the block and mixed summaries [B, H, M, Dk, Dv + 1] "
+      "for a backward given the same state, which then recomputes neither. "
       "CUDA tensors: the call runs on `stream`, a cudaStream_t as an int (torch: "
       "torch.cuda.current_stream().cuda_stream), None for the legacy default stream.");
   m.def("_check_call", &check_call, "q_shape"_a, "k_shape"_a, "v_shape"_a, "w_shape"_a,
@@ -448,35 +468,43 @@ void bind_operator(py::module_& m) {
   m.def(
       "backward",
       [](py::handle q, py::handle k, py::handle v, py::handle w, py::handle o, py::handle grad_o,
-         py::handle summaries, py::handle mixed, py::object options, py::object layout,
-         py::object masking, py::object feature_map, py::object normalize, py::object eps,
-         py::object scale, py::object mixing, const PyForwardState* state, py::object stream) {
+         py::object options, py::object layout, py::object masking, py::object feature_map,
+         py::object normalize, py::object eps, py::object scale, py::object mixing,
+         const PyForwardState* state, py::object stream) {
         const cuda::CallStream on(stream);
         return mhla_backward(
-            q, k, v, w, o, grad_o, summaries, mixed,
+            q, k, v, w, o, grad_o,
             options_of(options, layout, {masking, feature_map, normalize, eps, scale}, mixing),
-            false, state);
+            state);
       },
-      "q"_a, "k"_a, "v"_a, "w"_a, "o"_a, "grad_o"_a, py::kw_only(), "summaries"_a = py::none(),
-      "mixed"_a = py::none(), "options"_a = py::none(), "layout"_a = py::none(),
-      "masking"_a = py::none(), "feature_map"_a = py::none(), "normalize"_a = py::none(),
-      "eps"_a = py::none(), "scale"_a = py::none(), "mixing"_a = py::none(), "state"_a = py::none(),
-      "stream"_a = py::none(),
-      "Returns (grad_q, grad_k, grad_v, grad_w). Saved summaries and mixed summaries are held to "
-      "fingerprints of k, v and w in every block: arrays from other inputs are a ValueError. "
-      "A ForwardState that forward filled (state=) is held to its record of that call instead. "
+      "q"_a, "k"_a, "v"_a, "w"_a, "o"_a, "grad_o"_a, py::kw_only(), "options"_a = py::none(),
+      "layout"_a = py::none(), "masking"_a = py::none(), "feature_map"_a = py::none(),
+      "normalize"_a = py::none(), "eps"_a = py::none(), "scale"_a = py::none(),
+      "mixing"_a = py::none(), "state"_a = py::none(), "stream"_a = py::none(),
+      "Returns (grad_q, grad_k, grad_v, grad_w). A ForwardState that forward filled (state=) is "
+      "held to its record of that call and read instead of recomputing the summaries. "
       "CUDA tensors: the call runs on `stream`, as forward's.");
   m.def(
-      "_backward_private_state",
+      "_forward_into_arrays",
+      [](py::handle q, py::handle k, py::handle v, py::handle w, const Options& options,
+         py::object stream) {
+        const cuda::CallStream on(stream);
+        return forward_into_arrays(q, k, v, w, options);
+      },
+      "q"_a, "k"_a, "v"_a, "w"_a, py::kw_only(), "options"_a, "stream"_a = py::none(),
+      "(o, summaries, mixed), for mhla.torch, whose autograd keeps the arrays for "
+      "_backward_from_arrays.");
+  m.def(
+      "_backward_from_arrays",
       [](py::handle q, py::handle k, py::handle v, py::handle w, py::handle o, py::handle grad_o,
          py::handle summaries, py::handle mixed, const Options& options, py::object stream) {
         const cuda::CallStream on(stream);
-        return mhla_backward(q, k, v, w, o, grad_o, summaries, mixed, options, true, nullptr);
+        return backward_from_arrays(q, k, v, w, o, grad_o, summaries, mixed, options);
       },
       "q"_a, "k"_a, "v"_a, "w"_a, "o"_a, "grad_o"_a, py::kw_only(), "summaries"_a, "mixed"_a,
       "options"_a, "stream"_a = py::none(),
-      "backward without the saved arrays' check, for mhla.torch's autograd function: it keeps "
-      "them in its context and torch refuses a backward after an input changed in place.");
+      "backward from the arrays _forward_into_arrays returned, for mhla.torch: torch refuses a "
+      "backward after an input changed in place.");
 }
 
 // Linear attention and softmax attention, the baselines.

@@ -119,10 +119,10 @@ def test_a_cuda_capsule_from_a_producer_that_did_not_say_so_is_refused_by_name()
 
 def test_calls_on_cpu_tensors_ignore_the_stream_they_are_given():
     q, k, v, w = operands()
-    o, _ = mhla.forward(q, k, v, w, layout=LAYOUT)
+    o = mhla.forward(q, k, v, w, layout=LAYOUT)
     grad_o = torch.randn_like(o)
     want = mhla.backward(q, k, v, w, o, grad_o, layout=LAYOUT)
-    on_a_stream, _ = mhla.forward(q, k, v, w, layout=LAYOUT, stream=12345)
+    on_a_stream = mhla.forward(q, k, v, w, layout=LAYOUT, stream=12345)
     got = mhla.backward(q, k, v, w, o, grad_o, layout=LAYOUT, stream=0)
     assert torch.equal(on_a_stream, o)
     for g, x in zip(got, want):
@@ -147,13 +147,15 @@ def test_a_stream_that_is_no_cuda_stream_is_refused_by_name(stream, error, words
 @pytest.mark.parametrize("dtype,tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2), (torch.float16, 1e-2)])
 def test_forward_and_backward_on_cuda_match_the_cpu(dtype, tolerance):
     q, k, v, w = operands(dtype)
-    want_o, want_saved = mhla.forward(q, k, v, w, layout=LAYOUT, save_summaries=True)
+    state = mhla.ForwardState()
+    want_o = mhla.forward(q, k, v, w, layout=LAYOUT, state=state)
     grad_o = torch.randn_like(want_o)
-    want = mhla.backward(q, k, v, w, want_o, grad_o, summaries=want_saved, layout=LAYOUT)
+    want = mhla.backward(q, k, v, w, want_o, grad_o, layout=LAYOUT, state=state)
     cuda = [x.cuda() for x in (q, k, v, w)]
-    o, saved = mhla.forward(*cuda, layout=LAYOUT, save_summaries=True)
-    assert o.device == q.cuda().device and saved.device == o.device and o.dtype == dtype
-    got = mhla.backward(*cuda, o, grad_o.cuda(), summaries=saved, layout=LAYOUT)
+    on_device = mhla.ForwardState()
+    o = mhla.forward(*cuda, layout=LAYOUT, state=on_device)
+    assert o.device == q.cuda().device and o.dtype == dtype
+    got = mhla.backward(*cuda, o, grad_o.cuda(), layout=LAYOUT, state=on_device)
     for name, g, x in zip(["o", "grad_q", "grad_k", "grad_v", "grad_w"], (o,) + got,
                           (want_o,) + want):
         assert g.is_cuda, name
@@ -163,13 +165,13 @@ def test_forward_and_backward_on_cuda_match_the_cpu(dtype, tolerance):
 
 @gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_forward_state_on_cuda_gives_the_saved_arrays_gradients(dtype):
+def test_a_forward_state_on_cuda_gives_the_recomputed_gradients(dtype):
     q, k, v, w = operands(dtype, device="cuda")
-    o, saved, mixed = mhla.forward(q, k, v, w, layout=LAYOUT, save_summaries=True, save_mixed=True)
+    o = mhla.forward(q, k, v, w, layout=LAYOUT)
     grad_o = torch.randn_like(o)
-    want = mhla.backward(q, k, v, w, o, grad_o, summaries=saved, mixed=mixed, layout=LAYOUT)
+    want = mhla.backward(q, k, v, w, o, grad_o, layout=LAYOUT)
     state = mhla.ForwardState()
-    o_kept, _ = mhla.forward(q, k, v, w, layout=LAYOUT, state=state)
+    o_kept = mhla.forward(q, k, v, w, layout=LAYOUT, state=state)
     assert torch.equal(o_kept, o)
     got = mhla.backward(q, k, v, w, o_kept, grad_o, layout=LAYOUT, state=state)
     for name, g, x in zip(["grad_q", "grad_k", "grad_v", "grad_w"], got, want):
@@ -181,7 +183,7 @@ def test_a_forward_state_on_cuda_gives_the_saved_arrays_gradients(dtype):
 def test_work_pending_on_the_callers_stream_is_ordered_before_and_after_the_call(given):
     # The call on the legacy default stream (stream= not given), or on the side stream itself.
     q, k, v, w = operands()
-    want_o, _ = mhla.forward(q, k, v, w, layout=LAYOUT)
+    want_o = mhla.forward(q, k, v, w, layout=LAYOUT)
     grad_o = torch.randn_like(want_o)
     want = mhla.backward(q, k, v, w, want_o, grad_o, layout=LAYOUT)
     staged = [x.cuda() for x in (q, k, v, w, grad_o)]
@@ -194,7 +196,7 @@ def test_work_pending_on_the_callers_stream_is_ordered_before_and_after_the_call
         # does not wait for: a call that is not ordered after it reads zeros.
         torch.cuda._sleep(200_000_000)
         q_cuda.copy_(staged[0])
-        o, _ = mhla.forward(q_cuda, *staged[1:4], layout=LAYOUT, **stream)
+        o = mhla.forward(q_cuda, *staged[1:4], layout=LAYOUT, **stream)
         grads = mhla.backward(q_cuda, *staged[1:4], o, staged[4], layout=LAYOUT, **stream)
         doubled = [2 * x for x in (o, *grads)]  # on the side stream: must see the results written
     torch.cuda.synchronize()
@@ -289,7 +291,7 @@ def test_operands_on_two_devices_are_refused_by_name():
 @gpu
 def test_numpy_refuses_a_cuda_result_by_name():
     q, k, v, w = (x.cuda() for x in operands())
-    o, _ = _core.forward(q, k, v, w, layout=LAYOUT)
+    o = _core.forward(q, k, v, w, layout=LAYOUT)
     assert o.__dlpack_device__() == (2, q.device.index or 0)
     with pytest.raises(TypeError, match="is not host memory that NumPy can read"):
         numpy.asarray(o)

@@ -123,28 +123,21 @@ def test_results_take_the_callers_kind():
     layout = mhla.Layout.sequence(8, 4)
     q, k, v = inputs(layout)
     w = mixing(layout, "none", False)
-    o_torch, saved = mhla.forward(q, k, v, w, layout=layout, save_summaries=True)
-    o_numpy, none = mhla.forward(q.numpy(), k.numpy(), v.numpy(), w.numpy(), layout=layout)
-    assert isinstance(o_torch, torch.Tensor) and isinstance(saved, torch.Tensor) and none is None
+    o_torch = mhla.forward(q, k, v, w, layout=layout)
+    qn, kn, vn, wn = q.numpy(), k.numpy(), v.numpy(), w.numpy()
+    o_numpy = mhla.forward(qn, kn, vn, wn, layout=layout)
+    assert isinstance(o_torch, torch.Tensor)
     assert isinstance(o_numpy, np.ndarray) and o_numpy.flags.writeable and o_numpy.dtype == np.float64
     np.testing.assert_array_equal(o_numpy, o_torch.numpy())
-    assert list(saved.shape) == [2, 2, 2, 3, 5]  # [B, H, M, Dk, Dv + 1]
-    # Backward with and without the saved summaries, from NumPy results fed back in.
+    # Backward with and without a state, from NumPy results fed back in.
+    state = mhla.ForwardState()
+    o_kept = mhla.forward(qn, kn, vn, wn, layout=layout, state=state)
     grad_o = np.ones_like(o_numpy)
-    with_saved = mhla.backward(q.numpy(), k.numpy(), v.numpy(), w.numpy(), o_numpy, grad_o,
-                               summaries=saved.numpy(), layout=layout)
-    without = mhla.backward(q.numpy(), k.numpy(), v.numpy(), w.numpy(), o_numpy, grad_o, layout=layout)
-    for a, b in zip(with_saved, without):
+    with_state = mhla.backward(qn, kn, vn, wn, o_kept, grad_o, layout=layout, state=state)
+    without = mhla.backward(qn, kn, vn, wn, o_numpy, grad_o, layout=layout)
+    for a, b in zip(with_state, without):
         assert isinstance(a, np.ndarray)
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
-    # The mixed summaries too: a third result, read back by backward.
-    o_mixed, saved_again, mixed = mhla.forward(q, k, v, w, layout=layout, save_summaries=True, save_mixed=True)
-    assert isinstance(mixed, torch.Tensor) and mixed.shape == saved.shape
-    torch.testing.assert_close(mixed[0, 0, 0], w[0, 0] * saved[0, 0, 0] + w[0, 1] * saved[0, 0, 1])
-    with_both = mhla.backward(q, k, v, w, o_mixed, torch.ones_like(o_mixed), summaries=saved_again, mixed=mixed,
-                              layout=layout)
-    for a, b in zip(with_both, without):
-        np.testing.assert_allclose(a.numpy(), b, rtol=1e-12, atol=1e-12)
 
 
 def test_any_dlpack_object_is_read_and_readonly_numpy_too():
@@ -161,11 +154,11 @@ def test_any_dlpack_object_is_read_and_readonly_numpy_too():
     layout = mhla.Layout.sequence(8, 4)
     q, k, v = (t.numpy() for t in inputs(layout))
     w = mixing(layout, "none", False).numpy()
-    want, _ = mhla.forward(q, k, v, w, layout=layout)
-    got, _ = mhla._core.forward(Producer(q), Producer(k), Producer(v), Producer(w), layout=layout)
+    want = mhla.forward(q, k, v, w, layout=layout)
+    got = mhla._core.forward(Producer(q), Producer(k), Producer(v), Producer(w), layout=layout)
     np.testing.assert_array_equal(np.asarray(got), want)
     q.flags.writeable = False  # NumPy refuses DLPack export here; the buffer protocol reads it
-    np.testing.assert_array_equal(mhla.forward(q, k, v, w, layout=layout)[0], want)
+    np.testing.assert_array_equal(mhla.forward(q, k, v, w, layout=layout), want)
 
 
 def test_init_mixing_matches_the_library_definition():

@@ -167,7 +167,7 @@ def run(call, api=None):
         return o.detach().double(), [t.grad.double() for t in leaves]
     convert = as_torch if api == "torch" else (lambda x: x)
     q, k, v, w, g = (convert(x) for x in (call.q, call.k, call.v, call.w, call.grad_o))
-    o, _ = mhla.forward(q, k, v, w, layout=call.layout, **kw)
+    o = mhla.forward(q, k, v, w, layout=call.layout, **kw)
     grads = mhla.backward(q, k, v, w, o, g, layout=call.layout, **kw)
     return as_torch(np.asarray(o) if api == "numpy" else o).double(), [
         as_torch(np.asarray(x) if api == "numpy" else x).double() for x in grads]

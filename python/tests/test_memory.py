@@ -18,15 +18,15 @@ def operands(tokens, heads=4, dim=64, seed=0):
 def test_a_freed_result_is_reused_by_the_next_of_its_size():
     mhla.release_memory()
     q, k, v, w, layout = operands(2048)  # o is 2 MiB
-    o, = mhla.forward(q, k, v, w, layout=layout)[:1]
+    o = mhla.forward(q, k, v, w, layout=layout)
     address = o.data_ptr()
     assert mhla._core.recycled_buffer_bytes() == 0
     del o
     assert mhla._core.recycled_buffer_bytes() >= 2 << 20
-    again = mhla.forward(q * 2, k, v, w, layout=layout)[0]
+    again = mhla.forward(q * 2, k, v, w, layout=layout)
     assert again.data_ptr() == address
     # The reused memory holds the new result, as fresh memory does (the kernels are deterministic).
-    want = mhla.forward(q * 2, k, v, w, layout=layout)[0]
+    want = mhla.forward(q * 2, k, v, w, layout=layout)
     assert want.data_ptr() != address and torch.equal(again, want)
     del again
     mhla.release_memory()
@@ -37,7 +37,7 @@ def test_small_results_are_not_kept():
     mhla.release_memory()
     q, k, v, w, layout = operands(64, heads=1, dim=8)
     del q, k, v
-    o = mhla.forward(*(torch.ones(1, 64, 1, 8) for _ in range(3)), w[:1, :1].contiguous(), layout=layout)[0]
+    o = mhla.forward(*(torch.ones(1, 64, 1, 8) for _ in range(3)), w[:1, :1].contiguous(), layout=layout)
     del o
     assert mhla._core.recycled_buffer_bytes() == 0
 
@@ -58,7 +58,7 @@ def test_gradients_through_recycled_memory_match_fresh_memory():
 
 def test_numpy_results_keep_their_memory_alive():
     q, k, v, w, layout = (np.asarray(x) if isinstance(x, torch.Tensor) else x for x in operands(2048, seed=2))
-    o = mhla.forward(q, k, v, w, layout=layout)[0]
+    o = mhla.forward(q, k, v, w, layout=layout)
     copy = o.copy()
     mhla.release_memory()  # only freed results are released; o is still held
     assert np.array_equal(o, copy)

@@ -19,7 +19,7 @@ def test_three_phases_equal_the_operator(masking):
     assert s.shape == (2, 3, m, 5, 5)
     mixed = mhla.mix_summaries(w, s, options=opts, first_block=0, blocks=m)
     o = mhla.read_out(q, k, v, w, mixed, options=opts, first_block=0)
-    want, _ = mhla.forward(q, k, v, w, options=opts)
+    want = mhla.forward(q, k, v, w, options=opts)
     np.testing.assert_allclose(o, want, rtol=0, atol=1e-13)
 
     gq, gk, gv, gmixed, gw = mhla.read_out_backward(q, k, v, w, mixed, o, g, options=opts, first_block=0)

@@ -1,6 +1,6 @@
-// forward() and backward() with a ForwardState: the saved arrays in memory
-// the state owns, and the record of the call that lets backward read them
-// without the fingerprint check that arrays from outside get.
+// ForwardState: the saved arrays in memory the state owns (or the caller's,
+// for a state made with ForwardState::over), and the record of the call that
+// backward checks before it reads them.
 #include "mhla/forward_state.hpp"
 
 #include <array>
@@ -8,15 +8,14 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
-#include <utility>
 #include <vector>
 
-#include "api/private_state_backward.hpp"
+#include "api/forward_record.hpp"
 #include "backend/backend.hpp"
 #include "core/allocation.hpp"
 #include "core/host_copy.hpp"
-#include "core/validate.hpp"
-#include "mhla/operator.hpp"
+#include "mhla/bfloat16.hpp"
+#include "mhla/float16.hpp"
 
 namespace mhla {
 namespace detail {
@@ -26,12 +25,13 @@ constexpr std::array<const char*, 5> kRecordedTensors{"q", "k", "v", "w", "o"};
 
 template <typename S>
 struct ForwardRecord {
-  // The summaries, then the mixed summaries, `elements` each, on `device`.
+  // The arrays (the summaries, then the mixed summaries) in `storage`, which
+  // the state owns; or, for a state made with ForwardState::over, the
+  // caller's, with no record to check.
   std::shared_ptr<void> storage;
   size_t capacity = 0;  // bytes
-  Device device = Device::cpu;
-  std::vector<int64_t> shape;
-  int64_t elements = 0;
+  TensorView<S> summaries, mixed;
+  bool over_caller_arrays = false;
   bool filled = false;
   // The call that filled them.
   Options options;
@@ -39,9 +39,6 @@ struct ForwardRecord {
   std::array<std::vector<int64_t>, 5> shapes;
   std::vector<S> w_values;
   const char* tokens = "";  // the element type of q, k, v and o
-
-  S* summaries() const { return static_cast<S*>(storage.get()); }
-  S* mixed() const { return summaries() + elements; }
 };
 
 struct ForwardStateAccess {
@@ -74,70 +71,65 @@ bool same_options(const Options& a, const Options& b) {
          a.cuda.float32_tensor_cores == b.cuda.float32_tensor_cores;
 }
 
-// The saved arrays' shape, read off q and v before forward validates them:
-// forward refuses the call unless this is their shape, and a call whose q or
-// v has no plausible shape (empty here) is refused by forward before the
-// state is touched.
-template <typename X, typename Y>
-std::vector<int64_t> state_shape(const Options& options, const TensorView<X>& q,
-                                 const TensorView<Y>& v) {
-  if (q.shape.size() != 4 || v.shape.size() != 4) return {};
-  std::vector<int64_t> shape{q.shape[0], q.shape[2], options.layout.num_blocks(), q.shape[3],
-                             v.shape[3] + 1};
-  for (int64_t extent : shape)
-    if (extent <= 0) return {};
-  return shape;
-}
+}  // namespace
 
-// Room for both arrays of `shape` in the state, on q's device.
 template <typename S>
-void make_room(const char* fn, ForwardRecord<S>& r, const std::vector<int64_t>& shape,
-               Device device) {
-  r.elements = checked_product(shape, "the forward state's summaries");
-  r.shape = shape;
-  const size_t bytes = 2 * size_t(r.elements) * sizeof(S);
-  if (r.storage != nullptr && r.device == device && r.capacity >= bytes) return;
-  r.storage.reset();  // the old arrays go first
-  r.capacity = 0;
-  const backend::Memory& memory = backend::backend_for(fn, "q", device).memory();
-  r.storage = allocating(fn, "the forward state's summaries and mixed summaries", double(bytes),
-                         [&] { return memory.allocate(bytes); });
-  r.capacity = bytes;
-  r.device = device;
+void forget_call(ForwardState<S>& state) {
+  ForwardStateAccess::record(state).filled = false;
 }
 
-// forward(..., state) for q, k, v of element type X and w, o of W, O.
-template <typename S, typename X, typename W, typename O, typename Forward>
-void fill_state(const Options& options, const TensorView<const X>& q, const TensorView<const X>& k,
-                const TensorView<const X>& v, const TensorView<const W>& w, const TensorView<O>& o,
-                ForwardState<S>& state, Forward&& forward) {
-  const char* fn = "mhla::forward";
+template <typename S>
+std::pair<S*, S*> arrays_to_fill(const char* fn, const Problem& p, Device device,
+                                 ForwardState<S>& state) {
   ForwardRecord<S>& r = ForwardStateAccess::record(state);
-  r.filled = false;
-  const std::vector<int64_t> shape = state_shape(options, q, v);
-  if (shape.empty()) {
-    forward(TensorView<S>{}, TensorView<S>{});  // refuses q or v by name
-    fail(fn, "q and v need the shapes [B, N, H, Dk] and [B, N, H, Dv]");
+  const std::vector<int64_t> shape{p.batch, p.heads, p.blocks, p.dk, p.dv + 1};
+  if (r.over_caller_arrays) {
+    check_output(fn, "the state's summaries", r.summaries, shape, device);
+    check_output(fn, "the state's mixed summaries", r.mixed, shape, device);
+    return {r.summaries.data, r.mixed.data};
   }
-  make_room(fn, r, shape, q.device);
-  forward(TensorView<S>{r.summaries(), shape, q.device}, TensorView<S>{r.mixed(), shape, q.device});
+  const int64_t elements = checked_product(shape, "the forward state's summaries");
+  const size_t bytes = 2 * size_t(elements) * sizeof(S);
+  if (r.storage == nullptr || r.summaries.device != device || r.capacity < bytes) {
+    r.storage.reset();  // the old arrays go first
+    r.capacity = 0;
+    const backend::Memory& memory = backend::backend_for(fn, "q", device).memory();
+    r.storage = allocating(fn, "the forward state's summaries and mixed summaries", double(bytes),
+                           [&] { return memory.allocate(bytes); });
+    r.capacity = bytes;
+  }
+  S* first = static_cast<S*>(r.storage.get());
+  r.summaries = {first, shape, device};
+  r.mixed = {first + elements, shape, device};
+  return {r.summaries.data, r.mixed.data};
+}
+
+template <typename S, typename X>
+void record_call(const Options& options, const TensorView<const X>& q, const TensorView<const X>& k,
+                 const TensorView<const X>& v, const TensorView<const S>& w,
+                 const TensorView<const X>& o, ForwardState<S>& state) {
+  ForwardRecord<S>& r = ForwardStateAccess::record(state);
   r.options = options;
   r.addresses = {q.data, k.data, v.data, w.data, o.data};
   r.shapes = {q.shape, k.shape, v.shape, w.shape, o.shape};
-  const HostCopy hw(w);
-  r.w_values.assign(hw.data(), hw.data() + checked_product(w.shape, "w"));
+  if (!r.over_caller_arrays) {
+    const HostCopy hw(w);
+    r.w_values.assign(hw.data(), hw.data() + checked_product(w.shape, "w"));
+  }
   r.tokens = element_type<X>();
   r.filled = true;
 }
 
-// The record of a state given to backward, against the call.
-template <typename S, typename X, typename W, typename O>
-const ForwardRecord<S>& checked_record(const Options& options, const TensorView<const X>& q,
-                                       const TensorView<const X>& k, const TensorView<const X>& v,
-                                       const TensorView<const W>& w, const TensorView<O>& o,
-                                       const ForwardState<S>& state) {
+template <typename S, typename X>
+std::pair<const S*, const S*> arrays_to_read(const Options& options, const TensorView<const X>& q,
+                                             const TensorView<const X>& k,
+                                             const TensorView<const X>& v,
+                                             const TensorView<const S>& w,
+                                             const TensorView<const X>& o,
+                                             const ForwardState<S>& state) {
   const char* fn = "mhla::backward";
   const ForwardRecord<S>* r = ForwardStateAccess::record(state);
+  if (r != nullptr && r->over_caller_arrays) return {r->summaries.data, r->mixed.data};
   if (r == nullptr || !r->filled)
     fail(fn, "state is empty: no forward() has filled it, or the last one given it failed");
   if (r->tokens != std::string_view(element_type<X>()))
@@ -149,7 +141,8 @@ const ForwardRecord<S>& checked_record(const Options& options, const TensorView<
   const std::array<const std::vector<int64_t>*, 5> shapes{&q.shape, &k.shape, &v.shape, &w.shape,
                                                           &o.shape};
   for (size_t i = 0; i < addresses.size(); ++i)
-    if (addresses[i] != r->addresses[i] || *shapes[i] != r->shapes[i] || q.device != r->device)
+    if (addresses[i] != r->addresses[i] || *shapes[i] != r->shapes[i] ||
+        q.device != r->summaries.device)
       fail(fn, std::string(kRecordedTensors[i]) +
                    " is not the tensor that the forward() which filled state read (given " +
                    shape_to_string(*shapes[i]) + " at another address or device; forward read " +
@@ -159,10 +152,30 @@ const ForwardRecord<S>& checked_record(const Options& options, const TensorView<
     fail(fn,
          "w changed since the forward() that filled state (an optimizer step between forward and "
          "backward?): the gradients would be those of other weights; run forward again");
-  return *r;
+  return {r->summaries.data, r->mixed.data};
 }
 
-}  // namespace
+#define MHLA_INSTANTIATE_RECORD(S, X)                                                     \
+  template void record_call<S, X>(const Options&, const TensorView<const X>&,             \
+                                  const TensorView<const X>&, const TensorView<const X>&, \
+                                  const TensorView<const S>&, const TensorView<const X>&, \
+                                  ForwardState<S>&);                                      \
+  template std::pair<const S*, const S*> arrays_to_read<S, X>(                            \
+      const Options&, const TensorView<const X>&, const TensorView<const X>&,             \
+      const TensorView<const X>&, const TensorView<const S>&, const TensorView<const X>&, \
+      const ForwardState<S>&);
+MHLA_INSTANTIATE_RECORD(float, float)
+MHLA_INSTANTIATE_RECORD(double, double)
+MHLA_INSTANTIATE_RECORD(float, bfloat16)
+MHLA_INSTANTIATE_RECORD(float, float16)
+#undef MHLA_INSTANTIATE_RECORD
+template void forget_call(ForwardState<float>&);
+template void forget_call(ForwardState<double>&);
+template std::pair<float*, float*> arrays_to_fill(const char*, const Problem&, Device,
+                                                  ForwardState<float>&);
+template std::pair<double*, double*> arrays_to_fill(const char*, const Problem&, Device,
+                                                    ForwardState<double>&);
+
 }  // namespace detail
 
 template <typename S>
@@ -177,78 +190,17 @@ template <typename S>
 bool ForwardState<S>::empty() const {
   return record_ == nullptr || !record_->filled;
 }
-
-template <typename T>
-void forward(const Options& options, TensorView<const T> q, TensorView<const T> k,
-             TensorView<const T> v, TensorView<const T> w, TensorView<T> o,
-             ForwardState<T>& state) {
-  detail::fill_state(options, q, k, v, w, o, state, [&](TensorView<T> s, TensorView<T> m) {
-    forward<T>(options, q, k, v, w, o, s, m);
-  });
-}
-
-void forward(const Options& options, TensorView<const bfloat16> q, TensorView<const bfloat16> k,
-             TensorView<const bfloat16> v, TensorView<const float> w, TensorView<bfloat16> o,
-             ForwardState<float>& state) {
-  detail::fill_state(options, q, k, v, w, o, state, [&](TensorView<float> s, TensorView<float> m) {
-    forward(options, q, k, v, w, o, s, m);
-  });
-}
-
-void forward(const Options& options, TensorView<const float16> q, TensorView<const float16> k,
-             TensorView<const float16> v, TensorView<const float> w, TensorView<float16> o,
-             ForwardState<float>& state) {
-  detail::fill_state(options, q, k, v, w, o, state, [&](TensorView<float> s, TensorView<float> m) {
-    forward(options, q, k, v, w, o, s, m);
-  });
-}
-
-template <typename T>
-void backward(const Options& options, TensorView<const T> q, TensorView<const T> k,
-              TensorView<const T> v, TensorView<const T> w, TensorView<const T> o,
-              TensorView<const T> grad_o, TensorView<T> grad_q, TensorView<T> grad_k,
-              TensorView<T> grad_v, TensorView<T> grad_w, const ForwardState<T>& state) {
-  const auto& r = detail::checked_record(options, q, k, v, w, o, state);
-  detail::backward<T>(detail::SavedArrays::private_to_caller, options, q, k, v, w, o, grad_o,
-                      grad_q, grad_k, grad_v, grad_w, {r.summaries(), r.shape, r.device},
-                      {r.mixed(), r.shape, r.device});
-}
-
-void backward(const Options& options, TensorView<const bfloat16> q, TensorView<const bfloat16> k,
-              TensorView<const bfloat16> v, TensorView<const float> w, TensorView<const bfloat16> o,
-              TensorView<const bfloat16> grad_o, TensorView<bfloat16> grad_q,
-              TensorView<bfloat16> grad_k, TensorView<bfloat16> grad_v, TensorView<float> grad_w,
-              const ForwardState<float>& state) {
-  const auto& r = detail::checked_record(options, q, k, v, w, o, state);
-  detail::backward(detail::SavedArrays::private_to_caller, options, q, k, v, w, o, grad_o, grad_q,
-                   grad_k, grad_v, grad_w, {r.summaries(), r.shape, r.device},
-                   {r.mixed(), r.shape, r.device});
-}
-
-void backward(const Options& options, TensorView<const float16> q, TensorView<const float16> k,
-              TensorView<const float16> v, TensorView<const float> w, TensorView<const float16> o,
-              TensorView<const float16> grad_o, TensorView<float16> grad_q,
-              TensorView<float16> grad_k, TensorView<float16> grad_v, TensorView<float> grad_w,
-              const ForwardState<float>& state) {
-  const auto& r = detail::checked_record(options, q, k, v, w, o, state);
-  detail::backward(detail::SavedArrays::private_to_caller, options, q, k, v, w, o, grad_o, grad_q,
-                   grad_k, grad_v, grad_w, {r.summaries(), r.shape, r.device},
-                   {r.mixed(), r.shape, r.device});
+template <typename S>
+ForwardState<S> ForwardState<S>::over(TensorView<S> summaries, TensorView<S> mixed) {
+  ForwardState state;
+  detail::ForwardRecord<S>& r = detail::ForwardStateAccess::record(state);
+  r.summaries = std::move(summaries);
+  r.mixed = std::move(mixed);
+  r.over_caller_arrays = true;
+  return state;
 }
 
 template class ForwardState<float>;
 template class ForwardState<double>;
-
-#define MHLA_INSTANTIATE_STATE_CALLS(T)                                                       \
-  template void forward<T>(const Options&, TensorView<const T>, TensorView<const T>,          \
-                           TensorView<const T>, TensorView<const T>, TensorView<T>,           \
-                           ForwardState<T>&);                                                 \
-  template void backward<T>(const Options&, TensorView<const T>, TensorView<const T>,         \
-                            TensorView<const T>, TensorView<const T>, TensorView<const T>,    \
-                            TensorView<const T>, TensorView<T>, TensorView<T>, TensorView<T>, \
-                            TensorView<T>, const ForwardState<T>&);
-MHLA_INSTANTIATE_STATE_CALLS(float)
-MHLA_INSTANTIATE_STATE_CALLS(double)
-#undef MHLA_INSTANTIATE_STATE_CALLS
 
 }  // namespace mhla

@@ -1,16 +1,16 @@
 // Public MHLA entry points: validate once, then run the kernels of the
 // tensors' device (backend/backend.hpp) with the mixing (dense or Toeplitz W)
-// the options ask for.
+// the options ask for, keeping or reading a ForwardState's arrays where the
+// call has one (api/forward_record.hpp).
 #include "mhla/operator.hpp"
 
 #include <type_traits>
 #include <utility>
 
-#include "api/private_state_backward.hpp"
+#include "api/forward_record.hpp"
 #include "backend/backend.hpp"
 #include "core/finite_results.hpp"
 #include "core/host_copy.hpp"
-#include "core/saved_state_check.hpp"
 #include "core/validated_call.hpp"
 #include "mhla/device_execution.hpp"
 
@@ -22,17 +22,6 @@ using backend::Scratch;
 
 std::vector<int64_t> summaries_shape(const detail::AttentionDims& d, int64_t blocks) {
   return {d.batch, d.heads, blocks, d.dk, d.dv + 1};
-}
-
-// An optional saved array (saved_summaries, saved_mixed): absent (no data, no
-// shape), or exactly the summaries' shape. Returns where the kernels find it
-// (nullptr: absent).
-template <typename T>
-T* check_saved(const char* fn, const char* name, const detail::Problem& p, Device device,
-               const TensorView<T>& saved) {
-  if (saved.data == nullptr && saved.shape.empty()) return nullptr;
-  detail::check_output(fn, name, saved, summaries_shape(p, p.blocks), device);
-  return saved.data;
 }
 
 // The opening of every MHLA entry point here, for float and bfloat16 tokens
@@ -59,41 +48,6 @@ void report_output(const char* fn, const detail::Problem& p, const TensorView<co
   const detail::HostCopy hq(q), hk(k), hv(v);
   const detail::HostCopy ho(o);
   detail::report_non_finite_output(fn, p, hq.view(), hk.view(), hv.view(), ho.view(), type);
-}
-
-// The rest of a backward call's checks: its gradient buffers and the saved
-// arrays it was given, which are held to fingerprints of k and v
-// (core/saved_state_check.hpp) when they come from outside. `rounding` widens
-// the tolerance for summaries from bfloat16 products: one rounding of each
-// term of the summaries, three of the mixed summaries' (the mix rounds w and
-// the summaries once more). Returns where the kernels find the saved arrays
-// (nullptr: absent).
-template <typename S, typename T>
-std::pair<const T*, const T*> check_backward(
-    const char* fn, const detail::Problem& p, detail::SavedArrays saved,
-    const TensorView<const S>& k, const TensorView<const S>& v, const TensorView<const T>& w,
-    const TensorView<const S>& grad_o, const TensorView<S>& grad_q, const TensorView<S>& grad_k,
-    const TensorView<S>& grad_v, const TensorView<T>& grad_w,
-    const TensorView<const T>& saved_summaries, const TensorView<const T>& saved_mixed,
-    double rounding) {
-  const Device device = k.device;
-  detail::check_gradients(fn, p, grad_o, grad_q, grad_k, grad_v, device);
-  detail::check_output(fn, "grad_w", grad_w, w.shape, device);
-  const T* summaries = check_saved(fn, "saved_summaries", p, device, saved_summaries);
-  const T* mixed = check_saved(fn, "saved_mixed", p, device, saved_mixed);
-  if (saved == detail::SavedArrays::from_outside && (summaries != nullptr || mixed != nullptr)) {
-    // On another device than the CPU, this check reads host copies of k and v.
-    const detail::HostCopy hk(k), hv(v);
-    const detail::HostCopy hw(w);
-    const detail::Fingerprints prints = detail::fingerprints(p, hk.data(), hv.data());
-    if (summaries != nullptr)
-      detail::check_saved_summaries_match(fn, p, prints, detail::HostCopy(saved_summaries).data(),
-                                          rounding);
-    if (mixed != nullptr)
-      detail::check_saved_mixed_match(fn, p, prints, hw.data(),
-                                      detail::HostCopy(saved_mixed).data(), 3 * rounding);
-  }
-  return {summaries, mixed};
 }
 
 // Elements of a checked buffer.
@@ -127,11 +81,6 @@ void narrowed(const char* fn, const char* name, const backend::Backend& device,
     device.memory().narrow(from.data, elements(to), to.data);
   }
 }
-
-// What one rounding to bfloat16 adds to a term of a saved array's entries
-// (2^-8, half a unit in its 8th significant bit): phi(k) in the summaries,
-// and also w and the summaries in the mix.
-constexpr double kBf16Rounding = 0x1p-8;
 
 // backward on a validated call, float or double tokens.
 template <typename T>
@@ -173,183 +122,152 @@ std::vector<int64_t> saved_summaries_shape(const Options& options,
   return summaries_shape(d, options.layout.num_blocks());
 }
 
-template <typename T>
-void forward(const Options& options, TensorView<const T> q, TensorView<const T> k,
-             TensorView<const T> v, TensorView<const T> w, TensorView<T> o,
-             TensorView<T> saved_summaries, TensorView<T> saved_mixed) {
-  const char* fn = "mhla::forward";
-  const detail::ValidatedCall call = checked_call(fn, options, q, k, v, w, o);
-  const detail::Problem& p = call.problem();
-  T* summaries = check_saved(fn, "saved_summaries", p, q.device, saved_summaries);
-  T* mixed = check_saved(fn, "saved_mixed", p, q.device, saved_mixed);
-  if (!backend::backend_for(fn, "q", q.device)
-           .attention(p, w.data)
-           ->forward(q.data, k.data, v.data, o.data, summaries, mixed))
-    report_output(fn, p, q, k, v, o);
-}
-
-namespace detail {
-
-template <typename T>
-void backward(SavedArrays saved, const Options& options, TensorView<const T> q,
-              TensorView<const T> k, TensorView<const T> v, TensorView<const T> w,
-              TensorView<const T> o, TensorView<const T> grad_o, TensorView<T> grad_q,
-              TensorView<T> grad_k, TensorView<T> grad_v, TensorView<T> grad_w,
-              TensorView<const T> saved_summaries, TensorView<const T> saved_mixed) {
-  const char* fn = "mhla::backward";
-  const ValidatedCall call = checked_call(fn, options, q, k, v, w, o);
-  const Problem& p = call.problem();
-  // float32 on CUDA's tensor-core kernels keeps 16 significant bits of each
-  // operand in its products (2^-17 a term, within 2^-16).
-  const bool split =
-      std::is_same_v<T, float> && q.device == Device::cuda && options.cuda.float32_tensor_cores;
-  const auto [summaries, mixed] =
-      check_backward(fn, p, saved, k, v, w, grad_o, grad_q, grad_k, grad_v, grad_w, saved_summaries,
-                     saved_mixed, split ? 0x1p-16 : 0.0);
-  run_backward(fn, p, backend::backend_for(fn, "q", q.device), q, k, v, w, o, grad_o, grad_q,
-               grad_k, grad_v, grad_w, summaries, mixed);
-}
-
-template <typename H>
-void half_backward(SavedArrays saved, const Options& options, TensorView<const H> q,
-                   TensorView<const H> k, TensorView<const H> v, TensorView<const float> w,
-                   TensorView<const H> o, TensorView<const H> grad_o, TensorView<H> grad_q,
-                   TensorView<H> grad_k, TensorView<H> grad_v, TensorView<float> grad_w,
-                   TensorView<const float> saved_summaries, TensorView<const float> saved_mixed) {
-  const char* fn = "mhla::backward";
-  const ValidatedCall call = checked_call(fn, options, q, k, v, w, o);
-  const Problem& p = call.problem();
-  const auto [summaries, mixed] =
-      check_backward(fn, p, saved, k, v, w, grad_o, grad_q, grad_k, grad_v, grad_w, saved_summaries,
-                     saved_mixed, kBf16Rounding);
-  const backend::Backend& device = backend::backend_for(fn, "q", q.device);
-  // The 16-bit kernels read and write the tensors in place. A flag of
-  // non-finite results is checked, and reported, by the float path below.
-  if (const auto kernels = device.half_attention(p, w.data, H{})) {
-    device.memory().zero(grad_w.data, elements(grad_w));
-    if (kernels->backward(q.data, k.data, v.data, grad_o.data, grad_q.data, grad_k.data,
-                          grad_v.data, grad_w.data, summaries, mixed) &&
-        (p.checks_on_device || first_non_finite(HostCopy(grad_w).data(), elements(grad_w)) < 0))
-      return;
-  }
-  // The float kernels on widened copies; the gradients are rounded at the end.
-  const int64_t nq = elements(grad_q), nv = elements(grad_v);
-  const TensorView<float> gq{
-      backend::scratch<float>(device.memory(), Scratch::token_grad_q, size_t(nq)), grad_q.shape,
-      q.device},
-      gk{backend::scratch<float>(device.memory(), Scratch::token_grad_k, size_t(nq)), grad_k.shape,
-         q.device},
-      gv{backend::scratch<float>(device.memory(), Scratch::token_grad_v, size_t(nv)), grad_v.shape,
-         q.device};
-  run_backward<float>(
-      fn, p, device, widened(device, q, Scratch::widened_q), widened(device, k, Scratch::widened_k),
-      widened(device, v, Scratch::widened_v), w, widened(device, o, Scratch::widened_o),
-      widened(device, grad_o, Scratch::widened_grad_o), gq, gk, gv, grad_w, summaries, mixed);
-  const char* remedy = "scale grad_o down (a smaller loss scale)";
-  narrowed(fn, "grad_q", device, gq, grad_q, remedy);
-  narrowed(fn, "grad_k", device, gk, grad_k, remedy);
-  narrowed(fn, "grad_v", device, gv, grad_v, remedy);
-}
-
-void backward(SavedArrays saved, const Options& options, TensorView<const bfloat16> q,
-              TensorView<const bfloat16> k, TensorView<const bfloat16> v, TensorView<const float> w,
-              TensorView<const bfloat16> o, TensorView<const bfloat16> grad_o,
-              TensorView<bfloat16> grad_q, TensorView<bfloat16> grad_k, TensorView<bfloat16> grad_v,
-              TensorView<float> grad_w, TensorView<const float> saved_summaries,
-              TensorView<const float> saved_mixed) {
-  half_backward(saved, options, q, k, v, w, o, grad_o, grad_q, grad_k, grad_v, grad_w,
-                saved_summaries, saved_mixed);
-}
-
-void backward(SavedArrays saved, const Options& options, TensorView<const float16> q,
-              TensorView<const float16> k, TensorView<const float16> v, TensorView<const float> w,
-              TensorView<const float16> o, TensorView<const float16> grad_o,
-              TensorView<float16> grad_q, TensorView<float16> grad_k, TensorView<float16> grad_v,
-              TensorView<float> grad_w, TensorView<const float> saved_summaries,
-              TensorView<const float> saved_mixed) {
-  half_backward(saved, options, q, k, v, w, o, grad_o, grad_q, grad_k, grad_v, grad_w,
-                saved_summaries, saved_mixed);
-}
-
-}  // namespace detail
-
-template <typename T>
-void backward(const Options& options, TensorView<const T> q, TensorView<const T> k,
-              TensorView<const T> v, TensorView<const T> w, TensorView<const T> o,
-              TensorView<const T> grad_o, TensorView<T> grad_q, TensorView<T> grad_k,
-              TensorView<T> grad_v, TensorView<T> grad_w, TensorView<const T> saved_summaries,
-              TensorView<const T> saved_mixed) {
-  detail::backward<T>(detail::SavedArrays::from_outside, options, q, k, v, w, o, grad_o, grad_q,
-                      grad_k, grad_v, grad_w, saved_summaries, saved_mixed);
-}
-
 namespace {
 
-template <typename H>
-void half_forward(const Options& options, TensorView<const H> q, TensorView<const H> k,
-                  TensorView<const H> v, TensorView<const float> w, TensorView<H> o,
-                  TensorView<float> saved_summaries, TensorView<float> saved_mixed) {
+constexpr bool is_16_bit(auto x) {
+  using X = decltype(x);
+  return std::is_same_v<X, bfloat16> || std::is_same_v<X, float16>;
+}
+
+// forward on a validated call whose state arrays (nullptr: none) are ready,
+// 16-bit tokens on the device's 16-bit kernels where it has them for the
+// problem, else on the float kernels over widened copies.
+template <typename X>
+void run_forward(const char* fn, const detail::Problem& p, const TensorView<const X>& q,
+                 const TensorView<const X>& k, const TensorView<const X>& v,
+                 const TensorView<const weight_t<X>>& w, const TensorView<X>& o,
+                 weight_t<X>* summaries, weight_t<X>* mixed) {
+  const backend::Backend& device = backend::backend_for(fn, "q", q.device);
+  if constexpr (!is_16_bit(X{})) {
+    if (!device.attention(p, w.data)->forward(q.data, k.data, v.data, o.data, summaries, mixed))
+      report_output(fn, p, q, k, v, o);
+  } else {
+    if (const auto kernels = device.half_attention(p, w.data, X{})) {
+      if (kernels->forward(q.data, k.data, v.data, o.data, summaries, mixed)) return;
+      // Rare: the report, on float copies of what the kernels wrote (a float16
+      // o beyond its range is infinite there).
+      const TensorView<const float> of = widened<X>(device, o, Scratch::widened_o);
+      report_output(fn, p, widened(device, q, Scratch::widened_q),
+                    widened(device, k, Scratch::widened_k), widened(device, v, Scratch::widened_v),
+                    TensorView<float>{const_cast<float*>(of.data), o.shape, o.device},
+                    std::is_same_v<X, float16> ? "float16" : "float32");
+      return;
+    }
+    // The float kernels on widened copies where the device has no 16-bit
+    // kernels for the problem (on the CPU: float16, causal masking, or no
+    // AVX512-BF16).
+    const TensorView<const float> qf = widened(device, q, Scratch::widened_q),
+                                  kf = widened(device, k, Scratch::widened_k),
+                                  vf = widened(device, v, Scratch::widened_v);
+    const TensorView<float> of{
+        backend::scratch<float>(device.memory(), Scratch::widened_o, size_t(elements(o))), o.shape,
+        o.device};
+    if (!device.attention(p, w.data)->forward(qf.data, kf.data, vf.data, of.data, summaries, mixed))
+      report_output(fn, p, qf, kf, vf, of);
+    narrowed(fn, "o", device, of, o, "rescale q, k or v");
+  }
+}
+
+// forward, with or without a state to fill.
+template <typename X>
+void forward_call(const Options& options, const TensorView<const X>& q,
+                  const TensorView<const X>& k, const TensorView<const X>& v,
+                  const TensorView<const weight_t<X>>& w, const TensorView<X>& o,
+                  ForwardState<weight_t<X>>* state) {
   const char* fn = "mhla::forward";
+  if (state != nullptr) detail::forget_call(*state);
   const detail::ValidatedCall call = checked_call(fn, options, q, k, v, w, o);
   const detail::Problem& p = call.problem();
-  float* summaries = check_saved(fn, "saved_summaries", p, q.device, saved_summaries);
-  float* mixed = check_saved(fn, "saved_mixed", p, q.device, saved_mixed);
+  if (state == nullptr) return run_forward(fn, p, q, k, v, w, o, nullptr, nullptr);
+  const auto [summaries, mixed] = detail::arrays_to_fill(fn, p, q.device, *state);
+  run_forward(fn, p, q, k, v, w, o, summaries, mixed);
+  detail::record_call<weight_t<X>, X>(options, q, k, v, w, o, *state);
+}
+
+// backward, with or without a state to read: the state is checked first,
+// then the call and its gradient buffers.
+template <typename X>
+void backward_call(const Options& options, const TensorView<const X>& q,
+                   const TensorView<const X>& k, const TensorView<const X>& v,
+                   const TensorView<const weight_t<X>>& w, const TensorView<const X>& o,
+                   const TensorView<const X>& grad_o, const TensorView<X>& grad_q,
+                   const TensorView<X>& grad_k, const TensorView<X>& grad_v,
+                   const TensorView<weight_t<X>>& grad_w, const ForwardState<weight_t<X>>* state) {
+  const char* fn = "mhla::backward";
+  using S = weight_t<X>;
+  std::pair<const S*, const S*> saved{nullptr, nullptr};
+  if (state != nullptr) saved = detail::arrays_to_read<S, X>(options, q, k, v, w, o, *state);
+  const auto [summaries, mixed] = saved;
+  const detail::ValidatedCall call = checked_call(fn, options, q, k, v, w, o);
+  const detail::Problem& p = call.problem();
+  detail::check_gradients(fn, p, grad_o, grad_q, grad_k, grad_v, q.device);
+  detail::check_output(fn, "grad_w", grad_w, w.shape, q.device);
   const backend::Backend& device = backend::backend_for(fn, "q", q.device);
-  if (const auto kernels = device.half_attention(p, w.data, H{})) {
-    if (kernels->forward(q.data, k.data, v.data, o.data, summaries, mixed)) return;
-    // Rare: the report, on float copies of what the kernels wrote (a float16
-    // o beyond its range is infinite there).
-    const TensorView<const float> of = widened<H>(device, o, Scratch::widened_o);
-    report_output(fn, p, widened(device, q, Scratch::widened_q),
-                  widened(device, k, Scratch::widened_k), widened(device, v, Scratch::widened_v),
-                  TensorView<float>{const_cast<float*>(of.data), o.shape, o.device},
-                  std::is_same_v<H, float16> ? "float16" : "float32");
-    return;
+  if constexpr (!is_16_bit(X{})) {
+    run_backward(fn, p, device, q, k, v, w, o, grad_o, grad_q, grad_k, grad_v, grad_w, summaries,
+                 mixed);
+  } else {
+    // The 16-bit kernels read and write the tensors in place. A flag of
+    // non-finite results is checked, and reported, by the float path below.
+    if (const auto kernels = device.half_attention(p, w.data, X{})) {
+      device.memory().zero(grad_w.data, elements(grad_w));
+      if (kernels->backward(q.data, k.data, v.data, grad_o.data, grad_q.data, grad_k.data,
+                            grad_v.data, grad_w.data, summaries, mixed) &&
+          (p.checks_on_device ||
+           detail::first_non_finite(detail::HostCopy(grad_w).data(), elements(grad_w)) < 0))
+        return;
+    }
+    // The float kernels on widened copies; the gradients are rounded at the end.
+    const int64_t nq = elements(grad_q), nv = elements(grad_v);
+    const TensorView<float> gq{
+        backend::scratch<float>(device.memory(), Scratch::token_grad_q, size_t(nq)), grad_q.shape,
+        q.device},
+        gk{backend::scratch<float>(device.memory(), Scratch::token_grad_k, size_t(nq)),
+           grad_k.shape, q.device},
+        gv{backend::scratch<float>(device.memory(), Scratch::token_grad_v, size_t(nv)),
+           grad_v.shape, q.device};
+    run_backward<float>(
+        fn, p, device, widened(device, q, Scratch::widened_q),
+        widened(device, k, Scratch::widened_k), widened(device, v, Scratch::widened_v), w,
+        widened(device, o, Scratch::widened_o), widened(device, grad_o, Scratch::widened_grad_o),
+        gq, gk, gv, grad_w, summaries, mixed);
+    const char* remedy = "scale grad_o down (a smaller loss scale)";
+    narrowed(fn, "grad_q", device, gq, grad_q, remedy);
+    narrowed(fn, "grad_k", device, gk, grad_k, remedy);
+    narrowed(fn, "grad_v", device, gv, grad_v, remedy);
   }
-  // The float kernels on widened copies where the device has no 16-bit
-  // kernels for the problem (on the CPU: float16, causal masking, or no
-  // AVX512-BF16).
-  const TensorView<const float> qf = widened(device, q, Scratch::widened_q),
-                                kf = widened(device, k, Scratch::widened_k),
-                                vf = widened(device, v, Scratch::widened_v);
-  const TensorView<float> of{
-      backend::scratch<float>(device.memory(), Scratch::widened_o, size_t(elements(o))), o.shape,
-      o.device};
-  if (!device.attention(p, w.data)->forward(qf.data, kf.data, vf.data, of.data, summaries, mixed))
-    report_output(fn, p, qf, kf, vf, of);
-  narrowed(fn, "o", device, of, o, "rescale q, k or v");
 }
 
 }  // namespace
 
-void backward(const Options& options, TensorView<const bfloat16> q, TensorView<const bfloat16> k,
-              TensorView<const bfloat16> v, TensorView<const float> w, TensorView<const bfloat16> o,
-              TensorView<const bfloat16> grad_o, TensorView<bfloat16> grad_q,
-              TensorView<bfloat16> grad_k, TensorView<bfloat16> grad_v, TensorView<float> grad_w,
-              TensorView<const float> saved_summaries, TensorView<const float> saved_mixed) {
-  detail::backward(detail::SavedArrays::from_outside, options, q, k, v, w, o, grad_o, grad_q,
-                   grad_k, grad_v, grad_w, saved_summaries, saved_mixed);
+template <typename T>
+void forward(const Options& options, TensorView<const T> q, TensorView<const T> k,
+             TensorView<const T> v, TensorView<const weight_t<T>> w, TensorView<T> o) {
+  forward_call<T>(options, q, k, v, w, o, nullptr);
 }
 
-void backward(const Options& options, TensorView<const float16> q, TensorView<const float16> k,
-              TensorView<const float16> v, TensorView<const float> w, TensorView<const float16> o,
-              TensorView<const float16> grad_o, TensorView<float16> grad_q,
-              TensorView<float16> grad_k, TensorView<float16> grad_v, TensorView<float> grad_w,
-              TensorView<const float> saved_summaries, TensorView<const float> saved_mixed) {
-  detail::backward(detail::SavedArrays::from_outside, options, q, k, v, w, o, grad_o, grad_q,
-                   grad_k, grad_v, grad_w, saved_summaries, saved_mixed);
+template <typename T>
+void forward(const Options& options, TensorView<const T> q, TensorView<const T> k,
+             TensorView<const T> v, TensorView<const weight_t<T>> w, TensorView<T> o,
+             ForwardState<weight_t<T>>& state) {
+  forward_call<T>(options, q, k, v, w, o, &state);
 }
 
-void forward(const Options& options, TensorView<const bfloat16> q, TensorView<const bfloat16> k,
-             TensorView<const bfloat16> v, TensorView<const float> w, TensorView<bfloat16> o,
-             TensorView<float> saved_summaries, TensorView<float> saved_mixed) {
-  half_forward(options, q, k, v, w, o, saved_summaries, saved_mixed);
+template <typename T>
+void backward(const Options& options, TensorView<const T> q, TensorView<const T> k,
+              TensorView<const T> v, TensorView<const weight_t<T>> w, TensorView<const T> o,
+              TensorView<const T> grad_o, TensorView<T> grad_q, TensorView<T> grad_k,
+              TensorView<T> grad_v, TensorView<weight_t<T>> grad_w) {
+  backward_call<T>(options, q, k, v, w, o, grad_o, grad_q, grad_k, grad_v, grad_w, nullptr);
 }
 
-void forward(const Options& options, TensorView<const float16> q, TensorView<const float16> k,
-             TensorView<const float16> v, TensorView<const float> w, TensorView<float16> o,
-             TensorView<float> saved_summaries, TensorView<float> saved_mixed) {
-  half_forward(options, q, k, v, w, o, saved_summaries, saved_mixed);
+template <typename T>
+void backward(const Options& options, TensorView<const T> q, TensorView<const T> k,
+              TensorView<const T> v, TensorView<const weight_t<T>> w, TensorView<const T> o,
+              TensorView<const T> grad_o, TensorView<T> grad_q, TensorView<T> grad_k,
+              TensorView<T> grad_v, TensorView<weight_t<T>> grad_w,
+              const ForwardState<weight_t<T>>& state) {
+  backward_call<T>(options, q, k, v, w, o, grad_o, grad_q, grad_k, grad_v, grad_w, &state);
 }
 
 FlopCount mhla_flops(int64_t batch, int64_t tokens, int64_t heads, int64_t dk, int64_t dv,
@@ -372,21 +290,24 @@ FlopCount mhla_flops(int64_t batch, int64_t tokens, int64_t heads, int64_t dk, i
   return {fwd, 2 * fwd};
 }
 
-#define MHLA_INSTANTIATE_OPERATOR(T)                                                               \
-  template void forward<T>(const Options&, TensorView<const T>, TensorView<const T>,               \
-                           TensorView<const T>, TensorView<const T>, TensorView<T>, TensorView<T>, \
-                           TensorView<T>);                                                         \
-  template void backward<T>(const Options&, TensorView<const T>, TensorView<const T>,              \
-                            TensorView<const T>, TensorView<const T>, TensorView<const T>,         \
-                            TensorView<const T>, TensorView<T>, TensorView<T>, TensorView<T>,      \
-                            TensorView<T>, TensorView<const T>, TensorView<const T>);              \
-  template void detail::backward<T>(detail::SavedArrays, const Options&, TensorView<const T>,      \
-                                    TensorView<const T>, TensorView<const T>, TensorView<const T>, \
-                                    TensorView<const T>, TensorView<const T>, TensorView<T>,       \
-                                    TensorView<T>, TensorView<T>, TensorView<T>,                   \
-                                    TensorView<const T>, TensorView<const T>);
+#define MHLA_INSTANTIATE_OPERATOR(T)                                                           \
+  template void forward<T>(const Options&, TensorView<const T>, TensorView<const T>,           \
+                           TensorView<const T>, TensorView<const weight_t<T>>, TensorView<T>); \
+  template void forward<T>(const Options&, TensorView<const T>, TensorView<const T>,           \
+                           TensorView<const T>, TensorView<const weight_t<T>>, TensorView<T>,  \
+                           ForwardState<weight_t<T>>&);                                        \
+  template void backward<T>(const Options&, TensorView<const T>, TensorView<const T>,          \
+                            TensorView<const T>, TensorView<const weight_t<T>>,                \
+                            TensorView<const T>, TensorView<const T>, TensorView<T>,           \
+                            TensorView<T>, TensorView<T>, TensorView<weight_t<T>>);            \
+  template void backward<T>(                                                                   \
+      const Options&, TensorView<const T>, TensorView<const T>, TensorView<const T>,           \
+      TensorView<const weight_t<T>>, TensorView<const T>, TensorView<const T>, TensorView<T>,  \
+      TensorView<T>, TensorView<T>, TensorView<weight_t<T>>, const ForwardState<weight_t<T>>&);
 MHLA_INSTANTIATE_OPERATOR(float)
 MHLA_INSTANTIATE_OPERATOR(double)
+MHLA_INSTANTIATE_OPERATOR(bfloat16)
+MHLA_INSTANTIATE_OPERATOR(float16)
 #undef MHLA_INSTANTIATE_OPERATOR
 
 }  // namespace mhla

@@ -1,10 +1,10 @@
 #pragma once
-// The checks and error reports read values: w's signs, the fingerprints of k
-// and v, a result's first non-finite entry. On the CPU they read the caller's
+// The checks and error reports read values: w's signs, a state's record of w,
+// a result's first non-finite entry. On the CPU they read the caller's
 // memory; a tensor on another device is copied to the host first. Only the
 // entry points that run on such a device take this path, and only for these
 // reads: small arrays (w, grad_w) on every call, token tensors only when a
-// check needs them (saved arrays from outside) or a report is being written.
+// report is being written.
 #include <cstddef>
 #include <type_traits>
 #include <vector>

@@ -24,8 +24,8 @@ void check_forward(const Case& c, cuda::TokenFormat format) {
                                  vv = view(e.v, c.v_shape()), wv = view(e.w64, c.w_shape());
   const std::vector<int64_t> s_shape = saved_summaries_shape(options, c.q_shape(), c.v_shape());
   std::vector<double> o64(e.v.size()), s64(size_t(numel(s_shape))), m64(s64.size());
-  forward<double>(options, qv, kv, vv, wv, view(o64, c.v_shape()), view(s64, s_shape),
-                  view(m64, s_shape));
+  auto state = ForwardState<double>::over(view(s64, s_shape), view(m64, s_shape));
+  forward<double>(options, qv, kv, vv, wv, view(o64, c.v_shape()), state);
   // The float64 state as the kernels lay it out: [Dk, Dv] rows and [Dk] normalisers.
   const auto split = [&](const std::vector<double>& joined, std::vector<double>& rows,
                          std::vector<double>& last) {
@@ -55,7 +55,8 @@ TEST_P(Bf16StateTiling, MatchesFloat64OnTheSameInputs) {
   check_forward(GetParam(), cuda::TokenFormat::bfloat16);
 }
 
-INSTANTIATE_TEST_SUITE_P(AllModes, Bf16StateTiling, testing::ValuesIn(bf16_state_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(AllModes, Bf16StateTiling, testing::ValuesIn(bf16_state_cases()),
+                         case_name);
 
 // float16 tokens, rounded to bfloat16 as they are staged and o written as float16.
 class Float16StateTiling : public testing::TestWithParam<Case> {};

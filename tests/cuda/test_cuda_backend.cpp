@@ -152,9 +152,10 @@ TEST(CudaBackend, Bfloat16MatchesTheCpuOperator) {
 
   std::vector<bfloat16> gq(q.size()), gk(k.size()), gv(v.size());
   std::vector<float> gw(w.size());
-  backward(c.options(), view(q, c.q_shape()), view(k, c.q_shape()), view(v, c.v_shape()),
-           view(w, c.w_shape()), view(o, c.v_shape()), view(g, c.v_shape()), view(gq, c.q_shape()),
-           view(gk, c.q_shape()), view(gv, c.v_shape()), view(gw, c.w_shape()));
+  backward<bfloat16>(c.options(), view(q, c.q_shape()), view(k, c.q_shape()), view(v, c.v_shape()),
+                     view(w, c.w_shape()), view(o, c.v_shape()), view(g, c.v_shape()),
+                     view(gq, c.q_shape()), view(gk, c.q_shape()), view(gv, c.v_shape()),
+                     view(gw, c.w_shape()));
   backward(c.options(), dq.cview(c.q_shape()), dk.cview(c.q_shape()), dv.cview(c.v_shape()),
            dw.cview(c.w_shape()), dout.cview(c.v_shape()), dg.cview(c.v_shape()),
            dgq.view(c.q_shape()), dgk.view(c.q_shape()), dgv.view(c.v_shape()),
@@ -203,15 +204,16 @@ void check_split_forward(const Case& c, double o_tolerance) {
   const DeviceArray<float> dw(w);
   DeviceArray<H> o(rounded_to<H>(std::vector<double>(v.size(), nan)));
   DeviceArray<float> s(std::vector<float>(n, nan)), m(std::vector<float>(n, nan));
-  forward(c.options(), dq.cview(c.q_shape()), dk.cview(c.q_shape()), dv.cview(c.v_shape()),
-          dw.cview(c.w_shape()), o.view(c.v_shape()), s.view(s_shape), m.view(s_shape));
+  auto state = ForwardState<float>::over(s.view(s_shape), m.view(s_shape));
+  forward<H>(c.options(), dq.cview(c.q_shape()), dk.cview(c.q_shape()), dv.cview(c.v_shape()),
+             dw.cview(c.w_shape()), o.view(c.v_shape()), state);
 
   const std::vector<double> q64 = values_of(q), k64 = values_of(k), v64 = values_of(v),
                             w64 = widened(w);
   std::vector<double> o64(v.size()), s64(n), m64(n);
+  auto state64 = ForwardState<double>::over(view(s64, s_shape), view(m64, s_shape));
   forward<double>(c.options(), view(q64, c.q_shape()), view(k64, c.q_shape()),
-                  view(v64, c.v_shape()), view(w64, c.w_shape()), view(o64, c.v_shape()),
-                  view(s64, s_shape), view(m64, s_shape));
+                  view(v64, c.v_shape()), view(w64, c.w_shape()), view(o64, c.v_shape()), state64);
   // Split bfloat16 operands keep the sums near float32: the summaries and the
   // mix far inside 1e-4, o within its one rounding.
   EXPECT_CLOSE(s.host(), s64, 1e-4, "summaries");
@@ -248,8 +250,8 @@ Float64Gradients float64_gradients(const Case& c, const std::vector<double>& q,
 }
 
 // The bfloat16 backward's tensor-core kernels against float64 on the same
-// bfloat16 inputs, with the forward's saved arrays and without them (the
-// kernels recompute them), gradients poisoned first; a second call must give
+// bfloat16 inputs, with the forward's state and without it (the kernels
+// recompute the summaries), gradients poisoned first; a second call must give
 // the same bits (the weight gradient is summed in a fixed order).
 template <typename H>
 void check_split_backward(const Case& c) {
@@ -263,8 +265,9 @@ void check_split_backward(const Case& c) {
   const DeviceArray<float> dw(w);
   DeviceArray<H> o(v.size());
   DeviceArray<float> s(n), m(n);
-  forward(c.options(), dq.cview(c.q_shape()), dk.cview(c.q_shape()), dv.cview(c.v_shape()),
-          dw.cview(c.w_shape()), o.view(c.v_shape()), s.view(s_shape), m.view(s_shape));
+  auto state = ForwardState<float>::over(s.view(s_shape), m.view(s_shape));
+  forward<H>(c.options(), dq.cview(c.q_shape()), dk.cview(c.q_shape()), dv.cview(c.v_shape()),
+             dw.cview(c.w_shape()), o.view(c.v_shape()), state);
 
   const std::vector<double> q64 = values_of(q), k64 = values_of(k), v64 = values_of(v),
                             g64 = values_of(g), w64 = widened(w);
@@ -280,15 +283,20 @@ void check_split_backward(const Case& c) {
   const auto run = [&](bool saved) {
     DeviceArray<H> gq = poisoned(q.size()), gk = poisoned(k.size()), gv = poisoned(v.size());
     DeviceArray<float> gw(std::vector<float>(w.size(), std::numeric_limits<float>::quiet_NaN()));
-    backward(c.options(), dq.cview(c.q_shape()), dk.cview(c.q_shape()), dv.cview(c.v_shape()),
-             dw.cview(c.w_shape()), o.cview(c.v_shape()), dg.cview(c.v_shape()),
-             gq.view(c.q_shape()), gk.view(c.q_shape()), gv.view(c.v_shape()), gw.view(c.w_shape()),
-             saved ? s.cview(s_shape) : TensorView<const float>{},
-             saved ? m.cview(s_shape) : TensorView<const float>{});
+    if (saved)
+      backward<H>(c.options(), dq.cview(c.q_shape()), dk.cview(c.q_shape()), dv.cview(c.v_shape()),
+                  dw.cview(c.w_shape()), o.cview(c.v_shape()), dg.cview(c.v_shape()),
+                  gq.view(c.q_shape()), gk.view(c.q_shape()), gv.view(c.v_shape()),
+                  gw.view(c.w_shape()), state);
+    else
+      backward<H>(c.options(), dq.cview(c.q_shape()), dk.cview(c.q_shape()), dv.cview(c.v_shape()),
+                  dw.cview(c.w_shape()), o.cview(c.v_shape()), dg.cview(c.v_shape()),
+                  gq.view(c.q_shape()), gk.view(c.q_shape()), gv.view(c.v_shape()),
+                  gw.view(c.w_shape()));
     return Gradients{gq.host(), gk.host(), gv.host(), gw.host()};
   };
   for (const bool saved : {true, false}) {
-    const std::string how = saved ? " (saved arrays)" : " (recomputed)";
+    const std::string how = saved ? " (forward state)" : " (recomputed)";
     const Gradients got = run(saved);
     // Each gradient is rounded once (bfloat16: 2^-9 relative) after sums
     // near float32; grad w stays float.
@@ -526,34 +534,35 @@ TEST(CudaBackend, Bf16StateOverflowIsReported) {
       ThrowsMessage<Error>(HasSubstr("is not finite although every input is finite")));
 }
 
-// Saved summaries from outside are held to fingerprints of k and v (read from
-// host copies): the matching ones pass, stale ones are refused by name.
-TEST(CudaBackend, SavedArraysAreCheckedAgainstKAndV) {
+// A ForwardState keeps its arrays in device memory: backward reads them, and
+// refuses a state whose record names other keys.
+TEST(CudaBackend, AForwardStateKeepsItsArraysOnTheDevice) {
   SKIP_WITHOUT_DEVICE();
   Case c{"1d-ragged", 2, 3, 5, 7, TokenLayout::sequence(37, 8)};
   const Inputs in = make_inputs(c, 11);
-  const std::vector<int64_t> s_shape = saved_summaries_shape(c.options(), c.q_shape(), c.v_shape());
   const auto f = [](const std::vector<double>& x) {
     return std::vector<float>(x.begin(), x.end());
   };
   const DeviceArray<float> q(f(in.q)), k(f(in.k)), v(f(in.v)), w(f(in.w)), g(f(in.grad_o));
-  DeviceArray<float> o(in.v.size()), s(size_t(numel(s_shape))), m(size_t(numel(s_shape)));
+  DeviceArray<float> o(in.v.size());
   DeviceArray<float> gq(in.q.size()), gk(in.q.size()), gv(in.v.size()), gw(in.w.size());
+  ForwardState<float> state;
   forward<float>(c.options(), q.cview(c.q_shape()), k.cview(c.q_shape()), v.cview(c.v_shape()),
-                 w.cview(c.w_shape()), o.view(c.v_shape()), s.view(s_shape), m.view(s_shape));
+                 w.cview(c.w_shape()), o.view(c.v_shape()), state);
   const auto run_backward = [&](const DeviceArray<float>& keys) {
     backward<float>(c.options(), q.cview(c.q_shape()), keys.cview(c.q_shape()),
                     v.cview(c.v_shape()), w.cview(c.w_shape()), o.cview(c.v_shape()),
                     g.cview(c.v_shape()), gq.view(c.q_shape()), gk.view(c.q_shape()),
-                    gv.view(c.v_shape()), gw.view(c.w_shape()), s.cview(s_shape), m.cview(s_shape));
+                    gv.view(c.v_shape()), gw.view(c.w_shape()), state);
   };
   run_backward(k);
   const OperatorResults<float> want = run_operator<float>(c, in, 1);
-  EXPECT_CLOSE(gk.host(), widened(want.gk), 2e-4, "grad k from saved arrays");
+  EXPECT_CLOSE(gk.host(), widened(want.gk), 2e-4, "grad k from the state");
   std::vector<double> other_keys = in.k;
   for (double& x : other_keys) x += 0.5;
   const DeviceArray<float> stale(f(other_keys));
-  EXPECT_THAT([&] { run_backward(stale); }, ThrowsMessage<Error>(HasSubstr("saved_summaries")));
+  EXPECT_THAT([&] { run_backward(stale); },
+              ThrowsMessage<Error>(HasSubstr("k is not the tensor that the forward()")));
 }
 
 // A float call whose results overflow although every input is finite.

@@ -185,7 +185,7 @@ class CliCase {
         }
       }
     }
-    if (c_.flaw == "saved summaries shape") {
+    if (c_.flaw == "grad_w shape") {
       const char* bad_flags[] = {" --block 0",  " --masking sideways",
                                  " --eps abc",  " --feature-map softmax",
                                  " --tile 0x1", " --grid 3x3x3x3"};
@@ -265,7 +265,7 @@ int main(int argc, char** argv) {
   Outcomes outcomes("mhla program");
   for (long i = 0; i < cases; ++i) {
     RandomCall c = make_random_call(first + uint64_t(i));
-    c.stale.clear();  // one process: no saved arrays to go stale
+    c.stale.clear();  // one process: no state to go stale
     fs::remove_all(work);
     fs::create_directories(work);
     std::mt19937_64 rng(c.seed ^ 0x5eedULL);

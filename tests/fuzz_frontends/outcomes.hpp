@@ -18,7 +18,7 @@ class Outcomes {
   void success(const std::string& kind) { ++successes_[kind]; }
 
   // A named error is right for a flawed call, for a stale one when it names
-  // the saved arrays, and for a consistent one only when its result is not
+  // the state, and for a consistent one only when its result is not
   // representable (the operator's finiteness guarantee).
   void named_error(const RandomCall& c, const std::string& message) {
     if (message.empty()) return failure(c.describe() + ": error without a message");
@@ -26,7 +26,7 @@ class Outcomes {
       ++errors_[c.flaw];
       return;
     }
-    if (!c.stale.empty() && message.find("belong to these") != std::string::npos) {
+    if (!c.stale.empty() && message.find("filled state") != std::string::npos) {
       ++errors_[c.stale];
       return;
     }

@@ -42,7 +42,7 @@ TokenLayout random_layout(std::mt19937_64& rng, int rank) {
 // place (any block), by much more than rounding. k's change moves phi under
 // every map (k + 2 (1 + |k|) > 0); w stays valid (non-negative when it must).
 void make_stale(RandomCall& c, std::mt19937_64& rng) {
-  const int64_t which = pick(rng, 0, c.save_mixed ? 2 : 1);
+  const int64_t which = pick(rng, 0, 2);
   std::vector<double>& x = which == 0 ? c.backward_k : which == 1 ? c.backward_v : c.backward_w;
   double& e = x[size_t(pick(rng, 0, int64_t(x.size()) - 1))];
   e += which == 0 ? 2 * (1 + std::abs(e)) : 0.5;
@@ -77,8 +77,7 @@ RandomCall make_random_call(uint64_t seed) {
       o.masking != Masking::none && chance(rng, 0.3) ? MixingForm::toeplitz : MixingForm::dense;
   c.single_precision = chance(rng, 0.5);
   c.backward = chance(rng, 0.5);
-  c.save_summaries = chance(rng, 0.3);
-  c.save_mixed = chance(rng, 0.3);
+  c.keep_state = chance(rng, 0.4);
 
   const int64_t b = pick(rng, 1, 2), n = o.layout.num_tokens(), h = pick(rng, 1, 3);
   const int64_t dk = pick(rng, 1, 6), dv = pick(rng, 1, 6), m = o.layout.num_blocks();
@@ -92,7 +91,7 @@ RandomCall make_random_call(uint64_t seed) {
   } else {
     c.w_shape = per_head ? std::vector<int64_t>{h, m, m} : std::vector<int64_t>{m, m};
   }
-  c.saved_shape = {b, h, m, dk, dv + 1};
+  c.grad_w_shape = c.w_shape;
 
   // Magnitudes: mostly O(1); sometimes tiny or large; rarely near the dtype's
   // overflow, where the operator must either stay finite or say why not.
@@ -116,8 +115,7 @@ RandomCall make_random_call(uint64_t seed) {
     }
   }
   c.backward_k = c.k, c.backward_v = c.v, c.backward_w = c.w;
-  if (c.flaw.empty() && c.backward && (c.save_summaries || c.save_mixed) && chance(rng, 0.5))
-    make_stale(c, rng);
+  if (c.flaw.empty() && c.backward && c.keep_state && chance(rng, 0.5)) make_stale(c, rng);
   return c;
 }
 
@@ -147,8 +145,8 @@ const char* to_string(CallFlaw flaw) {
       return "o shape";
     case CallFlaw::grad_q_shape:
       return "grad_q shape";
-    case CallFlaw::saved_shape:
-      return "saved summaries shape";
+    case CallFlaw::grad_w_shape:
+      return "grad_w shape";
     case CallFlaw::causal_2d:
       return "causal on a grid";
     case CallFlaw::scale_when_normalized:
@@ -213,8 +211,8 @@ bool apply_flaw(RandomCall& c, CallFlaw flaw, std::mt19937_64& rng) {
       return off_by_one(c.o_shape, 3);
     case CallFlaw::grad_q_shape:
       return c.backward && off_by_one(c.grad_q_shape, 3);
-    case CallFlaw::saved_shape:
-      return c.save_summaries && off_by_one(c.saved_shape, 4);
+    case CallFlaw::grad_w_shape:
+      return c.backward && off_by_one(c.grad_w_shape, c.grad_w_shape.size() - 1);
     case CallFlaw::causal_2d:
       if (o.layout.rank() == 1) return false;
       o.masking = Masking::causal;
@@ -262,15 +260,6 @@ std::vector<NamedResult> reference_results(const RandomCall& c) {
   return results;
 }
 
-std::vector<NamedResult> stale_reference_results(const RandomCall& c) {
-  RandomCall then = c, forward_only = c;
-  then.k = c.backward_k, then.v = c.backward_v, then.w = c.backward_w;
-  forward_only.backward = false;
-  std::vector<NamedResult> results = reference_results(then);
-  results[0] = reference_results(forward_only)[0];  // o is forward's
-  return results;
-}
-
 std::string compare_result(const NamedResult& want, const std::vector<double>& got,
                            bool single_precision) {
   if (got.size() != want.values.size()) return want.name + " has the wrong size";
@@ -295,10 +284,9 @@ std::string RandomCall::describe() const {
       to_string(options.masking) + ", " + to_string(options.feature_map) +
       (options.normalize ? ", normalized" : ", unnormalized") + ", " + to_string(options.mixing) +
       " mixing, " + (single_precision ? "float32" : "float64") + (backward ? ", backward" : "") +
-      (save_summaries ? ", saved summaries" : "") + (save_mixed ? ", saved mixed" : "") +
-      (stale.empty() ? "" : ", " + stale) + "; q " + shape_to_string(q_shape) + " k " +
-      shape_to_string(k_shape) + " v " + shape_to_string(v_shape) + " w " +
-      shape_to_string(w_shape);
+      (keep_state ? ", forward state" : "") + (stale.empty() ? "" : ", " + stale) + "; q " +
+      shape_to_string(q_shape) + " k " + shape_to_string(k_shape) + " v " +
+      shape_to_string(v_shape) + " w " + shape_to_string(w_shape);
   return text + (flaw.empty() ? "" : "; flaw: " + flaw);
 }
 

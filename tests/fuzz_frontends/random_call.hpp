@@ -18,21 +18,20 @@ struct RandomCall {
   Options options;
   bool single_precision = false;
   bool backward = false;
-  bool save_summaries = false;  // forward keeps them, backward reads them
-  bool save_mixed = false;      // the mixed summaries likewise
+  bool keep_state = false;  // forward fills a ForwardState, backward reads it
   // Inputs in double (already rounded to float when single_precision).
   std::vector<double> q, k, v, w, grad_o;
   std::vector<int64_t> q_shape, k_shape, v_shape, w_shape;
   // What the caller hands in for the outputs (flaws may change these).
-  std::vector<int64_t> o_shape, grad_q_shape, saved_shape;
+  std::vector<int64_t> o_shape, grad_q_shape, grad_w_shape;
   bool null_k = false;
   // Empty for a consistent call; otherwise what was broken, e.g. "k head dim".
   std::string flaw;
   // Empty, or which input changed between forward and backward while the
-  // saved arrays were kept ("stale k", "stale v", "stale w"): backward is
-  // handed backward_k, backward_v and backward_w (otherwise k, v and w). It
-  // must refuse the saved arrays by name, or return the gradients at the
-  // inputs it was handed (a change the saved arrays do not depend on).
+  // state was kept ("stale k", "stale v", "stale w"): backward is handed
+  // backward_k, backward_v and backward_w, in buffers of their own (otherwise
+  // forward's k, v and w). It must refuse the state by name, as its record of
+  // forward's call does not match.
   std::string stale;
   std::vector<double> backward_k, backward_v, backward_w;
 
@@ -56,7 +55,7 @@ enum class CallFlaw {
   nan_w,
   o_shape,
   grad_q_shape,
-  saved_shape,
+  grad_w_shape,
   causal_2d,
   scale_when_normalized,
   bad_eps,
@@ -79,9 +78,6 @@ struct NamedResult {
   std::vector<double> values;
 };
 std::vector<NamedResult> reference_results(const RandomCall& call);
-// The same with backward's inputs (backward_k, backward_v, backward_w) for
-// the gradients.
-std::vector<NamedResult> stale_reference_results(const RandomCall& call);
 
 // "" if `got` is finite and within `tolerance` of `want` relative to
 // max(max |want|, 1) (gradients get 10x: they sum more terms), else what is

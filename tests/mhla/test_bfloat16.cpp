@@ -136,19 +136,20 @@ TEST(Bfloat16, TheWidenedFloatPathAgrees) {
   }
 }
 
-// The bfloat16 forward's o, keeping the summaries and the mixed summaries as asked.
-std::vector<bfloat16> bf16_output(const Case& c, const Inputs& in, bool keep_summaries,
-                                  bool keep_mixed) {
+// The bfloat16 forward's o, with or without a state keeping the summaries
+// and the mixed summaries.
+std::vector<bfloat16> bf16_output(const Case& c, const Inputs& in, bool keep) {
   const auto q = rounded_to_bfloat16(in.q), k = rounded_to_bfloat16(in.k),
              v = rounded_to_bfloat16(in.v);
   const auto w = cast<float>(in.w);
-  const auto shape = saved_summaries_shape(c.options(), c.q_shape(), c.v_shape());
-  std::vector<float> summaries(size_t(numel(shape))), mixed(summaries.size());
   std::vector<bfloat16> o(v.size());
-  forward(c.options(), view(q, c.q_shape()), view(k, c.q_shape()), view(v, c.v_shape()),
-          view(w, c.w_shape()), view(o, c.v_shape()),
-          keep_summaries ? view(summaries, shape) : TensorView<float>{},
-          keep_mixed ? view(mixed, shape) : TensorView<float>{});
+  ForwardState<float> state;
+  if (keep)
+    forward(c.options(), view(q, c.q_shape()), view(k, c.q_shape()), view(v, c.v_shape()),
+            view(w, c.w_shape()), view(o, c.v_shape()), state);
+  else
+    forward(c.options(), view(q, c.q_shape()), view(k, c.q_shape()), view(v, c.v_shape()),
+            view(w, c.w_shape()), view(o, c.v_shape()));
   return o;
 }
 
@@ -158,14 +159,9 @@ TEST(Bfloat16, KeepingTheSummariesLeavesOUnchanged) {
   for (const Case& c : all_mode_cases()) {
     SCOPED_TRACE(c.label());
     const Inputs in = make_inputs(c, 8);
-    const std::vector<bfloat16> plain = bf16_output(c, in, false, false);
-    for (const auto& [keep_summaries, keep_mixed] :
-         {std::pair{true, true}, {true, false}, {false, true}}) {
-      const std::vector<bfloat16> kept = bf16_output(c, in, keep_summaries, keep_mixed);
-      EXPECT_EQ(std::memcmp(kept.data(), plain.data(), plain.size() * sizeof(bfloat16)), 0)
-          << "o differs keeping " << (keep_summaries ? "the summaries " : "")
-          << (keep_mixed ? "the mixed summaries" : "");
-    }
+    const std::vector<bfloat16> plain = bf16_output(c, in, false), kept = bf16_output(c, in, true);
+    EXPECT_EQ(std::memcmp(kept.data(), plain.data(), plain.size() * sizeof(bfloat16)), 0)
+        << "o differs keeping the summaries";
   }
 }
 
@@ -185,28 +181,27 @@ TEST(Bfloat16, RepeatsBitForBitAcrossThreadCounts) {
   }
 }
 
-TEST(Bfloat16, SummariesSavedForOtherKeysAreRefused) {
+TEST(Bfloat16, AStateKeptForOtherKeysIsRefused) {
   const Case c{"1d", 1, 2, 8, 8, TokenLayout::sequence(64, 16)};
   const Inputs in = make_inputs(c, 6), other = make_inputs(c, 7);
   const auto q = rounded_to_bfloat16(in.q), k = rounded_to_bfloat16(in.k),
              v = rounded_to_bfloat16(in.v), g = rounded_to_bfloat16(in.grad_o);
   const auto k2 = rounded_to_bfloat16(other.k);
   const auto w = cast<float>(in.w);
-  const auto shape = saved_summaries_shape(c.options(), c.q_shape(), c.v_shape());
-  std::vector<float> summaries(size_t(numel(shape)));
   std::vector<bfloat16> o(v.size()), gq(q.size()), gk(k.size()), gv(v.size());
   std::vector<float> gw(w.size());
+  ForwardState<float> state;
   forward(c.options(), view(q, c.q_shape()), view(k2, c.q_shape()), view(v, c.v_shape()),
-          view(w, c.w_shape()), view(o, c.v_shape()), view(summaries, shape));
+          view(w, c.w_shape()), view(o, c.v_shape()), state);
   EXPECT_THAT(
       [&] {
         backward(c.options(), view(q, c.q_shape()), view(k, c.q_shape()), view(v, c.v_shape()),
                  view(w, c.w_shape()), view(std::as_const(o), c.v_shape()), view(g, c.v_shape()),
                  view(gq, c.q_shape()), view(gk, c.q_shape()), view(gv, c.v_shape()),
-                 view(gw, c.w_shape()), view(std::as_const(summaries), shape));
+                 view(gw, c.w_shape()), state);
       },
-      testing::ThrowsMessage<Error>(
-          testing::HasSubstr("mhla::backward: saved_summaries do not belong to these k and v")));
+      testing::ThrowsMessage<Error>(testing::HasSubstr(
+          "mhla::backward: k is not the tensor that the forward() which filled state read")));
 }
 
 TEST(Bfloat16, BadArgumentsAreNamed) {

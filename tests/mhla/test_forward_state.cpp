@@ -1,6 +1,6 @@
-// forward() and backward() with a ForwardState: the results of passing saved
-// arrays, bit for bit, and a state that does not belong to the call refused
-// by name.
+// forward() and backward() with a ForwardState: the results of a state over
+// the caller's arrays, bit for bit, and a state that does not belong to the
+// call refused by name.
 #include <cstring>
 
 #include "test_support.hpp"
@@ -21,8 +21,16 @@ struct Call {
   std::vector<W> gw;
 
   Call(const Case& c_, const Inputs& in, std::vector<T> (*convert)(const std::vector<double>&))
-      : c(c_), q(convert(in.q)), k(convert(in.k)), v(convert(in.v)), g(convert(in.grad_o)),
-        w(in.w.begin(), in.w.end()), o(v.size()), gq(q.size()), gk(k.size()), gv(v.size()),
+      : c(c_),
+        q(convert(in.q)),
+        k(convert(in.k)),
+        v(convert(in.v)),
+        g(convert(in.grad_o)),
+        w(in.w.begin(), in.w.end()),
+        o(v.size()),
+        gq(q.size()),
+        gk(k.size()),
+        gv(v.size()),
         gw(w.size()) {}
 
   void forward(ForwardState<W>& state) {
@@ -34,23 +42,17 @@ struct Call {
     mhla::backward(c.options(), view(std::as_const(q), c.q_shape()),
                    view(std::as_const(k), c.q_shape()), view(std::as_const(v), c.v_shape()),
                    view(std::as_const(w), c.w_shape()), view(std::as_const(o), c.v_shape()),
-                   view(std::as_const(g), c.v_shape()), view(gq, c.q_shape()), view(gk, c.q_shape()),
-                   view(gv, c.v_shape()), view(gw, c.w_shape()), state);
+                   view(std::as_const(g), c.v_shape()), view(gq, c.q_shape()),
+                   view(gk, c.q_shape()), view(gv, c.v_shape()), view(gw, c.w_shape()), state);
   }
-  // forward and backward with saved arrays handed in, as before states.
-  void with_saved_arrays() {
+  // forward and backward with a state over arrays the caller owns, made anew
+  // for backward (as the Python bindings keep them in torch tensors).
+  void with_state_over_arrays() {
     const auto ss = saved_summaries_shape(c.options(), c.q_shape(), c.v_shape());
     std::vector<W> saved(size_t(numel(ss))), mixed(saved.size());
-    mhla::forward(c.options(), view(std::as_const(q), c.q_shape()),
-                  view(std::as_const(k), c.q_shape()), view(std::as_const(v), c.v_shape()),
-                  view(std::as_const(w), c.w_shape()), view(o, c.v_shape()), view(saved, ss),
-                  view(mixed, ss));
-    mhla::backward(c.options(), view(std::as_const(q), c.q_shape()),
-                   view(std::as_const(k), c.q_shape()), view(std::as_const(v), c.v_shape()),
-                   view(std::as_const(w), c.w_shape()), view(std::as_const(o), c.v_shape()),
-                   view(std::as_const(g), c.v_shape()), view(gq, c.q_shape()), view(gk, c.q_shape()),
-                   view(gv, c.v_shape()), view(gw, c.w_shape()), view(std::as_const(saved), ss),
-                   view(std::as_const(mixed), ss));
+    auto filled = ForwardState<W>::over(view(saved, ss), view(mixed, ss));
+    forward(filled);
+    backward(ForwardState<W>::over(view(saved, ss), view(mixed, ss)));
   }
   std::vector<std::vector<char>> results() const {
     auto bytes = [](const auto& x) {
@@ -82,7 +84,7 @@ void expect_same_results(std::vector<T> (*convert)(const std::vector<double>&)) 
     SCOPED_TRACE(c.label());
     const Inputs in = make_inputs(c, 17);
     Call<T, W> saved(c, in, convert), kept(c, in, convert);
-    saved.with_saved_arrays();
+    saved.with_state_over_arrays();
     kept.forward(state);
     EXPECT_FALSE(state.empty());
     kept.backward(state);
@@ -92,7 +94,7 @@ void expect_same_results(std::vector<T> (*convert)(const std::vector<double>&)) 
   }
 }
 
-TEST(ForwardState, GivesTheResultsOfSavedArraysBitForBit) {
+TEST(ForwardState, GivesTheResultsOfAStateOverTheCallersArraysBitForBit) {
   expect_same_results<float, float>(converted<float>);
   expect_same_results<double, double>(converted<double>);
   expect_same_results<bfloat16, float>(rounded_to_bfloat16);
@@ -111,8 +113,7 @@ TEST(ForwardState, AnEmptyStateIsRefused) {
   bad.w[0] = -1.0f;
   EXPECT_THAT([&] { bad.forward(state); }, ThrowsMessage<Error>(HasSubstr("is negative")));
   EXPECT_TRUE(state.empty());
-  EXPECT_THAT([&] { call.backward(state); },
-              ThrowsMessage<Error>(HasSubstr("state is empty")));
+  EXPECT_THAT([&] { call.backward(state); }, ThrowsMessage<Error>(HasSubstr("state is empty")));
 }
 
 TEST(ForwardState, AStateOfAnotherCallIsRefusedByName) {
@@ -142,7 +143,7 @@ TEST(ForwardState, AStateOfAnotherCallIsRefusedByName) {
 TEST(ForwardState, MovesKeepTheRecord) {
   const Inputs in = make_inputs(kCases[1], 7);
   Call<double> call(kCases[1], in, converted<double>), want(kCases[1], in, converted<double>);
-  want.with_saved_arrays();
+  want.with_state_over_arrays();
   ForwardState<double> state;
   call.forward(state);
   ForwardState<double> moved = std::move(state);

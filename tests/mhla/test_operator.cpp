@@ -1,5 +1,7 @@
 // The fast CPU operator against the double-precision block reference, in fp32
 // and fp64, forward and backward, on every case of the catalogue.
+#include <tuple>
+
 #include "test_support.hpp"
 
 namespace mhla::test {
@@ -117,10 +119,11 @@ TEST(FastOperator, LargerBlocks) {
 namespace mhla::test {
 namespace {
 
-// backward() with the summaries (and/or the mixed summaries) saved by
-// forward() skips their recomputation; the gradients must be bit-identical to
-// recomputing them.
-TEST(SavedSummaries, BackwardGivesIdenticalGradients) {
+// backward() given forward's ForwardState reads the summaries and mixed
+// summaries instead of recomputing them; the gradients must be bit-identical
+// to recomputing them, whether the state owns its arrays or is made over the
+// caller's (ForwardState::over, as the Python bindings keep them).
+TEST(ForwardStateArrays, BackwardGivesIdenticalGradients) {
   for (const Case& c :
        {Case{"1d", 2, 3, 8, 5, TokenLayout::sequence(45, 8)},
         Case{"1d-causal", 1, 2, 6, 7, TokenLayout::sequence(45, 8), Masking::causal},
@@ -137,35 +140,45 @@ TEST(SavedSummaries, BackwardGivesIdenticalGradients) {
     const auto ss = saved_summaries_shape(c.options(), c.q_shape(), c.v_shape());
     EXPECT_EQ(ss, (std::vector<int64_t>{c.batch, c.heads, c.blocks(), c.dk, c.dv + 1}));
     std::vector<float> o(v.size()), saved(numel(ss)), mixed(numel(ss));
-    forward<float>(c.options(), view(q, c.q_shape()), view(k, c.q_shape()), view(v, c.v_shape()),
-                   view(w, c.w_shape()), view(o, c.v_shape()), view(saved, ss), view(mixed, ss));
-    auto run_backward = [&](bool use_saved, bool use_mixed) {
+    ForwardState<float> owned;
+    ForwardState<float> over = ForwardState<float>::over(view(saved, ss), view(mixed, ss));
+    for (ForwardState<float>* state : {&owned, &over})
+      forward<float>(c.options(), view(q, c.q_shape()), view(k, c.q_shape()), view(v, c.v_shape()),
+                     view(w, c.w_shape()), view(o, c.v_shape()), *state);
+    auto run_backward = [&](const ForwardState<float>* state) {
       std::vector<float> gq(q.size()), gk(k.size()), gv(v.size()), gw(w.size());
-      backward<float>(c.options(), view(q, c.q_shape()), view(k, c.q_shape()), view(v, c.v_shape()),
-                      view(w, c.w_shape()), view(o, c.v_shape()), view(g, c.v_shape()),
-                      view(gq, c.q_shape()), view(gk, c.q_shape()), view(gv, c.v_shape()),
-                      view(gw, c.w_shape()),
-                      use_saved ? view(saved, ss) : TensorView<const float>{},
-                      use_mixed ? view(mixed, ss) : TensorView<const float>{});
+      const auto args = std::make_tuple(
+          c.options(), view(q, c.q_shape()), view(k, c.q_shape()), view(v, c.v_shape()),
+          view(w, c.w_shape()), view(o, c.v_shape()), view(g, c.v_shape()), view(gq, c.q_shape()),
+          view(gk, c.q_shape()), view(gv, c.v_shape()), view(gw, c.w_shape()));
+      if (state == nullptr)
+        std::apply([](auto&&... a) { backward<float>(a...); }, args);
+      else
+        std::apply([&](auto&&... a) { backward<float>(a..., *state); }, args);
       return std::vector<std::vector<float>>{gq, gk, gv, gw};
     };
-    const auto recomputed = run_backward(false, false);
-    EXPECT_EQ(run_backward(true, false), recomputed);
-    EXPECT_EQ(run_backward(false, true), recomputed);
-    EXPECT_EQ(run_backward(true, true), recomputed);
+    const auto recomputed = run_backward(nullptr);
+    EXPECT_EQ(run_backward(&owned), recomputed);
+    EXPECT_EQ(run_backward(&over), recomputed);
+    // A state over the arrays forward wrote, made anew (as a binding does in
+    // its backward), reads them as they are.
+    const auto anew = ForwardState<float>::over(view(saved, ss), view(mixed, ss));
+    EXPECT_EQ(run_backward(&anew), recomputed);
   }
 }
 
-// The saved layout is the documented one: block b's [S_b | z_b], row-major.
-TEST(SavedSummaries, HoldBlockSummaries) {
+// The arrays' layout is the documented one: block b's [S_b | z_b], row-major,
+// then the mixed summaries each query block reads, sum_b W[i,b] S_b.
+TEST(ForwardStateArrays, HoldBlockAndMixedSummaries) {
   Case c{"1d", 1, 1, 2, 3, TokenLayout::sequence(5, 2), Masking::none, FeatureMap::identity};
   const Inputs in = make_inputs(c, 5);
   const auto q = cast<float>(in.q), k = cast<float>(in.k), v = cast<float>(in.v),
              w = cast<float>(in.w);
   const auto ss = saved_summaries_shape(c.options(), c.q_shape(), c.v_shape());
-  std::vector<float> o(v.size()), saved(numel(ss));
+  std::vector<float> o(v.size()), saved(numel(ss)), mixed(numel(ss));
+  auto state = ForwardState<float>::over(view(saved, ss), view(mixed, ss));
   forward<float>(c.options(), view(q, c.q_shape()), view(k, c.q_shape()), view(v, c.v_shape()),
-                 view(w, c.w_shape()), view(o, c.v_shape()), view(saved, ss));
+                 view(w, c.w_shape()), view(o, c.v_shape()), state);
   // Block 1 holds tokens 2 and 3 (Dk = 2, Dv = 3: rows of 4 = [S row | z]).
   for (int r = 0; r < 2; ++r) {
     for (int e = 0; e < 3; ++e)
@@ -173,18 +186,6 @@ TEST(SavedSummaries, HoldBlockSummaries) {
                   in.k[2 * 2 + r] * in.v[2 * 3 + e] + in.k[3 * 2 + r] * in.v[3 * 3 + e], 1e-6);
     EXPECT_NEAR(saved[(1 * 2 + r) * 4 + 3], in.k[2 * 2 + r] + in.k[3 * 2 + r], 1e-6);
   }
-}
-
-// The saved mixed summaries are what each query block reads: sum_b W[i,b] S_b.
-TEST(SavedSummaries, HoldMixedSummaries) {
-  Case c{"1d", 1, 1, 2, 3, TokenLayout::sequence(5, 2), Masking::none, FeatureMap::identity};
-  const Inputs in = make_inputs(c, 5);
-  const auto q = cast<float>(in.q), k = cast<float>(in.k), v = cast<float>(in.v),
-             w = cast<float>(in.w);
-  const auto ss = saved_summaries_shape(c.options(), c.q_shape(), c.v_shape());
-  std::vector<float> o(v.size()), saved(numel(ss)), mixed(numel(ss));
-  forward<float>(c.options(), view(q, c.q_shape()), view(k, c.q_shape()), view(v, c.v_shape()),
-                 view(w, c.w_shape()), view(o, c.v_shape()), view(saved, ss), view(mixed, ss));
   const int64_t m = c.blocks(), x = 2 * 4;
   for (int64_t i = 0; i < m; ++i)
     for (int64_t e = 0; e < x; ++e) {
@@ -194,30 +195,29 @@ TEST(SavedSummaries, HoldMixedSummaries) {
     }
 }
 
-TEST(SavedSummaries, WrongShapeIsRejected) {
+TEST(ForwardStateArrays, AStateOverArraysOfTheWrongShapeIsRejected) {
   Case c{"1d", 1, 2, 4, 3, TokenLayout::sequence(8, 4)};
   const Inputs in = make_inputs(c, 1);
   const auto q = cast<float>(in.q), k = cast<float>(in.k), v = cast<float>(in.v),
              w = cast<float>(in.w);
-  std::vector<float> o(v.size()), saved(100);
-  try {
+  std::vector<float> o(v.size()), small(100), fits(16 * 2);
+  auto run = [&](TensorView<float> summaries, TensorView<float> mixed) {
+    auto state = ForwardState<float>::over(summaries, mixed);
     forward<float>(c.options(), view(q, c.q_shape()), view(k, c.q_shape()), view(v, c.v_shape()),
-                   view(w, c.w_shape()), view(o, c.v_shape()), view(saved, {1, 2, 2, 4, 3}));
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_THAT(
-        std::string(e.what()),
-        testing::HasSubstr("saved_summaries has shape [1, 2, 2, 4, 3], expected [1, 2, 2, 4, 4]"));
-  }
-  std::vector<float> fits(16 * 2);
+                   view(w, c.w_shape()), view(o, c.v_shape()), state);
+  };
   EXPECT_THAT(
       [&] {
-        forward<float>(c.options(), view(q, c.q_shape()), view(k, c.q_shape()),
-                       view(v, c.v_shape()), view(w, c.w_shape()), view(o, c.v_shape()),
-                       view(fits, {1, 2, 2, 4, 4}), view(saved, {1, 2, 2, 4, 3}));
+        run(view(small, {1, 2, 2, 4, 3}), view(fits, {1, 2, 2, 4, 4}));
       },
-      testing::ThrowsMessage<Error>(
-          testing::HasSubstr("saved_mixed has shape [1, 2, 2, 4, 3], expected [1, 2, 2, 4, 4]")));
+      testing::ThrowsMessage<Error>(testing::HasSubstr(
+          "the state's summaries has shape [1, 2, 2, 4, 3], expected [1, 2, 2, 4, 4]")));
+  EXPECT_THAT(
+      [&] {
+        run(view(fits, {1, 2, 2, 4, 4}), view(small, {1, 2, 2, 4, 3}));
+      },
+      testing::ThrowsMessage<Error>(testing::HasSubstr(
+          "the state's mixed summaries has shape [1, 2, 2, 4, 3], expected [1, 2, 2, 4, 4]")));
   EXPECT_THROW(saved_summaries_shape(c.options(), {1, 9, 2, 4}, {1, 9, 2, 3}), Error);
 }
 

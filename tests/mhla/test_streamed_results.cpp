@@ -57,7 +57,8 @@ struct Problem {
   std::vector<T> q, k, v, g;
 };
 
-// Forward (both arrays saved) and backward into outputs on lines or off them.
+// Forward (keeping both arrays, in the caller's memory) and backward into
+// outputs on lines or off them.
 template <typename T>
 std::vector<std::vector<unsigned char>> run(const Problem<T>& p, bool aligned) {
   const auto saved = saved_summaries_shape(p.options, p.shape, p.shape);
@@ -68,10 +69,11 @@ std::vector<std::vector<unsigned char>> run(const Problem<T>& p, bool aligned) {
   Output<float> s(saved_n, aligned), x(saved_n, aligned), gw(p.w.size(), aligned);
   const TensorView<const float> w(p.w.data(), p.w_shape);
   const auto in = [&](const std::vector<T>& t) { return TensorView<const T>(t.data(), p.shape); };
-  forward(p.options, in(p.q), in(p.k), in(p.v), w, o.view(p.shape), s.view(saved), x.view(saved));
-  backward(p.options, in(p.q), in(p.k), in(p.v), w, TensorView<const T>(o.data, p.shape), in(p.g),
-           gq.view(p.shape), gk.view(p.shape), gv.view(p.shape), gw.view(p.w_shape),
-           TensorView<const float>(s.data, saved), TensorView<const float>(x.data, saved));
+  auto state = ForwardState<float>::over(s.view(saved), x.view(saved));
+  forward<T>(p.options, in(p.q), in(p.k), in(p.v), w, o.view(p.shape), state);
+  backward<T>(p.options, in(p.q), in(p.k), in(p.v), w, TensorView<const T>(o.data, p.shape),
+              in(p.g), gq.view(p.shape), gk.view(p.shape), gv.view(p.shape), gw.view(p.w_shape),
+              state);
   return {o.bytes(), gq.bytes(), gk.bytes(), gv.bytes(), gw.bytes(), s.bytes(), x.bytes()};
 }
 

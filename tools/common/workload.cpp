@@ -64,26 +64,6 @@ void Workload::mhla_backward_saved() {
                   {grad_w.data(), w_shape()}, state);
 }
 
-void Workload::mhla_forward_saving_arrays() {
-  const auto shape_s = saved_summaries_shape(options, shape(), shape());
-  int64_t elements = 1;
-  for (int64_t extent : shape_s) elements *= extent;
-  saved_summaries.resize(size_t(elements));
-  saved_mixed.resize(size_t(elements));
-  forward<float>(options, {q.data(), shape()}, {k.data(), shape()}, {v.data(), shape()},
-                 {w.data(), w_shape()}, {o.data(), shape()}, {saved_summaries.data(), shape_s},
-                 {saved_mixed.data(), shape_s});
-}
-
-void Workload::mhla_backward_saved_arrays() {
-  const auto shape_s = saved_summaries_shape(options, shape(), shape());
-  backward<float>(options, {q.data(), shape()}, {k.data(), shape()}, {v.data(), shape()},
-                  {w.data(), w_shape()}, {o.data(), shape()}, {grad_o.data(), shape()},
-                  {grad_q.data(), shape()}, {grad_k.data(), shape()}, {grad_v.data(), shape()},
-                  {grad_w.data(), w_shape()}, {saved_summaries.data(), shape_s},
-                  {saved_mixed.data(), shape_s});
-}
-
 namespace {
 
 // x rounded to bfloat16 into out, once (a Workload's inputs never change).
@@ -98,24 +78,24 @@ void round_once(const Workload::Tensor& x, Workload::Bf16Tensor& out) {
 void Workload::bf16_forward() {
   round_once(q, bq), round_once(k, bk), round_once(v, bv);
   bo.resize(o.size());
-  forward(options, {bq.data(), shape()}, {bk.data(), shape()}, {bv.data(), shape()},
-          {w.data(), w_shape()}, {bo.data(), shape()});
+  forward<bfloat16>(options, {bq.data(), shape()}, {bk.data(), shape()}, {bv.data(), shape()},
+                    {w.data(), w_shape()}, {bo.data(), shape()});
 }
 
 void Workload::bf16_forward_saving() {
   round_once(q, bq), round_once(k, bk), round_once(v, bv);
   bo.resize(o.size());
-  forward(options, {bq.data(), shape()}, {bk.data(), shape()}, {bv.data(), shape()},
-          {w.data(), w_shape()}, {bo.data(), shape()}, bf16_state);
+  forward<bfloat16>(options, {bq.data(), shape()}, {bk.data(), shape()}, {bv.data(), shape()},
+                    {w.data(), w_shape()}, {bo.data(), shape()}, bf16_state);
 }
 
 void Workload::bf16_backward_saved() {
   round_once(grad_o, bgrad_o);
   bgrad_q.resize(q.size()), bgrad_k.resize(k.size()), bgrad_v.resize(v.size());
-  backward(options, {bq.data(), shape()}, {bk.data(), shape()}, {bv.data(), shape()},
-           {w.data(), w_shape()}, {bo.data(), shape()}, {bgrad_o.data(), shape()},
-           {bgrad_q.data(), shape()}, {bgrad_k.data(), shape()}, {bgrad_v.data(), shape()},
-           {grad_w.data(), w_shape()}, bf16_state);
+  backward<bfloat16>(options, {bq.data(), shape()}, {bk.data(), shape()}, {bv.data(), shape()},
+                     {w.data(), w_shape()}, {bo.data(), shape()}, {bgrad_o.data(), shape()},
+                     {bgrad_q.data(), shape()}, {bgrad_k.data(), shape()},
+                     {bgrad_v.data(), shape()}, {grad_w.data(), w_shape()}, bf16_state);
 }
 
 void Workload::linear_forward() {

@@ -23,7 +23,6 @@ struct Workload {
   Tensor o, lse, grad_q, grad_k, grad_v;
   std::vector<float> grad_w;
   ForwardState<float> state, bf16_state;  // filled by mhla_forward_saving(), bf16_forward_saving()
-  Tensor saved_summaries, saved_mixed;    // filled by mhla_forward_saving_arrays()
   using Bf16Tensor = detail::LineAlignedVector<bfloat16>;
   Bf16Tensor bq, bk, bv, bgrad_o, bo, bgrad_q, bgrad_k, bgrad_v;  // bf16_*()
 
@@ -42,10 +41,6 @@ struct Workload {
   // ForwardState, backward reuses them.
   void mhla_forward_saving();
   void mhla_backward_saved();
-  // The same with the arrays handed in as saved_summaries and saved_mixed,
-  // which backward holds to their fingerprints.
-  void mhla_forward_saving_arrays();
-  void mhla_backward_saved_arrays();
   // The same calls on bfloat16 copies of q, k, v and grad_o (made on first
   // use) with bfloat16 outputs and gradients; bf16_backward_saved() reads
   // what bf16_forward_saving() kept.
