@@ -13,12 +13,11 @@
 #include <variant>
 
 #include "conversion_bindings.hpp"
-#include "core/finite_results.hpp"
-#include "core/validate.hpp"
 #include "cuda_interop.hpp"
 #include "decoder_bindings.hpp"
 #include "dlpack_buffer.hpp"
 #include "dlpack_import.hpp"
+#include "mhla/binding.hpp"
 #include "mhla/mhla.hpp"
 #include "mhla/version.hpp"
 #include "options.hpp"
@@ -88,16 +87,15 @@ void check_call(const std::vector<int64_t>& q_shape, const std::vector<int64_t>&
                 const std::vector<int64_t>& v_shape, const std::vector<int64_t>& w_shape,
                 py::handle w_values, const Options& options, const std::string& function) {
   const char* fn = function.c_str();
-  const int marker = 0;  // shapes only: any non-null address passes the pointer checks
-  const detail::AttentionDims dims =
-      detail::check_qkv(fn, &marker, q_shape, &marker, k_shape, &marker, v_shape);
-  detail::Problem problem = detail::check_linear_options(fn, options, dims);
-  detail::check_layout_and_mixing_shape(fn, options, w_shape, &marker, problem);
-  if (w_values.is_none()) return;
+  if (w_values.is_none())
+    return binding::check_call(fn, options, q_shape, k_shape, v_shape, w_shape);
   const ImportedTensor w(w_values, "w");
   if (w.dtype() == DType::float32 || w.dtype() == DType::float64)
-    dispatch(w.dtype(),
-             [&]<typename T>() { detail::check_mixing_values(fn, problem, w.view<T>().data); });
+    dispatch(w.dtype(), [&]<typename T>() {
+      binding::check_call(fn, options, q_shape, k_shape, v_shape, w_shape, w.view<T>().data);
+    });
+  else
+    binding::check_call(fn, options, q_shape, k_shape, v_shape, w_shape);
 }
 
 // The operator's named error for a result that is not finite although the
@@ -109,14 +107,12 @@ std::string non_finite_message(
     const std::optional<std::tuple<std::string, std::vector<int64_t>, int64_t, double>>& entry,
     const std::string& what, const std::vector<std::pair<std::string, double>>& magnitudes,
     const Options& options, int64_t dk, const std::string& type) {
-  detail::Problem problem =
-      detail::check_linear_options(function.c_str(), options, {1, 1, 1, dk, 1});
-  std::string named = what.empty() ? "the read-out's denominator phi(q)^T z~ + eps" : what;
+  std::string named = what;
   if (entry) {
     const auto& [name, shape, flat, value] = *entry;
-    named = detail::element_name(name.c_str(), shape, flat) + " = " + detail::format_number(value);
+    named = binding::element_text(name, shape, flat, value);
   }
-  return function + ": " + detail::non_finite_message(named, magnitudes, problem, type);
+  return binding::non_finite_message(function, named, magnitudes, options, dk, type);
 }
 
 // mhla.ForwardState: the C++ ForwardState of the last forward given it (a
@@ -139,9 +135,9 @@ class PyForwardState {
       return unfilled;
     }
     if (filled_by_ != dtype)
-      detail::fail("mhla::backward", std::string("state was filled by a forward of ") +
-                                         dtype_name(filled_by_) +
-                                         " tensors, and this backward's q is " + dtype_name(dtype));
+      throw Error(std::string("mhla::backward: state was filled by a forward of ") +
+                  dtype_name(filled_by_) + " tensors, and this backward's q is " +
+                  dtype_name(dtype));
     return std::get<ForwardState<S>>(state_);
   }
   bool empty() const {
@@ -453,7 +449,7 @@ void bind_operator(py::module_& m) {
   m.def(
       "_float16_range_message",
       [](const std::string& function, const std::string& element, const std::string& remedy) {
-        return function + ": " + detail::float16_range_message(element, remedy);
+        return binding::float16_range_message(function, element, remedy);
       },
       "function"_a, "element"_a, "remedy"_a,
       "The operator's error text for a float16 result beyond float16's range.");
@@ -461,7 +457,7 @@ void bind_operator(py::module_& m) {
       "_softmax_overflow_message",
       [](const std::string& function, const std::vector<std::pair<std::string, double>>& magnitudes,
          double scale, const std::string& type) {
-        return function + ": " + detail::softmax_overflow_message(magnitudes, scale, type);
+        return binding::softmax_overflow_message(function, magnitudes, scale, type);
       },
       "function"_a, "magnitudes"_a, "scale"_a, "type"_a,
       "The softmax baseline's error text for a result that is not finite from finite inputs.");

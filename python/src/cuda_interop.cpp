@@ -5,8 +5,10 @@
 #include <string>
 
 #if MHLA_WITH_CUDA
-#include "backend/backend.hpp"
-#include "cuda/cuda_check.hpp"
+#include <cuda_runtime.h>
+
+#include "mhla/binding.hpp"
+#include "mhla/error.hpp"
 #endif
 
 namespace py = pybind11;
@@ -21,9 +23,10 @@ int64_t call_stream() { return current_call_stream; }
 CallStream::CallStream(py::handle stream)
     : previous_(current_call_stream), previous_execution_(device_execution()) {
   if (!stream.is_none() && !py::isinstance<py::int_>(stream))
-    throw py::type_error("stream must be a cudaStream_t as an int (torch: "
-                         "torch.cuda.current_stream().cuda_stream) or None, not " +
-                         std::string(py::str(py::type::handle_of(stream).attr("__name__"))));
+    throw py::type_error(
+        "stream must be a cudaStream_t as an int (torch: "
+        "torch.cuda.current_stream().cuda_stream) or None, not " +
+        std::string(py::str(py::type::handle_of(stream).attr("__name__"))));
   const int64_t handle = stream.is_none() ? 0 : stream.cast<int64_t>();
   if (handle < 0)
     throw py::value_error("stream must be a cudaStream_t as an int (0 or more) or None, not " +
@@ -43,11 +46,11 @@ bool backend_built() { return true; }
 
 void check_usable(const char* name, int id) {
   const std::string where = std::string(name) + " is on cuda:" + std::to_string(id);
-  if (!backend::cuda_device_present())
+  if (!binding::cuda_device_present())
     throw py::value_error(where + ", but no CUDA device is visible to this process (" +
-                          backend::cuda_absence_reason() + ")");
+                          binding::cuda_absence_reason() + ")");
   int current = 0;
-  mhla::cuda::check(cudaGetDevice(&current), "cudaGetDevice");
+  binding::check_cuda(cudaGetDevice(&current), "cudaGetDevice");
   // The backend's scratch arrays belong to the thread's current device.
   if (id != current)
     throw py::value_error(
@@ -63,19 +66,19 @@ std::shared_ptr<void> allocate(size_t bytes) {
     throw OutOfMemory("mhla: cudaMalloc of " + std::to_string(bytes) +
                       " bytes for a result failed: the device is out of memory");
   }
-  mhla::cuda::check(status, "cudaMalloc (a result)");
+  binding::check_cuda(status, "cudaMalloc (a result)");
   // cudaFree waits for the device, so memory a consumer still reads on
   // another stream is never handed out again early.
   return std::shared_ptr<void>(memory, [](void* p) { cudaFree(p); });
 }
 
-void wait_for_device() { mhla::cuda::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
+void wait_for_device() { binding::check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
 
 void order_after(int64_t producer_stream, int64_t consumer_stream) {
   if (consumer_stream == -1 || consumer_stream == producer_stream) return;
   // DLPack's codes 1 and 2 are the runtime's handles of the default streams.
   cudaEvent_t done = nullptr;
-  mhla::cuda::check(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate");
+  binding::check_cuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate");
   const cudaError_t recorded =
       cudaEventRecord(done, reinterpret_cast<cudaStream_t>(producer_stream));
   const cudaError_t waited =
@@ -83,7 +86,7 @@ void order_after(int64_t producer_stream, int64_t consumer_stream) {
           ? cudaStreamWaitEvent(reinterpret_cast<cudaStream_t>(consumer_stream), done, 0)
           : recorded;
   cudaEventDestroy(done);  // released once the wait is satisfied
-  mhla::cuda::check(waited, "ordering the consumer's stream after mhla's (cudaStreamWaitEvent)");
+  binding::check_cuda(waited, "ordering the consumer's stream after mhla's (cudaStreamWaitEvent)");
 }
 
 #else

@@ -5,9 +5,9 @@
 #include <optional>
 #include <string>
 
-#include "api/decoder_checks.hpp"
 #include "dlpack_buffer.hpp"
 #include "dlpack_import.hpp"
+#include "mhla/binding.hpp"
 #include "mhla/decoder.hpp"
 #include "options.hpp"
 
@@ -92,29 +92,19 @@ Decoder deserialize(const py::bytes& data, const std::optional<DecoderOptions>& 
                               expect, source);
 }
 
-// The decoder's checks on shapes alone (a non-null marker for the tensors),
-// for the Python package's decoder in torch tensors: it names each problem in
-// mhla::Decoder's words (src/api/decoder_checks.hpp).
-const int kMarker = 0;
-
-detail::DecoderMixing check_decoder_shape(const DecoderOptions& options,
-                                          const std::vector<int64_t>& w_shape) {
-  return detail::check_decoder("mhla::Decoder", options, w_shape, nullptr);
-}
-
 void bind_decoder_checks(py::module_& m) {
   m.def(
       "_check_decoder",
       [](const DecoderOptions& options, py::handle w_) {
         const ImportedTensor w(w_, "w");
         check_float32({&w});
-        detail::check_decoder("mhla::Decoder", options, w.shape(), w.view<float>().data);
+        binding::check_decoder(options, w.shape(), w.view<float>().data);
       },
       "options"_a, "w"_a, "mhla.Decoder's checks of its options and w (a CPU float32 copy).");
   m.def(
       "_check_decoder_sequence",
       [](const std::string& function, const DecoderOptions& options, int64_t seq) {
-        detail::check_decoder_sequence(function.c_str(), options, seq);
+        binding::check_decoder_sequence(function.c_str(), options, seq);
       },
       "function"_a, "options"_a, "seq"_a);
   m.def(
@@ -122,9 +112,7 @@ void bind_decoder_checks(py::module_& m) {
       [](const DecoderOptions& options, const std::vector<int64_t>& w_shape, int64_t seq,
          int64_t position, const std::vector<int64_t>& q_shape, const std::vector<int64_t>& k_shape,
          const std::vector<int64_t>& v_shape) {
-        detail::check_decoder_prefill("mhla::Decoder::prefill", options,
-                                      check_decoder_shape(options, w_shape), seq, position,
-                                      &kMarker, q_shape, &kMarker, k_shape, &kMarker, v_shape);
+        binding::check_decoder_prefill(options, w_shape, seq, position, q_shape, k_shape, v_shape);
       },
       "options"_a, "w_shape"_a, "seq"_a, "position"_a, "q_shape"_a, "k_shape"_a, "v_shape"_a);
   m.def(
@@ -132,9 +120,7 @@ void bind_decoder_checks(py::module_& m) {
       [](const DecoderOptions& options, const std::vector<int64_t>& w_shape,
          const std::vector<int64_t>& positions, const std::vector<int64_t>& q_shape,
          const std::vector<int64_t>& k_shape, const std::vector<int64_t>& v_shape) {
-        detail::check_decoder_step("mhla::Decoder::step", options,
-                                   check_decoder_shape(options, w_shape), positions, &kMarker,
-                                   q_shape, &kMarker, k_shape, &kMarker, v_shape);
+        binding::check_decoder_step(options, w_shape, positions, q_shape, k_shape, v_shape);
       },
       "options"_a, "w_shape"_a, "positions"_a, "q_shape"_a, "k_shape"_a, "v_shape"_a);
 }

@@ -5,9 +5,9 @@
 #include <string>
 #include <vector>
 
-#include "api/varlen_checks.hpp"
 #include "dlpack_buffer.hpp"
 #include "dlpack_import.hpp"
+#include "mhla/binding.hpp"
 #include "mhla/varlen.hpp"
 #include "options.hpp"
 
@@ -92,9 +92,9 @@ void bind_varlen(py::module_& m) {
          const std::vector<int64_t>& cu_seqlens, py::object block, py::object mixing,
          py::object masking, py::object feature_map, py::object normalize, py::object eps,
          py::object scale) {
-        detail::check_varlen_shapes(
-            varlen_options_of(py::none(), block, mixing, {masking, feature_map, normalize, eps, scale}),
-            cu_seqlens, q_shape, k_shape, v_shape, w_shape);
+        binding::check_varlen_call(varlen_options_of(py::none(), block, mixing,
+                                                     {masking, feature_map, normalize, eps, scale}),
+                                   cu_seqlens, q_shape, k_shape, v_shape, w_shape);
       },
       "q_shape"_a, "k_shape"_a, "v_shape"_a, "w_shape"_a, "cu_seqlens"_a, py::kw_only(),
       "block"_a = py::none(), "mixing"_a = py::none(), "masking"_a = py::none(),
