@@ -311,18 +311,18 @@ void key_value_gradients(const KernelProblem& p, const T* k, const T* v, const T
   check_launch("value_gradient_kernel");
 }
 
-#define MHLA_INSTANTIATE_REFERENCE_KERNELS(T)                                                    \
-  template void summaries<T>(const KernelProblem&, const T*, const T*, T*, cudaStream_t);        \
-  template void mix<T>(const KernelProblem&, const T*, const T*, T*, cudaStream_t);              \
-  template void outputs<T>(const KernelProblem&, const T*, const T*, T*, int*, cudaStream_t);    \
-  template void output_gradients<T>(const KernelProblem&, const T*, const T*, const T*, T*, T*,  \
-                                    T*, int*, cudaStream_t);                                     \
-  template void mix_backward<T>(const KernelProblem&, const T*, const T*, const T*, T*, T*, int*, \
-                                cudaStream_t);                                                   \
-  template void key_value_gradients<T>(const KernelProblem&, const T*, const T*, const T*, T*,  \
+#define MHLA_INSTANTIATE_THREAD_PER_RESULT_KERNELS(T)                                              \
+  template void summaries<T>(const KernelProblem&, const T*, const T*, T*, cudaStream_t);          \
+  template void mix<T>(const KernelProblem&, const T*, const T*, T*, cudaStream_t);                \
+  template void outputs<T>(const KernelProblem&, const T*, const T*, T*, int*, cudaStream_t);      \
+  template void output_gradients<T>(const KernelProblem&, const T*, const T*, const T*, T*, T*,    \
+                                    T*, int*, cudaStream_t);                                       \
+  template void mix_backward<T>(const KernelProblem&, const T*, const T*, const T*, T*, T*, int*,  \
+                                cudaStream_t);                                                     \
+  template void key_value_gradients<T>(const KernelProblem&, const T*, const T*, const T*, T*,     \
                                        T*, int*, cudaStream_t);
-MHLA_INSTANTIATE_REFERENCE_KERNELS(float)
-MHLA_INSTANTIATE_REFERENCE_KERNELS(double)
-#undef MHLA_INSTANTIATE_REFERENCE_KERNELS
+MHLA_INSTANTIATE_THREAD_PER_RESULT_KERNELS(float)
+MHLA_INSTANTIATE_THREAD_PER_RESULT_KERNELS(double)
+#undef MHLA_INSTANTIATE_THREAD_PER_RESULT_KERNELS
 
 }  // namespace mhla::cuda
