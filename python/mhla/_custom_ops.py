@@ -20,7 +20,7 @@ import torch
 from . import _core, _operators, _plan, _unpickle
 from ._torch_forms.chunk import Geometry
 
-AVAILABLE = hasattr(torch.library, "custom_op") and hasattr(torch.library, "register_autograd")
+AVAILABLE = _plan.CUSTOM_OPS
 
 
 def _options(rank, grid, tile, *names):

@@ -10,12 +10,14 @@ from typing import NamedTuple
 try:
     import torch
 
-    from . import _custom_ops
     from ._torch_forms import chunk
 except ImportError:  # mhla.Decoder on NumPy arrays plans without torch
     torch = None
 
 BACKENDS = ("cpp", "torch")
+# Whether torch registers the extension as custom ops that torch.compile traces (torch 2.4 and later:
+# torch.library.custom_op; _custom_ops registers them).
+CUSTOM_OPS = torch is not None and hasattr(torch.library, "custom_op") and hasattr(torch.library, "register_autograd")
 # The CUDA kernel families a call may name (mhla.CudaKernels' fields), as bits for the custom op.
 CUDA_KERNELS = ("bf16_state", "float16_tensor_cores", "float32_tensor_cores")
 # The operators a plan is made for; "decoder" is mhla.Decoder (a state, not a differentiable call).
@@ -54,7 +56,7 @@ def _path(entry, backend, tensors):
         return "torch"
     if entry == "decoder":
         return "cpp"
-    if chunk.compiling() and _custom_ops.AVAILABLE:
+    if chunk.compiling() and CUSTOM_OPS:
         return "custom_op"
     return "cpp"  # in a compiled region before torch 2.4, the extension call breaks the graph
 
