@@ -25,12 +25,13 @@ ENTRIES = ("mhla", "varlen", "linear", "softmax", "decoder")
 _REDUCED = (torch.bfloat16, torch.float16) if torch else ()
 
 
-class Plan(NamedTuple):  # a named tuple: torch.compile traces its making
-
+# A named tuple, whose making torch.compile traces; its dtype annotations are strings, since the
+# decoder's plan is made without torch.
+class Plan(NamedTuple):
     path: str                     # "torch" (plain torch ops), "cpp" (the extension, eager), "custom_op"
                                   # (the extension's torch.library op, inside torch.compile)
-    operand_dtype: torch.dtype    # q, k, v cross into the extension in this dtype ...
-    w_dtype: torch.dtype          # ... and w in this one
+    operand_dtype: "torch.dtype"  # q, k, v cross into the extension in this dtype ...
+    w_dtype: "torch.dtype"        # ... and w in this one
     keeps_state: bool             # forward keeps its summaries for backward ("mhla" only)
 
 
@@ -98,9 +99,10 @@ def plan(entry, tensors, *, backend=None, cuda_kernels=0, needs_grad=False):
     if entry == "decoder":  # one dtype, float32, whatever the path
         return Plan(path, None, None, False)
     dtype = q.dtype
-    # The operator takes bfloat16 and float16 q, k, v as they are, with float32 w; the other entries
-    # take float32 and float64 only, so reduced inputs cross as float32 copies.
-    native = entry == "mhla" and dtype in _REDUCED and all(t.dtype == dtype for t in tensors[:3])
+    # The operator takes bfloat16 and float16 q, k, v (one dtype: _contract) as they are, with
+    # float32 w; the other entries take float32 and float64 only, so reduced inputs cross as
+    # float32 copies.
+    native = entry == "mhla" and dtype in _REDUCED
     operand_dtype = dtype if native else _compute_dtype(dtype)
     return Plan(path, operand_dtype, _compute_dtype(dtype),
                 entry == "mhla" and keeps_state(q, cuda_kernels, needs_grad))

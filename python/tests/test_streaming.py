@@ -282,3 +282,31 @@ def test_the_generation_example_runs():
     context, cached, uncached, speedup, diff = r.stdout.strip().splitlines()[-1].split()
     assert context == "200" and float(cached) > 0 and float(uncached) > 0
     assert float(diff) < 1e-4  # the cached step gives the full forward's logits
+
+
+def test_the_decoder_on_numpy_arrays_needs_no_torch():
+    # mhla imports torch only where a torch tensor is involved: a process where torch cannot be
+    # imported still streams NumPy arrays through mhla.Decoder.
+    import subprocess
+    import sys
+
+    import package_location
+
+    script = """
+import builtins
+real_import = builtins.__import__
+def without_torch(name, *args, **kwargs):
+    if name == "torch" or name.startswith("torch."):
+        raise ImportError("torch is not installed here")
+    return real_import(name, *args, **kwargs)
+builtins.__import__ = without_torch
+import numpy as np
+import mhla
+decoder = mhla.Decoder(np.full((2, 2), 0.5, dtype=np.float32), heads=1, dk=2, dv=2, block=2)
+q = np.ones((1, 1, 1, 2), dtype=np.float32)
+print(decoder.step(q, q, q).shape)
+"""
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                       env=package_location.subprocess_env(), timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "(1, 1, 1, 2)"
