@@ -2,9 +2,10 @@
 // How the operator's entry points (api/operator.cpp) use a ForwardState: where
 // a forward writes its summaries and mixed summaries, the record it leaves,
 // and what a backward reads after checking that record against its call.
+#include <cstdint>
 #include <utility>
+#include <vector>
 
-#include "core/validate.hpp"
 #include "mhla/forward_state.hpp"
 #include "mhla/options.hpp"
 #include "mhla/tensor.hpp"
@@ -16,11 +17,12 @@ namespace mhla::detail {
 template <typename S>
 void forget_call(ForwardState<S>& state);
 
-// Where a forward of the validated problem `p` on `device` writes the arrays
-// of `state`: room it makes in the state, or the caller's arrays of a state
-// made with ForwardState::over, checked against the call.
+// Where a forward on `device` writes the arrays of `state`, each of `shape`
+// (saved_summaries_shape() of the validated call): room it makes in the
+// state, or the caller's arrays of a state made with ForwardState::over,
+// checked against the call.
 template <typename S>
-std::pair<S*, S*> arrays_to_fill(const char* fn, const Problem& p, Device device,
+std::pair<S*, S*> arrays_to_fill(const char* fn, const std::vector<int64_t>& shape, Device device,
                                  ForwardState<S>& state);
 
 // After a forward that succeeded: the record of its call in `state`.

@@ -14,6 +14,7 @@
 #include "backend/backend.hpp"
 #include "core/allocation.hpp"
 #include "core/host_copy.hpp"
+#include "core/validate.hpp"
 #include "mhla/bfloat16.hpp"
 #include "mhla/float16.hpp"
 
@@ -79,10 +80,9 @@ void forget_call(ForwardState<S>& state) {
 }
 
 template <typename S>
-std::pair<S*, S*> arrays_to_fill(const char* fn, const Problem& p, Device device,
+std::pair<S*, S*> arrays_to_fill(const char* fn, const std::vector<int64_t>& shape, Device device,
                                  ForwardState<S>& state) {
   ForwardRecord<S>& r = ForwardStateAccess::record(state);
-  const std::vector<int64_t> shape{p.batch, p.heads, p.blocks, p.dk, p.dv + 1};
   if (r.over_caller_arrays) {
     check_output(fn, "the state's summaries", r.summaries, shape, device);
     check_output(fn, "the state's mixed summaries", r.mixed, shape, device);
@@ -171,10 +171,10 @@ MHLA_INSTANTIATE_RECORD(float, float16)
 #undef MHLA_INSTANTIATE_RECORD
 template void forget_call(ForwardState<float>&);
 template void forget_call(ForwardState<double>&);
-template std::pair<float*, float*> arrays_to_fill(const char*, const Problem&, Device,
+template std::pair<float*, float*> arrays_to_fill(const char*, const std::vector<int64_t>&, Device,
                                                   ForwardState<float>&);
-template std::pair<double*, double*> arrays_to_fill(const char*, const Problem&, Device,
-                                                    ForwardState<double>&);
+template std::pair<double*, double*> arrays_to_fill(const char*, const std::vector<int64_t>&,
+                                                    Device, ForwardState<double>&);
 
 }  // namespace detail
 

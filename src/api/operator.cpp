@@ -124,11 +124,6 @@ std::vector<int64_t> saved_summaries_shape(const Options& options,
 
 namespace {
 
-constexpr bool is_16_bit(auto x) {
-  using X = decltype(x);
-  return std::is_same_v<X, bfloat16> || std::is_same_v<X, float16>;
-}
-
 // forward on a validated call whose state arrays (nullptr: none) are ready,
 // 16-bit tokens on the device's 16-bit kernels where it has them for the
 // problem, else on the float kernels over widened copies.
@@ -138,7 +133,7 @@ void run_forward(const char* fn, const detail::Problem& p, const TensorView<cons
                  const TensorView<const weight_t<X>>& w, const TensorView<X>& o,
                  weight_t<X>* summaries, weight_t<X>* mixed) {
   const backend::Backend& device = backend::backend_for(fn, "q", q.device);
-  if constexpr (!is_16_bit(X{})) {
+  if constexpr (std::is_same_v<weight_t<X>, X>) {  // float and double tokens
     if (!device.attention(p, w.data)->forward(q.data, k.data, v.data, o.data, summaries, mixed))
       report_output(fn, p, q, k, v, o);
   } else {
@@ -179,7 +174,8 @@ void forward_call(const Options& options, const TensorView<const X>& q,
   const detail::ValidatedCall call = checked_call(fn, options, q, k, v, w, o);
   const detail::Problem& p = call.problem();
   if (state == nullptr) return run_forward(fn, p, q, k, v, w, o, nullptr, nullptr);
-  const auto [summaries, mixed] = detail::arrays_to_fill(fn, p, q.device, *state);
+  const auto [summaries, mixed] =
+      detail::arrays_to_fill(fn, summaries_shape(p, p.blocks), q.device, *state);
   run_forward(fn, p, q, k, v, w, o, summaries, mixed);
   detail::record_call<weight_t<X>, X>(options, q, k, v, w, o, *state);
 }
@@ -203,7 +199,7 @@ void backward_call(const Options& options, const TensorView<const X>& q,
   detail::check_gradients(fn, p, grad_o, grad_q, grad_k, grad_v, q.device);
   detail::check_output(fn, "grad_w", grad_w, w.shape, q.device);
   const backend::Backend& device = backend::backend_for(fn, "q", q.device);
-  if constexpr (!is_16_bit(X{})) {
+  if constexpr (std::is_same_v<weight_t<X>, X>) {  // float and double tokens
     run_backward(fn, p, device, q, k, v, w, o, grad_o, grad_q, grad_k, grad_v, grad_w, summaries,
                  mixed);
   } else {
