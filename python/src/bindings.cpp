@@ -115,6 +115,9 @@ std::string non_finite_message(
   return binding::non_finite_message(function, named, magnitudes, options, dk, type);
 }
 
+// A ForwardState of either element type, or none yet.
+using AnyForwardState = std::variant<std::monostate, ForwardState<float>, ForwardState<double>>;
+
 // mhla.ForwardState: the C++ ForwardState of the last forward given it (a
 // float state for float32, bfloat16 and float16 tensors, a double one for
 // float64), with the dtype of that forward's tensors.
@@ -152,7 +155,7 @@ class PyForwardState {
   }
 
  private:
-  std::variant<std::monostate, ForwardState<float>, ForwardState<double>> state_;
+  AnyForwardState state_;
   DType filled_by_ = DType::float32;
 };
 
@@ -238,7 +241,7 @@ py::tuple forward_into_arrays(py::handle q, py::handle k, py::handle v, py::hand
                               const Options& options) {
   OperatorCall c(q, k, v, w);
   std::optional<Buffer> summaries, mixed;
-  std::variant<std::monostate, ForwardState<float>, ForwardState<double>> state;
+  AnyForwardState state;
   Buffer o = run_forward(c, options, [&]<typename S>() -> ForwardState<S>* {
     const std::vector<int64_t> shape = saved_summaries_shape(options, c.q.shape(), c.v.shape());
     summaries.emplace(c.w.dtype(), shape, c.q.place());
@@ -259,7 +262,7 @@ py::tuple backward_from_arrays(py::handle q, py::handle k, py::handle v, py::han
   ImportedTensor summaries(summaries_, "summaries", false, Devices::cpu_and_cuda),
       mixed(mixed_, "mixed", false, Devices::cpu_and_cuda);
   check_same_dtype({&c.w, &summaries, &mixed});
-  std::variant<std::monostate, ForwardState<float>, ForwardState<double>> state;
+  AnyForwardState state;
   return run_backward(c, o, grad_o, options, [&]<typename S>() -> const ForwardState<S>* {
     // The arrays are only read: the const views' memory is torch's, writable.
     const auto writable = [](const ImportedTensor& t) {
