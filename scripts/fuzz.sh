@@ -14,7 +14,7 @@ cmake --build build-fuzz -j "$(nproc)" --target write_seeds mhla_library "${targ
 # The lab's checkpoint reader, against that build installed.
 cmake --install build-fuzz --component library --prefix build-fuzz/prefix > /dev/null
 CXX=clang++ cmake -S experiments -B build-fuzz/experiments -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DMHLA_BUILD_FUZZERS=ON -DMHLA_LAB_BUILD_TESTS=OFF -DCMAKE_PREFIX_PATH="$PWD/build-fuzz/prefix" > /dev/null
+  -DMHLA_BUILD_FUZZERS=ON -DMHLA_LAB_BUILD_TESTS=OFF -DMHLA_NATIVE=OFF -DCMAKE_PREFIX_PATH="$PWD/build-fuzz/prefix" > /dev/null
 cmake --build build-fuzz/experiments -j "$(nproc)" --target write_safetensors_seeds safetensors_fuzz
 
 mkdir -p build-fuzz/corpus build-fuzz/artifacts
