@@ -7,7 +7,8 @@ On a machine with a CUDA device it
    python/tests/test_contract.py (the deferred finite check on CUDA);
 2. times forward and forward+backward of mhla.torch.mhla_attention at four shapes (bf16, B = 1), on
    its default path and on the library's CUDA kernels (backend="cpp", in a build with the CUDA
-   backend), next to the plain einsum formulation (non-causal shapes) and SDPA's FlashAttention and cuDNN
+   backend), next to the chunked form under torch's autograd (what the default path's hand-written
+   ops replace), the plain einsum formulation (non-causal shapes) and SDPA's FlashAttention and cuDNN
    backends in the same process (medians of CUDA-event
    timings), with the peak memory of MHLA's forward+backward;
 3. prints the table and writes it as JSON.
@@ -26,6 +27,7 @@ import torch
 
 import mhla
 import mhla.torch as mt
+from mhla._torch_forms import chunk
 from mhla._torch_forms.einsum import einsum_mhla
 
 # (name, tokens, heads, head dim, layout, masking): the anchor shapes of docs/python.md. The video shape is
@@ -102,7 +104,9 @@ def time_shape(name, tokens, heads, dim, layout, masking, rounds=2):
     ours(*leaves).backward(torch.randn(1, tokens, heads, dim, device=device, dtype=torch.bfloat16))
     torch.cuda.synchronize()
     row["mhla_fwdbwd_peak_mib_above_inputs"] = (torch.cuda.max_memory_allocated() - base) / 2 ** 20
-    contenders = {"mhla": ours, "mhla_kernels": None, "einsum": None}
+    contenders = {"mhla": ours, "mhla_kernels": None, "einsum": None,
+                  # The chunked form under torch's autograd: what the lean form's hand-written ops replace.
+                  "chunked": lambda q, k, v: chunk.mhla_attention(q, k, v, w, layout, masking=masking)}
     if mhla._core.has_cuda_backend:  # mhla.torch on the library's CUDA kernels
         contenders["mhla_kernels"] = lambda q, k, v: mt.mhla_attention(q, k, v, w, layout, masking=masking,
                                                                        backend="cpp")
@@ -130,7 +134,7 @@ def time_shape(name, tokens, heads, dim, layout, masking, rounds=2):
                 row[f"{label}_{kind}_ms"] = ms if kept is None else min(kept, ms)
     for kind in ("fwd", "fwdbwd"):
         for ours_label in ("mhla", "mhla_kernels"):
-            for other in ("cudnn", "einsum"):
+            for other in ("cudnn", "einsum", "chunked"):
                 mine, theirs = row[f"{ours_label}_{kind}_ms"], row[f"{other}_{kind}_ms"]
                 row[f"{ours_label}_over_{other}_{kind}"] = mine / theirs if mine and theirs else None
     return row
@@ -163,15 +167,16 @@ def main():
         print(f"test_torch_forms.py, test_cuda_tensors.py and test_contract.py on cuda: "
               f"{'passed' if tests == 0 else 'FAILED'}")
     rows = [time_shape(*shape) for shape in SHAPES]
-    print("\n| shape | MHLA fwd / fwd+bwd ms | MHLA on the kernels | einsum MHLA | FlashAttention | cuDNN | "
-          "MHLA / einsum fwd, fwd+bwd | on the kernels / einsum | MHLA / cuDNN fwd, fwd+bwd | "
+    print("\n| shape | MHLA fwd / fwd+bwd ms | MHLA on the kernels | chunked form | einsum MHLA | FlashAttention | "
+          "cuDNN | MHLA / einsum fwd, fwd+bwd | on the kernels / einsum | MHLA / chunked | MHLA / cuDNN fwd, fwd+bwd | "
           "MHLA fwd+bwd peak MiB |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         times = " | ".join(f"{cell(r[f'{name}_fwd_ms'])} / {cell(r[f'{name}_fwdbwd_ms'])}"
-                           for name in ("mhla", "mhla_kernels", "einsum", "flash", "cudnn"))
+                           for name in ("mhla", "mhla_kernels", "chunked", "einsum", "flash", "cudnn"))
         ratios = " | ".join(f"{cell(r[f'{ours}_over_{name}_fwd'], 2)}, {cell(r[f'{ours}_over_{name}_fwdbwd'], 2)}"
-                            for ours, name in (("mhla", "einsum"), ("mhla_kernels", "einsum"), ("mhla", "cudnn")))
+                            for ours, name in (("mhla", "einsum"), ("mhla_kernels", "einsum"), ("mhla", "chunked"),
+                                               ("mhla", "cudnn")))
         print(f"| {r['shape']} | {times} | {ratios} | {r['mhla_fwdbwd_peak_mib_above_inputs']:.0f} |")
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     with open(args.json, "w") as f:

@@ -11,9 +11,10 @@ torch op), and the error is the C++ operator's own text (``_core._non_finite_mes
 
 Reading an answer back waits for the device. On the CPU that costs nothing, so the check is
 synchronous there. On other devices a wait per call would stall the stream, so by default
-(mode "auto") the whole test runs on the device and its one-byte answer is copied to pinned
-memory behind an event; a later call, or ``report(wait=True)`` (``mhla.torch.check_finite_results``),
-raises the error once that event has passed, and never waits for it otherwise. Mode "sync" gives
+(mode "auto") each tensor's largest magnitude is taken on the device (one op for the group) and
+copied to pinned memory behind an event, to be tested on the host once it has arrived; a later
+call, or ``report(wait=True)`` (``mhla.torch.check_finite_results``), raises the error once that
+event has passed, and never waits for it otherwise. Mode "sync" gives
 the synchronous check (the entry and the cause named) on every device, "deferred" the deferred
 one on every device (on the CPU its answer is at hand at once, so it is reported by the next call).
 
@@ -21,6 +22,7 @@ Meta tensors hold no values and are not checked. Under ``torch.compile`` the pla
 not checked: a data-dependent error cannot be traced into a graph.
 """
 import collections
+import math
 
 import torch
 
@@ -53,23 +55,30 @@ def _deferred(device):
     return _mode == "deferred" or (_mode == "auto" and device.type != "cpu")
 
 
-def _all_finite(tensors):
-    """One device boolean: every entry of every tensor is finite. Through the extremes: NaN
-    propagates into ``aminmax`` (documented), infinity is an extreme, and finite entries never
-    overflow a minimum: exact, in one reduction per tensor without temporaries
-    (``isfinite(t).all()`` costs about 20x that on a CPU, for its boolean tensor). The group's
-    extremes are then tested together: ``x * 0`` is 0 for finite x and NaN otherwise, so their
-    sum is 0 exactly when all are finite (four small ops for the group, whatever its size)."""
-    extremes = [e for t in tensors for e in _extremes(t)]
-    return torch.stack(extremes).mul(0).sum().eq(0)
+def _uses_norms(device):
+    """Whether the check takes the group's largest magnitudes in one op (``_foreach_norm``: one
+    kernel launch for all its tensors on a GPU). On the CPU, where nothing is launched, each
+    tensor's ``aminmax`` is the faster pass (vectorised; the inf-norm is not, at a tenth of its
+    speed: bench/finite_check_bench.py)."""
+    return device.type != "cpu"
 
 
-def _extremes(t):
-    if t.dtype == torch.float16 and t.device.type == "cpu":
-        # torch 1.13's CPU aminmax has no float16 kernel; a float32 sum of float16 values cannot
-        # overflow (65504 N stays below float32's range), so it is finite exactly when they are.
-        return (t.sum(dtype=torch.float32),)
-    return torch.aminmax(t)
+def _parts(tensors):
+    """Per tensor, 0-dim tensors that are all finite exactly when it is: NaN propagates into a
+    maximum and a minimum (and a norm), infinity is its own extreme, and extremes of finite
+    entries never overflow. ``isfinite(t).all()`` costs two ops and a boolean tensor per tensor."""
+    tensors = [t.detach() for t in tensors]
+    if tensors and _uses_norms(tensors[0].device):
+        return [(n,) for n in torch._foreach_norm(tensors, math.inf)]
+    # torch 1.13's CPU aminmax has no float16 kernel; a float32 sum of float16 values cannot
+    # overflow (65504 N stays below float32's range), so it is finite exactly when they are.
+    return [(t.sum(dtype=torch.float32),) if t.dtype == torch.float16 else tuple(torch.aminmax(t))
+            for t in tensors]
+
+
+def _finite_now(tensors):
+    """Whether every entry is finite, read back at once (a wait for the device)."""
+    return all(math.isfinite(float(x)) for part in _parts(tensors) for x in part)
 
 
 def report(wait=False):
@@ -81,48 +90,66 @@ def report(wait=False):
                 return
             event.synchronize()
         _pending.popleft()
-        if bool(answer):
+        error = message(answer)
+        if error is not None:
             _pending.clear()  # one error for a run of failing calls: the first names the call
-            raise ValueError(message())
+            raise ValueError(error)
 
 
-def _defer(failed, message):
-    """Keeps the device boolean ``failed`` for a later ``report``."""
-    if failed.device.type == "cuda":
-        answer = torch.empty((), dtype=torch.bool, pin_memory=True)
-        answer.copy_(failed, non_blocking=True)
+def _defer(answer, message):
+    """Keeps the device tensor ``answer`` (one copy to pinned memory on a GPU) for a later
+    ``report``, which raises ``message(answer on the host)`` unless that is None: the test runs
+    on the host once the values have arrived, so the device runs no op of it."""
+    if answer.device.type == "cuda":
+        kept = torch.empty(answer.shape, dtype=answer.dtype, pin_memory=True)
+        kept.copy_(answer, non_blocking=True)
         event = torch.cuda.Event()
         event.record()
     else:
-        answer, event = failed, None
-    _pending.append((answer, event, message))
+        kept, event = answer, None
+    _pending.append((kept, event, message))
 
 
-def check_results(results, inputs, message, denominator=None, earlier=True, denominator_entry=None):
-    """Raises ``message(entry, what, magnitudes)`` if a tensor of ``results`` (or the read-out's
-    ``denominator``) is not finite while every tensor of ``inputs`` is (dicts by name); first
-    the deferred errors of earlier calls that have arrived, unless ``earlier`` is False (the
-    call's own ``check_mixing`` has just reported them). Where only the denominator is flagged,
-    the synchronous check names ``denominator_entry()``'s entry, if given: the entry the C++
-    read-out, which multiplies by the denominator's reciprocal, would have written infinite."""
+def check_results(results, inputs, message, denominator=(), earlier=True, denominator_entry=None, mixing=None):
+    """Raises ``message(entry, what, magnitudes)`` if a tensor of ``results`` (or of the read-out's
+    ``denominator``: tensors finite exactly where the read-out can be) is not finite while every
+    tensor of ``inputs`` is (dicts by name); first the deferred errors of earlier calls that have
+    arrived, unless ``earlier`` is False (the call's own ``check_mixing`` has just reported them).
+    Where only the denominator is flagged, the synchronous check names ``denominator_entry()``'s
+    entry, if given: the entry the C++ read-out, which multiplies by the denominator's
+    reciprocal, would have written infinite. ``mixing``: what ``check_mixing`` returned, whose
+    deferred check travels in this one's answer."""
     results = {name: t.detach() for name, t in results.items()}
     first = next(iter(results.values()))
     if _skipped(first):
         return
     if earlier:
         report()
-    checked = list(results.values()) + ([] if denominator is None else [denominator])
+    checked = list(results.values()) + list(denominator)
     if _deferred(first.device):
         names = ", ".join(results)
         # Words, not the tensors: the report must not keep the call's memory alive.
-        if denominator is not None:
+        if denominator:
             names += " (or the read-out's denominator)"
         what = (f"{names} of a call whose check was deferred on {first.device} "
                 "(mhla.torch.set_finite_check('sync') names the entry)")
-        failed = ~_all_finite(checked) & _all_finite(list(inputs.values()))
-        _defer(failed, lambda: message(None, what, []))
+        parts = _parts(checked + list(inputs.values()))
+        count = sum(len(part) for part in parts[:len(checked)])
+        extremes = [x.view(1) for part in parts for x in part]
+        w, validate = mixing if mixing is not None else (None, None)
+
+        def error(answer):
+            if w is not None:
+                refused = _refusal(answer[len(extremes):].view(w.shape).to(w.dtype), validate)
+                if refused is not None:
+                    return refused
+            finite = [math.isfinite(x) for x in answer[:len(extremes)].tolist()]
+            return message(None, what, []) if all(finite[count:]) and not all(finite[:count]) else None
+
+        # One answer per call: the extremes and w's values (small) in one tensor, one copy to the host.
+        _defer(torch.cat(extremes + ([] if w is None else [w.reshape(-1)])), error)
         return
-    if bool(_all_finite(checked)) or not bool(_all_finite(list(inputs.values()))):
+    if _finite_now(checked) or not _finite_now(inputs.values()):
         return
     entry = None
     for name, t in results.items():
@@ -137,31 +164,28 @@ def check_results(results, inputs, message, denominator=None, earlier=True, deno
     raise ValueError(message(entry, "", magnitudes))
 
 
-def check_mixing(w, read, normalize, validate):
-    """Refuses a mixing matrix the operator refuses: an entry of ``w`` where ``read`` (a boolean
-    mask, or None for all) is not finite, or negative when ``normalize``. ``validate(values)``
-    raises the operator's own error for w's values (a CPU copy)."""
+def _refusal(values, validate):
+    """The operator's error for w's ``values`` (on the host), or None."""
+    try:
+        validate(values)
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+def check_mixing(w, validate):
+    """Refuses a mixing matrix the operator refuses (an entry it reads not finite, or negative in
+    the normalized mode): ``validate(values)`` raises the operator's own error for w's values (a
+    CPU copy). Checked here when the check is synchronous; otherwise returns what the call's
+    ``check_results`` takes as ``mixing``, to check w's values with its results on the host."""
     if _skipped(w):
-        return
+        return None
     report()
     if not _deferred(w.device):
         validate(w.detach())
-        return
-    w = w.detach()
-    refused = ~torch.isfinite(w) | (w < 0) if normalize else ~torch.isfinite(w)
-    if read is not None:
-        refused = refused & read
-    # w is small: a copy is kept, so that the report gives the operator's own words.
-    kept = w.clone()
-
-    def message():
-        try:
-            validate(kept.cpu())
-        except ValueError as error:
-            return str(error)
-        return "w holds a value that is not finite or is negative"
-
-    _defer(refused.any(), message)
+        return None
+    # A copy on the CPU, where the answer is at hand at once: w may change before the report.
+    return w.detach().clone() if w.device.type == "cpu" else w.detach(), validate
 
 
 class _Watch:

@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 
 from . import _core, _plan
-from ._torch_forms import chunk
+from ._torch_forms import chunk, lean
 from ._torch_operands import operand, stream_of, tensors
 
 
@@ -108,7 +108,7 @@ VARLEN = Operator(
                                                                     **settings[1])),
     grads=lambda inputs, o, state, grad_o, settings: tensors(*_core.varlen_backward(
         *(operand(t) for t in (*inputs, o, grad_o)), settings[0], **settings[1])),
-    recompute=lambda inputs, settings: chunk.varlen_attention(*inputs, settings[0], **settings[1]))
+    recompute=lambda inputs, settings: lean.varlen_attention(*inputs, settings[0], **settings[1]))
 
 # Settings: a _core.LinearOptions.
 LINEAR = Operator(
@@ -117,7 +117,7 @@ LINEAR = Operator(
                                                                              options=options)),
     grads=lambda inputs, o, state, grad_o, options: tensors(*_core.linear_attention_backward(
         *(operand(t) for t in (*inputs, o, grad_o)), options=options)),
-    recompute=lambda inputs, options: chunk.linear_attention(*inputs, **chunk.keywords(options)))
+    recompute=lambda inputs, options: lean.linear_attention(*inputs, **chunk.keywords(options)))
 
 # Settings: dict(causal=..., scale=...). The state is the rows' log-sum-exp.
 SOFTMAX = Operator(

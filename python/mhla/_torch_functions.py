@@ -6,7 +6,7 @@ import torch
 from torch.utils.dlpack import from_dlpack
 
 from . import _contract, _core, _custom_ops, _finite_results, _operators, _plan
-from ._torch_forms import chunk
+from ._torch_forms import chunk, lean
 from ._torch_operands import operand as _operand
 from .streaming import offsets
 
@@ -144,7 +144,7 @@ def mhla_attention(q, k, v, w, layout, *, masking=None, feature_map=None, normal
                             scale=scale, mixing=mixing, cuda=_operators.cuda_kernels_of(kernel_bits))
     if plan.path == "torch":
         chunk.check_call(q, k, v, w, options)
-        return chunk.mhla_attention(q, k, v, w, layout, **chunk.keywords(options))
+        return lean.mhla_attention(q, k, v, w, layout, **chunk.keywords(options))
     # bfloat16 and float16 q, k, v run on the operator's own 16-bit paths (float32 w and saved summaries).
     o = _operators.MHLA(*_crossing(plan, q, k, v), w.to(plan.w_dtype), settings=options)
     return _to_dtype(o, q.dtype)
@@ -168,7 +168,7 @@ def varlen_attention(q, k, v, w, cu_seqlens, *, block, mixing=None, masking=None
     options = dict(block=block, mixing=mixing, masking=masking, feature_map=feature_map, normalize=normalize,
                    eps=eps, scale=scale)
     if plan.path == "torch":
-        return chunk.varlen_attention(q, k, v, w, offsets(cu_seqlens), **options)
+        return lean.varlen_attention(q, k, v, w, offsets(cu_seqlens), **options)
     return _to_dtype(_operators.VARLEN(*_crossing(plan, q, k, v), w.to(plan.w_dtype),
                                        settings=(offsets(cu_seqlens), options)), q.dtype)
 
@@ -189,7 +189,7 @@ def linear_attention(q, k, v, *, masking=None, feature_map=None, normalize=None,
                               feature_map=options.feature_map, normalize=options.normalize, eps=options.eps,
                               scale=options.scale)
         chunk.check_call(q, k, v, q.new_ones(1, 1), check, "mhla::linear_attention_forward")
-        return chunk.linear_attention(q, k, v, **chunk.keywords(options))
+        return lean.linear_attention(q, k, v, **chunk.keywords(options))
     return _to_dtype(_operators.LINEAR(*_crossing(plan, q, k, v), settings=options), q.dtype)
 
 

@@ -4,7 +4,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import _core, _plan, _wan_rotary
-from ._torch_forms import chunk
+from ._torch_forms import chunk, lean
 from ._authors import authors_video_attention, authors_vision_attention
 from ._torch_functions import mhla_attention
 from ._torch_mixing import FreeMixingMatrix, MixingMatrix, RMSNorm
@@ -89,7 +89,7 @@ class _MHLALayer(nn.Module):
             # In torch ops on plain Python values, so torch.compile traces the whole layer. The
             # operator's checks are not needed: the layer makes q, k, v and w consistent itself.
             geometry = self._geometry(tokens)
-            o = chunk.mhla_attention(q, k, v, self.mixing(geometry.num_blocks), geometry,
+            o = lean.mhla_attention(q, k, v, self.mixing(geometry.num_blocks), geometry,
                                            masking=self.masking, feature_map=self.feature_map,
                                            normalize=self.normalize)
         else:

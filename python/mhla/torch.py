@@ -9,8 +9,8 @@ would. bfloat16 ``mhla_attention`` runs on the operator's bfloat16 path
 (block products on bfloat16 operands where the CPU has AVX512-BF16, float32
 sums, float32 w); other bfloat16 and float16 inputs run through float32
 copies. Tensors on any other device (CUDA, MPS, ...) run the same operator in
-plain torch ops (``mhla._torch_forms.chunk``: exact, every mode, torch's autograd,
-bfloat16 and float16 computed in float32); ``backend="torch"`` asks for that
+plain torch ops (``mhla._torch_forms.lean``: exact, every mode, its backward
+written by hand; float16 computed in float32); ``backend="torch"`` asks for that
 path on the CPU too, ``backend="cpp"`` for the C++ operator. Results come
 back in the input's dtype, gradients included.
 

@@ -109,7 +109,7 @@ UNREPRESENTABLE = _unrepresentable_cases()
 
 
 @pytest.mark.parametrize("name", UNREPRESENTABLE)
-def test_unrepresentable_results_are_the_same_named_error_on_both_paths(name):
+def test_unrepresentable_results_are_the_same_named_error_on_both_paths(name, reduction):
     q, k, v, w, layout, options = UNREPRESENTABLE[name]
     kind, message = same_outcome(forward_call(q, k, v, w, layout, **options))
     assert kind == "ValueError", (name, message)
@@ -232,8 +232,15 @@ def test_the_torch_decoder_takes_float32_as_the_cpp_decoder_does():
 
 # ---- the deferred check ----
 
+@pytest.fixture(params=["extremes", "norms"])
+def reduction(request, monkeypatch):
+    """Each of the check's reductions: the CPU's aminmax per tensor, and the one _foreach_norm of a
+    group that other devices take."""
+    monkeypatch.setattr(mhla._finite_results, "_uses_norms", lambda device: request.param == "norms")
+
+
 @pytest.fixture
-def deferred():
+def deferred(reduction):
     previous = mt.set_finite_check("deferred")
     yield
     mt.set_finite_check(previous)
@@ -259,6 +266,19 @@ def test_a_deferred_mixing_check_gives_the_operators_words(deferred):
     q, k, v, w = BAD_INPUTS["negative w"][:4]
     mt.mhla_attention(q, k, v, w, seq(), backend="torch")
     with pytest.raises(ValueError, match=r"^mhla::forward: w\[1, 0\] = -0.500000 is negative"):
+        mt.check_finite_results()
+
+
+def test_the_deferred_mixing_check_refuses_what_the_operator_reads_as_it_was_at_the_call(deferred):
+    q, k, v, _ = (t.float() for t in qkvw())
+    m = seq().num_blocks
+    w = torch.rand(m, m) + 0.1
+    w[0, 1] = float("nan")  # above the diagonal: causal masking never reads it
+    mt.mhla_attention(q, k, v, w, seq(), masking="causal", backend="torch")
+    w[1, 0] = -1.0  # after the call: not what the call read
+    mt.check_finite_results()
+    mt.mhla_attention(q, k, v, w, seq(), masking="causal", backend="torch")
+    with pytest.raises(ValueError, match=r"^mhla::forward: w\[1, 0\] = -1.000000 is negative"):
         mt.check_finite_results()
 
 

@@ -1,5 +1,7 @@
-"""The forms of mhla._torch_forms against each other, and the chunked form (mhla.torch's plain-torch
-path) against the C++ operator, on the CPU with backend="torch": every mode and layout on a random catalogue, forward and the gradients of q, k, v and w in float64;
+"""The forms of mhla._torch_forms against each other (the lean form, mhla.torch's plain-torch path,
+against the chunked form it is written from), and the plain-torch path against the C++ operator,
+on the CPU with backend="torch": every mode and layout on a random catalogue, forward and the
+gradients of q, k, v and w in float64;
 the functions, layers and variants; bfloat16 and float16; the same named errors; and the routing of
 tensors that are not on the CPU (meta tensors stand in for a GPU).
 
@@ -14,7 +16,7 @@ import torch
 
 import mhla
 import mhla.torch as mt
-from mhla._torch_forms import chunk, einsum, naive
+from mhla._torch_forms import chunk, einsum, lean, naive
 
 L = mhla.Layout
 DEVICE = torch.device(os.environ.get("MHLA_TEST_DEVICE", "cpu"))
@@ -116,6 +118,47 @@ def test_catalogue_matches_the_cpp_operator_forward_and_gradients(seed):
     for name, a, b in zip(("o", "grad_q", "grad_k", "grad_v", "grad_w"), got, want):
         scale = max(1.0, float(b.abs().max()))
         assert float((a - b).abs().max()) / scale <= 1e-10, (name, layout, kwargs)
+
+
+@pytest.mark.parametrize("seed", range(80))
+def test_the_lean_form_equals_the_chunked_form(seed):
+    # The hand-written backward against torch's autograd of the chunked form, on one device.
+    layout, kwargs, inputs = random_case(seed)
+    grad = torch.randn(inputs[2].shape, dtype=torch.float64, generator=torch.Generator().manual_seed(seed + 1))
+    answers = []
+    for form in (lean, chunk):
+        leaves = on_device("torch", inputs)
+        o = form.mhla_attention(*leaves, layout, **kwargs)
+        answers.append(cpu((o,) + torch.autograd.grad(o, leaves, grad.to(o.device))))
+    for name, a, b in zip(("o", "grad_q", "grad_k", "grad_v", "grad_w"), *answers):
+        scale = max(1.0, float(b.abs().max()))
+        assert float((a - b).abs().max()) / scale <= 1e-12, (name, layout, kwargs)
+
+
+@pytest.mark.parametrize("masking", ["none", "causal"])
+def test_the_lean_backward_takes_any_upstream_gradient_and_any_inputs_that_need_one(masking):
+    layout = L.sequence(11, 4)
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 11, 2, 3, dtype=torch.float64, generator=gen) for _ in range(3))
+    w = torch.rand(3, 3, dtype=torch.float64, generator=gen) + 0.1
+
+    def grads(form, needs, reduce):
+        leaves = [t.detach().to(DEVICE).clone().requires_grad_(need) for t, need in zip((q, k, v, w), needs)]
+        o = form.mhla_attention(*leaves, layout, masking=masking)
+        wanted = [t for t in leaves if t.requires_grad]
+        return cpu(torch.autograd.grad(reduce(o), wanted))
+
+    # o.sum()'s upstream gradient is a broadcast scalar: no stride of it is 1.
+    for needs in ((True,) * 4, (False, False, False, True), (False, True, True, False)):
+        for reduce in (torch.sum, lambda o: (o[:, ::2] ** 2).sum()):
+            for a, b in zip(grads(lean, needs, reduce), grads(chunk, needs, reduce)):
+                torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    # A second backward through the same graph (retain_graph) gives the same gradients.
+    leaves = [t.detach().to(DEVICE).clone().requires_grad_() for t in (q, k, v, w)]
+    o = lean.mhla_attention(*leaves, layout, masking=masking)
+    first = torch.autograd.grad(o.sum(), leaves, retain_graph=True)
+    for a, b in zip(first, torch.autograd.grad(o.sum(), leaves)):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("feature_map", ["identity", "relu"])

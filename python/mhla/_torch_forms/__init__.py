@@ -7,7 +7,10 @@ side by side:
 - ``einsum``: the paper authors' ten-line einsum formulation (non-causal, elu + 1, tokens in
   block order), the yardstick of the chunked form's bfloat16 error and GPU speed;
 - ``chunk``: the chunked form, every mode of the operator in ``O(N (Dk + Dv) + M Dk Dv)``
-  memory: ``mhla.torch``'s path for tensors on any device;
+  memory, differentiated by torch's autograd (twice, too): the path inside ``torch.compile``,
+  whose compiler fuses its ops;
+- ``lean``: the chunked form in the fewest ops, its backward written by hand: ``mhla.torch``'s
+  path for tensors on any device;
 - ``recurrent``: the streaming causal decoder (prefill, step) with its state in torch tensors.
 
 ``python/tests/test_torch_forms.py`` checks them against each other and against the C++ operator.

@@ -101,6 +101,33 @@ def _padded(geometry):
     return any(c * t != g for c, t, g in zip(geometry.counts, geometry.tile, geometry.grid))
 
 
+def block_view(x, geometry):
+    """``[*lead, N, H, D]`` as ``[*lead, c0, c1, c2, H, t0, t1, t2, D]``: block ``(c0, c1, c2)``'s
+    tokens at tile offsets ``(t0, t1, t2)``, a view of x (of a copy padded with zero tokens to
+    whole tiles when an edge block is ragged)."""
+    lead, (h, d) = x.shape[:-3], x.shape[-2:]
+    counts, tile, grid = geometry.counts, geometry.tile, geometry.grid
+    if _padded(geometry):  # F.pad's list runs from the last dim: (h, d) unpadded, then axes 2, 1, 0
+        ends = [p for axis in (2, 1, 0) for p in (0, counts[axis] * tile[axis] - grid[axis])]
+        x = F.pad(x.view(*lead, *grid, h, d), [0, 0, 0, 0] + ends)
+    x = x.view(*lead, counts[0], tile[0], counts[1], tile[1], counts[2], tile[2], h, d)
+    first = len(lead)
+    return x.permute(*range(first), *(first + a for a in (0, 2, 4, 6, 1, 3, 5, 7)))
+
+
+def tokens_from_blocks(write, lead, h, d, geometry, dtype, device):
+    """A new ``[*lead, N, H, D]`` tensor whose tokens ``write(view)`` fills, ``view`` its
+    ``block_view`` (one strided write, where ``group``'s inverse is a copy more)."""
+    counts, tile, grid = geometry.counts, geometry.tile, geometry.grid
+    whole = [c * t for c, t in zip(counts, tile)]
+    out = torch.empty(*lead, *whole, h, d, dtype=dtype, device=device)
+    write(block_view(out.view(*lead, whole[0] * whole[1] * whole[2], h, d),
+                     Geometry.make(geometry.rank, whole, tile)))
+    if _padded(geometry):
+        out = out[(slice(None),) * len(lead) + (slice(grid[0]), slice(grid[1]), slice(grid[2]))]
+    return out.reshape(*lead, geometry.num_tokens, h, d)
+
+
 def group(x, geometry):
     """``[B, N, H, D]`` -> ``[B, M, H, C, D]``: block b's tokens at slots ``[:, b, h, :]`` in
     row-major order within its tile, ragged edge blocks padded with zero tokens to a whole tile
@@ -109,12 +136,7 @@ def group(x, geometry):
     gradient another: a gather by token index is a slower kernel on a GPU, and its gradient an
     atomic scatter."""
     b, _, h, d = x.shape
-    counts, tile, grid = geometry.counts, geometry.tile, geometry.grid
-    if _padded(geometry):  # F.pad's list runs from the last dim: (h, d) unpadded, then axes 2, 1, 0
-        ends = [p for axis in (2, 1, 0) for p in (0, counts[axis] * tile[axis] - grid[axis])]
-        x = F.pad(x.view(b, *grid, h, d), [0, 0, 0, 0] + ends)
-    x = x.view(b, counts[0], tile[0], counts[1], tile[1], counts[2], tile[2], h, d)
-    return x.permute(0, 1, 3, 5, 7, 2, 4, 6, 8).reshape(b, geometry.num_blocks, h, geometry.block_size, d)
+    return block_view(x, geometry).reshape(b, geometry.num_blocks, h, geometry.block_size, d)
 
 
 def ungroup(y, geometry):
@@ -166,14 +188,20 @@ def _shift_blocks(x, d):
     return torch.cat([x.new_zeros(x.shape[0], d, *x.shape[2:]), x[:, :m - d]], dim=1)
 
 
+def read_by_masking(w, masking):
+    """Dense w with the entries the masking does not read zeroed: row i reads b < i when causal
+    (its own block acting inside it), b <= i when block-causal."""
+    if masking == "causal":
+        return torch.tril(w, -1)
+    if masking == "block_causal":
+        return torch.tril(w)
+    return w
+
+
 def _mix_dense(x, w, masking):
     """``sum_b W[i, b] x_b`` over the blocks the masking lets row i read (causal: b < i, its own
     block acting inside it; block-causal: b <= i). x ``[B, M, H, E]``, w ``[M, M]`` or ``[H, M, M]``."""
-    w = w.to(x.dtype)
-    if masking == "causal":
-        w = torch.tril(w, -1)
-    elif masking == "block_causal":
-        w = torch.tril(w)
+    w = read_by_masking(w.to(x.dtype), masking)
     if w.dim() == 2:  # one batched product over [B, M, H E] (an einsum costs more to dispatch)
         return torch.matmul(w, x.flatten(2)).view_as(x)
     return torch.einsum("hib,zbhe->zihe", w, x)
@@ -197,7 +225,32 @@ def _mix_toeplitz(x, w, masking):
     return (out + weight(length) * _shift_blocks(torch.cumsum(x, dim=1), tail)).to(dtype)
 
 
-def _diagonal(w, mixing, blocks):
+def block_diagonal(diag, blocks, heads):
+    """``diagonal``'s ``[M]`` or ``[H, M]`` as a factor of ``[B, M, H, ., .]`` tensors."""
+    return diag.view(1, blocks, 1, 1, 1) if diag.dim() == 1 else diag.t().reshape(1, blocks, heads, 1, 1)
+
+
+_TRIANGLES = {}  # (size, device) -> the lower triangle: a model calls with the same few block sizes
+
+
+def triangle(size, device):
+    """The ``[C, C]`` boolean lower triangle (``j <= t``), kept as ``cached_slot_valid`` keeps its masks."""
+    if compiling():
+        return torch.ones(size, size, dtype=torch.bool, device=device).tril()
+    key = (size, str(device))
+    if key not in _TRIANGLES:
+        if len(_TRIANGLES) >= 64:
+            _TRIANGLES.clear()
+        _TRIANGLES[key] = torch.ones(size, size, dtype=torch.bool, device=device).tril()
+    return _TRIANGLES[key]
+
+
+def mix(x, w, masking, mixing):
+    """``_mix_dense`` or ``_mix_toeplitz``, as ``mixing`` names the form of w."""
+    return (_mix_toeplitz if mixing == "toeplitz" else _mix_dense)(x, w, masking)
+
+
+def diagonal(w, mixing, blocks):
     """``W[i, i]`` per block: ``[M]`` or ``[H, M]``."""
     if mixing == "toeplitz":
         return w[..., :1].expand(*w.shape[:-1], blocks)
@@ -233,12 +286,18 @@ def _unravel(flat, shape):
     return index[::-1]
 
 
-def _mixing_read(w, geometry, masking, mixing):
-    """Which entries of a dense w the masking reads (``b <= i`` when masked), or None for all."""
-    if mixing == "toeplitz" or masking == "none":
-        return None
-    m = geometry.num_blocks
-    return torch.ones(m, m, dtype=torch.bool, device=w.device).tril()
+def check_w(q, k, v, w, geometry, masking, feature_map, normalize, eps, scale, mixing, function):
+    """Refuses w's values as the C++ entry point ``function`` refuses them (``_finite_results``;
+    returns its deferred check, for ``check_results``' ``mixing``)."""
+    shapes = [list(t.shape) for t in (q, k, v, w)]  # not the tensors: a deferred report outlives them
+
+    def validate(values):
+        options = _core.Options(_unpickle.layout(geometry.rank, geometry.grid, geometry.tile), masking=masking,
+                                feature_map=feature_map, normalize=normalize, eps=eps, scale=scale, mixing=mixing)
+        values = values.to(torch.float64 if values.dtype == torch.float64 else torch.float32).contiguous()
+        _core._check_call(*shapes, values, options, function)
+
+    return _finite_results.check_mixing(w, validate)
 
 
 def mhla_attention(q, k, v, w, layout, *, masking="none", feature_map="elu1", normalize=True, eps=1e-6,
@@ -252,15 +311,7 @@ def mhla_attention(q, k, v, w, layout, *, masking="none", feature_map="elu1", no
     q, k, v, w, finish = _finite_results.watch(
         q, k, v, w, non_finite_message(backward, feature_map, normalize, eps, q.shape[-1], q.dtype))
 
-    shapes = [list(t.shape) for t in (q, k, v, w)]  # not the tensors: a deferred report outlives them
-
-    def validate(values):
-        options = _core.Options(_unpickle.layout(geometry.rank, geometry.grid, geometry.tile), masking=masking,
-                                feature_map=feature_map, normalize=normalize, eps=eps, scale=scale, mixing=mixing)
-        values = values.to(torch.float64 if values.dtype == torch.float64 else torch.float32).contiguous()
-        _core._check_call(*shapes, values, options, function)
-
-    _finite_results.check_mixing(w, _mixing_read(w, geometry, masking, mixing), normalize, validate)
+    mixing_check = check_w(q, k, v, w, geometry, masking, feature_map, normalize, eps, scale, mixing, function)
     inputs = dict(q=q, k=k, v=v)
     dtype = q.dtype
     compute = compute_dtype(dtype, q.device)
@@ -277,43 +328,39 @@ def mhla_attention(q, k, v, w, layout, *, masking="none", feature_map="elu1", no
     values = group(v, geometry)
     # S_b = phi(K_b)^T V_b [B, M, H, Dk, Dv] and z_b = sum phi(K_b) [B, M, H, Dk], each mixed.
     summaries = phi_k.transpose(-1, -2) @ values
-    mix = _mix_toeplitz if mixing == "toeplitz" else _mix_dense
-    mixed = mix(summaries.flatten(3), w, masking).view_as(summaries)
-    mixed_sums = mix(phi_k.sum(3, dtype=wide), w, masking)
+    mixed = mix(summaries.flatten(3), w, masking, mixing).view_as(summaries)
+    mixed_sums = mix(phi_k.sum(3, dtype=wide), w, masking, mixing)
     y = phi_q @ mixed  # [B, M, H, C, Dv]
     den = (phi_q @ mixed_sums.to(compute).unsqueeze(-1)).squeeze(-1)  # [B, M, H, C]
     if masking == "causal":
         # W[i, i] sum_{j in i, j <= t} phi(q_t) . phi(k_j) [v_j | 1], in [C, C] scores per block.
         scores = phi_q @ phi_k.transpose(-1, -2)  # [B, M, H, C, C]
-        diagonal = _diagonal(w, mixing, m)  # [M] or [H, M]
-        diagonal = diagonal.view(1, m, 1, 1, 1) if diagonal.dim() == 1 else diagonal.t().reshape(1, m, heads, 1, 1)
-        triangle = torch.ones(size, size, dtype=torch.bool, device=q.device).tril()
-        scores = scores * (triangle * diagonal).to(compute)
+        scores = scores * (triangle(size, q.device) * block_diagonal(diagonal(w, mixing, m), m, heads)).to(compute)
         y = y + scores @ values
         den = den.to(wide) + scores.sum(-1, dtype=wide)
-    flag = None
+    denominators = ()
     if normalize:
         if valid is not None:  # padding rows divide by at least 1: no 0 / 0 reaches a gradient
             den = den + (~valid).view(1, m, 1, size).to(den.dtype)
         # One rounding of den + eps to the products' dtype (a bfloat16 den adds eps in float32).
         divisor = (den + eps).to(compute).unsqueeze(-1)
         o = y / divisor
-        flag = read_out_flag(divisor)
+        denominators = read_out_denominators(divisor)
     else:
         o = (scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])) * y
     o = ungroup(o, geometry).to(dtype)
     _finite_results.check_results(
         {"o": o}, inputs, non_finite_message(function, feature_map, normalize, eps, q.shape[-1], dtype),
-        denominator=flag, earlier=False,
+        denominator=denominators, earlier=False, mixing=mixing_check,
         denominator_entry=(lambda: read_out_entry(ungroup(y * divisor.reciprocal(), geometry))) if normalize else None)
     return finish(o)
 
 
-def read_out_flag(divisor):
-    """Finite exactly where the C++ read-out, ``y * (1 / divisor)``, can be: not where the divisor
-    is infinite or NaN, zero, or so small that its reciprocal overflows (a subnormal
-    denominator, whose products have lost their precision)."""
-    return divisor * divisor.reciprocal()
+def read_out_denominators(divisor, reciprocal=None):
+    """Tensors finite exactly where the C++ read-out, ``y * (1 / divisor)``, can be: the divisor
+    and its reciprocal (not where the divisor is infinite or NaN, zero, or so small that its
+    reciprocal overflows: a subnormal denominator, whose products have lost their precision)."""
+    return divisor, divisor.reciprocal() if reciprocal is None else reciprocal
 
 
 def read_out_entry(o):
@@ -337,45 +384,10 @@ def keywords(options):
     return names
 
 
-def varlen_attention(q, k, v, w, cu_seqlens, *, block, mixing=None, masking=None, feature_map=None, normalize=None,
-                     eps=None, scale=None):
-    """``mhla.torch.varlen_attention`` in torch ops: ``cu_seqlens`` a list of offsets, options
-    left None the operator's defaults. Each sequence is an ordinary call: its own layout, the
-    corner of a dense w it reads, its checks."""
-    options = dict(masking=masking, feature_map=feature_map, normalize=normalize, eps=eps, scale=scale)
-    _core._check_varlen_call(*(list(t.shape) for t in (q, k, v, w)), cu_seqlens, block=block, mixing=mixing,
-                             **options)
-    mixing = "dense" if mixing is None else mixing
-
-    def sequence(a, b):
-        layout = _core.Layout.sequence(b - a, block)
-        corner = w if mixing == "toeplitz" else w[..., :layout.num_blocks, :layout.num_blocks]
-        q_s, k_s, v_s = q[:, a:b], k[:, a:b], v[:, a:b]
-        call = _core.Options(layout, mixing=mixing, **options)
-        check_call(q_s, k_s, v_s, corner, call)
-        return mhla_attention(q_s, k_s, v_s, corner, layout, **keywords(call))
-
-    return torch.cat([sequence(a, b) for a, b in zip(cu_seqlens[:-1], cu_seqlens[1:]) if b > a], dim=1)
-
-
 def check_call(q, k, v, w, options, function="mhla::forward"):
     """The operator's named errors for this call's shapes and options (``_contract`` has checked
     the tensors' types, devices and dtypes; ``mhla_attention`` checks w's values)."""
     _core._check_call(list(q.shape), list(k.shape), list(v.shape), list(w.shape), None, options, function)
-
-
-def linear_attention(q, k, v, *, masking="none", feature_map="elu1", normalize=True, eps=1e-6, scale=None,
-                     chunk=64, function="mhla::linear_attention_forward"):
-    """Linear attention (one global summary) in torch ops: MHLA with one block, or causal in chunks
-    of ``chunk`` tokens with every weight 1 (Toeplitz w = [1])."""
-    n = q.shape[1]
-    one = torch.ones(1, dtype=torch.float32, device=q.device)
-    if masking == "causal":
-        layout = _core.Layout.sequence(n, min(chunk, n))
-        return mhla_attention(q, k, v, one, layout, masking="causal", feature_map=feature_map,
-                              normalize=normalize, eps=eps, scale=scale, mixing="toeplitz", function=function)
-    return mhla_attention(q, k, v, one.view(1, 1), _core.Layout.sequence(n, n), feature_map=feature_map,
-                          normalize=normalize, eps=eps, scale=scale, function=function)
 
 
 def softmax_attention(q, k, v, *, causal=False, scale=None, chunk=1024, fused=True):

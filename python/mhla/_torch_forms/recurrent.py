@@ -12,7 +12,7 @@ import math
 import torch
 
 from .. import _core, _finite_results
-from . import chunk
+from . import chunk, lean
 
 
 class TorchDecoder:
@@ -140,7 +140,7 @@ class TorchDecoder:
         _finite_results.check_results(
             {"o": o}, dict(q=q, k=k, v=v),
             lambda *args: base(*args) + " (the token was added to the state; reset the sequence)",
-            denominator=chunk.read_out_flag(divisor) if normalize else None,
+            denominator=chunk.read_out_denominators(divisor) if normalize else (),
             denominator_entry=(lambda: chunk.read_out_entry((y[..., :dv] * divisor.reciprocal()).unsqueeze(1)))
             if normalize else None)
         return o.to(q.dtype)
@@ -159,7 +159,7 @@ class TorchDecoder:
         layout = _core.Layout.sequence(n, c)
         m = layout.num_blocks
         w = self.w if self.toeplitz else self.w[..., :m, :m]
-        o = chunk.mhla_attention(q, k, v, w, layout, masking="causal", feature_map=self.feature_map,
+        o = lean.mhla_attention(q, k, v, w, layout, masking="causal", feature_map=self.feature_map,
                                  normalize=self.options.normalize, eps=self.options.eps, scale=self.options.scale,
                                  mixing=self.options.mixing.name, function="mhla::Decoder::prefill")
         # The state: each block's summary, the last (maybe partial) one running.
