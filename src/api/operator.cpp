@@ -63,7 +63,7 @@ TensorView<const float> widened(const backend::Backend& device, const TensorView
                                 Scratch slot) {
   const int64_t n = elements(x);
   float* dst = backend::scratch<float>(device.memory(), slot, size_t(n));
-  device.memory().widen(x.data, n, dst);
+  backend::convert(device.memory(), x.data, n, dst);
   return {dst, x.shape, x.device};
 }
 
@@ -74,11 +74,11 @@ template <typename H>
 void narrowed(const char* fn, const char* name, const backend::Backend& device,
               const TensorView<float>& from, const TensorView<H>& to, const char* remedy) {
   if constexpr (std::is_same_v<H, float16>) {
-    if (device.memory().narrow(from.data, elements(to), to.data)) return;
+    if (backend::convert(device.memory(), from.data, elements(to), to.data)) return;
     const detail::HostCopy host(TensorView<const float>{from.data, from.shape, from.device});
     detail::check_float16_range(fn, {name, host.data(), from.shape}, remedy);
   } else {
-    device.memory().narrow(from.data, elements(to), to.data);
+    backend::convert(device.memory(), from.data, elements(to), to.data);
   }
 }
 
@@ -92,7 +92,7 @@ void run_backward(const char* fn, const detail::Problem& p, const backend::Backe
                   const TensorView<T>& grad_v, const TensorView<T>& grad_w,
                   const T* saved_summaries, const T* saved_mixed) {
   // The kernels add to grad_w.
-  device.memory().zero(grad_w.data, elements(grad_w));
+  backend::zero(device.memory(), grad_w.data, elements(grad_w));
   const bool finite =
       device.attention(p, w.data)->backward(q.data, k.data, v.data, grad_o.data, grad_q.data,
                                             grad_k.data, grad_v.data, grad_w.data, saved_summaries,
@@ -206,7 +206,7 @@ void backward_call(const Options& options, const TensorView<const X>& q,
     // The 16-bit kernels read and write the tensors in place. A flag of
     // non-finite results is checked, and reported, by the float path below.
     if (const auto kernels = device.half_attention(p, w.data, X{})) {
-      device.memory().zero(grad_w.data, elements(grad_w));
+      backend::zero(device.memory(), grad_w.data, elements(grad_w));
       if (kernels->backward(q.data, k.data, v.data, grad_o.data, grad_q.data, grad_k.data,
                             grad_v.data, grad_w.data, summaries, mixed) &&
           (p.checks_on_device ||

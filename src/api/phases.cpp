@@ -198,8 +198,8 @@ void block_summaries_backward(const Options& options, TensorView<const T> k, Ten
   T* dk = gradient_scratch<T>(device, Scratch::token_grad_k, nk);
   T* dv = gradient_scratch<T>(device, Scratch::token_grad_v, nv);
   unmixed<T>(device, p)->key_value_gradients(k.data, v.data, grad_summaries.data, dk, dv);
-  device.memory().add(dk, nk, grad_k.data);
-  device.memory().add(dv, nv, grad_v.data);
+  backend::add(device.memory(), dk, nk, grad_k.data);
+  backend::add(device.memory(), dv, nv, grad_v.data);
 }
 
 template <typename T>
@@ -217,7 +217,7 @@ void mix_summaries_backward(const Options& options, TensorView<const T> w,
   T* ds = gradient_scratch<T>(device, Scratch::summaries_grad, n);
   // Adds to grad_w; the causal in-block dW[i, i] is read_out_backward's.
   device.attention(p, w.data)->mix_backward(grad_mixed.data, summaries.data, ds, grad_w.data);
-  device.memory().add(ds, n, grad_summaries.data);
+  backend::add(device.memory(), ds, n, grad_summaries.data);
 }
 
 template <typename T>
@@ -245,11 +245,11 @@ void read_out_backward(const Options& options, TensorView<const T> q, TensorView
   // The causal in-block dW[i, i] is added to grad_w directly.
   const bool finite = device.attention(p, w.data)->output_gradients(
       q.data, k.data, v.data, grad_o.data, mixed.data, dmixed, dq, dk, dv, grad_w.data);
-  device.memory().add(dq, nq, grad_q.data);
-  device.memory().add(dmixed, nmixed, grad_mixed.data);
+  backend::add(device.memory(), dq, nq, grad_q.data);
+  backend::add(device.memory(), dmixed, nmixed, grad_mixed.data);
   if (p.causal) {
-    device.memory().add(dk, nq, grad_k.data);
-    device.memory().add(dv, nv, grad_v.data);
+    backend::add(device.memory(), dk, nq, grad_k.data);
+    backend::add(device.memory(), dv, nv, grad_v.data);
   }
   if (!finite)
     detail::report_non_finite_gradients(fn, p, q, k, v, o, grad_o, grad_q, grad_k, grad_v);
@@ -291,8 +291,9 @@ void forward_piece(const Options& options, TensorView<const T> q, TensorView<con
   kernels->summaries(k.data, v.data, piece);
   for (int64_t bh = 0; bh < slices; ++bh) {
     T* dst = state_out.data + bh * total * x;
-    if (before > 0) device.memory().copy(state_in.data + bh * before * x, before * x, dst);
-    device.memory().copy(piece + bh * m * x, m * x, dst + before * x);
+    if (before > 0)
+      backend::convert(device.memory(), state_in.data + bh * before * x, before * x, dst);
+    backend::convert(device.memory(), piece + bh * m * x, m * x, dst + before * x);
   }
   T* mixed = gradient_scratch<T>(device, Scratch::mixed, slices * m * x);
   kernels->mix(state_out.data, mixed);

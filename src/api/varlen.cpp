@@ -141,8 +141,8 @@ void check_varlen_shapes(const VarlenOptions& options, const std::vector<int64_t
   const int64_t no_offsets = 0;
   const TensorView<const int64_t> cu(cu_seqlens.empty() ? &no_offsets : cu_seqlens.data(),
                                      {int64_t(cu_seqlens.size())});
-  check_packing_layout<float>("mhla::varlen_forward", options, cu, {&marker, q_shape}, {&marker, k_shape},
-                              {&marker, v_shape}, {&marker, w_shape});
+  check_packing_layout<float>("mhla::varlen_forward", options, cu, {&marker, q_shape},
+                              {&marker, k_shape}, {&marker, v_shape}, {&marker, w_shape});
 }
 
 }  // namespace detail
@@ -178,9 +178,8 @@ void varlen_backward(const VarlenOptions& options, TensorView<const int64_t> cu_
   detail::check_gradients(fn, p.problem, grad_o, grad_q, grad_k, grad_v);
   detail::check_output(fn, "grad_w", grad_w, w.shape);
   // Every sequence adds its part of grad_w, in order, so the sum is deterministic.
-  backend::backend_for(fn, "grad_w", grad_w.device)
-      .memory()
-      .zero(grad_w.data, detail::checked_product(w.shape, "w"));
+  backend::zero(backend::backend_for(fn, "grad_w", grad_w.device).memory(), grad_w.data,
+                detail::checked_product(w.shape, "w"));
   for_each_sequence(fn, p, options, q, w,
                     [&](int64_t s, const detail::Problem& seq, const backend::Attention<T>& kernels,
                         const auto& seq_rows) {

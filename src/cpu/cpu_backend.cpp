@@ -8,6 +8,7 @@
 #include <cstring>
 #include <memory>
 #include <new>
+#include <stdexcept>
 
 #include "backend/backend.hpp"
 #include "cpu/bf16_backward.hpp"
@@ -158,38 +159,48 @@ class CpuMemory final : public backend::Memory {
     return {::operator new(bytes, line), [](void* p) { ::operator delete(p, line); }};
   }
 
-  void add(const float* from, int64_t n, float* to) const override { add_to(from, n, to); }
-  void add(const double* from, int64_t n, double* to) const override { add_to(from, n, to); }
-  void copy(const float* from, int64_t n, float* to) const override {
-    std::copy(from, from + n, to);
-  }
-  void copy(const double* from, int64_t n, double* to) const override {
-    std::copy(from, from + n, to);
-  }
-  void zero(float* to, int64_t n) const override { std::fill(to, to + n, 0.0f); }
-  void zero(double* to, int64_t n) const override { std::fill(to, to + n, 0.0); }
-  void widen(const bfloat16* from, int64_t n, float* to) const override {
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) to[i] = to_float(from[i]);
-  }
-  void narrow(const float* from, int64_t n, bfloat16* to) const override {
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) to[i] = to_bfloat16(from[i]);
-  }
-  void widen(const float16* from, int64_t n, float* to) const override {
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) to[i] = to_float(from[i]);
-  }
-  bool narrow(const float* from, int64_t n, float16* to) const override {
-    uint32_t overflowed = 0;
-#pragma omp parallel for simd schedule(static) reduction(| : overflowed)
-    for (int64_t i = 0; i < n; ++i) {
-      to[i] = to_float16(from[i]);
-      // Infinite now (all exponent bits) but finite before.
-      overflowed |= uint32_t((to[i].bits & 0x7c00u) == 0x7c00u) &
-                    uint32_t((std::bit_cast<uint32_t>(from[i]) & 0x7f800000u) != 0x7f800000u);
+  bool elementwise(const backend::Elementwise& pass) const override {
+    using backend::Element;
+    using Kind = backend::Elementwise::Kind;
+    const int64_t n = pass.n;
+    const Element from = pass.from_type, to = pass.to_type;
+    if (pass.kind == Kind::zero || (pass.kind == Kind::copy && from == to)) {
+      const size_t bytes = size_t(n) * backend::element_bytes(to);
+      if (pass.kind == Kind::zero) {
+        std::memset(pass.to, 0, bytes);  // +0.0 in every element type
+      } else {
+        std::memcpy(pass.to, pass.from, bytes);
+      }
+      return true;
     }
-    return overflowed == 0;
+    if (pass.kind == Kind::add && from == to && from == Element::float32) {
+      add_to(static_cast<const float*>(pass.from), n, static_cast<float*>(pass.to));
+      return true;
+    }
+    if (pass.kind == Kind::add && from == to && from == Element::float64) {
+      add_to(static_cast<const double*>(pass.from), n, static_cast<double*>(pass.to));
+      return true;
+    }
+    if (pass.kind == Kind::copy && to == Element::float32 && from == Element::bfloat16) {
+      widen(static_cast<const bfloat16*>(pass.from), n, static_cast<float*>(pass.to));
+      return true;
+    }
+    if (pass.kind == Kind::copy && to == Element::float32 && from == Element::float16) {
+      widen(static_cast<const float16*>(pass.from), n, static_cast<float*>(pass.to));
+      return true;
+    }
+    if (pass.kind == Kind::copy && from == Element::float32 && to == Element::bfloat16) {
+      const float* src = static_cast<const float*>(pass.from);
+      bfloat16* dst = static_cast<bfloat16*>(pass.to);
+#pragma omp parallel for simd schedule(static)
+      for (int64_t i = 0; i < n; ++i) dst[i] = to_bfloat16(src[i]);
+      return true;
+    }
+    if (pass.kind == Kind::copy && from == Element::float32 && to == Element::float16) {
+      return narrow_to_float16(static_cast<const float*>(pass.from), n,
+                               static_cast<float16*>(pass.to));
+    }
+    throw std::logic_error("mhla: an element-wise pass the CPU backend does not define");
   }
   void to_host(const void* from, size_t bytes, void* to) const override {
     std::memcpy(to, from, bytes);
@@ -199,6 +210,22 @@ class CpuMemory final : public backend::Memory {
   template <typename T>
   static void add_to(const T* from, int64_t n, T* to) {
     for (int64_t i = 0; i < n; ++i) to[i] += from[i];
+  }
+  template <typename H>
+  static void widen(const H* from, int64_t n, float* to) {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) to[i] = to_float(from[i]);
+  }
+  static bool narrow_to_float16(const float* from, int64_t n, float16* to) {
+    uint32_t overflowed = 0;
+#pragma omp parallel for simd schedule(static) reduction(| : overflowed)
+    for (int64_t i = 0; i < n; ++i) {
+      to[i] = to_float16(from[i]);
+      // Infinite now (all exponent bits) but finite before.
+      overflowed |= uint32_t((to[i].bits & 0x7c00u) == 0x7c00u) &
+                    uint32_t((std::bit_cast<uint32_t>(from[i]) & 0x7f800000u) != 0x7f800000u);
+    }
+    return overflowed == 0;
   }
 };
 

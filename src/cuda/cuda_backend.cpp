@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -449,37 +450,58 @@ class CudaMemory final : public backend::Memory {
     block_arrays.clear();
   }
 
-  void add(const float* from, int64_t n, float* to) const override {
-    cuda::add(from, n, to, current_stream());
-  }
-  void add(const double* from, int64_t n, double* to) const override {
-    cuda::add(from, n, to, current_stream());
-  }
-  void copy(const float* from, int64_t n, float* to) const override { copy_bytes(from, n, to); }
-  void copy(const double* from, int64_t n, double* to) const override { copy_bytes(from, n, to); }
-  void zero(float* to, int64_t n) const override { zero_bytes(to, n); }
-  void zero(double* to, int64_t n) const override { zero_bytes(to, n); }
-  void widen(const bfloat16* from, int64_t n, float* to) const override {
-    cuda::widen(reinterpret_cast<const uint16_t*>(from), n, to, current_stream());
-  }
-  void narrow(const float* from, int64_t n, bfloat16* to) const override {
-    cuda::narrow(from, n, reinterpret_cast<uint16_t*>(to), current_stream());
-  }
-  void widen(const float16* from, int64_t n, float* to) const override {
-    cuda::widen_f16(reinterpret_cast<const uint16_t*>(from), n, to, current_stream());
-  }
-  // One flag read back a call: the float16 path past the tensor-core kernels
-  // waits for it, as a sync call waits for its checks; a call being captured
-  // into a graph leaves it unread, as it leaves its other checks.
-  bool narrow(const float* from, int64_t n, float16* to) const override {
+  // A narrowing to float16 reads one flag back a call: the float16 path past
+  // the tensor-core kernels waits for it, as a sync call waits for its
+  // checks; a call being captured into a graph leaves it unread, as it leaves
+  // its other checks.
+  bool elementwise(const backend::Elementwise& pass) const override {
+    using backend::Element;
+    using Kind = backend::Elementwise::Kind;
     const cudaStream_t stream = current_stream();
-    int* flag = static_cast<int*>(scratch(Scratch::range_flag, sizeof(int)));
-    check(cudaMemsetAsync(flag, 0, sizeof(int), stream), "cudaMemsetAsync");
-    cuda::narrow_f16(from, n, reinterpret_cast<uint16_t*>(to), flag, stream);
-    if (capturing(stream)) return true;
-    int overflowed = 0;
-    to_host(flag, sizeof(int), &overflowed);
-    return overflowed == 0;
+    const int64_t n = pass.n;
+    const Element from = pass.from_type, to = pass.to_type;
+    const size_t bytes = size_t(n) * backend::element_bytes(to);
+    if (pass.kind == Kind::zero) {
+      check(cudaMemsetAsync(pass.to, 0, bytes, stream), "cudaMemsetAsync");
+      return true;
+    }
+    if (pass.kind == Kind::copy && from == to) {
+      check(cudaMemcpyAsync(pass.to, pass.from, bytes, cudaMemcpyDeviceToDevice, stream),
+            "cudaMemcpyAsync (device to device)");
+      return true;
+    }
+    if (pass.kind == Kind::add && from == to && from == Element::float32) {
+      cuda::add(static_cast<const float*>(pass.from), n, static_cast<float*>(pass.to), stream);
+      return true;
+    }
+    if (pass.kind == Kind::add && from == to && from == Element::float64) {
+      cuda::add(static_cast<const double*>(pass.from), n, static_cast<double*>(pass.to), stream);
+      return true;
+    }
+    const auto* half_from = static_cast<const uint16_t*>(pass.from);
+    auto* half_to = static_cast<uint16_t*>(pass.to);
+    if (pass.kind == Kind::copy && to == Element::float32 && from == Element::bfloat16) {
+      cuda::widen(half_from, n, static_cast<float*>(pass.to), stream);
+      return true;
+    }
+    if (pass.kind == Kind::copy && to == Element::float32 && from == Element::float16) {
+      cuda::widen_f16(half_from, n, static_cast<float*>(pass.to), stream);
+      return true;
+    }
+    if (pass.kind == Kind::copy && from == Element::float32 && to == Element::bfloat16) {
+      cuda::narrow(static_cast<const float*>(pass.from), n, half_to, stream);
+      return true;
+    }
+    if (pass.kind == Kind::copy && from == Element::float32 && to == Element::float16) {
+      int* flag = static_cast<int*>(scratch(Scratch::range_flag, sizeof(int)));
+      check(cudaMemsetAsync(flag, 0, sizeof(int), stream), "cudaMemsetAsync");
+      cuda::narrow_f16(static_cast<const float*>(pass.from), n, half_to, flag, stream);
+      if (capturing(stream)) return true;
+      int overflowed = 0;
+      to_host(flag, sizeof(int), &overflowed);
+      return overflowed == 0;
+    }
+    throw std::logic_error("mhla: an element-wise pass the CUDA backend does not define");
   }
   // In the order of the calls' stream, which may not wait for the legacy one.
   void to_host(const void* from, size_t bytes, void* to) const override {
@@ -487,18 +509,6 @@ class CudaMemory final : public backend::Memory {
     check(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToHost, stream),
           "cudaMemcpyAsync (device to host)");
     check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-  }
-
- private:
-  template <typename T>
-  static void copy_bytes(const T* from, int64_t n, T* to) {
-    check(cudaMemcpyAsync(to, from, size_t(n) * sizeof(T), cudaMemcpyDeviceToDevice,
-                          current_stream()),
-          "cudaMemcpyAsync (device to device)");
-  }
-  template <typename T>
-  static void zero_bytes(T* to, int64_t n) {
-    check(cudaMemsetAsync(to, 0, size_t(n) * sizeof(T), current_stream()), "cudaMemsetAsync");
   }
 };
 
