@@ -6,12 +6,13 @@
 #include <cmath>
 
 #include "api/decoder_checks.hpp"
-#include "api/decoder_kernels.hpp"
+#include "backend/backend.hpp"
 #include "core/allocation.hpp"
 #include "core/feature_map.hpp"
 #include "core/finite_results.hpp"
 #include "core/validate.hpp"
 #include "core/validated_call.hpp"
+#include "cpu/simd/decode_token.hpp"
 
 namespace mhla {
 namespace {
@@ -33,7 +34,7 @@ Decoder::Decoder(const DecoderOptions& options, TensorView<const float> w)
       mixing_(detail::check_decoder(kConstructor, options, w.shape, w.data, w.device)),
       window_(std::max<int64_t>(mixing_.length, 1) - 1) {
   const char* fn = kConstructor;
-  summary_floats_ = detail::decode_state(fn, options)->floats();
+  summary_floats_ = cpu::simd::StateLayout(options.dk, options.dv).floats;
   const size_t summary = size_t(summary_floats_);
   const double state_bytes =
       double(options.batch) * double(options.heads) *
@@ -179,16 +180,16 @@ void Decoder::prefill(int64_t seq, TensorView<const float> q, TensorView<const f
     detail::report_non_finite_output(fn, p, q, k, v, o);
 
   // Blocks before the last are finished; the last one is the running block.
-  const auto state = detail::decode_state(fn, options_);
+  const cpu::simd::StateLayout stored_layout(options_.dk, options_.dv);
   Floats stored(static_cast<size_t>(summary_floats_));
   for (int64_t h = 0; h < heads; ++h) {
     HeadState& s = states_[seq * heads + h];
     const float* blocks = saved.data() + h * m * x;
     for (int64_t b = 0; b + 1 < m; ++b) {
-      state->store(blocks + b * x, stored.data());
+      stored_layout.store(blocks + b * x, stored.data());
       push_finished(s, stored.data());
     }
-    state->store(blocks + (m - 1) * x, s.running.data());
+    stored_layout.store(blocks + (m - 1) * x, s.running.data());
     mix_prefix(s, h, m - 1);
   }
   positions_[seq] = d.tokens;
@@ -204,7 +205,7 @@ void Decoder::step(TensorView<const float> q, TensorView<const float> k, TensorV
   detail::check_output(fn, "o", o, {batch, 1, heads, dv});
 
   const float eps = float(options_.eps), scale = float(mixing_.scale);
-  const auto state = detail::decode_state(fn, options_);
+  const cpu::simd::StateLayout stored_layout(dk, dv);
   bool finite = true;
 #pragma omp parallel for schedule(static) reduction(&& : finite)
   for (int64_t task = 0; task < batch * heads; ++task) {
@@ -233,8 +234,9 @@ void Decoder::step(TensorView<const float> q, TensorView<const float> k, TensorV
     });
     // running += phi(k_t) [v_t | 1]^T;  y = phi(q_t)^T (prefix + W[i,i] running)
     float* out = o.data + task * dv;
-    const float den = state->step(kap, v.data + task * dv, u, diagonal(h, block), s.prefix.data(),
-                                  s.running.data(), out);
+    const float den =
+        cpu::simd::decode_token(stored_layout, kap, v.data + task * dv, u, diagonal(h, block),
+                                s.prefix.data(), s.running.data(), out);
     const float factor = options_.normalize ? 1.0f / (den + eps) : scale;
     for (int64_t e = 0; e < dv; ++e) out[e] *= factor;
     finite = finite && std::isfinite(den) && detail::first_non_finite(out, dv) < 0;

@@ -6,7 +6,7 @@
 
 #include <cmath>
 
-#include "api/decoder_kernels.hpp"
+#include "cpu/simd/decode_token.hpp"
 #include "mhla/decoder.hpp"
 #include "mhla_support/byte_stream.hpp"
 #include "mhla_support/checked_math.hpp"
@@ -107,10 +107,10 @@ std::vector<uint8_t> Decoder::serialize() const {
   for (int64_t position : positions_) out.i64(position);
   // Summaries are stored as the operator's [Dk, Dv + 1], whatever layout the
   // step kernel keeps them in.
-  const auto state = detail::decode_state("mhla::Decoder::serialize", options_);
+  const cpu::simd::StateLayout layout(options_.dk, options_.dv);
   std::vector<float> summary(size_t(options_.dk * (options_.dv + 1)));
   const auto write = [&](const float* stored) {
-    state->load(stored, summary.data());
+    layout.load(stored, summary.data());
     out.floats(summary.data(), summary.size());
   };
   for (const HeadState& s : states_) {
@@ -193,12 +193,12 @@ Decoder Decoder::deserialize(std::span<const uint8_t> bytes,
     }
   }();
   const int64_t x = options.dk * (options.dv + 1);
-  const auto state = detail::decode_state("mhla::Decoder::deserialize", options);
+  const cpu::simd::StateLayout layout(options.dk, options.dv);
   const auto read_summaries = [&](int64_t count, const char* field, Floats& stored) {
     const std::vector<float> summaries = read_finite(in, count * x, field);
     stored.resize(size_t(count * decoder.summary_floats_));
     for (int64_t b = 0; b < count; ++b)
-      state->store(summaries.data() + b * x, stored.data() + b * decoder.summary_floats_);
+      layout.store(summaries.data() + b * x, stored.data() + b * decoder.summary_floats_);
   };
   for (int64_t b = 0; b < options.batch; ++b) {
     const int64_t position = in.i64("position");

@@ -1,14 +1,17 @@
-// The public phase functions: validate once, then run one phase on the
-// tensors' device. The backward phases compute into scratch and add, since the
-// backend's phases write their results (that is what the fused backward wants).
+// The public phase functions: validate once (CPU tensors only), then run one
+// phase on the CPU's kernels. The backward phases compute into scratch and
+// add, since the kernels' phases write their results (that is what the fused
+// backward wants).
 #include "mhla/phases.hpp"
 
+#include <algorithm>
 #include <vector>
 
 #include "backend/backend.hpp"
 #include "core/finite_results.hpp"
 #include "core/validate.hpp"
 #include "core/validated_call.hpp"
+#include "cpu/cpu_attention.hpp"
 
 namespace mhla {
 namespace {
@@ -130,20 +133,18 @@ Problem read_out_problem(const char* fn, const Options& options, const TensorVie
 
 // Gradients (and a piece's summaries) go through the calling thread's scratch: a fresh
 // array per call cost its zeroing and first-touch page faults every time.
+// The phases run on the CPU (their checks refuse other devices' memory), on
+// the CPU's kernels and scratch.
+const backend::Memory& cpu_memory() { return backend::cpu_backend().memory(); }
+
 template <typename T>
-T* gradient_scratch(const backend::Backend& device, Scratch slot, int64_t count) {
-  return backend::scratch<T>(device.memory(), slot, size_t(count));
+T* gradient_scratch(Scratch slot, int64_t count) {
+  return backend::scratch<T>(cpu_memory(), slot, size_t(count));
 }
 
 template <typename T>
 int64_t elements(const TensorView<T>& t, const char* name) {
   return detail::checked_product(t.shape, name);
-}
-
-// The kernels of a phase without W (summaries and their backward).
-template <typename T>
-std::unique_ptr<backend::Attention<T>> unmixed(const backend::Backend& device, const Problem& p) {
-  return device.attention(p, static_cast<const T*>(nullptr));
 }
 
 }  // namespace
@@ -155,7 +156,7 @@ void block_summaries(const Options& options, TensorView<const T> k, TensorView<c
   const ValidatedCall call(summaries_problem(fn, options, k, v), options.layout);
   const Problem& p = call.problem();
   detail::check_output(fn, "summaries", summaries, summary_shape(p, p.blocks));
-  unmixed<T>(backend::backend_for(fn, "k", k.device), p)->summaries(k.data, v.data, summaries.data);
+  cpu::CpuAttention<T>(p, nullptr).summaries(k.data, v.data, summaries.data);
 }
 
 template <typename T>
@@ -163,9 +164,7 @@ void mix_summaries(const Options& options, TensorView<const T> w, TensorView<con
                    TensorView<T> mixed, int64_t first_block) {
   const char* fn = "mhla::mix_summaries";
   const Problem p = mix_problem(fn, options, w, summaries, mixed.shape, mixed.data, first_block);
-  backend::backend_for(fn, "summaries", summaries.device)
-      .attention(p, w.data)
-      ->mix(summaries.data, mixed.data);
+  cpu::CpuAttention<T>(p, w.data).mix(summaries.data, mixed.data);
 }
 
 template <typename T>
@@ -177,9 +176,7 @@ void read_out(const Options& options, TensorView<const T> q, TensorView<const T>
                            options.layout);
   const Problem& p = call.problem();
   detail::check_output(fn, "o", o, detail::v_shape(p));
-  if (!backend::backend_for(fn, "q", q.device)
-           .attention(p, w.data)
-           ->outputs(q.data, k.data, v.data, mixed.data, o.data))
+  if (!cpu::CpuAttention<T>(p, w.data).outputs(q.data, k.data, v.data, mixed.data, o.data))
     detail::report_non_finite_output(fn, p, q, k, v, o);
 }
 
@@ -193,13 +190,12 @@ void block_summaries_backward(const Options& options, TensorView<const T> k, Ten
   detail::check_output(fn, "grad_summaries", grad_summaries, summary_shape(p, p.blocks));
   detail::check_output(fn, "grad_k", grad_k, detail::q_shape(p));
   detail::check_output(fn, "grad_v", grad_v, detail::v_shape(p));
-  const backend::Backend& device = backend::backend_for(fn, "k", k.device);
   const int64_t nk = elements(grad_k, "grad_k"), nv = elements(grad_v, "grad_v");
-  T* dk = gradient_scratch<T>(device, Scratch::token_grad_k, nk);
-  T* dv = gradient_scratch<T>(device, Scratch::token_grad_v, nv);
-  unmixed<T>(device, p)->key_value_gradients(k.data, v.data, grad_summaries.data, dk, dv);
-  backend::add(device.memory(), dk, nk, grad_k.data);
-  backend::add(device.memory(), dv, nv, grad_v.data);
+  T* dk = gradient_scratch<T>(Scratch::token_grad_k, nk);
+  T* dv = gradient_scratch<T>(Scratch::token_grad_v, nv);
+  cpu::CpuAttention<T>(p, nullptr).key_value_gradients(k.data, v.data, grad_summaries.data, dk, dv);
+  backend::add(cpu_memory(), dk, nk, grad_k.data);
+  backend::add(cpu_memory(), dv, nv, grad_v.data);
 }
 
 template <typename T>
@@ -212,12 +208,11 @@ void mix_summaries_backward(const Options& options, TensorView<const T> w,
       mix_problem(fn, options, w, summaries, grad_mixed.shape, grad_mixed.data, first_block);
   detail::check_output(fn, "grad_summaries", grad_summaries, summaries.shape);
   detail::check_output(fn, "grad_w", grad_w, w.shape);
-  const backend::Backend& device = backend::backend_for(fn, "summaries", summaries.device);
   const int64_t n = elements(summaries, "summaries");
-  T* ds = gradient_scratch<T>(device, Scratch::summaries_grad, n);
+  T* ds = gradient_scratch<T>(Scratch::summaries_grad, n);
   // Adds to grad_w; the causal in-block dW[i, i] is read_out_backward's.
-  device.attention(p, w.data)->mix_backward(grad_mixed.data, summaries.data, ds, grad_w.data);
-  backend::add(device.memory(), ds, n, grad_summaries.data);
+  cpu::CpuAttention<T>(p, w.data).mix_backward(grad_mixed.data, summaries.data, ds, grad_w.data);
+  backend::add(cpu_memory(), ds, n, grad_summaries.data);
 }
 
 template <typename T>
@@ -234,22 +229,21 @@ void read_out_backward(const Options& options, TensorView<const T> q, TensorView
   detail::check_gradients(fn, p, grad_o, grad_q, grad_k, grad_v);
   detail::check_output(fn, "grad_mixed", grad_mixed, mixed.shape);
   detail::check_output(fn, "grad_w", grad_w, w.shape);
-  const backend::Backend& device = backend::backend_for(fn, "q", q.device);
-  // The backend writes the gradients here; they are then added to the caller's.
+  // The kernels write the gradients here; they are then added to the caller's.
   const int64_t nmixed = elements(mixed, "mixed"), nq = elements(grad_q, "grad_q"),
                 nv = elements(grad_v, "grad_v");
-  T* dmixed = gradient_scratch<T>(device, Scratch::summaries_grad, nmixed);
-  T* dq = gradient_scratch<T>(device, Scratch::token_grad_q, nq);
-  T* dk = p.causal ? gradient_scratch<T>(device, Scratch::token_grad_k, nq) : nullptr;
-  T* dv = p.causal ? gradient_scratch<T>(device, Scratch::token_grad_v, nv) : nullptr;
+  T* dmixed = gradient_scratch<T>(Scratch::summaries_grad, nmixed);
+  T* dq = gradient_scratch<T>(Scratch::token_grad_q, nq);
+  T* dk = p.causal ? gradient_scratch<T>(Scratch::token_grad_k, nq) : nullptr;
+  T* dv = p.causal ? gradient_scratch<T>(Scratch::token_grad_v, nv) : nullptr;
   // The causal in-block dW[i, i] is added to grad_w directly.
-  const bool finite = device.attention(p, w.data)->output_gradients(
+  const bool finite = cpu::CpuAttention<T>(p, w.data).output_gradients(
       q.data, k.data, v.data, grad_o.data, mixed.data, dmixed, dq, dk, dv, grad_w.data);
-  backend::add(device.memory(), dq, nq, grad_q.data);
-  backend::add(device.memory(), dmixed, nmixed, grad_mixed.data);
+  backend::add(cpu_memory(), dq, nq, grad_q.data);
+  backend::add(cpu_memory(), dmixed, nmixed, grad_mixed.data);
   if (p.causal) {
-    backend::add(device.memory(), dk, nq, grad_k.data);
-    backend::add(device.memory(), dv, nv, grad_v.data);
+    backend::add(cpu_memory(), dk, nq, grad_k.data);
+    backend::add(cpu_memory(), dv, nv, grad_v.data);
   }
   if (!finite)
     detail::report_non_finite_gradients(fn, p, q, k, v, o, grad_o, grad_q, grad_k, grad_v);
@@ -284,20 +278,18 @@ void forward_piece(const Options& options, TensorView<const T> q, TensorView<con
   const Problem& p = call.problem();
 
   // state_out = state_in followed by the piece's summaries, per (batch, head).
-  const backend::Backend& device = backend::backend_for(fn, "q", q.device);
-  const auto kernels = device.attention(p, w.data);
+  const cpu::CpuAttention<T> kernels(p, w.data);
   const int64_t x = dims.dk * (dims.dv + 1), slices = dims.batch * dims.heads;
-  T* piece = gradient_scratch<T>(device, Scratch::summaries, slices * m * x);
-  kernels->summaries(k.data, v.data, piece);
+  T* piece = gradient_scratch<T>(Scratch::summaries, slices * m * x);
+  kernels.summaries(k.data, v.data, piece);
   for (int64_t bh = 0; bh < slices; ++bh) {
     T* dst = state_out.data + bh * total * x;
-    if (before > 0)
-      backend::convert(device.memory(), state_in.data + bh * before * x, before * x, dst);
-    backend::convert(device.memory(), piece + bh * m * x, m * x, dst + before * x);
+    if (before > 0) std::copy_n(state_in.data + bh * before * x, before * x, dst);
+    std::copy_n(piece + bh * m * x, m * x, dst + before * x);
   }
-  T* mixed = gradient_scratch<T>(device, Scratch::mixed, slices * m * x);
-  kernels->mix(state_out.data, mixed);
-  if (!kernels->outputs(q.data, k.data, v.data, mixed, o.data))
+  T* mixed = gradient_scratch<T>(Scratch::mixed, slices * m * x);
+  kernels.mix(state_out.data, mixed);
+  if (!kernels.outputs(q.data, k.data, v.data, mixed, o.data))
     detail::report_non_finite_output(fn, p, q, k, v, o);
 }
 

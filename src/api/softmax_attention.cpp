@@ -1,19 +1,19 @@
-// The softmax baseline's entry points: validate once, then run the kernel of
-// the tensors' device.
+// The softmax baseline's entry points: validate once (CPU tensors only),
+// then run the CPU's tiled kernel.
 #include <cmath>
 
-#include "backend/backend.hpp"
 #include "core/finite_results.hpp"
 #include "core/validate.hpp"
+#include "cpu/softmax_kernel.hpp"
 #include "mhla/baselines.hpp"
 
 namespace mhla {
 namespace {
 
 template <typename T>
-backend::SoftmaxProblem validate(const char* fn, const SoftmaxOptions& options,
-                                 const TensorView<const T>& q, const TensorView<const T>& k,
-                                 const TensorView<const T>& v) {
+cpu::SoftmaxProblem validate(const char* fn, const SoftmaxOptions& options,
+                             const TensorView<const T>& q, const TensorView<const T>& k,
+                             const TensorView<const T>& v) {
   const detail::AttentionDims d = detail::check_qkv(fn, q, k, v);
   const double scale = options.scale.value_or(1.0 / std::sqrt(double(d.dk)));
   if (!std::isfinite(scale)) detail::fail(fn, "options.scale must be finite");
@@ -24,7 +24,7 @@ backend::SoftmaxProblem validate(const char* fn, const SoftmaxOptions& options,
 // (softmax_overflow_message); the results are scanned on the host, a pass as
 // large as v's against the kernel's N^2 products.
 template <typename T>
-void check_finite_results(const char* fn, const backend::SoftmaxProblem& x,
+void check_finite_results(const char* fn, const cpu::SoftmaxProblem& x,
                           const TensorView<const T>& q, const TensorView<const T>& k,
                           const TensorView<const T>& v, const TensorView<T>& o,
                           const TensorView<T>& lse) {
@@ -48,11 +48,10 @@ void softmax_attention_forward(const SoftmaxOptions& options, TensorView<const T
                                TensorView<const T> k, TensorView<const T> v, TensorView<T> o,
                                TensorView<T> lse) {
   const char* fn = "mhla::softmax_attention_forward";
-  const backend::SoftmaxProblem x = validate(fn, options, q, k, v);
+  const cpu::SoftmaxProblem x = validate(fn, options, q, k, v);
   detail::check_output(fn, "o", o, detail::v_shape(x.d));
   detail::check_output(fn, "lse", lse, {x.d.batch, x.d.heads, x.d.tokens});
-  backend::backend_for(fn, "q", q.device)
-      .softmax_forward(x, q.data, k.data, v.data, o.data, lse.data);
+  cpu::softmax_forward(x, q.data, k.data, v.data, o.data, lse.data);
   check_finite_results(fn, x, q, k, v, o, lse);
 }
 
@@ -62,12 +61,11 @@ void softmax_attention_backward(const SoftmaxOptions& options, TensorView<const 
                                 TensorView<const T> lse, TensorView<const T> grad_o,
                                 TensorView<T> grad_q, TensorView<T> grad_k, TensorView<T> grad_v) {
   const char* fn = "mhla::softmax_attention_backward";
-  const backend::SoftmaxProblem x = validate(fn, options, q, k, v);
+  const cpu::SoftmaxProblem x = validate(fn, options, q, k, v);
   detail::check_output(fn, "o", o, detail::v_shape(x.d));
   detail::check_output(fn, "lse", lse, {x.d.batch, x.d.heads, x.d.tokens});
   detail::check_gradients(fn, x.d, grad_o, grad_q, grad_k, grad_v);
-  backend::backend_for(fn, "q", q.device)
-      .softmax_backward(x, q.data, k.data, v.data, o.data, lse.data, grad_o.data, grad_q.data,
+  cpu::softmax_backward(x, q.data, k.data, v.data, o.data, lse.data, grad_o.data, grad_q.data,
                         grad_k.data, grad_v.data);
 }
 

@@ -1,9 +1,12 @@
 #pragma once
-// The seam between the API and the devices that run MHLA. An entry point
-// validates its call once (core/validated_call.hpp) and hands the problem to
-// the backend of its tensors' device; the backend runs the phases there, and
-// its Memory (memory.hpp) holds the scratch and element-wise work the API
-// needs around them. Every pointer a backend receives is memory of its device.
+// The seam between the API and the devices that run MHLA: what the operator's
+// entry points, which run on every device of the build, ask of a device. An
+// entry point validates its call once (core/validated_call.hpp) and hands the
+// problem to the backend of its tensors' device, which runs the operator
+// there; its Memory (memory.hpp) holds the scratch and element-wise work the
+// API needs around it. Every pointer a backend receives is memory of its
+// device. The entry points that run on the CPU only (the phases, the softmax
+// baseline, the decoder) call the CPU's kernels themselves (cpu/).
 //
 // Summary arrays are [B*H, M, Dk*(Dv+1)]; token tensors [B, N, H, D] (Dk for
 // q and k, Dv for v and o). Functions returning bool return whether every
@@ -36,26 +39,6 @@ class Attention {
   virtual bool backward(const T* q, const T* k, const T* v, const T* grad_o, T* grad_q, T* grad_k,
                         T* grad_v, T* grad_w, const T* saved_summaries,
                         const T* saved_mixed) const = 0;
-
-  // The phases and their backward, each writing (not adding to) its results
-  // unless it says otherwise.
-  // 1. [S_b | z_b] = phi(K_b)^T [V_b | 1]
-  virtual void summaries(const T* k, const T* v, T* summaries) const = 0;
-  // 2. the mix of the summaries through W's rows of this call's blocks
-  virtual void mix(const T* summaries, T* mixed) const = 0;
-  // Backward of 2: writes grad_summaries, adds to grad_w.
-  virtual void mix_backward(const T* grad_mixed, const T* summaries, T* grad_summaries,
-                            T* grad_w) const = 0;
-  // 3. o from the mixed summaries (causal: plus the in-block term)
-  virtual bool outputs(const T* q, const T* k, const T* v, const T* mixed, T* o) const = 0;
-  // Backward of 3: writes grad_mixed and grad_q; causal, also the in-block
-  // parts of grad_k and grad_v (written) and of grad_w's diagonal (added).
-  virtual bool output_gradients(const T* q, const T* k, const T* v, const T* grad_o, const T* mixed,
-                                T* grad_mixed, T* grad_q, T* grad_k, T* grad_v,
-                                T* grad_w) const = 0;
-  // Backward of 1: writes grad_k and grad_v.
-  virtual void key_value_gradients(const T* k, const T* v, const T* grad_summaries, T* grad_k,
-                                   T* grad_v) const = 0;
 };
 
 // The operator on 16-bit q, k, v, o and their gradients (H: bfloat16 or
@@ -72,32 +55,6 @@ class HalfAttention {
   virtual bool backward(const H* q, const H* k, const H* v, const H* grad_o, H* grad_q, H* grad_k,
                         H* grad_v, float* grad_w, const float* saved_summaries,
                         const float* saved_mixed) const = 0;
-};
-
-// The streaming decoder's per-head state on a device: each block summary
-// [S | z] (S [Dk, Dv], z [Dk]) kept in the device's own layout of floats()
-// floats, converted to and from the operator's [Dk, Dv + 1] (z as the last
-// column), and one decoding step on it.
-class DecodeState {
- public:
-  virtual ~DecodeState() = default;
-  virtual int64_t floats() const = 0;
-  virtual void store(const float* summary, float* stored) const = 0;
-  virtual void load(const float* stored, float* summary) const = 0;
-  // running += kap [v | 1] (the token joins its block's summary);
-  // y[e] = sum_a u[a] (prefix[a, e] + wii running[a, e]) for e < Dv; returns
-  // the same sum over the key sums z, the denominator before eps.
-  // kap = phi(k_t), u = phi(q_t), both [Dk]; v and y are [Dv].
-  virtual float step(const float* kap, const float* v, const float* u, float wii,
-                     const float* prefix, float* running, float* y) const = 0;
-};
-
-// Softmax attention, the baseline: q, k [B, N, H, Dk], v, o [B, N, H, Dv],
-// lse [B, H, N] (the log-sum-exp of each query's scores, for backward).
-struct SoftmaxProblem {
-  detail::AttentionDims d;
-  double scale;
-  bool causal;
 };
 
 class Backend {
@@ -118,23 +75,7 @@ class Backend {
                                                                   const float* w,
                                                                   bfloat16) const = 0;
   virtual std::unique_ptr<HalfAttention<float16>> half_attention(const detail::Problem& problem,
-                                                                 const float* w,
-                                                                 float16) const = 0;
-
-  virtual std::unique_ptr<DecodeState> decode_state(int64_t dk, int64_t dv) const = 0;
-
-  virtual void softmax_forward(const SoftmaxProblem& x, const float* q, const float* k,
-                               const float* v, float* o, float* lse) const = 0;
-  virtual void softmax_forward(const SoftmaxProblem& x, const double* q, const double* k,
-                               const double* v, double* o, double* lse) const = 0;
-  virtual void softmax_backward(const SoftmaxProblem& x, const float* q, const float* k,
-                                const float* v, const float* o, const float* lse,
-                                const float* grad_o, float* grad_q, float* grad_k,
-                                float* grad_v) const = 0;
-  virtual void softmax_backward(const SoftmaxProblem& x, const double* q, const double* k,
-                                const double* v, const double* o, const double* lse,
-                                const double* grad_o, double* grad_q, double* grad_k,
-                                double* grad_v) const = 0;
+                                                                 const float* w, float16) const = 0;
 
   // The device's memory: scratch arrays, element-wise work, copies to the host.
   virtual const Memory& memory() const = 0;

@@ -1,7 +1,6 @@
-// The CPU backend: the chunked kernels (cpu/chunked_attention.hpp) with the
-// mixer of W (cpu/mixer.hpp), the bfloat16 kernels where the CPU has
-// AVX512-BF16, the tiled softmax baseline, the decoder's SIMD step, and
-// per-thread scratch arrays.
+// The CPU backend: the chunked kernels with the mixer of W
+// (cpu/cpu_attention.hpp), the bfloat16 kernels where the CPU has
+// AVX512-BF16, and per-thread scratch arrays.
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -14,89 +13,14 @@
 #include "cpu/bf16_backward.hpp"
 #include "cpu/bf16_forward.hpp"
 #include "cpu/chunked_attention.hpp"
+#include "cpu/cpu_attention.hpp"
 #include "cpu/simd/bf16_products.hpp"
-#include "cpu/simd/decode_token.hpp"
 #include "cpu/simd/isa.hpp"
-#include "cpu/softmax_kernel.hpp"
 #include "cpu/workspace.hpp"
 #include "mhla/operator.hpp"
 
 namespace mhla::cpu {
 namespace {
-
-using backend::SoftmaxProblem;
-
-// The mixer of w, or the all-ones mix of linear attention for w == nullptr.
-template <typename T>
-std::unique_ptr<Mixer<T>> mixer_of(const detail::Problem& p, const T* w) {
-  if (w == nullptr) return std::make_unique<UniformMixer<T>>(p);
-  return make_mixer(p, w);
-}
-
-template <typename T>
-class CpuAttention final : public backend::Attention<T> {
- public:
-  CpuAttention(const detail::Problem& p, const T* w)
-      : p_(p), mixer_(mixer_of(p, w)), kernel_(p_, *mixer_) {}
-
-  bool forward(const T* q, const T* k, const T* v, T* o, T* saved_summaries,
-               T* saved_mixed) const override {
-    return kernel_.forward(q, k, v, o, saved_summaries, saved_mixed);
-  }
-  bool backward(const T* q, const T* k, const T* v, const T* grad_o, T* grad_q, T* grad_k,
-                T* grad_v, T* grad_w, const T* saved_summaries,
-                const T* saved_mixed) const override {
-    return kernel_.backward(q, k, v, grad_o, grad_q, grad_k, grad_v, grad_w, saved_summaries,
-                            saved_mixed);
-  }
-  void summaries(const T* k, const T* v, T* summaries) const override {
-    kernel_.compute_summaries(k, v, summaries);
-  }
-  void mix(const T* summaries, T* mixed) const override { mixer_->mix(summaries, mixed); }
-  void mix_backward(const T* grad_mixed, const T* summaries, T* grad_summaries,
-                    T* grad_w) const override {
-    // The causal in-block dW[i, i] is output_gradients'.
-    mixer_->mix_backward(grad_mixed, summaries, nullptr, grad_summaries, grad_w);
-  }
-  bool outputs(const T* q, const T* k, const T* v, const T* mixed, T* o) const override {
-    return kernel_.compute_outputs(q, k, v, mixed, o);
-  }
-  bool output_gradients(const T* q, const T* k, const T* v, const T* grad_o, const T* mixed,
-                        T* grad_mixed, T* grad_q, T* grad_k, T* grad_v, T* grad_w) const override {
-    T* diagonal = p_.causal ? scratch<T>(KernelScratch::diagonal_grad,
-                                         size_t(p_.batch * p_.heads * p_.blocks))
-                            : nullptr;
-    const bool finite = kernel_.output_gradients(q, k, v, grad_o, mixed, grad_mixed, diagonal,
-                                                 grad_q, grad_k, grad_v, false);
-    if (p_.causal) add_diagonal(diagonal, grad_w);
-    return finite;
-  }
-  void key_value_gradients(const T* k, const T* v, const T* grad_summaries, T* grad_k,
-                           T* grad_v) const override {
-    kernel_.key_value_gradients(k, v, grad_summaries, grad_k, grad_v, false);
-  }
-
- private:
-  // dW[i, i] of the causal in-block term, [B*H, M], added to W's diagonal at
-  // this call's rows, summed over the batch (and the heads when w is shared)
-  // in a fixed order.
-  void add_diagonal(const T* diagonal, T* grad_w) const {
-    const int64_t heads = p_.heads, m = p_.blocks;
-    for (int64_t bh = 0; bh < p_.batch * heads; ++bh) {
-      const int64_t copy = p_.per_head_mixing ? bh % heads : 0;
-      for (int64_t i = 0; i < m; ++i) {
-        const int64_t row = p_.first_block + i;
-        T& entry = p_.toeplitz ? grad_w[copy * (p_.toeplitz_length + 1)]
-                               : grad_w[(copy * p_.w_stride + row) * p_.w_stride + row];
-        entry += diagonal[bh * m + i];
-      }
-    }
-  }
-
-  const detail::Problem p_;
-  const std::unique_ptr<Mixer<T>> mixer_;
-  const ChunkedAttention<T> kernel_;
-};
 
 // The bfloat16 kernels: the forward's products on bfloat16 operands, the
 // backward's phases reading and writing the bfloat16 tensors in place. Not
@@ -127,23 +51,6 @@ class CpuBf16Attention final : public backend::HalfAttention<bfloat16> {
   const ChunkedAttention<float> kernel_;  // the summaries the backward recomputes
   const Bf16Forward forward_;
   const Bf16Backward backward_;
-};
-
-// The decoder's state in StateLayout (rows padded to whole cache lines) and
-// the SIMD decoding step.
-class CpuDecodeState final : public backend::DecodeState {
- public:
-  CpuDecodeState(int64_t dk, int64_t dv) : layout_(dk, dv) {}
-  int64_t floats() const override { return layout_.floats; }
-  void store(const float* summary, float* stored) const override { layout_.store(summary, stored); }
-  void load(const float* stored, float* summary) const override { layout_.load(stored, summary); }
-  float step(const float* kap, const float* v, const float* u, float wii, const float* prefix,
-             float* running, float* y) const override {
-    return simd::decode_token(layout_, kap, v, u, wii, prefix, running, y);
-  }
-
- private:
-  const simd::StateLayout layout_;
 };
 
 // The CPU's memory: the calling thread's scratch arrays (cpu/workspace.hpp)
@@ -251,29 +158,6 @@ class CpuBackend final : public backend::Backend {
                                                                   const float*,
                                                                   float16) const override {
     return nullptr;
-  }
-
-  std::unique_ptr<backend::DecodeState> decode_state(int64_t dk, int64_t dv) const override {
-    return std::make_unique<CpuDecodeState>(dk, dv);
-  }
-
-  void softmax_forward(const SoftmaxProblem& x, const float* q, const float* k, const float* v,
-                       float* o, float* lse) const override {
-    cpu::softmax_forward(x, q, k, v, o, lse);
-  }
-  void softmax_forward(const SoftmaxProblem& x, const double* q, const double* k, const double* v,
-                       double* o, double* lse) const override {
-    cpu::softmax_forward(x, q, k, v, o, lse);
-  }
-  void softmax_backward(const SoftmaxProblem& x, const float* q, const float* k, const float* v,
-                        const float* o, const float* lse, const float* grad_o, float* grad_q,
-                        float* grad_k, float* grad_v) const override {
-    cpu::softmax_backward(x, q, k, v, o, lse, grad_o, grad_q, grad_k, grad_v);
-  }
-  void softmax_backward(const SoftmaxProblem& x, const double* q, const double* k, const double* v,
-                        const double* o, const double* lse, const double* grad_o, double* grad_q,
-                        double* grad_k, double* grad_v) const override {
-    cpu::softmax_backward(x, q, k, v, o, lse, grad_o, grad_q, grad_k, grad_v);
   }
 
   const backend::Memory& memory() const override { return memory_; }

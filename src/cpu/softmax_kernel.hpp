@@ -2,11 +2,17 @@
 // The tiled softmax-attention kernel behind mhla::softmax_attention_forward /
 // backward (FlashAttention's online softmax on CPU). Arguments are validated
 // by the API layer; q, k [B, N, H, Dk], v, o [B, N, H, Dv], lse [B, H, N].
-#include "backend/backend.hpp"
+#include "core/validate.hpp"
 
 namespace mhla::cpu {
 
-using backend::SoftmaxProblem;
+// Softmax attention, the baseline: q, k [B, N, H, Dk], v, o [B, N, H, Dv],
+// lse [B, H, N] (the log-sum-exp of each query's scores, for backward).
+struct SoftmaxProblem {
+  detail::AttentionDims d;
+  double scale;
+  bool causal;
+};
 
 template <typename T>
 void softmax_forward(const SoftmaxProblem& x, const T* q, const T* k, const T* v, T* o, T* lse);

@@ -384,40 +384,11 @@ class CudaAttention final : public backend::Attention<T> {
     return !status.raised(backward_inputs(p(), q, k, v, grad_o));
   }
 
-  void summaries(const T* k, const T* v, T* summaries) const override {
+ private:
+  void summaries(const T* k, const T* v, T* summaries) const {
     cuda::summaries(p(), k, v, summaries, stream());
   }
-  void mix(const T* summaries, T* mixed) const override {
-    cuda::mix(p(), w_, summaries, mixed, stream());
-  }
-  void mix_backward(const T* grad_mixed, const T* summaries, T* grad_summaries,
-                    T* grad_w) const override {
-    CallStatus status = call_status("mhla::backward", problem_, p(), w_);
-    cuda::mix_backward(p(), w_, summaries, grad_mixed, grad_summaries, grad_w, status.non_finite(),
-                       stream());
-    status.raised(CheckedInputs<T>{});
-  }
-  bool outputs(const T* q, const T* k, const T* v, const T* mixed, T* o) const override {
-    CallStatus status = call_status("mhla::forward", problem_, p(), w_);
-    cuda::outputs(p(), q, mixed, o, status.non_finite(), stream());
-    return !status.raised(forward_inputs(p(), q, k, v));
-  }
-  bool output_gradients(const T* q, const T*, const T*, const T* grad_o, const T* mixed,
-                        T* grad_mixed, T* grad_q, T*, T*, T*) const override {
-    CallStatus status = call_status("mhla::backward", problem_, p(), w_);
-    run_output_gradients(q, grad_o, mixed, grad_mixed, grad_q, status.non_finite());
-    return !status.raised(
-        CheckedInputs<T>{{{q, tokens(p()) * p().dk}, {grad_o, tokens(p()) * p().dv}}, 2});
-  }
-  void key_value_gradients(const T* k, const T* v, const T* grad_summaries, T* grad_k,
-                           T* grad_v) const override {
-    CallStatus status = call_status("mhla::backward", problem_, p(), w_);
-    cuda::key_value_gradients(p(), k, v, grad_summaries, grad_k, grad_v, status.non_finite(),
-                              stream());
-    status.raised(CheckedInputs<T>{{{k, tokens(p()) * p().dk}, {v, tokens(p()) * p().dv}}, 2});
-  }
-
- private:
+  void mix(const T* summaries, T* mixed) const { cuda::mix(p(), w_, summaries, mixed, stream()); }
   const KernelProblem& p() const { return geometry_.problem(); }
   int64_t summary_elements() const { return geometry_.summary_elements(); }
   static cudaStream_t stream() { return current_stream(); }
@@ -535,28 +506,6 @@ class CudaBackend final : public backend::Backend {
     if (!p.cuda_float16_tensor_cores) return nullptr;
     return make_half_attention<float16>(p, w);
   }
-  std::unique_ptr<backend::DecodeState> decode_state(int64_t, int64_t) const override {
-    unsupported("the streaming decoder");
-  }
-  void softmax_forward(const backend::SoftmaxProblem&, const float*, const float*, const float*,
-                       float*, float*) const override {
-    unsupported("softmax attention");
-  }
-  void softmax_forward(const backend::SoftmaxProblem&, const double*, const double*, const double*,
-                       double*, double*) const override {
-    unsupported("softmax attention");
-  }
-  void softmax_backward(const backend::SoftmaxProblem&, const float*, const float*, const float*,
-                        const float*, const float*, const float*, float*, float*,
-                        float*) const override {
-    unsupported("softmax attention");
-  }
-  void softmax_backward(const backend::SoftmaxProblem&, const double*, const double*, const double*,
-                        const double*, const double*, const double*, double*, double*,
-                        double*) const override {
-    unsupported("softmax attention");
-  }
-
   const backend::Memory& memory() const override { return memory_; }
   void raise_deferred(bool wait) const override { raise_deferred_checks(wait); }
 
