@@ -11,10 +11,17 @@ On a machine with a CUDA device it
    ops replace), the plain einsum formulation (non-causal shapes) and SDPA's FlashAttention and cuDNN
    backends in the same process (medians of CUDA-event
    timings), with the peak memory of MHLA's forward+backward;
-3. prints the table and writes it as JSON.
+3. runs every kernel family of each dtype (``FAMILIES``: the plain-torch path and the library's CUDA
+   kernels) at the four shapes, compares o and the four gradients with the C++ operator in float64
+   on the CPU on the same rounded inputs, and times forward and forward+backward;
+4. prints the tables and writes them as JSON, and with ``--dispatch-table`` the measured table
+   ``mhla.torch`` reads as its defaults (python/mhla/_cuda_dispatch.py): for each dtype, masking,
+   shape class and inference or training, the fastest family that passed, where it beats the
+   plain-torch path.
 Without a CUDA device it says so and exits 0: there is nothing to check.
 
     PYTHONPATH=build/python python3 bench/gpu_check.py [--json bench/results/gpu-check.json] [--skip-tests] [--workers N]
+        [--dispatch-table python/mhla/_cuda_dispatch.py]
 """
 import argparse
 import importlib.util
@@ -27,6 +34,7 @@ import torch
 
 import mhla
 import mhla.torch as mt
+from mhla import _plan
 from mhla._torch_forms import chunk
 from mhla._torch_forms.einsum import einsum_mhla
 
@@ -140,6 +148,111 @@ def time_shape(name, tokens, heads, dim, layout, masking, rounds=2):
     return row
 
 
+# The kernel families a CUDA call can run on, per dtype: (name, dtype, backend, cuda_kernels).
+FAMILIES = [
+    ("torch", torch.bfloat16, "torch", None),
+    ("split_operand", torch.bfloat16, "cpp", ()),
+    ("bf16_state", torch.bfloat16, "cpp", ("bf16_state",)),
+    ("torch", torch.float16, "torch", None),
+    ("float16_tensor_cores", torch.float16, "cpp", ("float16_tensor_cores",)),
+    ("float16_state", torch.float16, "cpp", ("float16_tensor_cores", "bf16_state")),
+    ("torch", torch.float32, "torch", None),
+    ("one_thread_per_result", torch.float32, "cpp", ()),
+    ("float32_tensor_cores", torch.float32, "cpp", ("float32_tensor_cores",)),
+]
+# The largest error a family may show against float64 on the same rounded inputs, in units of each
+# result's largest magnitude: o, grad q, k, v, and grad w (whose products cancel most).
+TOLERANCES = {torch.bfloat16: (1e-2, 0.06), torch.float16: (1e-2, 0.15), torch.float32: (1e-3, 1e-3)}
+def reference(q, k, v, w, grad_o, layout, masking):
+    """o and the four gradients of the C++ operator in float64 on the CPU."""
+    leaves = [t.detach().cpu().double().requires_grad_() for t in (q, k, v, w)]
+    o = mt.mhla_attention(*leaves, layout, masking=masking, backend="cpp")
+    return [o.detach(), *torch.autograd.grad(o, leaves, grad_o.cpu().double())]
+
+
+def relative_errors(got, want):
+    return [float((a.double().cpu() - b).abs().max() / b.abs().max().clamp_min(1e-300)) for a, b in zip(got, want)]
+
+
+def check_families(name, tokens, heads, dim, layout, masking, device="cuda", timer=None):
+    """Every family of ``FAMILIES`` at one shape: its errors against float64, pass or fail, and its
+    forward and forward+backward times (``timer``, by default ``fwd_and_fwdbwd``; None where the
+    family refuses the shape)."""
+    timer = timer or fwd_and_fwdbwd
+    gen = torch.Generator().manual_seed(1)
+    q, k, v, grad_o = (torch.randn(1, tokens, heads, dim, generator=gen) for _ in range(4))
+    w = torch.as_tensor(mhla.init_mixing(layout, causal=masking == "causal")).float()
+    references, rows = {}, []
+    for family, dtype, backend, kernels in FAMILIES:
+        rounded = [t.to(dtype) for t in (q, k, v, grad_o)]
+        if dtype not in references:  # the exact answer to the inputs as this dtype holds them
+            references[dtype] = reference(*rounded[:3], w, rounded[3], layout, masking)
+        inputs = [t.to(device) for t in rounded[:3]] + [w.to(device)]
+
+        def attend(q, k, v, w):
+            return mt.mhla_attention(q, k, v, w, layout, masking=masking, backend=backend, cuda_kernels=kernels)
+
+        row = dict(shape=name, family=family, dtype=str(dtype).replace("torch.", ""), masking=masking,
+                   tokens=tokens, head_dim=dim, backend=backend, cuda_kernels=list(kernels or ()))
+        try:
+            leaves = [t.detach().requires_grad_() for t in inputs]
+            o = attend(*leaves)
+            got = [o.detach(), *torch.autograd.grad(o, leaves, rounded[3].to(device))]
+            mt.check_finite_results()
+            row["errors"] = relative_errors(got, references[dtype])
+            row["fwd_ms"], row["fwdbwd_ms"] = timer(attend, inputs)
+        except (RuntimeError, ValueError) as error:  # a family that refuses the shape, or fails
+            row.update(errors=None, fwd_ms=None, fwdbwd_ms=None, error=str(error).splitlines()[0])
+        tolerance, w_tolerance = TOLERANCES[dtype]
+        row["passed"] = row["errors"] is not None and max(row["errors"][:4]) <= tolerance and \
+            row["errors"][4] <= w_tolerance
+        rows.append(row)
+        print(f"  {name}: {family:22} {row['dtype']:8} "
+              + (f"errors {', '.join(f'{e:.1e}' for e in row['errors'])}  {cell(row['fwd_ms'])} / "
+                 f"{cell(row['fwdbwd_ms'])} ms  {'pass' if row['passed'] else 'FAIL'}"
+                 if row["errors"] is not None else f"refused: {row['error']}"))
+    return rows
+
+
+def dispatch_rows(families):
+    """The measured table's rows from ``check_families``' rows: per dtype, masking, shape class and
+    inference or training, the fastest family that passed, where it is a family of the library's
+    kernels faster than the plain-torch path (which a call no row covers takes)."""
+    rows = []
+
+    def key(r):
+        return r["dtype"], r["masking"], _plan.shape_class(r["tokens"], r["head_dim"])
+
+    for dtype, masking, (long_sequence, wide_heads) in sorted({key(r) for r in families}):
+        cell_rows = [r for r in families if key(r) == (dtype, masking, (long_sequence, wide_heads))]
+        for needs_grad, timing in ((False, "fwd_ms"), (True, "fwdbwd_ms")):
+            def worst(family):  # a family's slowest time over the class's shapes
+                times = [r[timing] for r in cell_rows if r["family"] == family]
+                return None if None in times else max(times)
+            passing = {r["family"] for r in cell_rows if r["passed"]} - {
+                r["family"] for r in cell_rows if not r["passed"]}
+            kernels = [f for f in passing if f != "torch" and worst(f) is not None]
+            if not kernels:
+                continue
+            best = min(kernels, key=worst)
+            if worst("torch") is not None and worst("torch") <= worst(best):
+                continue
+            example = next(r for r in cell_rows if r["family"] == best)
+            rows.append(dict(dtype=dtype, masking=masking, needs_grad=needs_grad, long_sequence=long_sequence,
+                             wide_heads=wide_heads, path="cpp", cuda_kernels=tuple(example["cuda_kernels"]),
+                             family=best))
+    return rows
+
+
+def dispatch_module(device_name, rows):
+    """The text of python/mhla/_cuda_dispatch.py for ``rows``."""
+    body = "".join(f"    {row!r},\n" for row in rows)
+    return ('"""Where ``mhla.torch`` runs a CUDA call by default, measured: for each dtype, masking, shape class\n'
+            'and whether the call is differentiated, the fastest kernel family that passed ``bench/gpu_check.py``\n'
+            'on the card named here (``--dispatch-table`` writes this file). A call that no row covers takes the\n'
+            f'plain-torch path."""\nDEVICE = {device_name!r}\nROWS = (\n{body})\n')
+
+
 def cell(x, digits=3):
     return "-" if x is None else f"{x:.{digits}f}"
 
@@ -149,6 +262,7 @@ def main():
     parser.add_argument("--json", default="bench/results/gpu-check.json", help="where to write the results")
     parser.add_argument("--skip-tests", action="store_true", help="only the timings")
     parser.add_argument("--workers", type=int, default=1, help="pytest-xdist workers for the tests, where installed")
+    parser.add_argument("--dispatch-table", help="where to write the measured table (python/mhla/_cuda_dispatch.py)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print(f"no CUDA device (torch {torch.__version__}): nothing to check here")
@@ -178,10 +292,19 @@ def main():
                             for ours, name in (("mhla", "einsum"), ("mhla_kernels", "einsum"), ("mhla", "chunked"),
                                                ("mhla", "cudnn")))
         print(f"| {r['shape']} | {times} | {ratios} | {r['mhla_fwdbwd_peak_mib_above_inputs']:.0f} |")
+    print("\nEvery kernel family against float64 on the CPU (errors: o, grad q, k, v, w):")
+    families = [row for shape in SHAPES for row in check_families(*shape)]
+    table = dispatch_rows(families)
+    print("measured table:", *([f"  {r}" for r in table] or ["  no rows (the plain-torch path everywhere)"]),
+          sep="\n")
+    if args.dispatch_table:
+        with open(args.dispatch_table, "w") as f:
+            f.write(dispatch_module(device_name, table))
+        print(f"wrote {args.dispatch_table}")
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     with open(args.json, "w") as f:
-        json.dump({"device": device_name, "torch": torch.__version__, "tests_exit_code": tests, "shapes": rows},
-                  f, indent=1)
+        json.dump({"device": device_name, "torch": torch.__version__, "tests_exit_code": tests, "shapes": rows,
+                   "families": families, "dispatch": table}, f, indent=1)
     print(f"wrote {args.json}")
     return 0 if tests in (None, 0) else 1
 

@@ -122,7 +122,8 @@ elif pybind=$("$py" -m pybind11 --cmakedir 2> /dev/null) &&
   cmake "${configure[@]}" -DMHLA_BUILD_PYTHON=ON -DPython_EXECUTABLE="$py" \
     -Dpybind11_DIR="$pybind" > "$out/configure-python.log" 2>&1 &&
   cmake --build build-gpu -j "$(nproc)" --target mhla_python > "$out/build-python.log" 2>&1; then
-  read -ra script <<< "${MHLA_GPU_CHECK_PYTHON:-bench/gpu_check.py --json $out/gpu-check.json --workers 4}"
+  read -ra script <<< "${MHLA_GPU_CHECK_PYTHON:-bench/gpu_check.py --json $out/gpu-check.json --workers 4 \
+--dispatch-table $out/_cuda_dispatch.py}"
   PYTHONPATH=$PWD/build-gpu/python "$py" "${script[@]}" 2>&1 | tee "$out/gpu-check.txt" || status=1
 else
   echo "the Python package did not build (logs: $out/configure-python.log, $out/build-python.log)"

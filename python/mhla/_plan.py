@@ -1,11 +1,15 @@
 """How a call runs, decided in one place for every function, layer and integration of ``mhla.torch``.
 
-``plan`` turns what a call is (which operator, its tensors' dtype and devices, the ``backend`` it
-asked for, its CUDA kernel families, whether it will be differentiated) into a ``Plan``: the path,
-the dtypes its tensors cross into the extension in, and whether forward keeps state for backward.
-The callers only follow it.
+``plan`` turns what a call is (which operator, its tensors' dtype, shape and devices, its masking,
+the ``backend`` it asked for, its CUDA kernel families, whether it will be differentiated) into a
+``Plan``: the path, the CUDA kernel families it runs on, the dtypes its tensors cross into the
+extension in, and whether forward keeps state for backward. A CUDA call that names neither a backend
+nor kernel families runs where the measured table (``_cuda_dispatch``) says it is fastest. The
+callers only follow the plan.
 """
 from typing import NamedTuple
+
+from . import _core, _cuda_dispatch
 
 try:
     import torch
@@ -30,6 +34,7 @@ _REDUCED = (torch.bfloat16, torch.float16) if torch else ()
 class Plan(NamedTuple):
     path: str                     # "torch" (plain torch ops), "cpp" (the extension, eager), "custom_op"
                                   # (the extension's torch.library op, inside torch.compile)
+    cuda_kernels: int             # the CUDA kernel families the extension may run it on (cuda_kernel_bits)
     operand_dtype: "torch.dtype"  # q, k, v cross into the extension in this dtype ...
     w_dtype: "torch.dtype"        # ... and w in this one
     keeps_state: bool             # forward keeps its summaries for backward ("mhla" only)
@@ -88,21 +93,45 @@ def keeps_state(q, cuda_kernels, needs_grad):
     return needs_grad and not (_device_type(q) == "cuda" and on_state_kernels and allowed["bf16_state"])
 
 
-def plan(entry, tensors, *, backend=None, cuda_kernels=0, needs_grad=False):
-    """The ``Plan`` of a call of ``entry`` (one of ``ENTRIES``) on ``tensors`` (q first; w alone for
-    the decoder), with the ``backend`` it names (None: by device), the CUDA kernel families it allows
-    (``cuda_kernel_bits``) and whether its result will be differentiated."""
+def shape_class(tokens, head_dim):
+    """The measured table's classes of a shape: (more than 16,384 tokens, heads of more than 64
+    features); None for heads of more than 128, which no kernel family takes."""
+    return None if head_dim > 128 else (tokens > 16384, head_dim > 64)
+
+
+def measured_choice(dtype, masking, tokens, head_dim, needs_grad, rows=None):
+    """The path and kernel families (``cuda_kernel_bits``) of the measured table's row
+    (``_cuda_dispatch.ROWS``, or ``rows``) for a CUDA call, or None where no row covers it."""
+    key = (str(dtype).replace("torch.", ""), masking, needs_grad, shape_class(tokens, head_dim))
+    for row in _cuda_dispatch.ROWS if rows is None else rows:
+        if (row["dtype"], row["masking"], row["needs_grad"], (row["long_sequence"], row["wide_heads"])) == key:
+            return row["path"], cuda_kernel_bits(row["cuda_kernels"])
+    return None
+
+
+def plan(entry, tensors, *, backend=None, cuda_kernels=None, needs_grad=False, masking="none"):
+    """The ``Plan`` of a call of ``entry`` (one of ``ENTRIES``) on ``tensors`` (q ``[B, N, H, D]``
+    first; w alone for the decoder), with its ``masking``'s name, the ``backend`` it names (None: by
+    device), the CUDA kernel families it names (``cuda_kernel_bits``; None: none named) and whether
+    its result will be differentiated."""
     if entry not in ENTRIES:
         raise ValueError(f"unknown entry {entry!r}")
     path = _path(entry, backend, tensors)
     q = tensors[0]
     if entry == "decoder":  # one dtype, float32, whatever the path
-        return Plan(path, None, None, False)
+        return Plan(path, 0, None, None, False)
+    if cuda_kernels is None:
+        cuda_kernels = 0
+        if (entry == "mhla" and backend is None and path == "torch" and _device_type(q) == "cuda"
+                and _core.has_cuda_backend and q.dim() == 4 and not chunk.compiling()):
+            choice = measured_choice(q.dtype, masking, q.shape[1], q.shape[3], needs_grad)
+            if choice is not None:
+                path, cuda_kernels = choice
     dtype = q.dtype
     # The operator takes bfloat16 and float16 q, k, v (one dtype: _contract) as they are, with
     # float32 w; the other entries take float32 and float64 only, so reduced inputs cross as
     # float32 copies.
     native = entry == "mhla" and dtype in _REDUCED
     operand_dtype = dtype if native else _compute_dtype(dtype)
-    return Plan(path, operand_dtype, _compute_dtype(dtype),
+    return Plan(path, cuda_kernels, operand_dtype, _compute_dtype(dtype),
                 entry == "mhla" and keeps_state(q, cuda_kernels, needs_grad))

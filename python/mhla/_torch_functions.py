@@ -122,13 +122,15 @@ def mhla_attention(q, k, v, w, layout, *, masking=None, feature_map=None, normal
     Options left as None take the operator's defaults (``mhla.Options``); enums may be given by name.
     ``backend``: None runs CPU tensors on the C++ operator and others in torch ops; "cpp" or "torch"
     chooses. ``cuda_kernels`` names the CUDA kernel families the C++ operator may run this call on
-    (any of "bf16_state", "float16_tensor_cores", "float32_tensor_cores"; ``mhla.CudaKernels``),
-    each off by default until it has run on a GPU; CPU calls and the torch path ignore it.
+    (any of "bf16_state", "float16_tensor_cores", "float32_tensor_cores"; ``mhla.CudaKernels``);
+    CPU calls and the torch path ignore it. A CUDA call that names neither runs where the measured
+    table (``mhla._cuda_dispatch``, written by bench/gpu_check.py on a GPU) says it is fastest: no
+    GPU has written it yet, so such calls take the torch path.
     """
     _contract.check_tensors(function="mhla::forward", q=q, k=k, v=v, w=w)
-    kernel_bits = _plan.cuda_kernel_bits(cuda_kernels)
-    plan = _plan.plan("mhla", (q, k, v, w), backend=backend, cuda_kernels=kernel_bits,
-                      needs_grad=_needs_grad(q, k, v, w))
+    plan = _plan.plan("mhla", (q, k, v, w), backend=backend,
+                      cuda_kernels=None if cuda_kernels is None else _plan.cuda_kernel_bits(cuda_kernels),
+                      needs_grad=_needs_grad(q, k, v, w), masking=_option_names(masking=masking)["masking"])
     if chunk.compiling():
         # No extension object can be built in a compiled region: the options go on as names.
         names = _option_names(masking=masking, feature_map=feature_map, normalize=normalize, eps=eps, scale=scale,
@@ -137,11 +139,11 @@ def mhla_attention(q, k, v, w, layout, *, masking=None, feature_map=None, normal
         if plan.path == "torch":
             return chunk.mhla_attention(q, k, v, w, geometry, **names)
         if plan.path == "custom_op":  # the operator checks the call when the op runs
-            return _custom_ops.mhla_attention(q, k, v, w, geometry, plan, **names, cuda_kernels=kernel_bits)
+            return _custom_ops.mhla_attention(q, k, v, w, geometry, plan, **names, cuda_kernels=plan.cuda_kernels)
         # Before torch 2.4 the extension call below breaks the graph.
     # Built once: forward and backward get the same object, not strings to parse again.
     options = _core.Options(layout, masking=masking, feature_map=feature_map, normalize=normalize, eps=eps,
-                            scale=scale, mixing=mixing, cuda=_operators.cuda_kernels_of(kernel_bits))
+                            scale=scale, mixing=mixing, cuda=_operators.cuda_kernels_of(plan.cuda_kernels))
     if plan.path == "torch":
         chunk.check_call(q, k, v, w, options)
         return lean.mhla_attention(q, k, v, w, layout, **chunk.keywords(options))

@@ -85,7 +85,9 @@ class _MHLALayer(nn.Module):
         self._check_input(x)
         batch, tokens, _ = x.shape
         q, k, v = self._project(x)
-        if self.variant in ("paper", "authors_lm") and _plan.plan("mhla", (x,), backend=self.backend).path == "torch":
+        if self.variant in ("paper", "authors_lm") and _plan.plan(
+                "mhla", (q,), backend=self.backend, needs_grad=torch.is_grad_enabled(),
+                masking=self.masking).path == "torch":
             # In torch ops on plain Python values, so torch.compile traces the whole layer. The
             # operator's checks are not needed: the layer makes q, k, v and w consistent itself.
             geometry = self._geometry(tokens)
