@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU checks in one call: builds the library with the CUDA backend and
 # nothing else of the project (-DMHLA_BUILD_TOOLS=OFF), runs the CUDA tests
-# and the CUDA benchmark; then, time permitting, builds the Python package
+# (and compute-sanitizer's racecheck and synccheck on three small cases, where
+# the machine has it) and the CUDA benchmark; then, time permitting, builds the Python package
 # for the machine's python3 (its torch), with the CUDA backend, and runs
 # bench/gpu_check.py: the tests of mhla.torch's pure-torch path and of CUDA
 # tensors through mhla.forward/backward on the device, then the timings. Where the machine lacks the Debian
@@ -105,6 +106,23 @@ if [[ "$parts" == *" cuda "* ]]; then
   ./build-gpu/tests/mhla_cuda_tests --gtest_brief=1 > "$out/tests.log" 2>&1 || status=$?
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests? ran" "$out/tests.log" | tail -20
   grep -m 40 -B 1 -A 8 "Failure" "$out/tests.log" || true
+
+  # Races and barrier misuse the value checks cannot see, on a few small cases of the tensor-core
+  # kernels (each run under the tool is 10-100x slower), where the machine has the tool.
+  sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  if [[ -x "$sanitizer" ]]; then
+    small='*CudaBf16State*1d_ragged_narrow_causal_elu1_normalized_shared'
+    small+=':*CudaBf16State*2d_ragged_wide_block_causal_relu_normalized_per_head'
+    small+=':*CudaBf16Backward*1d_ragged_three_chunk_blocks_causal_elu1_normalized_shared'
+    for tool in racecheck synccheck; do
+      echo "== compute-sanitizer --tool $tool =="
+      timeout 150 "$sanitizer" --tool "$tool" --error-exitcode 9 ./build-gpu/tests/mhla_cuda_tests \
+        --gtest_brief=1 --gtest_filter="$small" > "$out/sanitizer-$tool.log" 2>&1 || status=1
+      grep -E "ERROR SUMMARY|tests? ran|FAILED" "$out/sanitizer-$tool.log" | tail -4
+    done
+  else
+    echo "== compute-sanitizer: not on this machine =="
+  fi
 
   echo "== benchmark =="
   ./build-gpu/bench/mhla_cuda_operator_bench "${1:-5}" "$out/operator.json" | tee "$out/bench.txt" || status=1
