@@ -107,44 +107,44 @@ if [[ "$parts" == *" cuda "* ]]; then
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests? ran" "$out/tests.log" | tail -20
   grep -m 40 -B 1 -A 8 "Failure" "$out/tests.log" || true
 
-  # Races and barrier misuse the value checks cannot see, on a few small cases of the tensor-core
-  # kernels (each run under the tool is 10-100x slower), where the machine has the tool.
-  sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-  if [[ -x "$sanitizer" ]]; then
-    small='*CudaBf16State*1d_ragged_narrow_causal_elu1_normalized_shared'
-    small+=':*CudaBf16State*2d_ragged_wide_block_causal_relu_normalized_per_head'
-    small+=':*CudaBf16Backward*1d_ragged_three_chunk_blocks_causal_elu1_normalized_shared'
-    for tool in racecheck synccheck; do
-      echo "== compute-sanitizer --tool $tool =="
-      timeout 150 "$sanitizer" --tool "$tool" --error-exitcode 9 ./build-gpu/tests/mhla_cuda_tests \
-        --gtest_brief=1 --gtest_filter="$small" > "$out/sanitizer-$tool.log" 2>&1 || status=1
-      grep -E "ERROR SUMMARY|tests? ran|FAILED" "$out/sanitizer-$tool.log" | tail -4
-    done
-  else
-    echo "== compute-sanitizer: not on this machine =="
-  fi
-
   echo "== benchmark =="
   ./build-gpu/bench/mhla_cuda_operator_bench "${1:-5}" "$out/operator.json" | tee "$out/bench.txt" || status=1
   echo "== the bfloat16-state kernels one by one =="
   ./build-gpu/bench/mhla_cuda_state_kernel_bench 20 "$out/state-kernels.json" |
     tee "$out/state-kernels.txt" || status=1
 fi
-[[ "$parts" == *" python "* ]] || exit $status
-
-echo "== the Python package on CUDA tensors (bench/gpu_check.py) =="
-py=$(command -v python3)
-if ((SECONDS > ${MHLA_PYTHON_STAGE_BEFORE:-300})); then
-  echo "skipped: ${SECONDS} s gone (it starts only before ${MHLA_PYTHON_STAGE_BEFORE:-300} s)"
-elif pybind=$("$py" -m pybind11 --cmakedir 2> /dev/null) &&
-  cmake "${configure[@]}" -DMHLA_BUILD_PYTHON=ON -DPython_EXECUTABLE="$py" \
-    -Dpybind11_DIR="$pybind" > "$out/configure-python.log" 2>&1 &&
-  cmake --build build-gpu -j "$(nproc)" --target mhla_python > "$out/build-python.log" 2>&1; then
-  read -ra script <<< "${MHLA_GPU_CHECK_PYTHON:-bench/gpu_check.py --json $out/gpu-check.json --workers 4 \
+if [[ "$parts" == *" python "* ]]; then
+  echo "== the Python package on CUDA tensors (bench/gpu_check.py) =="
+  py=$(command -v python3)
+  if ((SECONDS > ${MHLA_PYTHON_STAGE_BEFORE:-300})); then
+    echo "skipped: ${SECONDS} s gone (it starts only before ${MHLA_PYTHON_STAGE_BEFORE:-300} s)"
+  elif pybind=$("$py" -m pybind11 --cmakedir 2> /dev/null) &&
+    cmake "${configure[@]}" -DMHLA_BUILD_PYTHON=ON -DPython_EXECUTABLE="$py" \
+      -Dpybind11_DIR="$pybind" > "$out/configure-python.log" 2>&1 &&
+    cmake --build build-gpu -j "$(nproc)" --target mhla_python > "$out/build-python.log" 2>&1; then
+    read -ra script <<< "${MHLA_GPU_CHECK_PYTHON:-bench/gpu_check.py --json $out/gpu-check.json --workers 4 \
 --dispatch-table $out/_cuda_dispatch.py}"
-  PYTHONPATH=$PWD/build-gpu/python "$py" "${script[@]}" 2>&1 | tee "$out/gpu-check.txt" || status=1
-else
-  echo "the Python package did not build (logs: $out/configure-python.log, $out/build-python.log)"
-  tail -20 "$out/configure-python.log" "$out/build-python.log" 2> /dev/null || true
+    PYTHONPATH=$PWD/build-gpu/python "$py" "${script[@]}" 2>&1 | tee "$out/gpu-check.txt" || status=1
+  else
+    echo "the Python package did not build (logs: $out/configure-python.log, $out/build-python.log)"
+    tail -20 "$out/configure-python.log" "$out/build-python.log" 2> /dev/null || true
+  fi
+fi
+# Races and barrier misuse the value checks cannot see, on a few small cases of the tensor-core
+# kernels (each run under the tool is 10-100x slower), where the machine has the tool; last, so
+# that what it costs never keeps the timings from running.
+sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+if [[ "$parts" == *" cuda "* && -x "$sanitizer" ]]; then
+  small='*CudaBf16State*1d_ragged_narrow_causal_elu1_normalized_shared'
+  small+=':*CudaBf16State*2d_ragged_wide_block_causal_relu_normalized_per_head'
+  small+=':*CudaBf16Backward*1d_ragged_three_chunk_blocks_causal_elu1_normalized_shared'
+  for tool in racecheck synccheck; do
+    echo "== compute-sanitizer --tool $tool =="
+    timeout 60 "$sanitizer" --tool "$tool" --error-exitcode 9 ./build-gpu/tests/mhla_cuda_tests \
+      --gtest_brief=1 --gtest_filter="$small" > "$out/sanitizer-$tool.log" 2>&1 || status=1
+    grep -E "ERROR SUMMARY|tests? ran|FAILED" "$out/sanitizer-$tool.log" | tail -4
+  done
+elif [[ "$parts" == *" cuda "* ]]; then
+  echo "== compute-sanitizer: not on this machine =="
 fi
 exit $status
