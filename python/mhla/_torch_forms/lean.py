@@ -10,8 +10,9 @@ tensors, so the forward and the backward are written by hand as one autograd Fun
   gives the numerators and the denominators together;
 - the read-out ``y * (1 / (den + eps))``, the C++ operator's, writes o in token order;
 - the unnormalised scale rides on w (``M x M`` or ``L + 1`` entries, not ``N x Dv``);
-- the mix's own gradient is autograd's, on a graph built in the forward, so every form of w
-  (dense, Toeplitz, shared, per head) is differentiated by the code that mixes it;
+- the mix's gradient is two products by hand for a shared dense W, and autograd's on the mix
+  redone in the backward for every other form of w (Toeplitz, per head), so that those are
+  differentiated by the code that mixes them;
 - the finite-result checks take one reduction per call and per backward on a GPU (one
   ``_foreach_norm`` for the group of tensors, ``_finite_results``).
 
@@ -96,12 +97,36 @@ def _mix(s, w, call, m, b, h):
     return chunk.mix(s.transpose(0, 1), w, call.masking, call.mixing).transpose(0, 1)
 
 
-def _forward(q, k, v, w, call, mixing_check, keep):
-    """o, and with ``keep`` what the backward reads; ``mixing_check`` is ``chunk.check_w``'s."""
+class Saved(NamedTuple):
+    """What the backward reads of a forward: intermediates of its own making (autograd frees them
+    after the backward, as it frees any saved tensor)."""
+    phi: torch.Tensor           # [2, M B H, C, Dk]: phi(q), phi(k)
+    v1: torch.Tensor            # [M B H, C, E]: v and the column of ones
+    summaries: torch.Tensor     # [M B H, Dk, E]
+    mixed: torch.Tensor         # [M B H, Dk, E]: the summaries mixed
+    y: torch.Tensor             # [M B H, C, E]: the read-out's numerators and denominators
+    r: torch.Tensor             # [M B H, C]: 1 / (den + eps), None unnormalised
+    scores: torch.Tensor        # [M B H, C, C]: the causal in-block scores, masked; None otherwise
+
+
+def _dtypes(dtype, device):
+    """The products' dtype and the sums' (float32 for bfloat16 products)."""
+    compute = chunk.compute_dtype(dtype, device)
+    return compute, torch.float32 if compute == torch.bfloat16 else compute
+
+
+def _mixing(w, call, wide, device, dk):
+    """w in the sums' dtype on the call's device, times the unnormalised scale."""
+    if w.dtype != wide or w.device != device:
+        w = w.to(device=device, dtype=wide)
+    return w if call.normalize else w * (1.0 / math.sqrt(dk) if call.scale is None else call.scale)
+
+
+def _forward(q, k, v, w, call, mixing_check):
+    """o, and what the backward reads (``Saved``); ``mixing_check`` is ``chunk.check_w``'s."""
     g = call.geometry
     dtype = q.dtype
-    compute = chunk.compute_dtype(dtype, q.device)
-    wide = torch.float32 if compute == torch.bfloat16 else compute
+    compute, wide = _dtypes(dtype, q.device)
     b, _, h, dk = q.shape
     dv = v.shape[-1]
     m, size = g.num_blocks, g.block_size
@@ -136,24 +161,15 @@ def _forward(q, k, v, w, call, mixing_check, keep):
         v1.view(m, b, h, size, e)[..., dv].mul_(valid.view(m, 1, 1, size))
 
     summaries = torch.bmm(phi_k.transpose(1, 2), v1)  # [S_b | z_b]: [M B H, Dk, E]
-    with torch.enable_grad():
-        # The mix's graph, for the backward: w's gradient is autograd's for every form of w.
-        s_req = summaries.view(m, b, h, dk * e).detach().requires_grad_(keep)
-        w_req = w.detach()
-        if w_req.dtype != wide or w_req.device != q.device:
-            w_req = w_req.to(device=q.device, dtype=wide)
-        w_req = w_req.detach().requires_grad_(keep)
-        w_eff = w_req if normalize else w_req * (1.0 / math.sqrt(dk) if call.scale is None else call.scale)
-        mixed = _mix(s_req, w_eff, call, m, b, h)
-        diag = chunk.diagonal(w_eff, call.mixing, m) if causal else None
-    mixed3 = mixed.detach().reshape(mbh, dk, e)
-    y = torch.bmm(phi_q, mixed3)  # [M B H, C, E]
-    scores = diag_factor = None
+    w = _mixing(w.detach(), call, wide, q.device, dk)
+    mixed = _mix(summaries.view(m, b, h, dk * e), w, call, m, b, h).reshape(mbh, dk, e)
+    y = torch.bmm(phi_q, mixed)
+    scores = None
     if causal:
         # Within block i, W[i, i] phi(q_t) . phi(k_j) for j <= t, in [C, C] scores per block.
-        diag_factor = chunk.block_diagonal(diag.detach(), m, h).transpose(0, 1).to(compute)  # [M, 1, 1 or H, 1, 1]
         scores = torch.bmm(phi_q, phi_k.transpose(1, 2))
-        scores.view(m, b, h, size, size).mul_(chunk.triangle(size, q.device) * diag_factor)
+        factor = _diagonal_factor(chunk.diagonal(w, call.mixing, m), m, h, compute)
+        scores.view(m, b, h, size, size).mul_(chunk.triangle(size, q.device) * factor)
         y.baddbmm_(scores, v1)
 
     y9 = _nine(y.view(m, b, h, size, e), g)
@@ -177,17 +193,18 @@ def _forward(q, k, v, w, call, mixing_check, keep):
         chunk.non_finite_message(call.function, call.feature_map, normalize, call.eps, dk, dtype),
         denominator=(divisor, r) if normalize else (), earlier=False,
         denominator_entry=denominator_entry if normalize else None, mixing=mixing_check)
-    if not keep:
-        return o, None
-    return o, dict(phi=phi, v1=v1, mixed=mixed, mixed3=mixed3, diag=diag, s_req=s_req, w_req=w_req,
-                   scores=scores, diag_factor=diag_factor, y=y, r=r, r9=r9, compute=compute,
-                   wide=wide)
+    return o, Saved(phi, v1, summaries, mixed, y, r, scores)
 
 
-def _backward(q, k, v, w, o, grad_o, state, call, needs):
+def _diagonal_factor(diag, m, h, dtype):
+    """W's diagonal (``chunk.diagonal``) as a factor of [M, B, H, ., .] tensors: ``[M, 1, 1 or H, 1, 1]``."""
+    return chunk.block_diagonal(diag, m, h).transpose(0, 1).to(dtype)
+
+
+def _backward(q, k, v, w, o, grad_o, saved, call, needs):
     g = call.geometry
-    compute, wide = state["compute"], state["wide"]
-    phi, v1, mixed3 = state["phi"], state["v1"], state["mixed3"]
+    compute, wide = _dtypes(q.dtype, q.device)
+    phi, v1 = saved.phi, saved.v1
     phi_q, phi_k = phi[0], phi[1]
     b, _, h, dk = q.shape
     dv = v.shape[-1]
@@ -201,33 +218,31 @@ def _backward(q, k, v, w, o, grad_o, state, call, needs):
     grad_y9 = _nine(grad_y.view(m, b, h, size, e), g)
     grad_o9 = _blocks(grad_o, g)
     if call.normalize:
-        torch.mul(grad_o9, state["r9"], out=grad_y9[..., :dv])
-        dot = (grad_y[..., :dv] * state["y"][..., :dv]).sum(-1)
-        torch.mul(dot, state["r"], out=grad_y[..., dv]).neg_()
+        torch.mul(grad_o9, _nine(saved.r.view(m, b, h, size, 1), g), out=grad_y9[..., :dv])
+        dot = (grad_y[..., :dv] * saved.y[..., :dv]).sum(-1)
+        torch.mul(dot, saved.r, out=grad_y[..., dv]).neg_()
     else:
         grad_y9.copy_(grad_o9)
 
     grad_mixed = torch.bmm(phi_q.transpose(1, 2), grad_y)  # [M B H, Dk, E]
     grad_phi = torch.empty_like(phi)
-    torch.bmm(grad_y, mixed3.transpose(1, 2), out=grad_phi[0])
-    outputs, output_grads = [state["mixed"]], [grad_mixed.view(m, b, h, dk * e)]
+    torch.bmm(grad_y, saved.mixed.transpose(1, 2), out=grad_phi[0])
+    diag_grad = None
     if causal:
-        scores, factor = state["scores"], state["diag_factor"]
+        diag = chunk.diagonal(_mixing(w.detach(), call, wide, q.device, dk), call.mixing, m)
+        scores, factor = saved.scores, _diagonal_factor(diag, m, h, compute)
         grad_scores = torch.bmm(grad_y, v1.transpose(1, 2)).view(m, b, h, size, size)
         grad_scores.mul_(chunk.triangle(size, q.device))
         # W[i, i]'s gradient, sum phi(q_t) . ((grad_scores o triangle) phi(K))_t, and phi(q)'s term.
         across = torch.bmm(grad_scores.view(mbh, size, size), phi_k)
-        per_head = state["diag"].dim() == 2
+        per_head = diag.dim() == 2
         diag_grad = torch.sum((across * phi_q).view(m, b, h, size * dk), dim=(1, 3) if per_head else (1, 2, 3),
                               dtype=wide)
-        outputs.append(state["diag"])
-        output_grads.append(diag_grad.t() if per_head else diag_grad)
+        diag_grad = diag_grad.t() if per_head else diag_grad
         grad_phi[0].view(m, b, h, size, dk).addcmul_(across.view(m, b, h, size, dk), factor)
         grad_scores.mul_(factor)
-    # A mix may read no summary (Toeplitz causal with one block): no graph reaches it, its gradient is 0.
-    grad_s, grad_w = (torch.zeros_like(x) if grad is None else grad for x, grad in zip(
-        (state["s_req"], state["w_req"]), torch.autograd.grad(outputs, (state["s_req"], state["w_req"]), output_grads,
-                                                              retain_graph=True, allow_unused=True)))
+    grad_s, grad_w = _mix_gradients(grad_mixed.view(m, b, h, dk * e), saved.summaries.view(m, b, h, dk * e), w,
+                                    diag_grad, call, wide, dk)
     grad_s = grad_s.reshape(mbh, dk, e)
     torch.bmm(v1, grad_s.transpose(1, 2), out=grad_phi[1])
     grad_v1 = torch.bmm(phi_k, grad_s)
@@ -251,22 +266,50 @@ def _backward(q, k, v, w, o, grad_o, state, call, needs):
     return grads
 
 
+def _mix_gradients(grad_mixed, summaries, w, diag_grad, call, wide, dk):
+    """The gradients of the summaries ``[M, B, H, E]`` and of w from the mixed summaries' and (causal)
+    from W's diagonal's, ``diag_grad``: by hand for a shared dense W (two products), by autograd on
+    the mix redone for every other form of w."""
+    m, b, h = summaries.shape[:3]
+    if call.mixing == "dense" and w.dim() == 2:
+        w_eff = _mixing(w.detach(), call, wide, summaries.device, dk)
+        flat = grad_mixed.reshape(m, -1)
+        grad_s = torch.mm(chunk.read_by_masking(w_eff.to(flat.dtype), call.masking).t(), flat)
+        grad_w = chunk.read_by_masking(torch.mm(flat, summaries.reshape(m, -1).t()), call.masking).to(wide)
+        if diag_grad is not None:
+            grad_w.diagonal().add_(diag_grad)
+        if not call.normalize:
+            grad_w = grad_w * (1.0 / math.sqrt(dk) if call.scale is None else call.scale)
+        return grad_s.view_as(summaries), grad_w
+    with torch.enable_grad():
+        s_req = summaries.detach().requires_grad_()
+        w_req = w.detach().requires_grad_()
+        w_eff = _mixing(w_req, call, wide, summaries.device, dk)
+        outputs, grads = [_mix(s_req, w_eff, call, m, b, h)], [grad_mixed]
+        if diag_grad is not None:
+            outputs.append(chunk.diagonal(w_eff, call.mixing, m))
+            grads.append(diag_grad)
+    # A mix may read no summary (Toeplitz causal with one block): no graph reaches it, its gradient is 0.
+    return (torch.zeros_like(x) if grad is None else grad for x, grad in zip(
+        (s_req, w_req), torch.autograd.grad(outputs, (s_req, w_req), grads, allow_unused=True)))
+
+
 class _Attention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, w, call, mixing_check):
-        o, state = _forward(q, k, v, w, call, mixing_check, keep=True)
-        ctx.call, ctx.state = call, state
-        ctx.save_for_backward(q, k, v, w, o)
+        o, saved = _forward(q, k, v, w, call, mixing_check)
+        ctx.call = call
+        ctx.save_for_backward(q, k, v, w, o, *saved)
         return o
 
     @staticmethod
     def backward(ctx, grad_o):
-        q, k, v, w, o = ctx.saved_tensors
+        q, k, v, w, o, *saved = ctx.saved_tensors
         needs = ctx.needs_input_grad[:4]
         if torch.is_grad_enabled():
             return (*_differentiable_backward(q, k, v, w, grad_o, ctx.call, needs), None, None)
         # grad_o may be a broadcast (o.sum()'s): its blocks are read through views all the same.
-        return (*_backward(q, k, v, w, o, grad_o, ctx.state, ctx.call, needs), None, None)
+        return (*_backward(q, k, v, w, o, grad_o, Saved(*saved), ctx.call, needs), None, None)
 
 
 def _differentiable_backward(q, k, v, w, grad_o, call, needs):
@@ -292,7 +335,7 @@ def mhla_attention(q, k, v, w, layout, *, masking="none", feature_map="elu1", no
     call = Call(geometry, masking, feature_map, normalize, eps, scale, mixing, function)
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, w)):
         return _Attention.apply(q, k, v, w, call, mixing_check)
-    return _forward(q, k, v, w, call, mixing_check, keep=False)[0]
+    return _forward(q, k, v, w, call, mixing_check)[0]
 
 
 def varlen_attention(q, k, v, w, cu_seqlens, *, block, mixing=None, masking=None, feature_map=None, normalize=None,
