@@ -50,6 +50,23 @@ void report_output(const char* fn, const detail::Problem& p, const TensorView<co
   detail::report_non_finite_output(fn, p, hq.view(), hk.view(), hv.view(), ho.view(), type);
 }
 
+// The device's float or double kernels for a validated problem. A backend
+// answers nullptr for a problem its kernels do not take (backend.hpp); the
+// call is refused here, in one place, by name.
+template <typename T>
+std::unique_ptr<backend::Attention<T>> kernels_for(const char* fn, const backend::Backend& device,
+                                                   const detail::Problem& p, const T* w,
+                                                   Device where) {
+  if (auto kernels = device.attention(p, w)) return kernels;
+  const std::string type = sizeof(T) == 4 ? "float32" : "float64";
+  detail::fail(fn, std::string("the ") + to_string(where) + " backend has no " + type +
+                       " kernels for " +
+                       (p.causal ? "token-level causal masking (Masking::causal); use "
+                                   "Masking::block_causal, bfloat16 or float16 tokens, "
+                                   "options.cuda.float32_tensor_cores for float32, or CPU tensors"
+                                 : "this call; pass CPU tensors"));
+}
+
 // Elements of a checked buffer.
 template <typename T>
 int64_t elements(const TensorView<T>& t) {
@@ -94,9 +111,9 @@ void run_backward(const char* fn, const detail::Problem& p, const backend::Backe
   // The kernels add to grad_w.
   backend::zero(device.memory(), grad_w.data, elements(grad_w));
   const bool finite =
-      device.attention(p, w.data)->backward(q.data, k.data, v.data, grad_o.data, grad_q.data,
-                                            grad_k.data, grad_v.data, grad_w.data, saved_summaries,
-                                            saved_mixed) &&
+      kernels_for(fn, device, p, w.data, q.device)
+          ->backward(q.data, k.data, v.data, grad_o.data, grad_q.data, grad_k.data, grad_v.data,
+                     grad_w.data, saved_summaries, saved_mixed) &&
       // grad_w is small ([H,] M, M) and written by the mixer: scanned
       // here (deferred, the mixer's kernels flag it on the device).
       (p.checks_on_device ||
@@ -134,7 +151,8 @@ void run_forward(const char* fn, const detail::Problem& p, const TensorView<cons
                  weight_t<X>* summaries, weight_t<X>* mixed) {
   const backend::Backend& device = backend::backend_for(fn, "q", q.device);
   if constexpr (std::is_same_v<weight_t<X>, X>) {  // float and double tokens
-    if (!device.attention(p, w.data)->forward(q.data, k.data, v.data, o.data, summaries, mixed))
+    if (!kernels_for(fn, device, p, w.data, q.device)
+             ->forward(q.data, k.data, v.data, o.data, summaries, mixed))
       report_output(fn, p, q, k, v, o);
   } else {
     if (const auto kernels = device.half_attention(p, w.data, X{})) {
@@ -157,7 +175,8 @@ void run_forward(const char* fn, const detail::Problem& p, const TensorView<cons
     const TensorView<float> of{
         backend::scratch<float>(device.memory(), Scratch::widened_o, size_t(elements(o))), o.shape,
         o.device};
-    if (!device.attention(p, w.data)->forward(qf.data, kf.data, vf.data, of.data, summaries, mixed))
+    if (!kernels_for(fn, device, p, w.data, q.device)
+             ->forward(qf.data, kf.data, vf.data, of.data, summaries, mixed))
       report_output(fn, p, qf, kf, vf, of);
     narrowed(fn, "o", device, of, o, "rescale q, k or v");
   }

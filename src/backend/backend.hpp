@@ -63,7 +63,9 @@ class Backend {
 
   // The kernels of `problem` with mixing matrix `w` as the problem describes
   // it (dense or Toeplitz, shared or per head), or with w == nullptr the
-  // parameter-free sum of linear attention (every W entry 1).
+  // parameter-free sum of linear attention (every W entry 1); nullptr where
+  // the device has no kernels for the problem (the API refuses the call by
+  // name: a backend never throws for a call the API accepted).
   virtual std::unique_ptr<Attention<float>> attention(const detail::Problem& problem,
                                                       const float* w) const = 0;
   virtual std::unique_ptr<Attention<double>> attention(const detail::Problem& problem,

@@ -34,11 +34,6 @@ namespace {
 
 using backend::Scratch;
 
-[[noreturn]] void unsupported(const std::string& what,
-                              const std::string& instead = "pass CPU tensors") {
-  throw Error("mhla (CUDA backend): " + what + " is not implemented on CUDA; " + instead);
-}
-
 // One device allocation, freed with its owner.
 class DeviceBuffer {
  public:
@@ -513,12 +508,11 @@ class CudaBackend final : public backend::Backend {
   template <typename T>
   static std::unique_ptr<backend::Attention<T>> make_attention(const detail::Problem& p,
                                                                const T* w) {
-    if (p.first_block != 0 || p.mixing_blocks != p.blocks)
-      unsupported("a piece of a longer sequence (forward_piece, packed batches)");
+    // Pieces of a longer sequence, and token-level causal masking off the
+    // tensor cores: no kernels here.
+    if (p.first_block != 0 || p.mixing_blocks != p.blocks) return nullptr;
     auto kernels = std::make_unique<CudaAttention<T>>(p, w);
-    if (p.causal && !kernels->on_tensor_cores())
-      unsupported("token-level causal masking (Masking::causal)",
-                  "use Masking::block_causal, or pass CPU tensors");
+    if (p.causal && !kernels->on_tensor_cores()) return nullptr;
     return kernels;
   }
   // Where the 16-bit kernels do not apply, the API refuses the problem or
