@@ -136,18 +136,23 @@ def check_results(results, inputs, message, denominator=(), earlier=True, denomi
         parts = _parts(checked + list(inputs.values()))
         count = sum(len(part) for part in parts[:len(checked)])
         extremes = [x.view(1) for part in parts for x in part]
+        total = len(extremes)
         w, validate = mixing if mixing is not None else (None, None)
+        # The report keeps w's shape and dtype, not w: its values travel in the answer.
+        w_shape, w_dtype = (None, None) if w is None else (tuple(w.shape), w.dtype)
+        answer = torch.cat(extremes + ([] if w is None else [w.reshape(-1)]))
+        del w, extremes, parts
 
         def error(answer):
-            if w is not None:
-                refused = _refusal(answer[len(extremes):].view(w.shape).to(w.dtype), validate)
+            if w_shape is not None:
+                refused = _refusal(answer[total:].view(w_shape).to(w_dtype), validate)
                 if refused is not None:
                     return refused
-            finite = [math.isfinite(x) for x in answer[:len(extremes)].tolist()]
+            finite = [math.isfinite(x) for x in answer[:total].tolist()]
             return message(None, what, []) if all(finite[count:]) and not all(finite[:count]) else None
 
         # One answer per call: the extremes and w's values (small) in one tensor, one copy to the host.
-        _defer(torch.cat(extremes + ([] if w is None else [w.reshape(-1)])), error)
+        _defer(answer, error)
         return
     if _finite_now(checked) or not _finite_now(inputs.values()):
         return

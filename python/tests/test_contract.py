@@ -285,10 +285,10 @@ def test_the_deferred_mixing_check_refuses_what_the_operator_reads_as_it_was_at_
 def test_the_deferred_check_keeps_no_tensor_of_the_call_alive(deferred):
     import weakref
     q, k, v, w = (t.float() for t in qkvw())
-    refs = [weakref.ref(t) for t in (q, k, v)]
+    refs = [weakref.ref(t) for t in (q, k, v, w)]
     o = mt.mhla_attention(q, k, v, w, seq(), backend="torch")
     out = weakref.ref(o)
-    del q, k, v, o
+    del q, k, v, w, o
     assert all(r() is None for r in refs + [out])
 
 
