@@ -356,11 +356,11 @@ def mhla_attention(q, k, v, w, layout, *, masking="none", feature_map="elu1", no
     return finish(o)
 
 
-def read_out_denominators(divisor, reciprocal=None):
+def read_out_denominators(divisor):
     """Tensors finite exactly where the C++ read-out, ``y * (1 / divisor)``, can be: the divisor
     and its reciprocal (not where the divisor is infinite or NaN, zero, or so small that its
     reciprocal overflows: a subnormal denominator, whose products have lost their precision)."""
-    return divisor, divisor.reciprocal() if reciprocal is None else reciprocal
+    return divisor, divisor.reciprocal()
 
 
 def read_out_entry(o):
