@@ -163,19 +163,25 @@ def slot_valid(geometry, device):
     return valid.reshape(geometry.num_blocks, geometry.block_size)
 
 
-_VALID = {}  # (geometry, device) -> slot_valid: a model calls with the same few layouts
+_KEPT = {}  # (what, its arguments, device) -> a mask: a model calls with the same few layouts and blocks
+
+
+def _kept(what, make, *args, device):
+    """``make(*args, device)``, kept (at most 64 masks); traced into the graph, not kept, under
+    torch.compile."""
+    if compiling():
+        return make(*args, device)
+    key = (what, args, str(device))
+    if key not in _KEPT:
+        if len(_KEPT) >= 64:
+            _KEPT.clear()
+        _KEPT[key] = make(*args, device)
+    return _KEPT[key]
 
 
 def cached_slot_valid(geometry, device):
-    """``slot_valid``, kept (at most 64 layouts); traced into the graph, not kept, under torch.compile."""
-    if compiling():
-        return slot_valid(geometry, device)
-    key = (geometry, str(device))
-    if key not in _VALID:
-        if len(_VALID) >= 64:
-            _VALID.clear()
-        _VALID[key] = slot_valid(geometry, device)
-    return _VALID[key]
+    """``slot_valid``, kept."""
+    return _kept("slot_valid", slot_valid, geometry, device=device)
 
 
 def _shift_blocks(x, d):
@@ -230,19 +236,13 @@ def block_diagonal(diag, blocks, heads):
     return diag.view(1, blocks, 1, 1, 1) if diag.dim() == 1 else diag.t().reshape(1, blocks, heads, 1, 1)
 
 
-_TRIANGLES = {}  # (size, device) -> the lower triangle: a model calls with the same few block sizes
+def _lower_triangle(size, device):
+    return torch.ones(size, size, dtype=torch.bool, device=device).tril()
 
 
 def triangle(size, device):
-    """The ``[C, C]`` boolean lower triangle (``j <= t``), kept as ``cached_slot_valid`` keeps its masks."""
-    if compiling():
-        return torch.ones(size, size, dtype=torch.bool, device=device).tril()
-    key = (size, str(device))
-    if key not in _TRIANGLES:
-        if len(_TRIANGLES) >= 64:
-            _TRIANGLES.clear()
-        _TRIANGLES[key] = torch.ones(size, size, dtype=torch.bool, device=device).tril()
-    return _TRIANGLES[key]
+    """The ``[C, C]`` boolean lower triangle (``j <= t``), kept."""
+    return _kept("triangle", _lower_triangle, size, device=device)
 
 
 def mix(x, w, masking, mixing):
