@@ -179,14 +179,17 @@ def _forward(q, k, v, w, call, mixing_check):
             divisor.view(m, b, h, size).add_((~valid).view(m, 1, 1, size))
         r = divisor.reciprocal()
         r9 = _nine(r.view(m, b, h, size, 1), g)
-        o = _tokens(lambda view: torch.mul(y9[..., :dv], r9, out=view), (), b, h, dv, g, dtype, q.device)
+
+        def read_out(view):  # o = y * (1 / (den + eps)), written in token order
+            torch.mul(y9[..., :dv], r9, out=view)
+
+        o = _tokens(read_out, (), b, h, dv, g, dtype, q.device)
     else:
         divisor = r = r9 = None
         o = _tokens(lambda view: view.copy_(y9), (), b, h, dv, g, dtype, q.device)
 
-    def denominator_entry():
-        read_out = _tokens(lambda view: torch.mul(y9[..., :dv], r9, out=view), (), b, h, dv, g, compute, q.device)
-        return chunk.read_out_entry(read_out)
+    def denominator_entry():  # the read-out in the products' dtype, before o's rounding
+        return chunk.read_out_entry(_tokens(read_out, (), b, h, dv, g, compute, q.device))
 
     _finite_results.check_results(
         {"o": o}, dict(q=q, k=k, v=v),
