@@ -20,8 +20,7 @@ packages=(
   python3-dev pybind11-dev # the Python extension module
   libdlpack-dev            # dlpack.h: zero-copy tensor exchange with torch and NumPy
   python3-torch python3-pytest  # mhla.torch and the Python tests (Debian's torch 1.13)
-  python3-setuptools python3-wheel python3-build  # the wheel (pyproject.toml, setup.py)
-  python3-venv python3-pip      # installing it into a fresh environment (scripts/test_wheel.sh)
+  python3-venv python3-pip      # pip install . and the wheel in fresh environments (scripts/test_wheel.sh)
   libopenmpi-dev openmpi-bin    # context parallelism over MPI (mpirun for its tests)
 )
 # `install-deps.sh fuzz` adds what the libFuzzer targets need (scripts/fuzz.sh).

@@ -8,7 +8,8 @@
 # while its pins stay the same.
 set -euo pipefail
 
-pins=(torch==2.11.0 torchvision==0.26.0 timm==1.0.31 numpy==2.4.6 pytest==9.2.0)
+source "$(dirname "$0")/torch2_pins.sh"
+pins=("${torch2_pins[@]}")
 env_dir=${MHLA_TORCH2_ENV:-$HOME/.cache/mhla/torch-2.11.0}
 stamp="$env_dir/.mhla-pins"
 

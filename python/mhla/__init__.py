@@ -25,6 +25,7 @@ The operator's three phases are here too (``block_summaries``, ``mix_summaries``
 layers see :mod:`mhla.torch`; for one sequence over several processes
 :mod:`mhla.distributed`.
 """
+from . import _openmp  # isort: skip (before the extension loads: see its docstring)
 from . import _convert, _core
 from ._convert import like_input
 from ._core import (CudaKernels, DecoderOptions, FeatureMap, ForwardState, Layout, LinearOptions, Masking, MixingForm, Options,

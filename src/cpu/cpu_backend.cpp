@@ -14,6 +14,7 @@
 #include "cpu/bf16_forward.hpp"
 #include "cpu/chunked_attention.hpp"
 #include "cpu/cpu_attention.hpp"
+#include "cpu/forked_children.hpp"
 #include "cpu/simd/bf16_products.hpp"
 #include "cpu/simd/isa.hpp"
 #include "cpu/workspace.hpp"
@@ -170,6 +171,10 @@ class CpuBackend final : public backend::Backend {
 }  // namespace mhla::cpu
 
 namespace mhla::backend {
+
+// At load: every entry point reaches the CPU backend through cpu_backend(), so
+// this object file, and the fork handler with it, is in every program.
+[[maybe_unused]] const bool forked_children_run_serially = cpu::run_forked_children_serially();
 
 const Backend& cpu_backend() {
   static const cpu::CpuBackend backend;
