@@ -22,10 +22,7 @@ trap 'rm -rf "$work"' EXIT
 pip_quiet=(--quiet --disable-pip-version-check)
 tests=$repo/python/tests
 
-fresh_env() {
-  "$python" -m venv "$work/$1"
-  "$work/$1/bin/python" -m pip install "${pip_quiet[@]}" --upgrade pip
-}
+fresh_env() { "$python" -m venv "$work/$1"; }
 in_work() { (cd "$work" && MHLA_TEST_INSTALLED=1 "$@"); }
 # The pins (torch2_pins.sh) of the named packages.
 pins_of() {
@@ -53,5 +50,8 @@ step "the repaired wheel and torch into the fresh environment"
 mapfile -t pins < <(pins_of torch numpy pytest)
 "$work/wheel/bin/python" -m pip install "${pip_quiet[@]}" "${pins[@]}" "$work"/repaired/mhla-*.whl
 step "the whole Python suite against the repaired wheel"
+# As in the test command (scripts/test.sh): the suites' parallel processes
+# starve each other when idle OpenMP workers spin.
+export OMP_WAIT_POLICY=PASSIVE
 in_work env MHLA_TEST_REPAIRED_WHEEL=1 "$work/wheel/bin/python" -m pytest -q -p no:cacheprovider "$tests"
 step "done"
