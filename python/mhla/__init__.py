@@ -25,7 +25,14 @@ The operator's three phases are here too (``block_summaries``, ``mix_summaries``
 layers see :mod:`mhla.torch`; for one sequence over several processes
 :mod:`mhla.distributed`.
 """
-from . import _openmp  # isort: skip (before the extension loads: see its docstring)
+try:
+    # torch before the extension, where it is installed (the package imports it anyway): PyPI's torch
+    # loads its own OpenMP runtime globally, and the extension, which binds its OpenMP symbols as it
+    # loads (-z now), then runs on that one instead of the copy a wheel carries. Two runtimes in one
+    # process take the cores from each other's parallel regions (docs/packaging.md).
+    import torch  # noqa: F401
+except ImportError:
+    pass
 from . import _convert, _core
 from ._convert import like_input
 from ._core import (CudaKernels, DecoderOptions, FeatureMap, ForwardState, Layout, LinearOptions, Masking, MixingForm, Options,
