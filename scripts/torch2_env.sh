@@ -9,16 +9,15 @@
 set -euo pipefail
 
 source "$(dirname "$0")/torch2_pins.sh"
-pins=("${torch2_pins[@]}")
 env_dir=${MHLA_TORCH2_ENV:-$HOME/.cache/mhla/torch-2.11.0}
 stamp="$env_dir/.mhla-pins"
 
-if [[ ! -f "$stamp" || "$(cat "$stamp")" != "${pins[*]}" ]]; then
+if [[ ! -f "$stamp" || "$(cat "$stamp")" != "${torch2_pins[*]}" ]]; then
   echo "making the torch 2.x environment in $env_dir (a download of about 3 GB)" >&2
   rm -rf "$env_dir"
   /usr/bin/python3 -m venv "$env_dir"
-  "$env_dir/bin/python" -m pip install --quiet --disable-pip-version-check "${pins[@]}" >&2
-  echo "${pins[*]}" > "$stamp"
+  "$env_dir/bin/python" -m pip install --quiet --disable-pip-version-check "${torch2_pins[@]}" >&2
+  echo "${torch2_pins[*]}" > "$stamp"
 fi
 # Hugging Face transformers and diffusers for mhla.transformers and
 # mhla.diffusers, added to an environment already made (a small download)
