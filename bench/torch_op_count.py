@@ -2,9 +2,9 @@
 (a GPU runs one kernel per such op): the ops that compute (views and metadata not counted,
 copies counted), how many of them only the finite-result checks use (``_foreach_norm``, and the
 ``cat`` of the deferred check a GPU runs, "deferred"; on a GPU its copy to the host is one op
-more, here a copy of w is), and the bytes their tensors read and write over the floor (q, k, v
-and o once each; the backward's: q, k, v, o, grad_o read, grad_q, grad_k, grad_v written),
-beside the einsum formulation, at bench/gpu_check.py's four shapes in float32.
+more, here a copy of w is), and the bytes their tensors read and write (an ``out=`` tensor and a
+copy's destination written only) over the floor (q, k, v and o once each; the backward's: q, k,
+v, o, grad_o read, grad_q, grad_k, grad_v written), beside the einsum formulation, at bench/gpu_check.py's four shapes in float32.
 
     PYTHONPATH=build/python python3 bench/torch_op_count.py [--json FILE]
 
@@ -46,6 +46,18 @@ def _bytes(x):
     return x.numel() * x.element_size() if isinstance(x, torch.Tensor) else 0
 
 
+# Ops whose first argument they write without reading it (an in-place op's other first arguments
+# are read and written).
+_OVERWRITE = {"copy", "fill", "zero"}
+
+
+def _read(name, args, kwargs):
+    """The arguments an op reads: all but an ``out=`` tensor and an overwritten first argument,
+    which it only writes (its output counts them)."""
+    kwargs = {key: value for key, value in kwargs.items() if key != "out"}
+    return (args[1:] if name in _OVERWRITE else args), kwargs
+
+
 class Count(TorchDispatchMode):
     def __init__(self):
         super().__init__()
@@ -61,7 +73,7 @@ class Count(TorchDispatchMode):
             return out
         self.ops[name] += 1
         self.checks += name in _CHECKS
-        flat_in = torch.utils._pytree.tree_leaves((args, kwargs))
+        flat_in = torch.utils._pytree.tree_leaves(_read(name, args, kwargs))
         flat_out = torch.utils._pytree.tree_leaves(out)
         self.bytes += sum(_bytes(t) for t in flat_in) + sum(_bytes(t) for t in flat_out)
         return out

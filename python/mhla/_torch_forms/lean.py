@@ -3,8 +3,10 @@ torch, outside compiled regions. Each op is a kernel launch on a GPU and a pass 
 tensors, so the forward and the backward are written by hand as one autograd Function
 (bench/torch_op_count.py counts them):
 
-- q and k are regrouped into blocks by one copy into one buffer, and their feature map is
-  applied in place there, for both at once;
+- q's and k's blocks are read as strided views of the tokens by the feature map's first ops,
+  which write phi into one buffer (no copy of the tokens first); its last op runs on both;
+- phi's derivative multiplies the gradient as it is written to grad_q and grad_k in token
+  order;
 - v is regrouped with a column of ones, so that the normalisers ride along every product:
   ``phi(K_b)^T [V_b | 1]`` is ``[S_b | z_b]``, one mix mixes both, and ``phi(q) [S~ | z~]``
   gives the numerators and the denominators together;
@@ -43,22 +45,40 @@ class Call(NamedTuple):
     function: str
 
 
-def _feature_(x, feature_map):
-    """phi of x in place (``chunk.feature``'s values: exp(min(x, 0)) + max(x, 0) for "elu1")."""
+def _features(views, feature_map, dtype):
+    """phi of q's and k's blocks (``views``, strided views of the tokens) in one new buffer
+    ``[2, *shape]`` of ``dtype`` (``chunk.feature``'s values: exp(min(x, 0)) + max(x, 0) for
+    "elu1"). Its first ops read the views and write the buffer, with no copy of the tokens first;
+    tokens of another dtype are copied into the buffer first (an ``out=`` op writes its inputs'
+    dtype only), and phi's ops then run on the whole buffer in place."""
+    phi = torch.empty((2,) + views[0].shape, dtype=dtype, device=views[0].device)
+    if views[0].dtype != dtype or feature_map == "identity":
+        for x, out in zip(views, phi):
+            out.copy_(x)
+        sources, parts = (phi,), lambda buffer: (buffer,)
+    else:
+        sources, parts = views, tuple
     if feature_map == "elu1":
-        below = x.clamp(max=0).exp_()
-        x.clamp_(min=0).add_(below)
-    elif feature_map == "relu":
-        x.relu_()
+        below = torch.empty_like(phi)
+        for x, out in zip(sources, parts(below)):
+            torch.clamp(x, max=0, out=out)
+        below.exp_()
+    if feature_map != "identity":
+        for x, out in zip(sources, parts(phi)):
+            torch.clamp(x, min=0, out=out)
+    if feature_map == "elu1":
+        phi.add_(below)
+    return phi
 
 
-def _feature_grad_(grad, phi, feature_map):
-    """grad times phi's derivative, in place, from phi's values: elu1's is exp(x) = phi below 0
-    and 1 above (``min(phi, 1)``), relu's 1 where phi > 0 (0 at 0, as torch's relu)."""
+def _feature_derivative(phi, feature_map):
+    """phi's derivative from its values, None for "identity": elu1's is exp(x) = phi below 0 and
+    1 above (``min(phi, 1)``), relu's 1 where phi > 0 (0 at 0, as torch's relu)."""
     if feature_map == "elu1":
-        grad.mul_(phi.clamp(max=1))
-    elif feature_map == "relu":
-        grad.mul_(phi > 0)
+        return phi.clamp(max=1)
+    if feature_map == "relu":
+        return phi > 0
+    return None
 
 
 def _block_major(x9, lead):
@@ -135,15 +155,7 @@ def _forward(q, k, v, w, call, mixing_check):
     valid = chunk.cached_slot_valid(g, q.device)
 
     # phi(q) and phi(k) in blocks, in one buffer [2, M B H, C, Dk].
-    views = (_blocks(q, g), _blocks(k, g))
-    if dtype == compute:
-        phi = torch.stack(views)
-    else:
-        phi = torch.empty((2,) + views[0].shape, dtype=compute, device=q.device)
-        phi[0].copy_(views[0])
-        phi[1].copy_(views[1])
-    phi = phi.view(2, mbh, size, dk)
-    _feature_(phi, call.feature_map)
+    phi = _features((_blocks(q, g), _blocks(k, g)), call.feature_map, compute).view(2, mbh, size, dk)
     phi_q, phi_k = phi[0], phi[1]
 
     # v in blocks [M B H, C, E], normalised with a column of ones (zero at padding slots).
@@ -243,19 +255,27 @@ def _backward(q, k, v, w, o, grad_o, saved, call, needs):
                               dtype=wide)
         diag_grad = diag_grad.t() if per_head else diag_grad
         grad_phi[0].view(m, b, h, size, dk).addcmul_(across.view(m, b, h, size, dk), factor)
-        grad_scores.mul_(factor)
+        # phi(k)'s term (W[i, i] grad_scores)^T phi(q), with W[i, i] scaling phi(q), C x Dk a block,
+        # not the C x C scores.
+        scaled_q = (phi_q.view(m, b, h, size, dk) * factor).view(mbh, size, dk)
     grad_s, grad_w = _mix_gradients(grad_mixed.view(m, b, h, dk * e), saved.summaries.view(m, b, h, dk * e), w,
                                     diag_grad, call, wide, dk)
     grad_s = grad_s.reshape(mbh, dk, e)
     torch.bmm(v1, grad_s.transpose(1, 2), out=grad_phi[1])
     grad_v1 = torch.bmm(phi_k, grad_s)
     if causal:
-        grad_phi[1].baddbmm_(grad_scores.view(mbh, size, size).transpose(1, 2), phi_q)
+        grad_phi[1].baddbmm_(grad_scores.view(mbh, size, size).transpose(1, 2), scaled_q)
         grad_v1.baddbmm_(scores.transpose(1, 2), grad_y)
-    _feature_grad_(grad_phi, phi, call.feature_map)
 
-    grad_qk = _tokens(lambda view: view.copy_(_nine(grad_phi.view(2, m, b, h, size, dk), g, (2,))), (2,), b, h, dk,
-                      g, q.dtype, q.device) if needs[0] or needs[1] else None
+    def write_grad_qk(view):  # grad_phi times phi's derivative, written in token order
+        grad_phi9 = _nine(grad_phi.view(2, m, b, h, size, dk), g, (2,))
+        derivative = _feature_derivative(phi, call.feature_map)
+        if derivative is None:
+            view.copy_(grad_phi9)
+        else:
+            torch.mul(grad_phi9, _nine(derivative.view(2, m, b, h, size, dk), g, (2,)), out=view)
+
+    grad_qk = _tokens(write_grad_qk, (2,), b, h, dk, g, q.dtype, q.device) if needs[0] or needs[1] else None
     grad_v = _tokens(lambda view: view.copy_(_nine(grad_v1.view(m, b, h, size, e), g)[..., :dv]), (), b, h, dv, g,
                      v.dtype, v.device) if needs[2] else None
     grads = [grad_qk[0] if needs[0] else None, grad_qk[1] if needs[1] else None, grad_v,
