@@ -4,7 +4,8 @@ copies counted), how many of them only the finite-result checks use (``_foreach_
 ``cat`` of the deferred check a GPU runs, "deferred"; on a GPU its copy to the host is one op
 more, here a copy of w is), and the bytes their tensors read and write (an ``out=`` tensor and a
 copy's destination written only) over the floor (q, k, v and o once each; the backward's: q, k,
-v, o, grad_o read, grad_q, grad_k, grad_v written), beside the einsum formulation, at bench/gpu_check.py's four shapes in float32.
+v, o, grad_o read, grad_q, grad_k, grad_v written), beside the einsum formulation, at
+bench/gpu_check.py's four shapes in float32.
 
     PYTHONPATH=build/python python3 bench/torch_op_count.py [--json FILE]
 
@@ -46,8 +47,8 @@ def _bytes(x):
     return x.numel() * x.element_size() if isinstance(x, torch.Tensor) else 0
 
 
-# Ops whose first argument they write without reading it (an in-place op's other first arguments
-# are read and written).
+# Ops that overwrite their first argument without reading it (every other in-place op reads it
+# as well).
 _OVERWRITE = {"copy", "fill", "zero"}
 
 
